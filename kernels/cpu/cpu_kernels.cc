@@ -1,0 +1,89 @@
+#include "kernels/cpu/cpu_kernels.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/status.h"
+
+namespace memwall {
+namespace kernels {
+namespace cpu {
+
+namespace generic { extern const KernelTable kTable; }
+namespace avx2 { extern const KernelTable kTable; }
+namespace avx512 { extern const KernelTable kTable; }
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kGeneric: return "generic";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+bool IsaSupported(Isa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::kGeneric:
+      return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case Isa::kAvx512:
+      return IsaSupported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq");
+  }
+  return false;
+}
+
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {
+    if (IsaSupported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+namespace {
+
+Isa ChooseIsa() {
+  const std::vector<Isa> supported = SupportedIsas();
+  const char* forced = std::getenv("MEMWALL_CPU_ISA");
+  if (forced == nullptr || *forced == '\0') return supported.back();
+  for (Isa isa : supported) {
+    if (std::strcmp(forced, IsaName(isa)) == 0) return isa;
+  }
+  // An environment variable is not an API with a Status to return; say why
+  // the request is ignored and carry on with the best ISA.
+  std::fprintf(stderr,
+               "memwall: MEMWALL_CPU_ISA=%s is not a supported ISA on this CPU "
+               "(expected generic, avx2 or avx512 where supported); using %s\n",
+               forced, IsaName(supported.back()));
+  return supported.back();
+}
+
+}  // namespace
+
+Isa SelectedIsa() {
+  static const Isa isa = ChooseIsa();
+  return isa;
+}
+
+const KernelTable& Kernels(Isa isa) {
+  MW_CHECK(IsaSupported(isa));
+  switch (isa) {
+    case Isa::kGeneric: return generic::kTable;
+    case Isa::kAvx2: return avx2::kTable;
+    case Isa::kAvx512: return avx512::kTable;
+  }
+  return generic::kTable;
+}
+
+const KernelTable& Kernels() { return Kernels(SelectedIsa()); }
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace memwall

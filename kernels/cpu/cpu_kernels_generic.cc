@@ -1,0 +1,3 @@
+// The CPU kernels built for the generic ISA (see BUILD.bazel for its flags).
+#define MW_CPU_ISA_NAMESPACE generic
+#include "kernels/cpu/cpu_kernels_impl.h"

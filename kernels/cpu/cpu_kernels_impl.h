@@ -1,0 +1,181 @@
+// The CPU kernel loops. Included by exactly one .cc per ISA, each compiled
+// with its own -m flags, after defining MW_CPU_ISA_NAMESPACE; it defines
+// `const KernelTable kTable` in that namespace. Not a public header.
+#include <cstring>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/elementwise.h"
+
+namespace memwall {
+namespace kernels {
+namespace cpu {
+namespace MW_CPU_ISA_NAMESPACE {
+namespace {
+
+template <DType D>
+using T = typename Storage<D>::Type;
+
+template <DType D>
+void FillT(void* dst, size_t n, float value) {
+  auto* out = static_cast<T<D>*>(dst);
+  const T<D> stored = Storage<D>::Store(value);
+  for (size_t i = 0; i < n; ++i) out[i] = stored;
+}
+
+void Fill(void* dst, DType dtype, size_t n, float value) {
+  switch (dtype) {
+    case DType::kF32: return FillT<DType::kF32>(dst, n, value);
+    case DType::kBF16: return FillT<DType::kBF16>(dst, n, value);
+    case DType::kF16: return FillT<DType::kF16>(dst, n, value);
+  }
+}
+
+template <DType S, DType D>
+void CastT(const void* src, void* dst, size_t n) {
+  const auto* in = static_cast<const T<S>*>(src);
+  auto* out = static_cast<T<D>*>(dst);
+  for (size_t i = 0; i < n; ++i) out[i] = Storage<D>::Store(Storage<S>::Load(in[i]));
+}
+
+template <DType S>
+void CastFrom(const void* src, void* dst, DType dst_dtype, size_t n) {
+  switch (dst_dtype) {
+    case DType::kF32: return CastT<S, DType::kF32>(src, dst, n);
+    case DType::kBF16: return CastT<S, DType::kBF16>(src, dst, n);
+    case DType::kF16: return CastT<S, DType::kF16>(src, dst, n);
+  }
+}
+
+void Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+  if (src_dtype == dst_dtype) {
+    std::memmove(dst, src, n * DTypeSize(src_dtype));
+    return;
+  }
+  switch (src_dtype) {
+    case DType::kF32: return CastFrom<DType::kF32>(src, dst, dst_dtype, n);
+    case DType::kBF16: return CastFrom<DType::kBF16>(src, dst, dst_dtype, n);
+    case DType::kF16: return CastFrom<DType::kF16>(src, dst, dst_dtype, n);
+  }
+}
+
+template <DType D>
+void ScaleT(void* x, size_t n, float alpha) {
+  auto* data = static_cast<T<D>*>(x);
+  for (size_t i = 0; i < n; ++i) {
+    data[i] = Storage<D>::Store(Storage<D>::Load(data[i]) * alpha);
+  }
+}
+
+void Scale(void* x, DType dtype, size_t n, float alpha) {
+  switch (dtype) {
+    case DType::kF32: return ScaleT<DType::kF32>(x, n, alpha);
+    case DType::kBF16: return ScaleT<DType::kBF16>(x, n, alpha);
+    case DType::kF16: return ScaleT<DType::kF16>(x, n, alpha);
+  }
+}
+
+void Axpy(float alpha, const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = y[i] + alpha * x[i];
+}
+
+template <DType D>
+double SumOfSquaresT(const void* x, size_t n) {
+  constexpr size_t kLanes = kSumOfSquaresLanes;
+  const auto* in = static_cast<const T<D>*>(x);
+  double lanes[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      const double value = Storage<D>::Load(in[i + j]);
+      lanes[j] += value * value;
+    }
+  }
+  for (size_t j = 0; i + j < n; ++j) {
+    const double value = Storage<D>::Load(in[i + j]);
+    lanes[j] += value * value;
+  }
+  for (size_t width = kLanes / 2; width > 0; width /= 2) {
+    for (size_t j = 0; j < width; ++j) lanes[j] += lanes[j + width];
+  }
+  return lanes[0];
+}
+
+double SumOfSquares(const void* x, DType dtype, size_t n) {
+  switch (dtype) {
+    case DType::kF32: return SumOfSquaresT<DType::kF32>(x, n);
+    case DType::kBF16: return SumOfSquaresT<DType::kBF16>(x, n);
+    case DType::kF16: return SumOfSquaresT<DType::kF16>(x, n);
+  }
+  return 0.0;
+}
+
+template <DType D>
+bool HasInfOrNanT(const void* x, size_t n) {
+  // Blocks keep the inner loop branch-free (vectorised) while still stopping
+  // early on a non-finite value.
+  constexpr size_t kBlock = 4096;
+  const auto* in = static_cast<const T<D>*>(x);
+  for (size_t start = 0; start < n; start += kBlock) {
+    const size_t end = n - start < kBlock ? n : start + kBlock;
+    int found = 0;
+    for (size_t i = start; i < end; ++i) found |= Storage<D>::NonFinite(in[i]);
+    if (found) return true;
+  }
+  return false;
+}
+
+bool HasInfOrNan(const void* x, DType dtype, size_t n) {
+  switch (dtype) {
+    case DType::kF32: return HasInfOrNanT<DType::kF32>(x, n);
+    case DType::kBF16: return HasInfOrNanT<DType::kBF16>(x, n);
+    case DType::kF16: return HasInfOrNanT<DType::kF16>(x, n);
+  }
+  return false;
+}
+
+template <DType Low>
+void AdamWithCopy(const AdamConstants& c, float* __restrict p,
+                  const float* __restrict g, float* __restrict m,
+                  float* __restrict v, void* p_low, size_t n) {
+  auto* __restrict low = static_cast<T<Low>*>(p_low);
+  for (size_t i = 0; i < n; ++i) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    AdamElement(c, pi, g[i], mi, vi);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    low[i] = Storage<Low>::Store(pi);
+  }
+}
+
+void AdamOnly(const AdamConstants& c, float* __restrict p, const float* __restrict g,
+              float* __restrict m, float* __restrict v, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    AdamElement(c, pi, g[i], mi, vi);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+void Adam(const AdamConstants& c, float* p, const float* g, float* m, float* v,
+          void* p_low, DType low_dtype, size_t n) {
+  if (p_low == nullptr) return AdamOnly(c, p, g, m, v, n);
+  switch (low_dtype) {
+    case DType::kF32: return AdamWithCopy<DType::kF32>(c, p, g, m, v, p_low, n);
+    case DType::kBF16: return AdamWithCopy<DType::kBF16>(c, p, g, m, v, p_low, n);
+    case DType::kF16: return AdamWithCopy<DType::kF16>(c, p, g, m, v, p_low, n);
+  }
+}
+
+}  // namespace
+
+extern const KernelTable kTable;
+const KernelTable kTable = {&Fill, &Cast, &Scale, &Axpy, &SumOfSquares,
+                            &HasInfOrNan, &Adam};
+
+}  // namespace MW_CPU_ISA_NAMESPACE
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace memwall

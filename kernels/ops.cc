@@ -1,0 +1,220 @@
+#include "kernels/ops.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "runtime/status.h"
+
+#if MEMWALL_HAS_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#include "runtime/cuda/cuda_status.h"
+#endif
+
+namespace memwall {
+namespace kernels {
+namespace {
+
+#if MEMWALL_HAS_CUDA
+cudaStream_t CudaStreamOf(Stream& stream) {
+  return static_cast<cudaStream_t>(stream.native_handle());
+}
+#endif
+
+// For cuda calls when the build has no CUDA (CreateDevice never makes such a
+// device then, so this only guards against a foreign Device subclass).
+absl::Status NoCuda() {
+  return absl::UnimplementedError(
+      "the cuda backend is not in this build (it was built with --config=nocuda)");
+}
+
+}  // namespace
+
+absl::Status ValidateAdamParams(const AdamParams& p) {
+  if (!(p.lr >= 0.0f) || !std::isfinite(p.lr)) {
+    return absl::InvalidArgumentError(absl::StrCat("adam lr: expected a finite value >= 0, got ", p.lr));
+  }
+  if (!(p.beta1 >= 0.0f && p.beta1 < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("adam beta1: expected 0 <= beta1 < 1, got ", p.beta1));
+  }
+  if (!(p.beta2 >= 0.0f && p.beta2 < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("adam beta2: expected 0 <= beta2 < 1, got ", p.beta2));
+  }
+  if (!(p.eps > 0.0f) || !std::isfinite(p.eps)) {
+    return absl::InvalidArgumentError(absl::StrCat("adam eps: expected a finite value > 0, got ", p.eps));
+  }
+  if (!(p.weight_decay >= 0.0f) || !std::isfinite(p.weight_decay)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adam weight_decay: expected a finite value >= 0, got ", p.weight_decay));
+  }
+  if (p.step < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("adam step: expected >= 1, got ", p.step));
+  }
+  if (!std::isfinite(p.grad_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat("adam grad_scale: expected a finite value, got ", p.grad_scale));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Fill(Device& device, Stream& stream, void* dst, DType dtype, size_t n,
+                  float value) {
+  switch (device.backend()) {
+    case Backend::kHost:
+      cpu::Kernels().fill(dst, dtype, n, value);
+      return absl::OkStatus();
+    case Backend::kMeta:
+      return absl::OkStatus();
+    case Backend::kCuda:
+#if MEMWALL_HAS_CUDA
+      return CudaStatus(cuda::Fill(dst, dtype, n, value, CudaStreamOf(stream)), "Fill");
+#else
+      return NoCuda();
+#endif
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Copy(Device& device, Stream& stream, void* dst, const void* src,
+                  size_t bytes) {
+  return device.CopyAsync(dst, src, bytes, stream);
+}
+
+absl::Status Cast(Device& device, Stream& stream, const void* src, DType src_dtype,
+                  void* dst, DType dst_dtype, size_t n) {
+  switch (device.backend()) {
+    case Backend::kHost:
+      cpu::Kernels().cast(src, src_dtype, dst, dst_dtype, n);
+      return absl::OkStatus();
+    case Backend::kMeta:
+      return absl::OkStatus();
+    case Backend::kCuda:
+#if MEMWALL_HAS_CUDA
+      return CudaStatus(cuda::Cast(src, src_dtype, dst, dst_dtype, n, CudaStreamOf(stream)),
+                        "Cast");
+#else
+      return NoCuda();
+#endif
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scale(Device& device, Stream& stream, void* x, DType dtype, size_t n,
+                   float alpha) {
+  switch (device.backend()) {
+    case Backend::kHost:
+      cpu::Kernels().scale(x, dtype, n, alpha);
+      return absl::OkStatus();
+    case Backend::kMeta:
+      return absl::OkStatus();
+    case Backend::kCuda:
+#if MEMWALL_HAS_CUDA
+      return CudaStatus(cuda::Scale(x, dtype, n, alpha, CudaStreamOf(stream)), "Scale");
+#else
+      return NoCuda();
+#endif
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Axpy(Device& device, Stream& stream, float alpha, const float* x,
+                  float* y, size_t n) {
+  switch (device.backend()) {
+    case Backend::kHost:
+      cpu::Kernels().axpy(alpha, x, y, n);
+      return absl::OkStatus();
+    case Backend::kMeta:
+      return absl::OkStatus();
+    case Backend::kCuda:
+#if MEMWALL_HAS_CUDA
+      return CudaStatus(cuda::Axpy(alpha, x, y, n, CudaStreamOf(stream)), "Axpy");
+#else
+      return NoCuda();
+#endif
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> SumOfSquares(Device& device, Stream& stream, const void* x,
+                                    DType dtype, size_t n) {
+  switch (device.backend()) {
+    case Backend::kHost:
+      return cpu::Kernels().sum_of_squares(x, dtype, n);
+    case Backend::kMeta:
+      return 0.0;
+    case Backend::kCuda: {
+#if MEMWALL_HAS_CUDA
+      MW_ASSIGN_OR_RETURN(
+          DeviceBuffer workspace,
+          device.Allocate((cuda::kReductionBlocks + 1) * sizeof(double),
+                          MemoryCategory::kWorkspace, "kernels.sum_of_squares"));
+      auto* partials = static_cast<double*>(workspace.data());
+      double result = 0.0;
+      MW_RETURN_IF_ERROR(CudaStatus(cuda::SumOfSquares(x, dtype, n, partials,
+                                                       partials + cuda::kReductionBlocks,
+                                                       CudaStreamOf(stream)),
+                                    "SumOfSquares"));
+      MW_RETURN_IF_ERROR(device.CopyAsync(&result, partials + cuda::kReductionBlocks,
+                                          sizeof result, stream));
+      MW_RETURN_IF_ERROR(stream.Synchronize());
+      return result;
+#else
+      return NoCuda();
+#endif
+    }
+  }
+  return 0.0;
+}
+
+absl::StatusOr<bool> HasInfOrNan(Device& device, Stream& stream, const void* x,
+                                 DType dtype, size_t n) {
+  switch (device.backend()) {
+    case Backend::kHost:
+      return cpu::Kernels().has_inf_or_nan(x, dtype, n);
+    case Backend::kMeta:
+      return false;
+    case Backend::kCuda: {
+#if MEMWALL_HAS_CUDA
+      MW_ASSIGN_OR_RETURN(DeviceBuffer workspace,
+                          device.Allocate(sizeof(int), MemoryCategory::kWorkspace,
+                                          "kernels.has_inf_or_nan"));
+      int flag = 0;
+      MW_RETURN_IF_ERROR(CudaStatus(
+          cuda::HasInfOrNan(x, dtype, n, static_cast<int*>(workspace.data()),
+                            CudaStreamOf(stream)),
+          "HasInfOrNan"));
+      MW_RETURN_IF_ERROR(device.CopyAsync(&flag, workspace.data(), sizeof flag, stream));
+      MW_RETURN_IF_ERROR(stream.Synchronize());
+      return flag != 0;
+#else
+      return NoCuda();
+#endif
+    }
+  }
+  return false;
+}
+
+absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params,
+                        float* p, const float* g, float* m, float* v, void* p_low,
+                        DType low_dtype, size_t n) {
+  MW_RETURN_IF_ERROR(ValidateAdamParams(params));
+  const AdamConstants constants = MakeAdamConstants(params);
+  switch (device.backend()) {
+    case Backend::kHost:
+      cpu::Kernels().adam(constants, p, g, m, v, p_low, low_dtype, n);
+      return absl::OkStatus();
+    case Backend::kMeta:
+      return absl::OkStatus();
+    case Backend::kCuda:
+#if MEMWALL_HAS_CUDA
+      return CudaStatus(cuda::Adam(constants, p, g, m, v, p_low, low_dtype, n,
+                                   CudaStreamOf(stream)),
+                        "AdamUpdate");
+#else
+      return NoCuda();
+#endif
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kernels
+}  // namespace memwall

@@ -1,0 +1,183 @@
+// The category-tagged caching allocator behind every device backend.
+//
+// Note [Caching allocator]
+// Rationale: a training step allocates and frees the same sizes over and over;
+// asking the backend (cudaMalloc) each time is slow and synchronising, and a
+// dry run on the meta backend must reproduce the rounding and caching a real
+// GPU run pays, or its peak would be optimistic. So all three backends share
+// this allocator and differ only in their SegmentSource.
+// Approach: as PyTorch's CUDACachingAllocator. Requests round up to 512 bytes.
+// Requests up to 1 MiB are served from 2 MiB "small" segments; larger ones
+// from "large" segments sized to the request rounded up to 2 MiB. A free
+// block is found best-fit (smallest size, then lowest address), split when
+// the remainder is worth keeping, and coalesced with free neighbours when
+// freed. Segments stay reserved (cached) until EmptyCache() or until a
+// request would exceed the capacity, which first releases fully free cached
+// segments and retries.
+// Limitations: no per-stream pools (a block freed while a stream still uses it
+// must be freed after synchronising that stream); no expandable segments.
+#ifndef MEMWALL_RUNTIME_ALLOCATOR_H_
+#define MEMWALL_RUNTIME_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/memory.h"
+
+namespace memwall {
+
+// Where a backend's segments come from. Reserve returns the base address of
+// `bytes` bytes; a backend that is out of memory returns kResourceExhausted.
+// Thread-compatible: the allocator calls it under its lock.
+class SegmentSource {
+ public:
+  virtual ~SegmentSource() = default;
+  virtual absl::StatusOr<uintptr_t> Reserve(size_t bytes) = 0;
+  virtual void Release(uintptr_t base, size_t bytes) = 0;
+};
+
+class CachingAllocator;
+
+namespace allocator_internal {
+struct Block;
+struct Segment;
+}  // namespace allocator_internal
+
+// Move-only owner of one allocation; frees it when destroyed or Reset().
+// data() is null on the meta backend (no bytes exist) and for empty buffers.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { Reset(); }
+
+  // Frees the allocation (if any); the buffer becomes empty.
+  void Reset();
+
+  bool empty() const { return block_ == nullptr; }
+  void* data() const { return data_; }
+  // Requested bytes.
+  size_t size() const { return size_; }
+  // Bytes of the block backing it (size() rounded up).
+  size_t block_size() const;
+  MemoryCategory category() const;
+  const std::string& owner() const;
+
+ private:
+  friend class CachingAllocator;
+  using Block = allocator_internal::Block;
+  DeviceBuffer(CachingAllocator* allocator, Block* block, void* data, size_t size)
+      : allocator_(allocator), block_(block), data_(data), size_(size) {}
+
+  CachingAllocator* allocator_ = nullptr;
+  Block* block_ = nullptr;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+class CachingAllocator {
+ public:
+  // Requests are rounded up to this many bytes (also the alignment).
+  static constexpr size_t kMinBlockSize = 512;
+  // Requests of at most this many bytes go to the small pool.
+  static constexpr size_t kSmallRequestMax = size_t{1} << 20;
+  // Segment size of the small pool; large segments are multiples of it.
+  static constexpr size_t kSegmentGranularity = size_t{2} << 20;
+  // A large block is split only if at least this much would remain, so large
+  // segments do not splinter into unusable pieces.
+  static constexpr size_t kMinLargeSplitRemainder = size_t{1} << 20;
+
+  // `device_name` appears in error messages ("host:0"). `capacity` bounds
+  // the reserved bytes. `touch_bytes` is false for the meta backend: buffers
+  // then have null data pointers.
+  CachingAllocator(std::string device_name, int64_t capacity,
+                   std::unique_ptr<SegmentSource> source, bool touch_bytes);
+  // REQUIRES: every DeviceBuffer from this allocator has been freed.
+  ~CachingAllocator();
+
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Allocates `bytes` (0 is allowed and still takes a minimum block) tagged
+  // with `category` and `owner`. Returns kResourceExhausted when the capacity
+  // (or the backend) cannot hold it; the message names the request and what
+  // occupies the device by category and by its largest owners. Thread-safe.
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, MemoryCategory category,
+                                        absl::string_view owner);
+
+  // Gives every fully free cached segment back to the backend.
+  void EmptyCache();
+
+  AllocatorStats stats() const;
+  // Live requested bytes per (owner, category), largest first.
+  std::vector<std::pair<std::pair<std::string, MemoryCategory>, int64_t>>
+  OwnerBytes() const;
+
+  // A one-paragraph description of what occupies the device (used in OOM
+  // messages and reports): totals, by category, and the `top_owners` largest.
+  std::string DescribeOccupancy(int top_owners) const;
+
+  // Listeners are not owned and must outlive their registration.
+  void AddListener(MemoryListener* listener);
+  void RemoveListener(MemoryListener* listener);
+
+  const std::string& device_name() const { return device_name_; }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  friend class DeviceBuffer;
+  using Block = allocator_internal::Block;
+  using Segment = allocator_internal::Segment;
+  struct BlockOrder {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using FreeSet = std::set<Block*, BlockOrder>;
+
+  void Free(Block* block);
+  Block* FindFreeBlock(FreeSet& pool, size_t rounded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Block*> ReserveSegment(size_t segment_bytes, bool small)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseFreeSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeSplit(Block* block, size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Emit(MemoryEvent::Kind kind, MemoryCategory category,
+            absl::string_view owner, int64_t bytes, int64_t block_bytes,
+            uintptr_t address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string DescribeOccupancyLocked(int top_owners) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OutOfMemory(size_t bytes, MemoryCategory category,
+                           absl::string_view owner, absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string device_name_;
+  const int64_t capacity_;
+  const std::unique_ptr<SegmentSource> source_;
+  const bool touch_bytes_;
+
+  mutable absl::Mutex mu_;
+  AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
+  FreeSet small_free_ ABSL_GUARDED_BY(mu_);
+  FreeSet large_free_ ABSL_GUARDED_BY(mu_);
+  std::set<Segment*> segments_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, MemoryCategory>, int64_t> owner_bytes_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<MemoryListener*> listeners_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_RUNTIME_ALLOCATOR_H_

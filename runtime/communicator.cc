@@ -1,0 +1,159 @@
+#include "runtime/communicator.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/status.h"
+
+namespace memwall {
+
+absl::string_view CollectiveName(Collective collective) {
+  switch (collective) {
+    case Collective::kAllReduce: return "AllReduce";
+    case Collective::kReduceScatter: return "ReduceScatter";
+    case Collective::kAllGather: return "AllGather";
+    case Collective::kBroadcast: return "Broadcast";
+    case Collective::kBarrier: return "Barrier";
+  }
+  return "unknown";
+}
+
+absl::string_view ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "unknown";
+}
+
+int64_t Communicator::total_bytes() const {
+  int64_t total = 0;
+  for (const CollectiveStats& s : stats_) total += s.bytes;
+  return total;
+}
+
+std::array<int64_t, 5> Communicator::Encode(const Signature& signature) {
+  return {static_cast<int64_t>(signature.collective), signature.count,
+          static_cast<int64_t>(signature.dtype), static_cast<int64_t>(signature.op),
+          signature.root};
+}
+
+absl::Status Communicator::DisagreementError(const Signature& mine,
+                                             const std::array<int64_t, 5>& min,
+                                             const std::array<int64_t, 5>& max) const {
+  const std::string call =
+      absl::StrCat(CollectiveName(mine.collective), " on rank ", rank_, " of ",
+                   world_size_, ": ");
+  if (min[0] != max[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, "ranks called different collectives at the same point"));
+  }
+  if (min[1] < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, "another rank rejected its arguments to this call (see its error)"));
+  }
+  if (min[1] != max[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, "ranks disagree on the element count (from ", min[1], " to ",
+        max[1], "; this rank passed ", mine.count, ")"));
+  }
+  if (min[2] != max[2]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, "ranks disagree on the dtype (this rank passed ",
+        DTypeName(mine.dtype), ")"));
+  }
+  if (min[3] != max[3]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, "ranks disagree on the reduction (this rank passed ",
+        ReduceOpName(mine.op), ")"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      call, "ranks disagree on the root (from ", min[4], " to ", max[4],
+      "; this rank passed ", mine.root, ")"));
+}
+
+absl::Status Communicator::Prepare(const Signature& signature,
+                                   bool has_null_buffer) {
+  const std::string call = absl::StrCat(CollectiveName(signature.collective),
+                                        " on rank ", rank_, " of ", world_size_);
+  // Local checks first, but every rank still joins the agreement round so a
+  // bad call on one rank cannot leave the others hanging in the collective.
+  absl::Status local;
+  if (signature.root < 0 || signature.root >= world_size_) {
+    local = absl::InvalidArgumentError(absl::StrCat(
+        call, ": root ", signature.root, " is not a rank (expected 0..",
+        world_size_ - 1, ")"));
+  } else if (has_null_buffer && signature.count > 0 && moves_bytes()) {
+    local = absl::InvalidArgumentError(
+        absl::StrCat(call, ": a buffer is null but count is ", signature.count));
+  }
+  if (options_.check_agreement) {
+    Signature shared = signature;
+    // A rank with a local error poisons the agreement (count -1) so every
+    // rank fails together.
+    if (!local.ok()) shared.count = -1;
+    absl::Status agreed = Agree(shared);
+    if (!local.ok()) return local;
+    return agreed;
+  }
+  return local;
+}
+
+void Communicator::Count(Collective collective, int64_t bytes) {
+  CollectiveStats& s = stats_[static_cast<int>(collective)];
+  ++s.calls;
+  s.bytes += bytes;
+}
+
+absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
+                                     DType dtype, ReduceOp op, Stream& stream) {
+  MW_RETURN_IF_ERROR(Prepare({Collective::kAllReduce, static_cast<int64_t>(count),
+                              dtype, op, 0},
+                             send == nullptr || recv == nullptr));
+  MW_RETURN_IF_ERROR(DoAllReduce(send, recv, count, dtype, op, stream));
+  Count(Collective::kAllReduce, static_cast<int64_t>(count * DTypeSize(dtype)));
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::ReduceScatter(const void* send, void* recv,
+                                         size_t recv_count, DType dtype,
+                                         ReduceOp op, Stream& stream) {
+  MW_RETURN_IF_ERROR(Prepare({Collective::kReduceScatter,
+                              static_cast<int64_t>(recv_count), dtype, op, 0},
+                             send == nullptr || recv == nullptr));
+  MW_RETURN_IF_ERROR(DoReduceScatter(send, recv, recv_count, dtype, op, stream));
+  Count(Collective::kReduceScatter,
+        static_cast<int64_t>(recv_count * world_size_ * DTypeSize(dtype)));
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::AllGather(const void* send, void* recv,
+                                     size_t send_count, DType dtype,
+                                     Stream& stream) {
+  MW_RETURN_IF_ERROR(Prepare({Collective::kAllGather,
+                              static_cast<int64_t>(send_count), dtype,
+                              ReduceOp::kSum, 0},
+                             send == nullptr || recv == nullptr));
+  MW_RETURN_IF_ERROR(DoAllGather(send, recv, send_count, dtype, stream));
+  Count(Collective::kAllGather,
+        static_cast<int64_t>(send_count * world_size_ * DTypeSize(dtype)));
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::Broadcast(void* buffer, size_t count, DType dtype,
+                                     int root, Stream& stream) {
+  MW_RETURN_IF_ERROR(Prepare({Collective::kBroadcast, static_cast<int64_t>(count),
+                              dtype, ReduceOp::kSum, root},
+                             buffer == nullptr));
+  MW_RETURN_IF_ERROR(DoBroadcast(buffer, count, dtype, root, stream));
+  Count(Collective::kBroadcast, static_cast<int64_t>(count * DTypeSize(dtype)));
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::Barrier() {
+  MW_RETURN_IF_ERROR(DoBarrier());
+  Count(Collective::kBarrier, 0);
+  return absl::OkStatus();
+}
+
+}  // namespace memwall

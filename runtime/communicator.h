@@ -1,0 +1,154 @@
+// Collectives between data-parallel ranks, one process per rank.
+//
+// Implementations: MpiCommunicator (host memory, processes launched by
+// mpirun), NcclCommunicator (GPU memory; bootstrapped over MPI) and
+// SimulatedCommunicator (meta backend: sizes only, no bytes move).
+//
+// Every collective is called by all ranks in the same order with the same
+// element count, dtype, operation and root. Implementations that can check
+// this across ranks do (see CommunicatorOptions::check_agreement) and return
+// the same kInvalidArgument on every rank when ranks disagree, instead of
+// hanging or corrupting memory.
+//
+// Byte counters (per collective, SUM over calls, counted on success) use the
+// size of the whole logical buffer of one call, in bytes:
+//   AllReduce      count * dtype size            (the buffer reduced)
+//   ReduceScatter  recv_count * world * size     (the full input)
+//   AllGather      send_count * world * size     (the full output)
+//   Broadcast      count * dtype size
+//   Barrier        0
+// So one step of plain data parallelism over P elements counts P bytes of
+// AllReduce, which the ZeRO paper counts as 2P of traffic (a reduce-scatter
+// plus an all-gather); ZeRO-1/2 count P of ReduceScatter and P of AllGather.
+#ifndef MEMWALL_RUNTIME_COMMUNICATOR_H_
+#define MEMWALL_RUNTIME_COMMUNICATOR_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+
+namespace memwall {
+
+enum class ReduceOp : uint8_t { kSum = 0, kMax, kMin };
+
+enum class Collective : uint8_t {
+  kAllReduce = 0,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kBarrier,
+};
+
+constexpr int kNumCollectives = 5;
+
+// "AllReduce", "ReduceScatter", ...
+absl::string_view CollectiveName(Collective collective);
+absl::string_view ReduceOpName(ReduceOp op);
+
+// COUNT of successful calls and SUM of their logical bytes (see above).
+struct CollectiveStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+};
+
+struct CommunicatorOptions {
+  // Before each collective, confirm (with one small all-reduce of the call's
+  // signature) that every rank called the same collective with the same
+  // count, dtype, operation and root. Costs one latency per call.
+  bool check_agreement = true;
+};
+
+// Not thread-safe: one thread issues a rank's collectives.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // "mpi", "nccl" or "simulated".
+  virtual absl::string_view kind() const = 0;
+
+  // recv[i] = op over ranks of send[i], for i < count. In place when
+  // send == recv.
+  absl::Status AllReduce(const void* send, void* recv, size_t count, DType dtype,
+                         ReduceOp op, Stream& stream);
+  // Rank r receives op over ranks of send[r*recv_count, (r+1)*recv_count).
+  // `send` holds recv_count * world_size elements. In place when
+  // recv == send + rank * recv_count (elements).
+  absl::Status ReduceScatter(const void* send, void* recv, size_t recv_count,
+                             DType dtype, ReduceOp op, Stream& stream);
+  // recv[r*send_count, (r+1)*send_count) = rank r's send. `recv` holds
+  // send_count * world_size elements. In place when
+  // send == recv + rank * send_count (elements).
+  absl::Status AllGather(const void* send, void* recv, size_t send_count,
+                         DType dtype, Stream& stream);
+  // Every rank's buffer becomes root's.
+  absl::Status Broadcast(void* buffer, size_t count, DType dtype, int root,
+                         Stream& stream);
+  // Returns when every rank has entered the barrier.
+  absl::Status Barrier();
+
+  CollectiveStats stats(Collective collective) const {
+    return stats_[static_cast<int>(collective)];
+  }
+  // SUM of bytes over all collectives.
+  int64_t total_bytes() const;
+  void ResetStats() { stats_ = {}; }
+
+ protected:
+  // What one rank passed to one collective.
+  struct Signature {
+    Collective collective;
+    int64_t count;  // elements (per rank for ReduceScatter/AllGather)
+    DType dtype;
+    ReduceOp op;
+    int root;
+  };
+
+  Communicator(int rank, int world_size, CommunicatorOptions options)
+      : rank_(rank), world_size_(world_size), options_(options) {}
+
+  // Whether buffers hold bytes (false for the simulated communicator, which
+  // accepts null pointers).
+  virtual bool moves_bytes() const { return true; }
+  // Returns the same error on every rank unless all ranks passed `signature`.
+  // Only called when options.check_agreement is set.
+  virtual absl::Status Agree(const Signature& signature) = 0;
+
+  virtual absl::Status DoAllReduce(const void* send, void* recv, size_t count,
+                                   DType dtype, ReduceOp op, Stream& stream) = 0;
+  virtual absl::Status DoReduceScatter(const void* send, void* recv,
+                                       size_t recv_count, DType dtype,
+                                       ReduceOp op, Stream& stream) = 0;
+  virtual absl::Status DoAllGather(const void* send, void* recv,
+                                   size_t send_count, DType dtype,
+                                   Stream& stream) = 0;
+  virtual absl::Status DoBroadcast(void* buffer, size_t count, DType dtype,
+                                   int root, Stream& stream) = 0;
+  virtual absl::Status DoBarrier() = 0;
+
+  // Formats the disagreement error from the per-field minima and maxima
+  // over ranks, in Signature field order. Shared by implementations.
+  absl::Status DisagreementError(const Signature& mine,
+                                 const std::array<int64_t, 5>& min,
+                                 const std::array<int64_t, 5>& max) const;
+  static std::array<int64_t, 5> Encode(const Signature& signature);
+
+ private:
+  absl::Status Prepare(const Signature& signature, bool has_null_buffer);
+  void Count(Collective collective, int64_t bytes);
+
+  const int rank_;
+  const int world_size_;
+  const CommunicatorOptions options_;
+  std::array<CollectiveStats, kNumCollectives> stats_{};
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_RUNTIME_COMMUNICATOR_H_

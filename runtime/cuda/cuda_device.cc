@@ -1,0 +1,162 @@
+#include "runtime/cuda/cuda_device.h"
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/cuda/cuda_status.h"
+#include "runtime/status.h"
+#include "runtime/units.h"
+
+namespace memwall {
+namespace {
+
+class CudaSegmentSource final : public SegmentSource {
+ public:
+  explicit CudaSegmentSource(int ordinal) : ordinal_(ordinal) {}
+  absl::StatusOr<uintptr_t> Reserve(size_t bytes) override {
+    MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    void* base = nullptr;
+    MW_CUDA_RETURN_IF_ERROR(cudaMalloc(&base, bytes));
+    return reinterpret_cast<uintptr_t>(base);
+  }
+  void Release(uintptr_t base, size_t) override {
+    // The allocator only releases segments with no live blocks; the caller
+    // synchronised any stream that used them before freeing the blocks.
+    (void)cudaSetDevice(ordinal_);
+    (void)cudaFree(reinterpret_cast<void*>(base));
+  }
+
+ private:
+  const int ordinal_;
+};
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(cudaEvent_t event) : event_(event) {}
+  ~CudaEvent() override { (void)cudaEventDestroy(event_); }
+  absl::Status Synchronize() override {
+    return CudaStatus(cudaEventSynchronize(event_), "cudaEventSynchronize");
+  }
+  absl::StatusOr<bool> Query() override {
+    const cudaError_t code = cudaEventQuery(event_);
+    if (code == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    MW_RETURN_IF_ERROR(CudaStatus(code, "cudaEventQuery"));
+    return true;
+  }
+  void* native_handle() const override { return event_; }
+
+ private:
+  cudaEvent_t event_;
+};
+
+class CudaStream final : public Stream {
+ public:
+  explicit CudaStream(cudaStream_t stream) : stream_(stream) {}
+  ~CudaStream() override { (void)cudaStreamDestroy(stream_); }
+  absl::Status Synchronize() override {
+    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  absl::Status Record(Event& event) override {
+    if (dynamic_cast<CudaEvent*>(&event) == nullptr) {
+      return absl::InvalidArgumentError(
+          "Stream::Record: the event belongs to another backend");
+    }
+    return CudaStatus(
+        cudaEventRecord(static_cast<cudaEvent_t>(event.native_handle()), stream_),
+        "cudaEventRecord");
+  }
+  absl::Status Wait(const Event& event) override {
+    if (dynamic_cast<const CudaEvent*>(&event) == nullptr) {
+      return absl::InvalidArgumentError(
+          "Stream::Wait: the event belongs to another backend");
+    }
+    return CudaStatus(
+        cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event.native_handle()), 0),
+        "cudaStreamWaitEvent");
+  }
+  void* native_handle() const override { return stream_; }
+
+ private:
+  cudaStream_t stream_;
+};
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, std::unique_ptr<CachingAllocator> allocator)
+      : Device(std::move(allocator)), ordinal_(ordinal) {}
+
+  Backend backend() const override { return Backend::kCuda; }
+
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
+    MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    cudaStream_t stream = nullptr;
+    MW_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return std::unique_ptr<Stream>(new CudaStream(stream));
+  }
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
+    MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    cudaEvent_t event = nullptr;
+    MW_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return std::unique_ptr<Event>(new CudaEvent(event));
+  }
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes,
+                         Stream& stream) override {
+    if (dynamic_cast<CudaStream*>(&stream) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(), ": CopyAsync on a stream of another backend"));
+    }
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                                      static_cast<cudaStream_t>(stream.native_handle())),
+                      "cudaMemcpyAsync");
+  }
+  absl::Status Synchronize() override {
+    MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+
+ private:
+  const int ordinal_;
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options) {
+  MW_CHECK(options.backend == Backend::kCuda);
+  int count = 0;
+  MW_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (options.ordinal >= count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ordinal: expected < ", count, " (GPUs present), got ", options.ordinal));
+  }
+  MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.ordinal));
+  size_t free_bytes = 0, total_bytes = 0;
+  MW_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  int64_t capacity = options.capacity_bytes;
+  if (capacity == 0) capacity = static_cast<int64_t>(free_bytes);
+  if (capacity > static_cast<int64_t>(free_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device capacity: cuda:", options.ordinal, " has ",
+        FormatBytes(static_cast<int64_t>(free_bytes)), " free (of ",
+        FormatBytes(static_cast<int64_t>(total_bytes)), "); asked for ",
+        FormatBytes(capacity)));
+  }
+  auto allocator = std::make_unique<CachingAllocator>(
+      absl::StrCat("cuda:", options.ordinal), capacity,
+      std::make_unique<CudaSegmentSource>(options.ordinal), /*touch_bytes=*/true);
+  return std::unique_ptr<Device>(new CudaDevice(options.ordinal, std::move(allocator)));
+}
+
+}  // namespace memwall

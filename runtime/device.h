@@ -1,0 +1,123 @@
+// The device seam: one narrow interface, three backends.
+//
+//   host  host RAM posing as device memory, with an enforced capacity;
+//         streams execute in order as work is enqueued.
+//   meta  accounting only: allocations succeed or fail against the capacity
+//         exactly as on a real device, but no bytes exist (data() is null)
+//         and no arithmetic runs. Dry runs at any scale use it.
+//   cuda  a GPU: device memory through the caching allocator, CUDA streams
+//         and events, asynchronous copies with pinned host memory.
+//
+// Engine code is written once against Device/Stream/Event; code that is
+// correct on cuda (every cross-stream dependency expressed with an Event) is
+// correct on host, where streams are in order and synchronous.
+#ifndef MEMWALL_RUNTIME_DEVICE_H_
+#define MEMWALL_RUNTIME_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/allocator.h"
+#include "runtime/memory.h"
+
+namespace memwall {
+
+enum class Backend : uint8_t { kHost, kMeta, kCuda };
+
+// "host", "meta" or "cuda".
+absl::string_view BackendName(Backend backend);
+// Parses a backend name; the error names the accepted values.
+absl::StatusOr<Backend> ParseBackend(absl::string_view name);
+
+class Event;
+
+// An in-order queue of device work. Not thread-safe: one thread enqueues.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  // Blocks until all work enqueued so far has completed.
+  virtual absl::Status Synchronize() = 0;
+  // Marks the current end of this stream in `event`.
+  virtual absl::Status Record(Event& event) = 0;
+  // Work enqueued after this call waits for `event`'s last Record. Waiting
+  // on an event never recorded is a no-op, as in CUDA.
+  virtual absl::Status Wait(const Event& event) = 0;
+  // cudaStream_t on cuda; nullptr on host and meta.
+  virtual void* native_handle() const = 0;
+};
+
+// A point in a stream's work.
+class Event {
+ public:
+  virtual ~Event() = default;
+  // Blocks until the recorded work has completed (no-op if never recorded).
+  virtual absl::Status Synchronize() = 0;
+  // Whether the recorded work has completed (true if never recorded).
+  virtual absl::StatusOr<bool> Query() = 0;
+  // cudaEvent_t on cuda; nullptr on host and meta.
+  virtual void* native_handle() const = 0;
+};
+
+struct DeviceOptions {
+  Backend backend = Backend::kHost;
+  // GPU index for cuda; used in the device name on every backend.
+  int ordinal = 0;
+  // The enforced capacity in bytes. Required (> 0) for host and meta; on
+  // cuda, 0 means the device's free memory, and a larger value is rejected.
+  int64_t capacity_bytes = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual Backend backend() const = 0;
+  // "host:0", "meta:0", "cuda:1".
+  const std::string& name() const { return allocator_->device_name(); }
+  // False on meta: buffers have no bytes and kernels do nothing.
+  bool holds_bytes() const { return backend() != Backend::kMeta; }
+
+  // Allocates device memory; see CachingAllocator::Allocate. Thread-safe.
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, MemoryCategory category,
+                                        absl::string_view owner) {
+    return allocator_->Allocate(bytes, category, owner);
+  }
+  CachingAllocator& allocator() { return *allocator_; }
+  const CachingAllocator& allocator() const { return *allocator_; }
+
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
+  virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
+
+  // Copies `bytes` from `src` to `dst`, ordered on `stream`. Either pointer
+  // may be device memory of this device or host memory (pinned host memory
+  // makes cuda copies truly asynchronous). On meta nothing is copied.
+  virtual absl::Status CopyAsync(void* dst, const void* src, size_t bytes,
+                                 Stream& stream) = 0;
+  // Blocks until all work on all of this device's streams has completed.
+  virtual absl::Status Synchronize() = 0;
+
+ protected:
+  explicit Device(std::unique_ptr<CachingAllocator> allocator)
+      : allocator_(std::move(allocator)) {}
+
+ private:
+  // Declared last so it is destroyed after the derived class's members.
+  std::unique_ptr<CachingAllocator> allocator_;
+};
+
+// Creates a device. Errors: kInvalidArgument for a bad capacity or ordinal,
+// kUnimplemented for cuda in a build made with --config=nocuda,
+// kUnavailable for cuda when no GPU (or no driver) is present.
+absl::StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options);
+
+// Whether a usable GPU is present (and this build has CUDA).
+bool CudaDeviceAvailable();
+
+}  // namespace memwall
+
+#endif  // MEMWALL_RUNTIME_DEVICE_H_

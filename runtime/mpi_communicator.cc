@@ -1,0 +1,259 @@
+#include "runtime/mpi_communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/base/call_once.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/status.h"
+
+namespace memwall {
+namespace {
+
+// MPI has no 16-bit float types: bf16 and f16 travel as 2-byte contiguous
+// types of their own and reduce through user-defined operations that widen
+// to f32, combine, and round back (to nearest even), as NCCL does.
+struct MpiTypes {
+  MPI_Datatype bf16 = MPI_DATATYPE_NULL;
+  MPI_Datatype f16 = MPI_DATATYPE_NULL;
+  // Indexed [dtype][op] for the 16-bit dtypes.
+  MPI_Op ops[kNumDTypes][3] = {};
+};
+
+struct Sum {
+  float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  float operator()(float a, float b) const { return std::max(a, b); }
+};
+struct Min {
+  float operator()(float a, float b) const { return std::min(a, b); }
+};
+
+template <float (*ToF32)(uint16_t), uint16_t (*FromF32)(float), typename Combine>
+void Reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    b[i] = FromF32(Combine()(ToF32(a[i]), ToF32(b[i])));
+  }
+}
+
+absl::once_flag types_once;
+MpiTypes* types = nullptr;
+
+absl::Status InitTypes() {
+  absl::Status status;
+  absl::call_once(types_once, [&status] {
+    auto* t = new MpiTypes;
+    auto check = [&status](int code, absl::string_view call) {
+      if (status.ok()) status = MpiStatus(code, call);
+    };
+    check(MPI_Type_contiguous(2, MPI_BYTE, &t->bf16), "MPI_Type_contiguous");
+    check(MPI_Type_commit(&t->bf16), "MPI_Type_commit");
+    check(MPI_Type_contiguous(2, MPI_BYTE, &t->f16), "MPI_Type_contiguous");
+    check(MPI_Type_commit(&t->f16), "MPI_Type_commit");
+    const int bf16 = static_cast<int>(DType::kBF16), f16 = static_cast<int>(DType::kF16);
+    check(MPI_Op_create(&Reduce16<Bf16ToF32, F32ToBf16, Sum>, 1, &t->ops[bf16][0]), "MPI_Op_create");
+    check(MPI_Op_create(&Reduce16<Bf16ToF32, F32ToBf16, Max>, 1, &t->ops[bf16][1]), "MPI_Op_create");
+    check(MPI_Op_create(&Reduce16<Bf16ToF32, F32ToBf16, Min>, 1, &t->ops[bf16][2]), "MPI_Op_create");
+    check(MPI_Op_create(&Reduce16<F16ToF32, F32ToF16, Sum>, 1, &t->ops[f16][0]), "MPI_Op_create");
+    check(MPI_Op_create(&Reduce16<F16ToF32, F32ToF16, Max>, 1, &t->ops[f16][1]), "MPI_Op_create");
+    check(MPI_Op_create(&Reduce16<F16ToF32, F32ToF16, Min>, 1, &t->ops[f16][2]), "MPI_Op_create");
+    types = t;
+  });
+  if (!status.ok()) return status;
+  if (types == nullptr) return absl::InternalError("MPI datatypes failed to initialise earlier");
+  return absl::OkStatus();
+}
+
+MPI_Datatype MpiType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kBF16: return types->bf16;
+    case DType::kF16: return types->f16;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op MpiOp(DType dtype, ReduceOp op) {
+  if (dtype == DType::kF32) {
+    switch (op) {
+      case ReduceOp::kSum: return MPI_SUM;
+      case ReduceOp::kMax: return MPI_MAX;
+      case ReduceOp::kMin: return MPI_MIN;
+    }
+  }
+  const int index = static_cast<int>(op);
+  MW_CHECK(index >= 0 && index < 3);
+  return types->ops[static_cast<int>(dtype)][index];
+}
+
+// MPI counts are ints; larger collectives are issued in pieces of this many
+// elements (a multiple of every dtype's vector width).
+constexpr size_t kMaxChunkElements = size_t{1} << 30;
+
+void FinalizeMpi() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+absl::Status CheckHostStream(const Stream& stream, absl::string_view call) {
+  if (stream.native_handle() != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, ": the MPI communicator works on host memory; use a host or "
+              "meta stream (use the NCCL communicator for cuda)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MpiStatus(int code, absl::string_view call) {
+  if (code == MPI_SUCCESS) return absl::OkStatus();
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return absl::InternalError(absl::StrCat(call, ": ", absl::string_view(text, length)));
+}
+
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
+    CommunicatorOptions options) {
+  int initialized = 0;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Initialized(&initialized), "MPI_Initialized"));
+  if (!initialized) {
+    int provided = 0;
+    MW_RETURN_IF_ERROR(MpiStatus(
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided),
+        "MPI_Init_thread"));
+    std::atexit(FinalizeMpi);
+  }
+  MW_RETURN_IF_ERROR(InitTypes());
+  MPI_Comm comm = MPI_COMM_NULL;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup"));
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
+                               "MPI_Comm_set_errhandler"));
+  int rank = 0, size = 1;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank"));
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(comm, &size), "MPI_Comm_size"));
+  return std::unique_ptr<MpiCommunicator>(
+      new MpiCommunicator(comm, rank, size, options));
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm_);
+}
+
+absl::Status MpiCommunicator::MinMaxOverRanks(MPI_Comm comm,
+                                              const std::array<int64_t, 5>& values,
+                                              std::array<int64_t, 5>& min,
+                                              std::array<int64_t, 5>& max) {
+  // One all-reduce of (v, -v) per field gives each field's max and min.
+  int64_t both[10];
+  for (int i = 0; i < 5; ++i) {
+    both[i] = values[i];
+    both[5 + i] = -values[i];
+  }
+  MW_RETURN_IF_ERROR(MpiStatus(
+      MPI_Allreduce(MPI_IN_PLACE, both, 10, MPI_INT64_T, MPI_MAX, comm),
+      "MPI_Allreduce (agreement check)"));
+  for (int i = 0; i < 5; ++i) {
+    max[i] = both[i];
+    min[i] = -both[5 + i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::Agree(const Signature& signature) {
+  std::array<int64_t, 5> min, max;
+  MW_RETURN_IF_ERROR(MinMaxOverRanks(comm_, Encode(signature), min, max));
+  if (min == max) return absl::OkStatus();
+  return DisagreementError(signature, min, max);
+}
+
+absl::Status MpiCommunicator::DoAllReduce(const void* send, void* recv,
+                                          size_t count, DType dtype, ReduceOp op,
+                                          Stream& stream) {
+  MW_RETURN_IF_ERROR(CheckHostStream(stream, "AllReduce"));
+  const size_t size = DTypeSize(dtype);
+  for (size_t done = 0; done < count; done += kMaxChunkElements) {
+    const size_t n = std::min(kMaxChunkElements, count - done);
+    char* out = static_cast<char*>(recv) + done * size;
+    const void* in = send == recv ? MPI_IN_PLACE
+                                  : static_cast<const char*>(send) + done * size;
+    MW_RETURN_IF_ERROR(MpiStatus(MPI_Allreduce(in, out, static_cast<int>(n),
+                                               MpiType(dtype), MpiOp(dtype, op), comm_),
+                                 "MPI_Allreduce"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::DoReduceScatter(const void* send, void* recv,
+                                              size_t recv_count, DType dtype,
+                                              ReduceOp op, Stream& stream) {
+  MW_RETURN_IF_ERROR(CheckHostStream(stream, "ReduceScatter"));
+  if (recv_count > static_cast<size_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReduceScatter: ", recv_count, " elements per rank exceed MPI's int count"));
+  }
+  const size_t bytes = recv_count * DTypeSize(dtype);
+  const char* own_chunk = static_cast<const char*>(send) + rank() * bytes;
+  // MPI's in-place form reads the whole input from recv, a different layout
+  // from NCCL's (recv inside send); reduce into a temporary instead.
+  std::vector<char> staging;
+  void* out = recv;
+  if (recv == own_chunk) {
+    staging.resize(bytes);
+    out = staging.data();
+  }
+  MW_RETURN_IF_ERROR(MpiStatus(
+      MPI_Reduce_scatter_block(send, out, static_cast<int>(recv_count),
+                               MpiType(dtype), MpiOp(dtype, op), comm_),
+      "MPI_Reduce_scatter_block"));
+  if (!staging.empty()) std::memcpy(recv, staging.data(), bytes);
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::DoAllGather(const void* send, void* recv,
+                                          size_t send_count, DType dtype,
+                                          Stream& stream) {
+  MW_RETURN_IF_ERROR(CheckHostStream(stream, "AllGather"));
+  if (send_count > static_cast<size_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllGather: ", send_count, " elements per rank exceed MPI's int count"));
+  }
+  const size_t bytes = send_count * DTypeSize(dtype);
+  const void* in = send == static_cast<const char*>(recv) + rank() * bytes
+                       ? MPI_IN_PLACE
+                       : send;
+  return MpiStatus(MPI_Allgather(in, static_cast<int>(send_count), MpiType(dtype),
+                                 recv, static_cast<int>(send_count),
+                                 MpiType(dtype), comm_),
+                   "MPI_Allgather");
+}
+
+absl::Status MpiCommunicator::DoBroadcast(void* buffer, size_t count, DType dtype,
+                                          int root, Stream& stream) {
+  MW_RETURN_IF_ERROR(CheckHostStream(stream, "Broadcast"));
+  const size_t size = DTypeSize(dtype);
+  for (size_t done = 0; done < count; done += kMaxChunkElements) {
+    const size_t n = std::min(kMaxChunkElements, count - done);
+    MW_RETURN_IF_ERROR(MpiStatus(
+        MPI_Bcast(static_cast<char*>(buffer) + done * size, static_cast<int>(n),
+                  MpiType(dtype), root, comm_),
+        "MPI_Bcast"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::DoBarrier() {
+  return MpiStatus(MPI_Barrier(comm_), "MPI_Barrier");
+}
+
+}  // namespace memwall

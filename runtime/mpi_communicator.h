@@ -1,0 +1,64 @@
+// Collectives over MPI between processes launched by mpirun (one per rank),
+// on host memory. Calls complete before they return (host streams are
+// synchronous, so the Stream argument only has to belong to a host or meta
+// device).
+#ifndef MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
+#define MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/communicator.h"
+
+namespace memwall {
+
+// OK for MPI_SUCCESS; otherwise kInternal "<call>: <MPI error string>".
+absl::Status MpiStatus(int code, absl::string_view call);
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Initialises MPI if no one has (asking for MPI_THREAD_MULTIPLE and taking
+  // what the library offers; MPI is finalised at exit), then works on a
+  // duplicate of MPI_COMM_WORLD with errors returned, not fatal. A process
+  // started without mpirun is rank 0 of a world of 1.
+  static absl::StatusOr<std::unique_ptr<MpiCommunicator>> Create(
+      CommunicatorOptions options = {});
+  ~MpiCommunicator() override;
+
+  absl::string_view kind() const override { return "mpi"; }
+  // The duplicated communicator (NCCL bootstraps over it).
+  MPI_Comm comm() const { return comm_; }
+
+  // Per-field minimum and maximum of `values` over the ranks of `comm` (one
+  // MPI_Allreduce). Used by the agreement checks of MPI and NCCL.
+  static absl::Status MinMaxOverRanks(MPI_Comm comm,
+                                      const std::array<int64_t, 5>& values,
+                                      std::array<int64_t, 5>& min,
+                                      std::array<int64_t, 5>& max);
+
+ private:
+  MpiCommunicator(MPI_Comm comm, int rank, int world_size,
+                  CommunicatorOptions options)
+      : Communicator(rank, world_size, options), comm_(comm) {}
+
+  absl::Status Agree(const Signature& signature) override;
+  absl::Status DoAllReduce(const void* send, void* recv, size_t count,
+                           DType dtype, ReduceOp op, Stream& stream) override;
+  absl::Status DoReduceScatter(const void* send, void* recv, size_t recv_count,
+                               DType dtype, ReduceOp op, Stream& stream) override;
+  absl::Status DoAllGather(const void* send, void* recv, size_t send_count,
+                           DType dtype, Stream& stream) override;
+  absl::Status DoBroadcast(void* buffer, size_t count, DType dtype, int root,
+                           Stream& stream) override;
+  absl::Status DoBarrier() override;
+
+  MPI_Comm comm_;
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
