@@ -1,0 +1,380 @@
+// CPU kernels on every ISA this machine supports, against references
+// written independently here (double-precision rounding for the casts, a
+// double evaluation of Adam), and against each other bit for bit.
+#include "kernels/cpu/cpu_kernels.h"
+
+#include <cfenv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "kernels/elementwise.h"
+#include "runtime/dtype.h"
+
+namespace memwall::kernels::cpu {
+namespace {
+
+const std::vector<size_t> kSizes = {0, 1, 7, 15, 16, 17, 63, 1000, 4099, 10007};
+
+float Bits(uint32_t u) { return BitsFloat(u); }
+
+// The value of a binary16 by its definition (not by the kernel's method).
+double HalfValue(uint16_t h) {
+  const int sign = h >> 15, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  double value;
+  if (exponent == 0) {
+    value = std::ldexp(double(mantissa), -24);
+  } else if (exponent == 31) {
+    value = mantissa ? std::numeric_limits<double>::quiet_NaN()
+                     : std::numeric_limits<double>::infinity();
+  } else {
+    value = std::ldexp(double(1024 + mantissa), exponent - 25);
+  }
+  return sign ? -value : value;
+}
+
+// Rounds a finite float to a format with `mantissa_bits` stored bits and
+// minimum normal exponent `min_exponent` (round to nearest, ties to even,
+// gradual underflow), returning the rounded value; +-inf past `overflow`.
+double RoundToFormat(float x, int mantissa_bits, int min_exponent, double overflow) {
+  const double a = std::fabs(double(x));
+  if (a == 0) return double(x);
+  int e;
+  std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1)
+  const int unit_exponent = std::max(e - 1, min_exponent) - mantissa_bits;
+  const double q = std::ldexp(a, -unit_exponent);  // exact
+  REQUIRE(std::fegetround() == FE_TONEAREST);
+  double rounded = std::ldexp(std::nearbyint(q), unit_exponent);
+  if (rounded >= overflow) rounded = std::numeric_limits<double>::infinity();
+  return std::signbit(x) ? -rounded : rounded;
+}
+
+double RefHalf(float x) { return RoundToFormat(x, 10, -14, 65536.0); }
+double RefBf16(float x) { return RoundToFormat(x, 7, -126, std::ldexp(1.0, 128)); }
+
+void CheckF16(float x) {
+  const uint16_t h = F32ToF16(x);
+  if (std::isnan(x)) {
+    REQUIRE(std::isnan(HalfValue(h)));
+    REQUIRE((h >> 15) == (FloatBits(x) >> 31));
+    return;
+  }
+  const double want = RefHalf(x);
+  INFO("x = " << x << " bits 0x" << std::hex << FloatBits(x) << " -> 0x" << h);
+  REQUIRE(HalfValue(h) == want);
+  REQUIRE(std::signbit(HalfValue(h)) == std::signbit(x));
+}
+
+void CheckBf16(float x) {
+  const uint16_t b = F32ToBf16(x);
+  const float back = Bf16ToF32(b);
+  if (std::isnan(x)) {
+    REQUIRE(std::isnan(back));
+    REQUIRE(std::signbit(back) == std::signbit(x));
+    return;
+  }
+  INFO("x = " << x << " bits 0x" << std::hex << FloatBits(x) << " -> 0x" << b);
+  REQUIRE(double(back) == RefBf16(x));
+  REQUIRE(std::signbit(back) == std::signbit(x));
+}
+
+TEST_CASE("f16 -> f32 is exact for all 65536 halves", "[cast]") {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = F16ToF32(uint16_t(h));
+    const double want = HalfValue(uint16_t(h));
+    if (std::isnan(want)) {
+      REQUIRE(std::isnan(f));
+    } else {
+      REQUIRE(double(f) == want);
+      REQUIRE(std::signbit(f) == bool(h >> 15));
+      // And back again, bit for bit.
+      REQUIRE(F32ToF16(f) == h);
+    }
+  }
+}
+
+TEST_CASE("bf16 -> f32 -> bf16 round-trips every non-nan bf16", "[cast]") {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = Bf16ToF32(uint16_t(b));
+    REQUIRE(FloatBits(f) == b << 16);
+    if (!std::isnan(f)) REQUIRE(F32ToBf16(f) == b);
+  }
+}
+
+TEST_CASE("f32 -> f16 and f32 -> bf16 round to nearest even: edge cases", "[cast]") {
+  // Ties go to the even mantissa.
+  CHECK(F32ToF16(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);
+  CHECK(F32ToF16(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);
+  CHECK(F32ToBf16(Bits(0x3f808000)) == 0x3f80);
+  CHECK(F32ToBf16(Bits(0x3f818000)) == 0x3f82);
+  CHECK(F32ToBf16(Bits(0x3f808001)) == 0x3f81);
+  // Largest values and overflow.
+  CHECK(F32ToF16(65504.0f) == 0x7bff);
+  CHECK(F32ToF16(65519.996f) == 0x7bff);
+  CHECK(F32ToF16(65520.0f) == 0x7c00);
+  CHECK(F32ToF16(-1e9f) == 0xfc00);
+  CHECK(F32ToBf16(std::numeric_limits<float>::max()) == 0x7f80);
+  CHECK(F32ToBf16(Bits(0x7f7f7fff)) == 0x7f7f);
+  // Subnormal halves: 2^-24 is the smallest; 2^-25 ties to 0; 3 * 2^-25
+  // ties up to 2 * 2^-24.
+  CHECK(F32ToF16(std::ldexp(1.0f, -24)) == 0x0001);
+  CHECK(F32ToF16(std::ldexp(1.0f, -25)) == 0x0000);
+  CHECK(F32ToF16(3 * std::ldexp(1.0f, -25)) == 0x0002);
+  CHECK(F32ToF16(-std::ldexp(1.0f, -14)) == 0x8400);
+  CHECK(F32ToF16(std::ldexp(1023.0f, -24)) == 0x03ff);
+  // Float subnormals survive into bf16 and vanish from f16.
+  CHECK(F32ToBf16(Bits(0x00010000)) == 0x0001);
+  CHECK(F32ToBf16(Bits(0x00000001)) == 0x0000);
+  CHECK(F32ToF16(Bits(0x00000001)) == 0x0000);
+  CHECK(F32ToF16(Bits(0x80000001)) == 0x8000);
+  // Infinities, signed zeros and NaN.
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(F32ToF16(inf) == 0x7c00);
+  CHECK(F32ToF16(-inf) == 0xfc00);
+  CHECK(F32ToBf16(-inf) == 0xff80);
+  CHECK(F32ToF16(-0.0f) == 0x8000);
+  CHECK(F32ToBf16(-0.0f) == 0x8000);
+  CHECK(F32ToF16(std::numeric_limits<float>::quiet_NaN()) == 0x7e00);
+  CHECK(F32ToF16(-std::numeric_limits<float>::quiet_NaN()) == 0xfe00);
+  // A signalling NaN whose payload sits in the low bits stays a NaN.
+  CHECK(F32ToBf16(Bits(0x7f800001)) == 0x7fc0);
+  CHECK(F32ToBf16(Bits(0xff800001)) == 0xffc0);
+}
+
+TEST_CASE("f32 -> f16 / bf16 agree with the reference rounding on a sweep of floats",
+          "[cast]") {
+  // Every 4099th bit pattern (all exponents, all signs) plus random ones.
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4099) CheckF16(Bits(uint32_t(u)));
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4099) CheckBf16(Bits(uint32_t(u)));
+  std::mt19937 rng(42);
+  for (int i = 0; i < 1000000; ++i) {
+    const uint32_t u = rng();
+    CheckF16(Bits(u));
+    CheckBf16(Bits(u));
+  }
+  // Exhaustively around the f16 subnormal/normal boundary and the top.
+  for (uint32_t u = 0x33000000; u < 0x38800000; u += 97) CheckF16(Bits(u));
+  for (uint32_t u = 0x477f0000; u < 0x47800100; ++u) CheckF16(Bits(u));
+}
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> out(n);
+  for (float& x : out) x = normal(rng);
+  return out;
+}
+
+template <typename Fn>
+void ForEachIsa(Fn fn) {
+  for (Isa isa : SupportedIsas()) {
+    INFO("isa " << IsaName(isa));
+    fn(isa, Kernels(isa));
+  }
+}
+
+TEST_CASE("the widest ISA is selected and every supported one is reachable", "[isa]") {
+  const std::vector<Isa> isas = SupportedIsas();
+  REQUIRE(!isas.empty());
+  CHECK(isas.front() == Isa::kGeneric);
+  if (std::getenv("MEMWALL_CPU_ISA") == nullptr) CHECK(SelectedIsa() == isas.back());
+  UNSCOPED_INFO("this CPU runs: " << IsaName(isas.back()));
+}
+
+TEST_CASE("fill and cast match the scalar conversions on every ISA", "[fill][cast]") {
+  ForEachIsa([](Isa, const KernelTable& k) {
+    for (size_t n : kSizes) {
+      INFO("n " << n);
+      std::vector<float> f32 = RandomFloats(n, 7, 1000.0f);
+      if (n > 3) {
+        f32[1] = std::numeric_limits<float>::infinity();
+        f32[2] = std::numeric_limits<float>::quiet_NaN();
+        f32[3] = 1e-40f;  // float subnormal
+      }
+      std::vector<uint16_t> bf16(n), f16(n);
+      k.cast(f32.data(), DType::kF32, bf16.data(), DType::kBF16, n);
+      k.cast(f32.data(), DType::kF32, f16.data(), DType::kF16, n);
+      for (size_t i = 0; i < n; ++i) {
+        REQUIRE(bf16[i] == F32ToBf16(f32[i]));
+        REQUIRE(f16[i] == F32ToF16(f32[i]));
+      }
+      std::vector<float> back(n);
+      k.cast(f16.data(), DType::kF16, back.data(), DType::kF32, n);
+      for (size_t i = 0; i < n; ++i) REQUIRE(FloatBits(back[i]) == FloatBits(F16ToF32(f16[i])));
+      k.cast(bf16.data(), DType::kBF16, back.data(), DType::kF32, n);
+      for (size_t i = 0; i < n; ++i) REQUIRE(FloatBits(back[i]) == uint32_t(bf16[i]) << 16);
+      std::vector<uint16_t> cross(n);
+      k.cast(bf16.data(), DType::kBF16, cross.data(), DType::kF16, n);
+      for (size_t i = 0; i < n; ++i) REQUIRE(cross[i] == F32ToF16(Bf16ToF32(bf16[i])));
+
+      std::vector<uint16_t> filled(n + 1, 0xabcd);
+      k.fill(filled.data(), DType::kBF16, n, 3.14159f);
+      for (size_t i = 0; i < n; ++i) REQUIRE(filled[i] == F32ToBf16(3.14159f));
+      REQUIRE(filled[n] == 0xabcd);  // nothing past n is touched
+      std::vector<float> ffill(n);
+      k.fill(ffill.data(), DType::kF32, n, -2.5f);
+      for (float x : ffill) REQUIRE(x == -2.5f);
+    }
+  });
+}
+
+TEST_CASE("scale and axpy match plain loops bit for bit", "[scale][axpy]") {
+  ForEachIsa([](Isa, const KernelTable& k) {
+    for (size_t n : kSizes) {
+      INFO("n " << n);
+      const std::vector<float> x = RandomFloats(n, 1), y0 = RandomFloats(n, 2);
+      std::vector<float> y = y0;
+      k.axpy(0.3f, x.data(), y.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const float product = 0.3f * x[i];
+        REQUIRE(FloatBits(y[i]) == FloatBits(y0[i] + product));
+      }
+      std::vector<float> s = x;
+      k.scale(s.data(), DType::kF32, n, 1.0f / 3.0f);
+      for (size_t i = 0; i < n; ++i) REQUIRE(FloatBits(s[i]) == FloatBits(x[i] * (1.0f / 3.0f)));
+      std::vector<uint16_t> h(n);
+      for (size_t i = 0; i < n; ++i) h[i] = F32ToF16(x[i]);
+      k.scale(h.data(), DType::kF16, n, 1024.0f);
+      for (size_t i = 0; i < n; ++i) REQUIRE(h[i] == F32ToF16(F16ToF32(F32ToF16(x[i])) * 1024.0f));
+    }
+  });
+}
+
+TEST_CASE("sum of squares is accurate and identical on every ISA", "[norm]") {
+  for (size_t n : kSizes) {
+    INFO("n " << n);
+    const std::vector<float> x = RandomFloats(n, 3, 10.0f);
+    long double exact = 0;
+    for (float v : x) exact += (long double)v * v;
+    std::vector<uint16_t> b(n);
+    for (size_t i = 0; i < n; ++i) b[i] = F32ToBf16(x[i]);
+    long double exact_b = 0;
+    for (uint16_t v : b) exact_b += (long double)Bf16ToF32(v) * Bf16ToF32(v);
+    double first = -1, first_b = -1;
+    ForEachIsa([&](Isa, const KernelTable& k) {
+      const double got = k.sum_of_squares(x.data(), DType::kF32, n);
+      // Squares of floats are exact in double; only the additions round.
+      CHECK(std::fabs(got - double(exact)) <= 1e-14 * double(exact) + 1e-300);
+      const double got_b = k.sum_of_squares(b.data(), DType::kBF16, n);
+      CHECK(std::fabs(got_b - double(exact_b)) <= 1e-14 * double(exact_b) + 1e-300);
+      if (first < 0) {
+        first = got;
+        first_b = got_b;
+      }
+      CHECK(got == first);
+      CHECK(got_b == first_b);
+    });
+  }
+}
+
+TEST_CASE("has_inf_or_nan finds a bad value at any position", "[nonfinite]") {
+  ForEachIsa([](Isa, const KernelTable& k) {
+    const size_t n = 9000;  // spans three 4096-element blocks
+    std::vector<float> f(n, 1.0f);
+    std::vector<uint16_t> b(n, F32ToBf16(1.0f)), h(n, F32ToF16(1.0f));
+    CHECK_FALSE(k.has_inf_or_nan(f.data(), DType::kF32, n));
+    CHECK_FALSE(k.has_inf_or_nan(b.data(), DType::kBF16, n));
+    CHECK_FALSE(k.has_inf_or_nan(h.data(), DType::kF16, n));
+    CHECK_FALSE(k.has_inf_or_nan(f.data(), DType::kF32, 0));
+    // The largest finite values are finite.
+    f[5] = std::numeric_limits<float>::max();
+    h[5] = 0x7bff;
+    b[5] = 0x7f7f;
+    CHECK_FALSE(k.has_inf_or_nan(f.data(), DType::kF32, n));
+    CHECK_FALSE(k.has_inf_or_nan(h.data(), DType::kF16, n));
+    CHECK_FALSE(k.has_inf_or_nan(b.data(), DType::kBF16, n));
+    for (size_t pos : {size_t{0}, size_t{17}, size_t{4095}, size_t{4096}, n - 1}) {
+      INFO("pos " << pos);
+      for (float bad : {std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity(),
+                        std::numeric_limits<float>::quiet_NaN()}) {
+        f[pos] = bad;
+        b[pos] = F32ToBf16(bad);
+        h[pos] = F32ToF16(bad);
+        CHECK(k.has_inf_or_nan(f.data(), DType::kF32, n));
+        CHECK(k.has_inf_or_nan(b.data(), DType::kBF16, n));
+        CHECK(k.has_inf_or_nan(h.data(), DType::kF16, n));
+        // Not seen when outside the range checked.
+        CHECK_FALSE(k.has_inf_or_nan(f.data() + pos + 1, DType::kF32, n - pos - 1));
+        f[pos] = 1.0f;
+        b[pos] = F32ToBf16(1.0f);
+        h[pos] = F32ToF16(1.0f);
+      }
+    }
+  });
+}
+
+// Adam evaluated in double from the same inputs.
+struct AdamRef {
+  double p, m, v, delta;
+};
+AdamRef AdamDouble(const AdamParams& a, double p, double g, double m, double v) {
+  g *= a.grad_scale;
+  if (!a.adamw) g += double(a.weight_decay) * p;
+  m = double(a.beta1) * m + (1.0 - double(a.beta1)) * g;
+  v = double(a.beta2) * v + (1.0 - double(a.beta2)) * g * g;
+  if (a.adamw) p *= 1.0 - double(a.lr) * a.weight_decay;
+  const double bc1 = 1.0 - std::pow(double(a.beta1), double(a.step));
+  const double bc2 = 1.0 - std::pow(double(a.beta2), double(a.step));
+  const double delta = double(a.lr) / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + a.eps);
+  return {p - delta, m, v, delta};
+}
+
+TEST_CASE("Adam and AdamW match a double evaluation and agree across ISAs bit for bit",
+          "[adam]") {
+  AdamParams adam;
+  adam.lr = 1e-3f;
+  adam.weight_decay = 0.01f;
+  AdamParams adamw = adam;
+  adamw.adamw = true;
+  adamw.weight_decay = 0.1f;
+  AdamParams scaled = adam;
+  scaled.grad_scale = 1.0f / 1024.0f;
+  scaled.weight_decay = 0.0f;
+  for (const AdamParams& base : {adam, adamw, scaled}) {
+    for (int64_t step : {1, 2, 10, 1000}) {
+      AdamParams params = base;
+      params.step = step;
+      INFO("adamw " << params.adamw << " step " << step << " grad_scale " << params.grad_scale);
+      const AdamConstants c = MakeAdamConstants(params);
+      const size_t n = 4099;
+      const std::vector<float> p0 = RandomFloats(n, 11), g = RandomFloats(n, 12, 0.1f),
+                               m0 = RandomFloats(n, 13, 0.01f);
+      std::vector<float> v0 = RandomFloats(n, 14, 0.001f);
+      for (float& x : v0) x = x * x;
+
+      // The scalar formula, one element at a time.
+      std::vector<float> sp = p0, sm = m0, sv = v0;
+      for (size_t i = 0; i < n; ++i) AdamElement(c, sp[i], g[i], sm[i], sv[i]);
+      // Bound: a few float roundings of the terms of the final operation.
+      for (size_t i = 0; i < n; ++i) {
+        const AdamRef r = AdamDouble(params, p0[i], g[i], m0[i], v0[i]);
+        REQUIRE(std::fabs(sm[i] - r.m) <= 0x1p-21 * (std::fabs(r.m) + std::fabs(m0[i]) + std::fabs(g[i] * params.grad_scale)));
+        REQUIRE(std::fabs(sv[i] - r.v) <= 0x1p-21 * (std::fabs(r.v) + std::fabs(v0[i])));
+        REQUIRE(std::fabs(sp[i] - r.p) <= 0x1p-20 * (std::fabs(r.p) + std::fabs(r.delta) + std::fabs(p0[i])));
+      }
+      ForEachIsa([&](Isa, const KernelTable& k) {
+        std::vector<float> p = p0, m = m0, v = v0;
+        std::vector<uint16_t> low(n);
+        k.adam(c, p.data(), g.data(), m.data(), v.data(), low.data(), DType::kBF16, n);
+        for (size_t i = 0; i < n; ++i) {
+          REQUIRE(FloatBits(p[i]) == FloatBits(sp[i]));
+          REQUIRE(FloatBits(m[i]) == FloatBits(sm[i]));
+          REQUIRE(FloatBits(v[i]) == FloatBits(sv[i]));
+          REQUIRE(low[i] == F32ToBf16(sp[i]));
+        }
+        // Without the low-precision copy, and on a ragged length.
+        p = p0, m = m0, v = v0;
+        k.adam(c, p.data(), g.data(), m.data(), v.data(), nullptr, DType::kF32, n - 3);
+        for (size_t i = 0; i < n - 3; ++i) REQUIRE(FloatBits(p[i]) == FloatBits(sp[i]));
+        for (size_t i = n - 3; i < n; ++i) REQUIRE(FloatBits(p[i]) == FloatBits(p0[i]));
+      });
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memwall::kernels::cpu

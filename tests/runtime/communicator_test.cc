@@ -1,0 +1,264 @@
+// Collectives over real MPI processes (run under mpirun -np 1, 2 and 4 by
+// tests/mpi_test.sh): exact values, in-place forms, byte counters, and
+// agreement errors on every rank.
+#include "runtime/communicator.h"
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/mpi_communicator.h"
+#include "runtime/simulated_communicator.h"
+#include "runtime/units.h"
+#include "tests/support/mpi_world.h"
+
+namespace memwall {
+namespace {
+
+using testing::World;
+
+Stream& HostStream() {
+  static Device* device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value().release();
+  static Stream* stream = device->CreateStream().value().release();
+  return *stream;
+}
+
+// Counts that are not powers of two, and 0 and 1.
+const std::vector<size_t> kCounts = {0, 1, 7, 1000, 1025};
+
+TEST_CASE("AllReduce sums, maxes and mins f32 exactly", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size(), r = comm.rank();
+  for (size_t count : kCounts) {
+    INFO("count " << count);
+    std::vector<float> send(count), recv(count, -1.0f);
+    for (size_t i = 0; i < count; ++i) send[i] = float(r * 1000 + i);
+    REQUIRE(comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum,
+                           HostStream()).ok());
+    for (size_t i = 0; i < count; ++i) {
+      REQUIRE(recv[i] == float(i * n + 1000 * n * (n - 1) / 2));
+    }
+    REQUIRE(comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kMax,
+                           HostStream()).ok());
+    for (size_t i = 0; i < count; ++i) REQUIRE(recv[i] == float((n - 1) * 1000 + i));
+    REQUIRE(comm.AllReduce(send.data(), recv.data(), count, DType::kF32, ReduceOp::kMin,
+                           HostStream()).ok());
+    for (size_t i = 0; i < count; ++i) REQUIRE(recv[i] == float(i));
+  }
+}
+
+TEST_CASE("AllReduce in place", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size();
+  std::vector<float> data(333, float(comm.rank() + 1));
+  REQUIRE(comm.AllReduce(data.data(), data.data(), data.size(), DType::kF32, ReduceOp::kSum,
+                         HostStream()).ok());
+  for (float x : data) REQUIRE(x == float(n * (n + 1) / 2));
+}
+
+TEST_CASE("AllReduce of bf16 and f16 widens, sums and rounds", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size(), r = comm.rank();
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    INFO(DTypeName(dtype));
+    auto encode = dtype == DType::kBF16 ? F32ToBf16 : F32ToF16;
+    auto decode = dtype == DType::kBF16 ? Bf16ToF32 : F16ToF32;
+    const size_t count = 517;
+    std::vector<uint16_t> send(count), recv(count);
+    // Small integers and halves are exact in both formats, as are their sums.
+    for (size_t i = 0; i < count; ++i) send[i] = encode(float(i % 16) * 0.5f + r);
+    REQUIRE(comm.AllReduce(send.data(), recv.data(), count, dtype, ReduceOp::kSum,
+                           HostStream()).ok());
+    for (size_t i = 0; i < count; ++i) {
+      REQUIRE(decode(recv[i]) == float(i % 16) * 0.5f * n + float(n * (n - 1) / 2));
+    }
+    REQUIRE(comm.AllReduce(send.data(), recv.data(), count, dtype, ReduceOp::kMax,
+                           HostStream()).ok());
+    for (size_t i = 0; i < count; ++i) REQUIRE(decode(recv[i]) == float(i % 16) * 0.5f + (n - 1));
+  }
+  // A sum that is not representable rounds to nearest even, as NCCL does:
+  // 256 + 1 per extra rank in bf16 (8 significant bits) on rank 0 only.
+  std::vector<uint16_t> one = {F32ToBf16(r == 0 ? 256.0f : 1.0f)}, out(1);
+  REQUIRE(comm.AllReduce(one.data(), out.data(), 1, DType::kBF16, ReduceOp::kSum,
+                         HostStream()).ok());
+  // Ranks combine pairwise in an order MPI chooses; each partial sum is
+  // rounded, so check the result is one of the rounded neighbours.
+  const float exact = 256.0f + (n - 1);
+  const float got = Bf16ToF32(out[0]);
+  CHECK((got == Bf16ToF32(F32ToBf16(exact)) || got == 256.0f || got == 258.0f));
+}
+
+TEST_CASE("ReduceScatter gives each rank its reduced chunk", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size(), r = comm.rank();
+  for (size_t chunk : kCounts) {
+    INFO("chunk " << chunk);
+    std::vector<float> send(chunk * n), recv(chunk, -1.0f);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = float(i + r);
+    REQUIRE(comm.ReduceScatter(send.data(), recv.data(), chunk, DType::kF32, ReduceOp::kSum,
+                               HostStream()).ok());
+    for (size_t j = 0; j < chunk; ++j) {
+      const size_t i = r * chunk + j;
+      REQUIRE(recv[j] == float(i * n + n * (n - 1) / 2));
+    }
+  }
+  // In place: the result lands in this rank's own chunk of the input.
+  const size_t chunk = 129;
+  std::vector<float> data(chunk * n);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = float(i);
+  float* own = data.data() + r * chunk;
+  REQUIRE(comm.ReduceScatter(data.data(), own, chunk, DType::kF32, ReduceOp::kSum,
+                             HostStream()).ok());
+  for (size_t j = 0; j < chunk; ++j) REQUIRE(own[j] == float((r * chunk + j) * n));
+}
+
+TEST_CASE("AllGather concatenates every rank's part in rank order", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size(), r = comm.rank();
+  for (size_t part : kCounts) {
+    INFO("part " << part);
+    std::vector<uint16_t> send(part), recv(part * n, 0xffff);
+    for (size_t i = 0; i < part; ++i) send[i] = uint16_t(r * 100 + i);
+    REQUIRE(comm.AllGather(send.data(), recv.data(), part, DType::kBF16, HostStream()).ok());
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < part; ++i) REQUIRE(recv[q * part + i] == uint16_t(q * 100 + i));
+    }
+  }
+  // In place: this rank's part already sits at its offset.
+  const size_t part = 1001;
+  std::vector<float> data(part * n, -1.0f);
+  for (size_t i = 0; i < part; ++i) data[r * part + i] = float(r) + 0.25f * i;
+  REQUIRE(comm.AllGather(data.data() + r * part, data.data(), part, DType::kF32,
+                         HostStream()).ok());
+  for (int q = 0; q < n; ++q) {
+    for (size_t i = 0; i < part; ++i) REQUIRE(data[q * part + i] == float(q) + 0.25f * i);
+  }
+}
+
+TEST_CASE("Broadcast copies the root's buffer to all ranks", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size(), r = comm.rank();
+  for (int root : {0, n - 1}) {
+    std::vector<float> data(777);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = float(r == root ? i * 3 : -1.0);
+    REQUIRE(comm.Broadcast(data.data(), data.size(), DType::kF32, root, HostStream()).ok());
+    for (size_t i = 0; i < data.size(); ++i) REQUIRE(data[i] == float(i * 3));
+  }
+  REQUIRE(comm.Barrier().ok());
+}
+
+TEST_CASE("byte counters sum the logical buffer of each call", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int64_t n = comm.world_size();
+  comm.ResetStats();
+  std::vector<float> a(1000 * n), b(1000 * n);
+  REQUIRE(comm.AllReduce(a.data(), b.data(), 1000, DType::kF32, ReduceOp::kSum, HostStream()).ok());
+  REQUIRE(comm.AllReduce(a.data(), b.data(), 10, DType::kBF16, ReduceOp::kSum, HostStream()).ok());
+  REQUIRE(comm.ReduceScatter(a.data(), b.data(), 250, DType::kF32, ReduceOp::kSum, HostStream()).ok());
+  REQUIRE(comm.AllGather(a.data(), b.data(), 250, DType::kF16, HostStream()).ok());
+  REQUIRE(comm.Broadcast(a.data(), 3, DType::kF32, 0, HostStream()).ok());
+  REQUIRE(comm.Barrier().ok());
+  CHECK(comm.stats(Collective::kAllReduce).calls == 2);
+  CHECK(comm.stats(Collective::kAllReduce).bytes == 4000 + 20);
+  CHECK(comm.stats(Collective::kReduceScatter).calls == 1);
+  CHECK(comm.stats(Collective::kReduceScatter).bytes == 250 * n * 4);
+  CHECK(comm.stats(Collective::kAllGather).bytes == 250 * n * 2);
+  CHECK(comm.stats(Collective::kBroadcast).bytes == 12);
+  CHECK(comm.stats(Collective::kBarrier).calls == 1);
+  CHECK(comm.stats(Collective::kBarrier).bytes == 0);
+  CHECK(comm.total_bytes() == 4020 + 250 * n * 6 + 12);
+}
+
+TEST_CASE("ranks that disagree on the count all get the same clear error", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size(), r = comm.rank();
+  comm.ResetStats();
+  std::vector<float> buffer(64);
+  const size_t count = r == 0 ? 10 : 12;
+  const absl::Status status =
+      comm.AllReduce(buffer.data(), buffer.data(), count, DType::kF32, ReduceOp::kSum,
+                     HostStream());
+  if (n == 1) {
+    CHECK(status.ok());
+    return;
+  }
+  REQUIRE(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()) ==
+        "AllReduce on rank " + std::to_string(r) + " of " + std::to_string(n) +
+            ": ranks disagree on the element count (from 10 to 12; this rank passed " +
+            std::to_string(count) + ")");
+  // A failed call is not counted, and the communicator still works.
+  CHECK(comm.stats(Collective::kAllReduce).calls == 0);
+  REQUIRE(comm.AllReduce(buffer.data(), buffer.data(), 4, DType::kF32, ReduceOp::kSum,
+                         HostStream()).ok());
+}
+
+TEST_CASE("ranks that call different collectives, dtypes or roots get errors", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size(), r = comm.rank();
+  std::vector<float> buffer(64 * n);
+  if (n > 1) {
+    absl::Status status =
+        r == 0 ? comm.AllReduce(buffer.data(), buffer.data(), 8, DType::kF32, ReduceOp::kSum,
+                                HostStream())
+               : comm.AllGather(buffer.data(), buffer.data() + 8 * r, 8, DType::kF32,
+                                HostStream());
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(status.message()),
+               Catch::Contains("ranks called different collectives at the same point"));
+
+    status = comm.AllReduce(buffer.data(), buffer.data(), 8, r == 0 ? DType::kF32 : DType::kBF16,
+                            ReduceOp::kSum, HostStream());
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(status.message()), Catch::Contains("ranks disagree on the dtype"));
+
+    status = comm.Broadcast(buffer.data(), 8, DType::kF32, r == 0 ? 0 : 1, HostStream());
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(status.message()), Catch::Contains("ranks disagree on the root (from 0 to 1"));
+  }
+  // A root out of range on one rank fails that rank with the reason and the
+  // others with a pointer to it, without a hang.
+  const int root = r == n - 1 ? n : 0;
+  const absl::Status status = comm.Broadcast(buffer.data(), 8, DType::kF32, root, HostStream());
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  if (r == n - 1) {
+    CHECK_THAT(std::string(status.message()),
+               Catch::Contains("root " + std::to_string(n) + " is not a rank (expected 0.." +
+                               std::to_string(n - 1) + ")"));
+  } else {
+    CHECK_THAT(std::string(status.message()),
+               Catch::Contains("another rank rejected its arguments to this call"));
+  }
+  // Null buffers with a non-zero count are rejected the same way.
+  const absl::Status null_status = comm.AllReduce(
+      r == 0 ? nullptr : buffer.data(), buffer.data(), 8, DType::kF32, ReduceOp::kSum,
+      HostStream());
+  CHECK(null_status.code() == absl::StatusCode::kInvalidArgument);
+  if (r == 0) CHECK_THAT(std::string(null_status.message()), Catch::Contains("a buffer is null but count is 8"));
+}
+
+TEST_CASE("the simulated communicator validates and counts without bytes", "[simulated]") {
+  auto bad = SimulatedCommunicator::Create(4, 4);
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(bad.status().message()) == "rank: expected 0..3 for a world of 4, got 4");
+  CHECK(SimulatedCommunicator::Create(0, 0).status().code() == absl::StatusCode::kInvalidArgument);
+
+  auto comm = SimulatedCommunicator::Create(3, 64).value();
+  CHECK(comm->kind() == "simulated");
+  // 1.5e9 parameters in bf16: far more than this machine could move.
+  const size_t shard = 1'500'000'000 / 64;
+  REQUIRE(comm->ReduceScatter(nullptr, nullptr, shard, DType::kBF16, ReduceOp::kSum,
+                              HostStream()).ok());
+  REQUIRE(comm->AllGather(nullptr, nullptr, shard, DType::kBF16, HostStream()).ok());
+  CHECK(comm->stats(Collective::kReduceScatter).bytes == int64_t(shard) * 64 * 2);
+  CHECK(comm->total_bytes() == int64_t(shard) * 64 * 2 * 2);
+  const absl::Status status = comm->Broadcast(nullptr, 8, DType::kF32, 64, HostStream());
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(status.message()), Catch::Contains("root 64 is not a rank (expected 0..63)"));
+}
+
+}  // namespace
+}  // namespace memwall

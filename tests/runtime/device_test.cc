@@ -1,0 +1,137 @@
+// Backends, Tensor, streams and events, and the Status helpers.
+#include "runtime/device.h"
+
+#include <cstring>
+
+#include "catch2/catch.hpp"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+#include "runtime/units.h"
+
+namespace memwall {
+namespace {
+
+TEST_CASE("CreateDevice validates its options", "[device]") {
+  auto no_capacity = CreateDevice({Backend::kHost, 0, 0});
+  CHECK(no_capacity.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(no_capacity.status().message()),
+             Catch::Contains("device capacity: the host backend needs a capacity in bytes"));
+  auto negative = CreateDevice({Backend::kMeta, 0, -5});
+  CHECK(negative.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(negative.status().message()),
+             Catch::Contains("device capacity: expected >= 0 bytes, got -5"));
+  auto ordinal = CreateDevice({Backend::kHost, -1, kMiB});
+  CHECK(ordinal.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(ordinal.status().message()),
+             Catch::Contains("device ordinal: expected >= 0, got -1"));
+}
+
+TEST_CASE("the cuda backend reports why it cannot start without a GPU", "[device][cuda]") {
+  if (CudaDeviceAvailable()) {
+    auto device = CreateDevice({Backend::kCuda, 0, 0});
+    REQUIRE(device.ok());
+    CHECK(device.value()->name() == "cuda:0");
+    return;
+  }
+  auto device = CreateDevice({Backend::kCuda, 0, 0});
+  REQUIRE_FALSE(device.ok());
+  // No GPU or driver: unavailable; a build without CUDA: unimplemented.
+  const absl::StatusCode code = device.status().code();
+  CHECK((code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kUnimplemented));
+  if (code == absl::StatusCode::kUnavailable) {
+    CHECK_THAT(std::string(device.status().message()), Catch::Contains("cudaGetDeviceCount"));
+  }
+}
+
+TEST_CASE("backend names parse and print", "[device]") {
+  CHECK(BackendName(Backend::kMeta) == "meta");
+  CHECK(ParseBackend("cuda").value() == Backend::kCuda);
+  auto bad = ParseBackend("tpu");
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(bad.status().message()) ==
+        "backend: expected one of host, meta, cuda; got 'tpu'");
+}
+
+TEST_CASE("tensors own tagged memory and validate shapes", "[tensor]") {
+  auto device = CreateDevice({Backend::kHost, 0, 16 * kMiB}).value();
+  {
+    auto t = Tensor::Empty(*device, DType::kBF16, {4, 1000}, MemoryCategory::kParameter,
+                           "block0.attn.qkv.weight");
+    REQUIRE(t.ok());
+    CHECK(t->numel() == 4000);
+    CHECK(t->nbytes() == 8000);
+    CHECK(t->data() != nullptr);
+    CHECK(t->owner() == "block0.attn.qkv.weight");
+    CHECK(t->DebugString() == "bf16[4, 1000] parameter 'block0.attn.qkv.weight' on host:0");
+    CHECK(device->allocator().stats().by_category[0].current == 8000);
+    Tensor moved = std::move(t).value();
+    CHECK(moved.nbytes() == 8000);
+  }
+  CHECK(device->allocator().stats().requested.current == 0);
+
+  auto negative = Tensor::Empty(*device, DType::kF32, {3, -2}, MemoryCategory::kActivation, "x");
+  CHECK(negative.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(negative.status().message()) ==
+        "tensor 'x': shape[1] is -2; dimensions must be >= 0");
+  auto huge = Tensor::Empty(*device, DType::kF32, {int64_t{1} << 40, int64_t{1} << 30},
+                            MemoryCategory::kActivation, "huge");
+  CHECK(huge.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(huge.status().message()), Catch::Contains("overflows a 64-bit byte count"));
+  auto too_big = Tensor::Empty(*device, DType::kF32, {1024, 1024, 8}, MemoryCategory::kActivation,
+                               "too_big");
+  CHECK(too_big.status().code() == absl::StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("host streams run copies in order; events complete when recorded", "[stream]") {
+  auto device = CreateDevice({Backend::kHost, 0, 16 * kMiB}).value();
+  auto stream = device->CreateStream().value();
+  auto event = device->CreateEvent().value();
+  auto buffer = device->Allocate(64, MemoryCategory::kOther, "buf").value();
+  const char text[] = "memwall";
+  REQUIRE(device->CopyAsync(buffer.data(), text, sizeof text, *stream).ok());
+  REQUIRE(stream->Record(*event).ok());
+  CHECK(event->Query().value());
+  REQUIRE(stream->Wait(*event).ok());
+  REQUIRE(event->Synchronize().ok());
+  REQUIRE(stream->Synchronize().ok());
+  CHECK(std::strcmp(static_cast<const char*>(buffer.data()), "memwall") == 0);
+  CHECK(stream->native_handle() == nullptr);
+}
+
+absl::StatusOr<int> Half(int x) {
+  if (x % 2 != 0) return absl::InvalidArgumentError("odd");
+  return x / 2;
+}
+
+absl::Status Quarter(int x, int* out) {
+  MW_ASSIGN_OR_RETURN(int half, Half(x));
+  MW_ASSIGN_OR_RETURN(*out, Half(half));
+  return absl::OkStatus();
+}
+
+absl::Status Chain(int x, int* out) {
+  MW_RETURN_IF_ERROR(Quarter(x, out));
+  *out += 1;
+  return absl::OkStatus();
+}
+
+TEST_CASE("status macros propagate the first error", "[status]") {
+  int out = 0;
+  CHECK(Chain(8, &out).ok());
+  CHECK(out == 3);
+  const absl::Status odd = Chain(6, &out);  // 6/2 = 3 is odd
+  CHECK(odd.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(odd.message() == "odd");
+  CHECK(out == 3);
+}
+
+TEST_CASE("byte quantities format in binary units", "[units]") {
+  CHECK(FormatBytes(512) == "512 B");
+  CHECK(FormatBytes(1536) == "1.50 KiB");
+  CHECK(FormatBytes(256 * kMiB) == "256.00 MiB");
+  CHECK(FormatBytes(32 * kGiB) == "32.00 GiB");
+  CHECK(FormatBytes(-2048) == "-2.00 KiB");
+}
+
+}  // namespace
+}  // namespace memwall
