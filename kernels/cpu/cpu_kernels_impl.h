@@ -133,8 +133,10 @@ bool HasInfOrNan(const void* x, DType dtype, size_t n) {
   return false;
 }
 
+// The constants come by value: a reference could alias the arrays, which
+// would force a reload per element and block vectorisation.
 template <DType Low>
-void AdamWithCopy(const AdamConstants& c, float* __restrict p,
+void AdamWithCopy(const AdamConstants c, float* __restrict p,
                   const float* __restrict g, float* __restrict m,
                   float* __restrict v, void* p_low, size_t n) {
   auto* __restrict low = static_cast<T<Low>*>(p_low);
@@ -148,7 +150,7 @@ void AdamWithCopy(const AdamConstants& c, float* __restrict p,
   }
 }
 
-void AdamOnly(const AdamConstants& c, float* __restrict p, const float* __restrict g,
+void AdamOnly(const AdamConstants c, float* __restrict p, const float* __restrict g,
               float* __restrict m, float* __restrict v, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float pi = p[i], mi = m[i], vi = v[i];
