@@ -59,12 +59,10 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& option
   return absl::InvalidArgumentError("unknown backend");
 }
 
-bool CudaDeviceAvailable() {
-#if MEMWALL_HAS_CUDA
-  return CudaDeviceCount() > 0;
-#else
-  return false;
+#if !MEMWALL_HAS_CUDA
+int CudaDeviceCount() { return 0; }
 #endif
-}
+
+bool CudaDeviceAvailable() { return CudaDeviceCount() > 0; }
 
 }  // namespace memwall

@@ -115,7 +115,10 @@ class Device {
 // kUnavailable for cuda when no GPU (or no driver) is present.
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options);
 
-// Whether a usable GPU is present (and this build has CUDA).
+// Number of usable GPUs: 0 when there is none, no driver, or this build has
+// no CUDA.
+int CudaDeviceCount();
+// CudaDeviceCount() > 0.
 bool CudaDeviceAvailable();
 
 }  // namespace memwall

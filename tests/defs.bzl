@@ -1,25 +1,38 @@
-"""Test macros: memwall_test (one process) and mpi_test (N real processes)."""
+"""Test macros: memwall_test (one process) and mpi_test (N real processes).
 
-def memwall_test(name, srcs, deps = [], **kwargs):
+With need_gpu = True the binary reports its cases as skipped when no GPU is
+present, and the targets are left out of --config=nocuda builds.
+"""
+
+load("//third_party:cuda.bzl", "INCOMPATIBLE_WITHOUT_CUDA")
+
+def _main(mpi, need_gpu):
+    name = ("mpi_" if mpi else "") + ("gpu_" if need_gpu else "") + "test_main"
+    return "//tests/support:" + name
+
+def memwall_test(name, srcs, deps = [], need_gpu = False, **kwargs):
     """A Catch2 test binary with memwall's counting main."""
     native.cc_test(
         name = name,
         srcs = srcs,
-        deps = deps + ["//tests/support:test_main"],
+        deps = deps + [_main(False, need_gpu)],
+        target_compatible_with = INCOMPATIBLE_WITHOUT_CUDA if need_gpu else [],
         **kwargs
     )
 
-def mpi_test(name, srcs, ranks, deps = [], tags = [], **kwargs):
+def mpi_test(name, srcs, ranks, deps = [], tags = [], need_gpu = False, **kwargs):
     """A Catch2 test binary run under `mpirun -np R` for each R in `ranks`.
 
     Creates `<name>_bin` and one sh_test `<name>_np<R>` per rank count.
     """
     binary = name + "_bin"
+    compatible = INCOMPATIBLE_WITHOUT_CUDA if need_gpu else []
     native.cc_binary(
         name = binary,
         srcs = srcs,
-        deps = deps + ["//tests/support:mpi_test_main"],
+        deps = deps + [_main(True, need_gpu)],
         testonly = True,
+        target_compatible_with = compatible,
         **kwargs
     )
     for r in ranks:
@@ -29,4 +42,5 @@ def mpi_test(name, srcs, ranks, deps = [], tags = [], **kwargs):
             args = [str(r), "$(location :%s)" % binary],
             data = [":" + binary],
             tags = tags + ["mpi"],
+            target_compatible_with = compatible,
         )

@@ -13,9 +13,6 @@ namespace memwall {
 // options.ordinal on the calling thread (cudaSetDevice).
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options);
 
-// Number of usable GPUs; 0 when there is none or no driver.
-int CudaDeviceCount();
-
 }  // namespace memwall
 
 #endif  // MEMWALL_RUNTIME_CUDA_CUDA_DEVICE_H_

@@ -2,7 +2,8 @@
 // Every rank runs every test case; a case passes only if it passes on all
 // ranks. Rank 0 reports to the console; other ranks write their report to a
 // file that is printed only if that rank saw a failure. Rank 0 prints the
-// closing count line (see case_results.h).
+// closing count line (see case_results.h). Built with MEMWALL_TESTS_NEED_GPU
+// it skips every case when no GPU is present (see gpu_gate.h).
 #define CATCH_CONFIG_RUNNER
 #include <mpi.h>
 
@@ -15,12 +16,20 @@
 #include "catch2/catch.hpp"
 #include "tests/support/case_results.h"
 #include "tests/support/mpi_world.h"
+#if MEMWALL_TESTS_NEED_GPU
+#include "tests/support/gpu_gate.h"
+#endif
 
 int main(int argc, char** argv) {
   memwall::MpiCommunicator& world = memwall::testing::World();
   const int rank = world.rank();
   Catch::Session session;
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+#if MEMWALL_TESTS_NEED_GPU
+  if (!memwall::testing::GpuPresentOrReportSkipped(
+          Catch::getAllTestCasesSorted(session.config()).size(), /*print=*/rank == 0,
+                                                    /*gpus_needed=*/world.world_size())) return 0;
+#endif
   // mpirun may hand ranks a terminal; keep logs free of colour codes.
   session.configData().useColour = Catch::UseColour::No;
   std::string report_file;

@@ -1,0 +1,188 @@
+// The cuda backend and the CUDA kernel twins, checked against the CPU
+// kernels bit for bit (same element math, same rounding). Needs a GPU: the
+// binary reports its cases as skipped without one (tools/gpu_check.sh runs
+// it on a GPU machine).
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
+#include "runtime/device.h"
+#include "runtime/tensor.h"
+#include "runtime/units.h"
+
+namespace memwall {
+namespace {
+
+struct Gpu {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Stream> stream;
+};
+
+Gpu MakeGpu(int64_t capacity = 0) {
+  auto device = CreateDevice({Backend::kCuda, 0, capacity});
+  REQUIRE(device.ok());
+  auto stream = (*device)->CreateStream();
+  REQUIRE(stream.ok());
+  return {std::move(device).value(), std::move(stream).value()};
+}
+
+// Host -> device buffer of the same bytes.
+DeviceBuffer Upload(Gpu& gpu, const void* data, size_t bytes, const char* owner) {
+  auto buffer = gpu.device->Allocate(bytes, MemoryCategory::kOther, owner);
+  REQUIRE(buffer.ok());
+  REQUIRE(gpu.device->CopyAsync(buffer->data(), data, bytes, *gpu.stream).ok());
+  return std::move(buffer).value();
+}
+
+template <typename T>
+std::vector<T> Download(Gpu& gpu, const DeviceBuffer& buffer, size_t n) {
+  std::vector<T> out(n);
+  REQUIRE(gpu.device->CopyAsync(out.data(), buffer.data(), n * sizeof(T), *gpu.stream).ok());
+  REQUIRE(gpu.stream->Synchronize().ok());
+  return out;
+}
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> out(n);
+  for (float& x : out) x = normal(rng);
+  return out;
+}
+
+TEST_CASE("cuda devices allocate through the caching allocator within capacity", "[cuda]") {
+  Gpu gpu = MakeGpu(64 * kMiB);
+  CHECK(gpu.device->name() == "cuda:0");
+  auto a = gpu.device->Allocate(3 * kMiB, MemoryCategory::kParameter, "w");
+  REQUIRE(a.ok());
+  CHECK(a->data() != nullptr);
+  CHECK(gpu.device->allocator().stats().reserved.current == 4 * kMiB);
+  auto too_much = gpu.device->Allocate(100 * kMiB, MemoryCategory::kActivation, "act");
+  CHECK(too_much.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(too_much.status().message()),
+             Catch::Contains("out of memory on cuda:0: cannot allocate 100.00 MiB"));
+}
+
+TEST_CASE("cuda capacity larger than the free memory is rejected", "[cuda]") {
+  auto device = CreateDevice({Backend::kCuda, 0, int64_t{1} << 50});
+  CHECK(device.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(device.status().message()), Catch::Contains("device capacity: cuda:0 has"));
+}
+
+TEST_CASE("streams, events and copies order work on the GPU", "[cuda]") {
+  Gpu gpu = MakeGpu();
+  auto other = gpu.device->CreateStream().value();
+  auto event = gpu.device->CreateEvent().value();
+  const size_t n = 1 << 20;
+  std::vector<float> host = RandomFloats(n, 1, 1.0f);
+  DeviceBuffer a = Upload(gpu, host.data(), n * 4, "a");
+  auto b = gpu.device->Allocate(n * 4, MemoryCategory::kOther, "b").value();
+  REQUIRE(gpu.stream->Record(*event).ok());
+  REQUIRE(other->Wait(*event).ok());
+  REQUIRE(gpu.device->CopyAsync(b.data(), a.data(), n * 4, *other).ok());
+  REQUIRE(other->Synchronize().ok());
+  CHECK(event->Query().value());
+  std::vector<float> back(n);
+  REQUIRE(gpu.device->CopyAsync(back.data(), b.data(), n * 4, *other).ok());
+  REQUIRE(other->Synchronize().ok());
+  CHECK(std::memcmp(back.data(), host.data(), n * 4) == 0);
+}
+
+TEST_CASE("CUDA casts, fill, scale and axpy equal the CPU kernels bit for bit", "[cuda][kernels]") {
+  Gpu gpu = MakeGpu();
+  const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
+    INFO("n " << n);
+    std::vector<float> x = RandomFloats(n, 2, 300.0f);
+    if (n > 4) {
+      x[1] = std::numeric_limits<float>::infinity();
+      x[2] = std::numeric_limits<float>::quiet_NaN();
+      x[3] = 1e-40f;
+      x[4] = 65519.99f;
+    }
+    DeviceBuffer dx = Upload(gpu, x.data(), n * 4, "x");
+    for (DType to : {DType::kBF16, DType::kF16}) {
+      auto d16 = gpu.device->Allocate(n * 2, MemoryCategory::kOther, "y").value();
+      REQUIRE(kernels::Cast(*gpu.device, *gpu.stream, dx.data(), DType::kF32, d16.data(), to, n).ok());
+      std::vector<uint16_t> want(n);
+      cpu.cast(x.data(), DType::kF32, want.data(), to, n);
+      REQUIRE(Download<uint16_t>(gpu, d16, n) == want);
+      auto back = gpu.device->Allocate(n * 4, MemoryCategory::kOther, "back").value();
+      REQUIRE(kernels::Cast(*gpu.device, *gpu.stream, d16.data(), to, back.data(), DType::kF32, n).ok());
+      std::vector<float> want_back(n);
+      cpu.cast(want.data(), to, want_back.data(), DType::kF32, n);
+      const std::vector<float> got_back = Download<float>(gpu, back, n);
+      REQUIRE(std::memcmp(got_back.data(), want_back.data(), n * 4) == 0);
+    }
+    std::vector<float> y = RandomFloats(n, 3, 1.0f);
+    DeviceBuffer dy = Upload(gpu, y.data(), n * 4, "y");
+    REQUIRE(kernels::Axpy(*gpu.device, *gpu.stream, 0.7f, static_cast<const float*>(dx.data()),
+                          static_cast<float*>(dy.data()), n).ok());
+    cpu.axpy(0.7f, x.data(), y.data(), n);
+    std::vector<float> got = Download<float>(gpu, dy, n);
+    REQUIRE(std::memcmp(got.data(), y.data(), n * 4) == 0);
+    REQUIRE(kernels::Scale(*gpu.device, *gpu.stream, dy.data(), DType::kF32, n, 1.0f / 3).ok());
+    cpu.scale(y.data(), DType::kF32, n, 1.0f / 3);
+    got = Download<float>(gpu, dy, n);
+    REQUIRE(std::memcmp(got.data(), y.data(), n * 4) == 0);
+    REQUIRE(kernels::Fill(*gpu.device, *gpu.stream, dy.data(), DType::kF32, n, -1.25f).ok());
+    for (float v : Download<float>(gpu, dy, n)) REQUIRE(v == -1.25f);
+  }
+}
+
+TEST_CASE("CUDA sum of squares and non-finite checks", "[cuda][kernels]") {
+  Gpu gpu = MakeGpu();
+  const size_t n = (1 << 20) + 3;
+  std::vector<float> x = RandomFloats(n, 4, 5.0f);
+  long double exact = 0;
+  for (float v : x) exact += (long double)v * v;
+  DeviceBuffer dx = Upload(gpu, x.data(), n * 4, "x");
+  const double got = kernels::SumOfSquares(*gpu.device, *gpu.stream, dx.data(), DType::kF32, n).value();
+  CHECK(std::fabs(got - double(exact)) <= 1e-12 * double(exact));
+  // The reduction order is fixed: the same input gives the same bits.
+  CHECK(kernels::SumOfSquares(*gpu.device, *gpu.stream, dx.data(), DType::kF32, n).value() == got);
+  CHECK_FALSE(kernels::HasInfOrNan(*gpu.device, *gpu.stream, dx.data(), DType::kF32, n).value());
+  x[n - 1] = std::numeric_limits<float>::quiet_NaN();
+  DeviceBuffer bad = Upload(gpu, x.data(), n * 4, "bad");
+  CHECK(kernels::HasInfOrNan(*gpu.device, *gpu.stream, bad.data(), DType::kF32, n).value());
+  CHECK(gpu.device->allocator().OwnerBytes().size() == 2);  // workspaces were freed
+}
+
+TEST_CASE("CUDA Adam equals the CPU Adam bit for bit", "[cuda][kernels][adam]") {
+  Gpu gpu = MakeGpu();
+  const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
+  const size_t n = 100003;
+  kernels::AdamParams params;
+  params.lr = 3e-4f;
+  params.weight_decay = 0.1f;
+  params.adamw = true;
+  params.step = 7;
+  const std::vector<float> p0 = RandomFloats(n, 5, 1.0f), g = RandomFloats(n, 6, 0.01f),
+                           m0 = RandomFloats(n, 7, 0.001f);
+  std::vector<float> v0 = RandomFloats(n, 8, 0.001f);
+  for (float& v : v0) v = v * v;
+  DeviceBuffer dp = Upload(gpu, p0.data(), n * 4, "p"), dg = Upload(gpu, g.data(), n * 4, "g"),
+               dm = Upload(gpu, m0.data(), n * 4, "m"), dv = Upload(gpu, v0.data(), n * 4, "v");
+  auto dlow = gpu.device->Allocate(n * 2, MemoryCategory::kParameter, "low").value();
+  REQUIRE(kernels::AdamUpdate(*gpu.device, *gpu.stream, params, static_cast<float*>(dp.data()),
+                              static_cast<const float*>(dg.data()), static_cast<float*>(dm.data()),
+                              static_cast<float*>(dv.data()), dlow.data(), DType::kBF16, n).ok());
+  std::vector<float> p = p0, m = m0, v = v0;
+  std::vector<uint16_t> low(n);
+  cpu.adam(kernels::MakeAdamConstants(params), p.data(), g.data(), m.data(), v.data(), low.data(),
+           DType::kBF16, n);
+  const std::vector<float> gp = Download<float>(gpu, dp, n), gm = Download<float>(gpu, dm, n),
+                           gv = Download<float>(gpu, dv, n);
+  CHECK(std::memcmp(gp.data(), p.data(), n * 4) == 0);
+  CHECK(std::memcmp(gm.data(), m.data(), n * 4) == 0);
+  CHECK(std::memcmp(gv.data(), v.data(), n * 4) == 0);
+  CHECK(Download<uint16_t>(gpu, dlow, n) == low);
+}
+
+}  // namespace
+}  // namespace memwall
