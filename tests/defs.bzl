@@ -38,7 +38,7 @@ def mpi_test(name, srcs, ranks, deps = [], tags = [], need_gpu = False, **kwargs
     for r in ranks:
         native.sh_test(
             name = "%s_np%d" % (name, r),
-            srcs = ["//tests:mpi_test.sh"],
+            srcs = ["//tools:mpirun.sh"],
             args = [str(r), "$(location :%s)" % binary],
             data = [":" + binary],
             tags = tags + ["mpi"],

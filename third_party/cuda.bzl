@@ -48,7 +48,12 @@ def cuda_library(name, srcs, hdrs = [], textual_hdrs = [], deps = [], **kwargs):
         srcs = objs,
         hdrs = hdrs,
         textual_hdrs = textual_hdrs,
-        deps = deps + ["@cuda//:cudart_static"],
+        # A select, so --config=nocuda never fetches @cuda (incompatible
+        # targets still have their dependencies analysed).
+        deps = deps + select({
+            "//third_party:nocuda": [],
+            "//conditions:default": ["@cuda//:cudart_static"],
+        }),
         target_compatible_with = INCOMPATIBLE_WITHOUT_CUDA,
         **kwargs
     )

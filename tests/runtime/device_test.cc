@@ -133,5 +133,22 @@ TEST_CASE("byte quantities format in binary units", "[units]") {
   CHECK(FormatBytes(-2048) == "-2.00 KiB");
 }
 
+TEST_CASE("byte quantities parse with binary and decimal units", "[units]") {
+  CHECK(ParseBytes("32GiB", "x").value() == 32 * kGiB);
+  CHECK(ParseBytes("32GB", "x").value() == 32'000'000'000);
+  CHECK(ParseBytes("256 MiB", "x").value() == 256 * kMiB);
+  CHECK(ParseBytes("1.5KiB", "x").value() == 1536);
+  CHECK(ParseBytes("4096", "x").value() == 4096);
+  CHECK(ParseBytes("10B", "x").value() == 10);
+  for (const char* bad : {"", "GiB", "-1MiB", "12 parsecs", "1e30TiB", "nan"}) {
+    INFO(bad);
+    auto parsed = ParseBytes(bad, "--device-memory");
+    CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(parsed.status().message()), Catch::StartsWith("--device-memory: "));
+  }
+  CHECK(std::string(ParseBytes("12 parsecs", "--capacity").status().message()) ==
+        "--capacity: expected a byte size such as 256MiB, 32GiB or 32GB, got '12 parsecs'");
+}
+
 }  // namespace
 }  // namespace memwall
