@@ -28,10 +28,23 @@ absl::StatusOr<Backend> ParseBackend(absl::string_view name) {
       absl::StrCat("backend: expected one of host, meta, cuda; got '", name, "'"));
 }
 
+absl::StatusOr<DeviceBuffer> Device::AllocatePinned(size_t bytes, MemoryCategory category,
+                                                     absl::string_view owner) {
+  if (pinned_allocator_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name(), " has no pinned host pool (create it with DeviceOptions.pinned_capacity_bytes > 0)"));
+  }
+  return pinned_allocator_->Allocate(bytes, category, owner);
+}
+
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options) {
   if (options.ordinal < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("device ordinal: expected >= 0, got ", options.ordinal));
+  }
+  if (options.pinned_capacity_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pinned capacity: expected >= 0 bytes, got ", options.pinned_capacity_bytes));
   }
   if (options.capacity_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -70,6 +70,9 @@ struct DeviceOptions {
   // The enforced capacity in bytes. Required (> 0) for host and meta; on
   // cuda, 0 means the device's free memory, and a larger value is rejected.
   int64_t capacity_bytes = 0;
+  // Capacity of the device's pinned host pool in bytes (host memory is
+  // finite too); 0 means the device has no pinned pool.
+  int64_t pinned_capacity_bytes = 0;
 };
 
 class Device {
@@ -90,6 +93,18 @@ class Device {
   CachingAllocator& allocator() { return *allocator_; }
   const CachingAllocator& allocator() const { return *allocator_; }
 
+  // Allocates host memory that this device copies to and from
+  // asynchronously: page-locked (cudaHostAlloc) on cuda, aligned host memory
+  // on host, no bytes on meta. It comes from the pinned pool, a caching
+  // allocator of its own ("<device>:pinned") with the same categories,
+  // counters and OOM reports as device memory. Errors: kFailedPrecondition
+  // when the device was created without a pinned pool; kResourceExhausted
+  // when the pool is full. Thread-safe.
+  absl::StatusOr<DeviceBuffer> AllocatePinned(size_t bytes, MemoryCategory category,
+                                              absl::string_view owner);
+  // The pinned pool's allocator, or null when there is none.
+  CachingAllocator* pinned_allocator() { return pinned_allocator_.get(); }
+
   virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
   virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
 
@@ -102,12 +117,15 @@ class Device {
   virtual absl::Status Synchronize() = 0;
 
  protected:
-  explicit Device(std::unique_ptr<CachingAllocator> allocator)
-      : allocator_(std::move(allocator)) {}
+  // `pinned_allocator` may be null (no pinned pool).
+  Device(std::unique_ptr<CachingAllocator> allocator,
+         std::unique_ptr<CachingAllocator> pinned_allocator)
+      : allocator_(std::move(allocator)), pinned_allocator_(std::move(pinned_allocator)) {}
 
  private:
-  // Declared last so it is destroyed after the derived class's members.
+  // Declared last so they are destroyed after the derived class's members.
   std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<CachingAllocator> pinned_allocator_;
 };
 
 // Creates a device. Errors: kInvalidArgument for a bad capacity or ordinal,

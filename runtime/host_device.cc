@@ -76,8 +76,9 @@ class InOrderStream final : public Stream {
 
 class HostDevice final : public Device {
  public:
-  HostDevice(Backend backend, std::unique_ptr<CachingAllocator> allocator)
-      : Device(std::move(allocator)), backend_(backend) {}
+  HostDevice(Backend backend, std::unique_ptr<CachingAllocator> allocator,
+             std::unique_ptr<CachingAllocator> pinned_allocator)
+      : Device(std::move(allocator), std::move(pinned_allocator)), backend_(backend) {}
 
   Backend backend() const override { return backend_; }
 
@@ -108,16 +109,22 @@ absl::StatusOr<std::unique_ptr<Device>> CreateHostOrMetaDevice(
     const DeviceOptions& options) {
   MW_CHECK(options.backend == Backend::kHost || options.backend == Backend::kMeta);
   const bool host = options.backend == Backend::kHost;
-  std::unique_ptr<SegmentSource> source;
-  if (host) {
-    source = std::make_unique<HostSegmentSource>();
-  } else {
-    source = std::make_unique<MetaSegmentSource>();
+  auto make_source = [host]() -> std::unique_ptr<SegmentSource> {
+    if (host) return std::make_unique<HostSegmentSource>();
+    return std::make_unique<MetaSegmentSource>();
+  };
+  const std::string name = absl::StrCat(BackendName(options.backend), ":", options.ordinal);
+  auto allocator = std::make_unique<CachingAllocator>(name, options.capacity_bytes,
+                                                      make_source(), /*touch_bytes=*/host);
+  // On host, "pinned" memory is ordinary host memory: copies are memcpy.
+  std::unique_ptr<CachingAllocator> pinned;
+  if (options.pinned_capacity_bytes > 0) {
+    pinned = std::make_unique<CachingAllocator>(absl::StrCat(name, ":pinned"),
+                                                options.pinned_capacity_bytes, make_source(),
+                                                /*touch_bytes=*/host);
   }
-  auto allocator = std::make_unique<CachingAllocator>(
-      absl::StrCat(BackendName(options.backend), ":", options.ordinal),
-      options.capacity_bytes, std::move(source), /*touch_bytes=*/host);
-  return std::unique_ptr<Device>(new HostDevice(options.backend, std::move(allocator)));
+  return std::unique_ptr<Device>(
+      new HostDevice(options.backend, std::move(allocator), std::move(pinned)));
 }
 
 }  // namespace memwall

@@ -31,6 +31,20 @@ class CudaSegmentSource final : public SegmentSource {
   const int ordinal_;
 };
 
+// Page-locked host memory, portable across devices, so copies from it are
+// true DMA and overlap kernels.
+class CudaPinnedSegmentSource final : public SegmentSource {
+ public:
+  absl::StatusOr<uintptr_t> Reserve(size_t bytes) override {
+    void* base = nullptr;
+    MW_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&base, bytes, cudaHostAllocPortable));
+    return reinterpret_cast<uintptr_t>(base);
+  }
+  void Release(uintptr_t base, size_t) override {
+    (void)cudaFreeHost(reinterpret_cast<void*>(base));
+  }
+};
+
 class CudaEvent final : public Event {
  public:
   explicit CudaEvent(cudaEvent_t event) : event_(event) {}
@@ -86,8 +100,9 @@ class CudaStream final : public Stream {
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int ordinal, std::unique_ptr<CachingAllocator> allocator)
-      : Device(std::move(allocator)), ordinal_(ordinal) {}
+  CudaDevice(int ordinal, std::unique_ptr<CachingAllocator> allocator,
+             std::unique_ptr<CachingAllocator> pinned_allocator)
+      : Device(std::move(allocator), std::move(pinned_allocator)), ordinal_(ordinal) {}
 
   Backend backend() const override { return Backend::kCuda; }
 
@@ -156,7 +171,14 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& op
   auto allocator = std::make_unique<CachingAllocator>(
       absl::StrCat("cuda:", options.ordinal), capacity,
       std::make_unique<CudaSegmentSource>(options.ordinal), /*touch_bytes=*/true);
-  return std::unique_ptr<Device>(new CudaDevice(options.ordinal, std::move(allocator)));
+  std::unique_ptr<CachingAllocator> pinned;
+  if (options.pinned_capacity_bytes > 0) {
+    pinned = std::make_unique<CachingAllocator>(
+        absl::StrCat("cuda:", options.ordinal, ":pinned"), options.pinned_capacity_bytes,
+        std::make_unique<CudaPinnedSegmentSource>(), /*touch_bytes=*/true);
+  }
+  return std::unique_ptr<Device>(
+      new CudaDevice(options.ordinal, std::move(allocator), std::move(pinned)));
 }
 
 }  // namespace memwall

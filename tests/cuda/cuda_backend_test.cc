@@ -93,6 +93,25 @@ TEST_CASE("streams, events and copies order work on the GPU", "[cuda]") {
   CHECK(std::memcmp(back.data(), host.data(), n * 4) == 0);
 }
 
+TEST_CASE("pinned host memory copies to and from the GPU asynchronously", "[cuda][pinned]") {
+  DeviceOptions options{Backend::kCuda, 0, 0};
+  options.pinned_capacity_bytes = 64 * kMiB;
+  auto device = CreateDevice(options).value();
+  auto stream = device->CreateStream().value();
+  const size_t bytes = 32 * kMiB;
+  auto pinned = device->AllocatePinned(bytes, MemoryCategory::kOptimizerState, "staging").value();
+  auto on_gpu = device->Allocate(bytes, MemoryCategory::kOptimizerState, "state").value();
+  auto* host = static_cast<uint8_t*>(pinned.data());
+  for (size_t i = 0; i < bytes; ++i) host[i] = uint8_t(i * 31 + 1);
+  REQUIRE(device->CopyAsync(on_gpu.data(), pinned.data(), bytes, *stream).ok());
+  REQUIRE(stream->Synchronize().ok());
+  std::memset(host, 0, bytes);
+  REQUIRE(device->CopyAsync(pinned.data(), on_gpu.data(), bytes, *stream).ok());
+  REQUIRE(stream->Synchronize().ok());
+  for (size_t i = 0; i < bytes; ++i) REQUIRE(host[i] == uint8_t(i * 31 + 1));
+  CHECK(device->pinned_allocator()->device_name() == "cuda:0:pinned");
+}
+
 TEST_CASE("CUDA casts, fill, scale and axpy equal the CPU kernels bit for bit", "[cuda][kernels]") {
   Gpu gpu = MakeGpu();
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();

@@ -2,6 +2,7 @@
 #include "runtime/device.h"
 
 #include <cstring>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "runtime/status.h"
@@ -96,6 +97,43 @@ TEST_CASE("host streams run copies in order; events complete when recorded", "[s
   REQUIRE(stream->Synchronize().ok());
   CHECK(std::strcmp(static_cast<const char*>(buffer.data()), "memwall") == 0);
   CHECK(stream->native_handle() == nullptr);
+}
+
+TEST_CASE("pinned host pools are tagged, bounded and optional", "[device][pinned]") {
+  auto plain = CreateDevice({Backend::kHost, 0, 16 * kMiB}).value();
+  auto none = plain->AllocatePinned(64, MemoryCategory::kOptimizerState, "adam.m");
+  CHECK(none.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(none.status().message()) ==
+        "host:0 has no pinned host pool (create it with DeviceOptions.pinned_capacity_bytes > 0)");
+  CHECK(plain->pinned_allocator() == nullptr);
+
+  DeviceOptions options{Backend::kHost, 1, 16 * kMiB};
+  options.pinned_capacity_bytes = 8 * kMiB;
+  auto device = CreateDevice(options).value();
+  auto stream = device->CreateStream().value();
+  auto staging = device->AllocatePinned(3 * kMiB, MemoryCategory::kOptimizerState, "adam.m");
+  REQUIRE(staging.ok());
+  auto on_device = device->Allocate(3 * kMiB, MemoryCategory::kOptimizerState, "adam.m").value();
+  std::vector<uint8_t> pattern(3 * kMiB);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = uint8_t(i * 131 + 7);
+  std::memcpy(staging->data(), pattern.data(), pattern.size());
+  REQUIRE(device->CopyAsync(on_device.data(), staging->data(), pattern.size(), *stream).ok());
+  std::memset(staging->data(), 0, pattern.size());
+  REQUIRE(device->CopyAsync(staging->data(), on_device.data(), pattern.size(), *stream).ok());
+  REQUIRE(stream->Synchronize().ok());
+  CHECK(std::memcmp(staging->data(), pattern.data(), pattern.size()) == 0);
+  // The two pools keep separate books.
+  CHECK(device->pinned_allocator()->stats().by_category[2].current == 3 * kMiB);
+  CHECK(device->allocator().stats().by_category[2].current == 3 * kMiB);
+  auto full = device->AllocatePinned(6 * kMiB, MemoryCategory::kOptimizerState, "adam.v");
+  CHECK(full.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(full.status().message()),
+             Catch::Contains("out of memory on host:1:pinned: cannot allocate 6.00 MiB"));
+
+  DeviceOptions bad{Backend::kHost, 0, kMiB};
+  bad.pinned_capacity_bytes = -1;
+  CHECK(std::string(CreateDevice(bad).status().message()) ==
+        "pinned capacity: expected >= 0 bytes, got -1");
 }
 
 absl::StatusOr<int> Half(int x) {
