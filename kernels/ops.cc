@@ -19,13 +19,31 @@ namespace {
 cudaStream_t CudaStreamOf(Stream& stream) {
   return static_cast<cudaStream_t>(stream.native_handle());
 }
-#endif
-
+// A CUDA launch as a Status naming the kernel.
+#define MW_CUDA_CALL(call, name) CudaStatus((call), name)
+#else
 // For cuda calls when the build has no CUDA (CreateDevice never makes such a
 // device then, so this only guards against a foreign Device subclass).
 absl::Status NoCuda() {
   return absl::UnimplementedError(
       "the cuda backend is not in this build (it was built with --config=nocuda)");
+}
+#define MW_CUDA_CALL(call, name) NoCuda()
+#endif
+
+// Runs `host` on host, `cuda` (returning a Status) on cuda, nothing on meta.
+template <typename Host, typename Cuda>
+absl::Status Dispatch(Device& device, Host host, Cuda cuda) {
+  switch (device.backend()) {
+    case Backend::kHost:
+      host();
+      return absl::OkStatus();
+    case Backend::kMeta:
+      return absl::OkStatus();
+    case Backend::kCuda:
+      return cuda();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -58,20 +76,9 @@ absl::Status ValidateAdamParams(const AdamParams& p) {
 
 absl::Status Fill(Device& device, Stream& stream, void* dst, DType dtype, size_t n,
                   float value) {
-  switch (device.backend()) {
-    case Backend::kHost:
-      cpu::Kernels().fill(dst, dtype, n, value);
-      return absl::OkStatus();
-    case Backend::kMeta:
-      return absl::OkStatus();
-    case Backend::kCuda:
-#if MEMWALL_HAS_CUDA
-      return CudaStatus(cuda::Fill(dst, dtype, n, value, CudaStreamOf(stream)), "Fill");
-#else
-      return NoCuda();
-#endif
-  }
-  return absl::OkStatus();
+  return Dispatch(
+      device, [&] { cpu::Kernels().fill(dst, dtype, n, value); },
+      [&] { return MW_CUDA_CALL(cuda::Fill(dst, dtype, n, value, CudaStreamOf(stream)), "Fill"); });
 }
 
 absl::Status Copy(Device& device, Stream& stream, void* dst, const void* src,
@@ -81,57 +88,26 @@ absl::Status Copy(Device& device, Stream& stream, void* dst, const void* src,
 
 absl::Status Cast(Device& device, Stream& stream, const void* src, DType src_dtype,
                   void* dst, DType dst_dtype, size_t n) {
-  switch (device.backend()) {
-    case Backend::kHost:
-      cpu::Kernels().cast(src, src_dtype, dst, dst_dtype, n);
-      return absl::OkStatus();
-    case Backend::kMeta:
-      return absl::OkStatus();
-    case Backend::kCuda:
-#if MEMWALL_HAS_CUDA
-      return CudaStatus(cuda::Cast(src, src_dtype, dst, dst_dtype, n, CudaStreamOf(stream)),
-                        "Cast");
-#else
-      return NoCuda();
-#endif
-  }
-  return absl::OkStatus();
+  return Dispatch(
+      device, [&] { cpu::Kernels().cast(src, src_dtype, dst, dst_dtype, n); },
+      [&] {
+        return MW_CUDA_CALL(
+            cuda::Cast(src, src_dtype, dst, dst_dtype, n, CudaStreamOf(stream)), "Cast");
+      });
 }
 
 absl::Status Scale(Device& device, Stream& stream, void* x, DType dtype, size_t n,
                    float alpha) {
-  switch (device.backend()) {
-    case Backend::kHost:
-      cpu::Kernels().scale(x, dtype, n, alpha);
-      return absl::OkStatus();
-    case Backend::kMeta:
-      return absl::OkStatus();
-    case Backend::kCuda:
-#if MEMWALL_HAS_CUDA
-      return CudaStatus(cuda::Scale(x, dtype, n, alpha, CudaStreamOf(stream)), "Scale");
-#else
-      return NoCuda();
-#endif
-  }
-  return absl::OkStatus();
+  return Dispatch(
+      device, [&] { cpu::Kernels().scale(x, dtype, n, alpha); },
+      [&] { return MW_CUDA_CALL(cuda::Scale(x, dtype, n, alpha, CudaStreamOf(stream)), "Scale"); });
 }
 
 absl::Status Axpy(Device& device, Stream& stream, float alpha, const float* x,
                   float* y, size_t n) {
-  switch (device.backend()) {
-    case Backend::kHost:
-      cpu::Kernels().axpy(alpha, x, y, n);
-      return absl::OkStatus();
-    case Backend::kMeta:
-      return absl::OkStatus();
-    case Backend::kCuda:
-#if MEMWALL_HAS_CUDA
-      return CudaStatus(cuda::Axpy(alpha, x, y, n, CudaStreamOf(stream)), "Axpy");
-#else
-      return NoCuda();
-#endif
-  }
-  return absl::OkStatus();
+  return Dispatch(
+      device, [&] { cpu::Kernels().axpy(alpha, x, y, n); },
+      [&] { return MW_CUDA_CALL(cuda::Axpy(alpha, x, y, n, CudaStreamOf(stream)), "Axpy"); });
 }
 
 absl::StatusOr<double> SumOfSquares(Device& device, Stream& stream, const void* x,
@@ -198,22 +174,13 @@ absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params
                         DType low_dtype, size_t n) {
   MW_RETURN_IF_ERROR(ValidateAdamParams(params));
   const AdamConstants constants = MakeAdamConstants(params);
-  switch (device.backend()) {
-    case Backend::kHost:
-      cpu::Kernels().adam(constants, p, g, m, v, p_low, low_dtype, n);
-      return absl::OkStatus();
-    case Backend::kMeta:
-      return absl::OkStatus();
-    case Backend::kCuda:
-#if MEMWALL_HAS_CUDA
-      return CudaStatus(cuda::Adam(constants, p, g, m, v, p_low, low_dtype, n,
-                                   CudaStreamOf(stream)),
-                        "AdamUpdate");
-#else
-      return NoCuda();
-#endif
-  }
-  return absl::OkStatus();
+  return Dispatch(
+      device, [&] { cpu::Kernels().adam(constants, p, g, m, v, p_low, low_dtype, n); },
+      [&] {
+        return MW_CUDA_CALL(
+            cuda::Adam(constants, p, g, m, v, p_low, low_dtype, n, CudaStreamOf(stream)),
+            "AdamUpdate");
+      });
 }
 
 }  // namespace kernels

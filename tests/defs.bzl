@@ -12,6 +12,7 @@ def _main(mpi, need_gpu):
 
 def memwall_test(name, srcs, deps = [], need_gpu = False, **kwargs):
     """A Catch2 test binary with memwall's counting main."""
+    kwargs.setdefault("size", "small")
     native.cc_test(
         name = name,
         srcs = srcs,
@@ -42,5 +43,6 @@ def mpi_test(name, srcs, ranks, deps = [], tags = [], need_gpu = False, **kwargs
             args = [str(r), "$(location :%s)" % binary],
             data = [":" + binary],
             tags = tags + ["mpi"],
+            size = "small",
             target_compatible_with = compatible,
         )

@@ -19,7 +19,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
 fi
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then
   echo "memwall: no CUDA toolkit under /usr/local/cuda; build with --config=nocuda" >&2

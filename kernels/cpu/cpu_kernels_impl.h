@@ -135,10 +135,9 @@ bool HasInfOrNan(const void* x, DType dtype, size_t n) {
 
 // The constants come by value: a reference could alias the arrays, which
 // would force a reload per element and block vectorisation.
-template <DType Low>
-void AdamWithCopy(const AdamConstants c, float* __restrict p,
-                  const float* __restrict g, float* __restrict m,
-                  float* __restrict v, void* p_low, size_t n) {
+template <DType Low, bool kCopy>
+void AdamT(const AdamConstants c, float* __restrict p, const float* __restrict g,
+           float* __restrict m, float* __restrict v, void* p_low, size_t n) {
   auto* __restrict low = static_cast<T<Low>*>(p_low);
   for (size_t i = 0; i < n; ++i) {
     float pi = p[i], mi = m[i], vi = v[i];
@@ -146,28 +145,17 @@ void AdamWithCopy(const AdamConstants c, float* __restrict p,
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
-    low[i] = Storage<Low>::Store(pi);
-  }
-}
-
-void AdamOnly(const AdamConstants c, float* __restrict p, const float* __restrict g,
-              float* __restrict m, float* __restrict v, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    float pi = p[i], mi = m[i], vi = v[i];
-    AdamElement(c, pi, g[i], mi, vi);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+    if (kCopy) low[i] = Storage<Low>::Store(pi);
   }
 }
 
 void Adam(const AdamConstants& c, float* p, const float* g, float* m, float* v,
           void* p_low, DType low_dtype, size_t n) {
-  if (p_low == nullptr) return AdamOnly(c, p, g, m, v, n);
+  if (p_low == nullptr) return AdamT<DType::kF32, false>(c, p, g, m, v, nullptr, n);
   switch (low_dtype) {
-    case DType::kF32: return AdamWithCopy<DType::kF32>(c, p, g, m, v, p_low, n);
-    case DType::kBF16: return AdamWithCopy<DType::kBF16>(c, p, g, m, v, p_low, n);
-    case DType::kF16: return AdamWithCopy<DType::kF16>(c, p, g, m, v, p_low, n);
+    case DType::kF32: return AdamT<DType::kF32, true>(c, p, g, m, v, p_low, n);
+    case DType::kBF16: return AdamT<DType::kBF16, true>(c, p, g, m, v, p_low, n);
+    case DType::kF16: return AdamT<DType::kF16, true>(c, p, g, m, v, p_low, n);
   }
 }
 
