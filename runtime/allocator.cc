@@ -113,8 +113,8 @@ absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(size_t bytes,
                                                         absl::string_view owner) {
   absl::MutexLock lock(&mu_);
   const size_t rounded = RoundUp(std::max<size_t>(bytes, 1), kMinBlockSize);
-  if (rounded < bytes) {
-    return OutOfMemory(bytes, category, owner, "the request overflows size_t");
+  if (rounded < bytes || rounded > static_cast<size_t>(capacity_)) {
+    return OutOfMemory(bytes, category, owner, "the request alone exceeds the capacity");
   }
   const bool small = rounded <= kSmallRequestMax;
   FreeSet& pool = small ? small_free_ : large_free_;

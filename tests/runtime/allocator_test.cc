@@ -140,6 +140,18 @@ TEST_CASE("capacity is enforced on reserved bytes and the OOM report names what 
   CHECK(s.num_allocations == 2);
 }
 
+TEST_CASE("requests larger than the whole device fail without reserving", "[allocator]") {
+  auto device = MakeDevice(Backend::kMeta, 32 * kGiB);
+  for (size_t bytes : {size_t(33) * kGiB, SIZE_MAX, SIZE_MAX - 100}) {
+    auto buffer = device->Allocate(bytes, MemoryCategory::kActivation, "huge");
+    REQUIRE(buffer.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK_THAT(std::string(buffer.status().message()),
+               Catch::Contains("the request alone exceeds the capacity"));
+  }
+  CHECK(device->allocator().stats().reserved.peak == 0);
+  CHECK(device->allocator().stats().num_ooms == 3);
+}
+
 TEST_CASE("cached free segments are released when the capacity needs them", "[allocator]") {
   auto device = MakeDevice(Backend::kHost, 4 * kMiB);
   Recorder recorder;
