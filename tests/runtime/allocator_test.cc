@@ -186,7 +186,7 @@ TEST_CASE("listeners see every event in order with running totals", "[allocator]
   CHECK(oom.status().code() == absl::StatusCode::kResourceExhausted);
   device->allocator().RemoveListener(&recorder);
 
-  REQUIRE(recorder.events.size() == 7);
+  REQUIRE(recorder.events.size() == 6);
   for (size_t i = 0; i < recorder.events.size(); ++i) {
     CHECK(recorder.events[i].sequence == recorder.events[0].sequence + i);
   }
@@ -208,12 +208,11 @@ TEST_CASE("listeners see every event in order with running totals", "[allocator]
   CHECK(e[3].requested_after == kMiB);
   CHECK(e[4].kind == MemoryEvent::Kind::kFree);
   CHECK(e[4].requested_after == 0);
-  // Before failing, the allocator gives its cached (now free) segment back.
-  CHECK(e[5].kind == MemoryEvent::Kind::kSegmentRelease);
-  CHECK(e[5].reserved_after == 0);
-  CHECK(e[6].kind == MemoryEvent::Kind::kOutOfMemory);
-  CHECK(e[6].bytes == 2 * kGiB);
-  CHECK(recorder.owners[6] == "adam.m");
+  // Larger than the device: it fails at once, keeping the cached segment.
+  CHECK(e[5].kind == MemoryEvent::Kind::kOutOfMemory);
+  CHECK(e[5].bytes == 2 * kGiB);
+  CHECK(e[5].reserved_after == kSegment);
+  CHECK(recorder.owners[5] == "adam.m");
 }
 
 // Random alloc/free traffic; a reference model tracks what the books must
