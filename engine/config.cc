@@ -1,0 +1,247 @@
+#include "engine/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "runtime/status.h"
+
+namespace memwall {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string Show(const Json& value) {
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+// Reads the keys of one JSON object, remembering which were consumed so that
+// Finish() can reject the rest. Every error names the full key path.
+class ObjectReader {
+ public:
+  ObjectReader(const Json& object, std::string path) : object_(object), path_(std::move(path)) {}
+
+  static absl::StatusOr<ObjectReader> Open(const Json& value, std::string path) {
+    if (!value.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path.empty() ? "config" : path, ": expected an object, got ", Show(value)));
+    }
+    return ObjectReader(value, std::move(path));
+  }
+
+  std::string Path(absl::string_view key) const {
+    return path_.empty() ? std::string(key) : absl::StrCat(path_, ".", key);
+  }
+
+  const Json* Find(absl::string_view key) {
+    known_.insert(std::string(key));
+    auto it = object_.find(std::string(key));
+    return it == object_.end() ? nullptr : &*it;
+  }
+
+  absl::Status Bool(absl::string_view key, bool& out) {
+    const Json* v = Find(key);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_boolean()) return Error(key, "a boolean", *v);
+    out = v->get<bool>();
+    return absl::OkStatus();
+  }
+
+  absl::Status Int(absl::string_view key, int64_t min, int64_t max, int64_t& out) {
+    const Json* v = Find(key);
+    if (v == nullptr) return absl::OkStatus();
+    const std::string expected = max == INT64_MAX ? absl::StrCat("an integer >= ", min)
+                                                  : absl::StrCat("an integer ", min, "..", max);
+    double value = 0;
+    if (v->is_number_integer()) {
+      value = v->get<double>();
+    } else if (v->is_number_float()) {
+      value = v->get<double>();
+      if (value != std::floor(value)) return Error(key, expected, *v);
+    } else {
+      return Error(key, expected, *v);
+    }
+    if (value < double(min) || value > double(max)) return Error(key, expected, *v);
+    out = static_cast<int64_t>(value);
+    return absl::OkStatus();
+  }
+
+  absl::Status Int32(absl::string_view key, int min, int max, int& out) {
+    int64_t value = out;
+    MW_RETURN_IF_ERROR(Int(key, min, max, value));
+    out = static_cast<int>(value);
+    return absl::OkStatus();
+  }
+
+  // A number in [min, max] (or (min, max] when min_exclusive).
+  absl::Status Float(absl::string_view key, double min, double max, bool min_exclusive,
+                     const std::string& expected, float& out) {
+    const Json* v = Find(key);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_number()) return Error(key, expected, *v);
+    const double value = v->get<double>();
+    if (!std::isfinite(value) || value < min || (min_exclusive && value == min) || value > max) {
+      return Error(key, expected, *v);
+    }
+    out = static_cast<float>(value);
+    return absl::OkStatus();
+  }
+
+  absl::Status Choice(absl::string_view key, const std::vector<std::string>& allowed,
+                      std::string& out) {
+    const Json* v = Find(key);
+    if (v == nullptr) return absl::OkStatus();
+    const std::string expected =
+        absl::StrCat("one of \"", absl::StrJoin(allowed, "\", \""), "\"");
+    if (!v->is_string()) return Error(key, expected, *v);
+    const std::string value = v->get<std::string>();
+    for (const std::string& a : allowed) {
+      if (a == value) {
+        out = value;
+        return absl::OkStatus();
+      }
+    }
+    return Error(key, expected, *v);
+  }
+
+  absl::Status Error(absl::string_view key, absl::string_view expected, const Json& got) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Path(key), ": expected ", expected, ", got ", Show(got)));
+  }
+
+  // Rejects keys nobody asked for.
+  absl::Status Finish() const {
+    for (auto it = object_.begin(); it != object_.end(); ++it) {
+      if (known_.count(it.key()) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Path(it.key()), ": unknown key (known here: ", absl::StrJoin(known_, ", "), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const Json& object_;
+  std::string path_;
+  std::set<std::string> known_;
+};
+
+absl::Status ReadOptimizer(const Json& value, OptimizerConfig& out) {
+  MW_ASSIGN_OR_RETURN(ObjectReader reader, ObjectReader::Open(value, "optimizer"));
+  std::string type = "Adam";
+  MW_RETURN_IF_ERROR(reader.Choice("type", {"Adam", "AdamW", "SGD"}, type));
+  out.type = type == "SGD" ? OptimizerType::kSgd : OptimizerType::kAdam;
+  if (const Json* params = reader.Find("params")) {
+    MW_ASSIGN_OR_RETURN(ObjectReader p, ObjectReader::Open(*params, "optimizer.params"));
+    MW_RETURN_IF_ERROR(p.Float("lr", 0, 1e30, false, "a number >= 0", out.lr));
+    MW_RETURN_IF_ERROR(p.Float("eps", 0, 1e30, true, "a number > 0", out.eps));
+    MW_RETURN_IF_ERROR(
+        p.Float("weight_decay", 0, 1e30, false, "a number >= 0", out.weight_decay));
+    if (type == "SGD") {
+      MW_RETURN_IF_ERROR(
+          p.Float("momentum", 0, 0.9999999, false, "a number in [0, 1)", out.momentum));
+    } else {
+      if (const Json* betas = p.Find("betas")) {
+        const bool ok = betas->is_array() && betas->size() == 2 && (*betas)[0].is_number() &&
+                        (*betas)[1].is_number() && (*betas)[0].get<double>() >= 0 &&
+                        (*betas)[0].get<double>() < 1 && (*betas)[1].get<double>() >= 0 &&
+                        (*betas)[1].get<double>() < 1;
+        if (!ok) return p.Error("betas", "[beta1, beta2] with each in [0, 1)", *betas);
+        out.beta1 = (*betas)[0].get<float>();
+        out.beta2 = (*betas)[1].get<float>();
+      }
+      out.adamw = true;
+      if (type == "Adam") MW_RETURN_IF_ERROR(p.Bool("adam_w_mode", out.adamw));
+    }
+    MW_RETURN_IF_ERROR(p.Finish());
+  }
+  return reader.Finish();
+}
+
+absl::Status ReadFp16(const Json& value, Config& out) {
+  MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(value, "fp16"));
+  MW_RETURN_IF_ERROR(r.Bool("enabled", out.fp16));
+  LossScaleConfig& s = out.loss_scale;
+  MW_RETURN_IF_ERROR(r.Float("loss_scale", 0, 1e30, false, "a number >= 0 (0: dynamic)",
+                             s.static_scale));
+  MW_RETURN_IF_ERROR(r.Int32("initial_scale_power", 0, 64, s.initial_scale_power));
+  MW_RETURN_IF_ERROR(r.Int32("loss_scale_window", 1, INT32_MAX, s.loss_scale_window));
+  MW_RETURN_IF_ERROR(r.Int32("hysteresis", 1, INT32_MAX, s.hysteresis));
+  MW_RETURN_IF_ERROR(
+      r.Float("min_loss_scale", 0, 1e30, true, "a number > 0", s.min_loss_scale));
+  return r.Finish();
+}
+
+absl::Status ReadZero(const Json& value, ZeroConfig& out) {
+  MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(value, "zero_optimization"));
+  MW_RETURN_IF_ERROR(r.Int32("stage", 0, 3, out.stage));
+  MW_RETURN_IF_ERROR(r.Int("reduce_bucket_size", 1, INT64_MAX, out.reduce_bucket_size));
+  MW_RETURN_IF_ERROR(r.Int("allgather_bucket_size", 1, INT64_MAX, out.allgather_bucket_size));
+  MW_RETURN_IF_ERROR(r.Bool("overlap_comm", out.overlap_comm));
+  MW_RETURN_IF_ERROR(
+      r.Int("stage3_prefetch_bucket_size", 0, INT64_MAX, out.stage3_prefetch_bucket_size));
+  MW_RETURN_IF_ERROR(
+      r.Int("stage3_max_live_parameters", 0, INT64_MAX, out.stage3_max_live_parameters));
+  return r.Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
+  Json root;
+  try {
+    root = Json::parse(json_text.begin(), json_text.end());
+  } catch (const Json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config: not valid JSON: ", e.what()));
+  }
+  MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(root, ""));
+  Config config;
+  MW_RETURN_IF_ERROR(r.Int("train_micro_batch_size_per_gpu", 1, INT64_MAX,
+                           config.train_micro_batch_size_per_gpu));
+  MW_RETURN_IF_ERROR(
+      r.Int32("gradient_accumulation_steps", 1, INT32_MAX, config.gradient_accumulation_steps));
+  MW_RETURN_IF_ERROR(r.Float("gradient_clipping", 0, 1e30, false, "a number >= 0 (0: off)",
+                             config.gradient_clipping));
+  std::string comm = "fp32";
+  MW_RETURN_IF_ERROR(r.Choice("communication_data_type", {"fp32", "fp16", "bf16"}, comm));
+  config.reduce_dtype = comm == "fp16" ? DType::kF16 : (comm == "bf16" ? DType::kBF16 : DType::kF32);
+  if (const Json* v = r.Find("optimizer")) MW_RETURN_IF_ERROR(ReadOptimizer(*v, config.optimizer));
+  if (const Json* v = r.Find("fp16")) MW_RETURN_IF_ERROR(ReadFp16(*v, config));
+  if (const Json* v = r.Find("bf16")) {
+    MW_ASSIGN_OR_RETURN(ObjectReader b, ObjectReader::Open(*v, "bf16"));
+    MW_RETURN_IF_ERROR(b.Bool("enabled", config.bf16));
+    MW_RETURN_IF_ERROR(b.Finish());
+  }
+  if (const Json* v = r.Find("zero_optimization")) MW_RETURN_IF_ERROR(ReadZero(*v, config.zero));
+  MW_RETURN_IF_ERROR(r.Finish());
+  if (config.fp16 && config.bf16) {
+    return absl::InvalidArgumentError(
+        "fp16.enabled and bf16.enabled: expected at most one of them, got both true");
+  }
+  return config;
+}
+
+absl::StatusOr<Config> LoadConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("config file ", path, ": cannot be opened"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<Config> config = ParseConfig(text.str());
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat("config file ", path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+}  // namespace memwall

@@ -1,0 +1,106 @@
+// memwall's training configuration: a JSON file whose keys follow the
+// DeepSpeed config users already know.
+//
+// Accepted keys (everything else is rejected, naming the key path):
+//   train_micro_batch_size_per_gpu   int >= 1                      (1)
+//   gradient_accumulation_steps      int >= 1                      (1)
+//   gradient_clipping                number >= 0; 0 = off          (0)
+//   communication_data_type          "fp32" | "fp16" | "bf16"      ("fp32")
+//   optimizer.type                   "Adam" | "AdamW" | "SGD"      ("Adam")
+//   optimizer.params.lr              number >= 0                   (1e-3)
+//   optimizer.params.betas           [b1, b2], each in [0, 1)      ([0.9, 0.999])
+//   optimizer.params.eps             number > 0                    (1e-8)
+//   optimizer.params.weight_decay    number >= 0                   (0)
+//   optimizer.params.adam_w_mode     bool (Adam only)              (true, as DeepSpeed)
+//   optimizer.params.momentum        number in [0, 1) (SGD only)   (0)
+//   fp16.enabled                     bool                          (false)
+//   fp16.loss_scale                  number >= 0; 0 = dynamic      (0)
+//   fp16.initial_scale_power         int 0..64: scale 2^power      (16)
+//   fp16.loss_scale_window           int >= 1 clean steps to double (1000)
+//   fp16.hysteresis                  int >= 1 overflows to halve   (2)
+//   fp16.min_loss_scale              number > 0                    (1)
+//   bf16.enabled                     bool                          (false)
+//   zero_optimization.stage          int 0..3                      (0)
+//   zero_optimization.reduce_bucket_size      elements >= 1        (5e8)
+//   zero_optimization.allgather_bucket_size   elements >= 1        (5e8)
+//   zero_optimization.overlap_comm            bool                 (false)
+//   zero_optimization.stage3_prefetch_bucket_size  elements >= 0   (5e7)
+//   zero_optimization.stage3_max_live_parameters   elements >= 0   (1e9)
+// Sizes in elements accept JSON numbers such as 5e8 if they are whole.
+// As in DeepSpeed, "Adam" applies decoupled weight decay (AdamW) unless
+// adam_w_mode is false; fp16 and bf16 cannot both be enabled.
+#ifndef MEMWALL_ENGINE_CONFIG_H_
+#define MEMWALL_ENGINE_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/dtype.h"
+
+namespace memwall {
+
+enum class OptimizerType : uint8_t { kAdam, kSgd };
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdam;
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  // Adam: decoupled weight decay (AdamW). "AdamW" forces it on.
+  bool adamw = true;
+  // SGD momentum (0: plain SGD).
+  float momentum = 0.0f;
+};
+
+struct LossScaleConfig {
+  // A fixed loss scale; 0 means dynamic scaling.
+  float static_scale = 0.0f;
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  float min_loss_scale = 1.0f;
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  int64_t reduce_bucket_size = 500'000'000;
+  int64_t allgather_bucket_size = 500'000'000;
+  bool overlap_comm = false;
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_max_live_parameters = 1'000'000'000;
+};
+
+struct Config {
+  int64_t train_micro_batch_size_per_gpu = 1;
+  int gradient_accumulation_steps = 1;
+  float gradient_clipping = 0.0f;
+  OptimizerConfig optimizer;
+  bool fp16 = false;
+  LossScaleConfig loss_scale;
+  bool bf16 = false;
+  // The dtype gradients are reduced in across ranks.
+  DType reduce_dtype = DType::kF32;
+  ZeroConfig zero;
+
+  // The dtype of the parameters and gradients the model sees: f16, bf16 or
+  // f32. Mixed precision (f16/bf16) keeps f32 master weights.
+  DType param_dtype() const {
+    return fp16 ? DType::kF16 : (bf16 ? DType::kBF16 : DType::kF32);
+  }
+};
+
+// Parses a config from JSON text. Errors are kInvalidArgument and name the
+// key path and what was expected: "zero_optimization.stage: expected an
+// integer 0..3, got 4".
+absl::StatusOr<Config> ParseConfig(absl::string_view json_text);
+
+// Reads and parses a config file; errors name the file as well.
+absl::StatusOr<Config> LoadConfig(const std::string& path);
+
+}  // namespace memwall
+
+#endif  // MEMWALL_ENGINE_CONFIG_H_

@@ -1,0 +1,137 @@
+// DeepSpeed-style config parsing: values, defaults, and an error naming the
+// key path for every kind of bad input.
+#include "engine/config.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "catch2/catch.hpp"
+
+namespace memwall {
+namespace {
+
+std::string Error(const std::string& json) {
+  auto config = ParseConfig(json);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(config.status().message());
+}
+
+TEST_CASE("a DeepSpeed config parses into memwall's", "[config]") {
+  auto config = ParseConfig(R"({
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 2,
+    "gradient_clipping": 1.0,
+    "communication_data_type": "bf16",
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.95],
+                  "eps": 1e-6, "weight_decay": 0.1}},
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e7, "allgather_bucket_size": 2e8,
+                          "overlap_comm": true, "stage3_prefetch_bucket_size": 1000000,
+                          "stage3_max_live_parameters": 3e8}
+  })");
+  REQUIRE(config.ok());
+  CHECK(config->train_micro_batch_size_per_gpu == 4);
+  CHECK(config->gradient_accumulation_steps == 2);
+  CHECK(config->gradient_clipping == 1.0f);
+  CHECK(config->reduce_dtype == DType::kBF16);
+  CHECK(config->optimizer.type == OptimizerType::kAdam);
+  CHECK(config->optimizer.adamw);
+  CHECK(config->optimizer.lr == 3e-4f);
+  CHECK(config->optimizer.beta1 == 0.8f);
+  CHECK(config->optimizer.beta2 == 0.95f);
+  CHECK(config->optimizer.eps == 1e-6f);
+  CHECK(config->optimizer.weight_decay == 0.1f);
+  CHECK(config->bf16);
+  CHECK(config->param_dtype() == DType::kBF16);
+  CHECK(config->zero.stage == 3);
+  CHECK(config->zero.reduce_bucket_size == 50'000'000);
+  CHECK(config->zero.allgather_bucket_size == 200'000'000);
+  CHECK(config->zero.overlap_comm);
+  CHECK(config->zero.stage3_prefetch_bucket_size == 1'000'000);
+  CHECK(config->zero.stage3_max_live_parameters == 300'000'000);
+}
+
+TEST_CASE("defaults follow DeepSpeed", "[config]") {
+  auto config = ParseConfig("{}");
+  REQUIRE(config.ok());
+  CHECK(config->zero.stage == 0);
+  CHECK(config->param_dtype() == DType::kF32);
+  CHECK(config->reduce_dtype == DType::kF32);
+  CHECK(config->optimizer.adamw);  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false
+  CHECK(config->loss_scale.initial_scale_power == 16);
+  CHECK(config->loss_scale.hysteresis == 2);
+  auto fp16 = ParseConfig(R"({"fp16": {"enabled": true, "loss_scale_window": 100, "hysteresis": 1,
+                                       "min_loss_scale": 0.5, "initial_scale_power": 8},
+                              "optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})");
+  REQUIRE(fp16.ok());
+  CHECK(fp16->param_dtype() == DType::kF16);
+  CHECK(fp16->loss_scale.loss_scale_window == 100);
+  CHECK(fp16->loss_scale.min_loss_scale == 0.5f);
+  CHECK_FALSE(fp16->optimizer.adamw);
+  auto sgd = ParseConfig(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}})");
+  REQUIRE(sgd.ok());
+  CHECK(sgd->optimizer.type == OptimizerType::kSgd);
+  CHECK(sgd->optimizer.momentum == 0.9f);
+}
+
+TEST_CASE("bad configs name the key path and what was expected", "[config]") {
+  CHECK(Error(R"({"zero_optimization": {"stage": 4}})") ==
+        "zero_optimization.stage: expected an integer 0..3, got 4");
+  CHECK(Error(R"({"zero_optimization": {"stage": "auto"}})") ==
+        "zero_optimization.stage: expected an integer 0..3, got \"auto\"");
+  CHECK(Error(R"({"zero_optimization": {"stage": 1.5}})") ==
+        "zero_optimization.stage: expected an integer 0..3, got 1.5");
+  CHECK_THAT(Error(R"({"zero_optimization": {"stgae": 1}})"),
+             Catch::StartsWith("zero_optimization.stgae: unknown key (known here: "));
+  CHECK_THAT(Error(R"({"train_batch_sise": 8})"), Catch::StartsWith("train_batch_sise: unknown key"));
+  CHECK(Error(R"({"fp16": {"enabled": "yes"}})") == "fp16.enabled: expected a boolean, got \"yes\"");
+  CHECK(Error(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})") ==
+        "fp16.enabled and bf16.enabled: expected at most one of them, got both true");
+  CHECK(Error(R"({"optimizer": {"type": "Lamb"}})") ==
+        "optimizer.type: expected one of \"Adam\", \"AdamW\", \"SGD\", got \"Lamb\"");
+  CHECK(Error(R"({"optimizer": {"params": {"betas": [0.9]}}})") ==
+        "optimizer.params.betas: expected [beta1, beta2] with each in [0, 1), got [0.9]");
+  CHECK(Error(R"({"optimizer": {"params": {"eps": 0}}})") ==
+        "optimizer.params.eps: expected a number > 0, got 0");
+  CHECK(Error(R"({"optimizer": {"params": {"lr": -1}}})") ==
+        "optimizer.params.lr: expected a number >= 0, got -1");
+  CHECK_THAT(Error(R"({"optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}})"),
+             Catch::StartsWith("optimizer.params.betas: unknown key"));
+  CHECK(Error(R"({"gradient_accumulation_steps": 0})") ==
+        "gradient_accumulation_steps: expected an integer 1..2147483647, got 0");
+  CHECK(Error(R"({"communication_data_type": "fp8"})") ==
+        "communication_data_type: expected one of \"fp32\", \"fp16\", \"bf16\", got \"fp8\"");
+  CHECK(Error(R"({"zero_optimization": 3})") ==
+        "zero_optimization: expected an object, got 3");
+  CHECK(Error("[1, 2]") == "config: expected an object, got [1,2]");
+  CHECK_THAT(Error("{\"fp16\": {"), Catch::StartsWith("config: not valid JSON: "));
+}
+
+TEST_CASE("config files: errors name the file", "[config]") {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir ? dir : "/tmp") + "/memwall_config_test.json";
+  {
+    std::ofstream out(path);
+    out << R"({"zero_optimization": {"stage": 2}})";
+  }
+  auto good = LoadConfig(path);
+  REQUIRE(good.ok());
+  CHECK(good->zero.stage == 2);
+  {
+    std::ofstream out(path);
+    out << R"({"zero_optimization": {"stage": -1}})";
+  }
+  auto bad = LoadConfig(path);
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(bad.status().message()) ==
+        "config file " + path + ": zero_optimization.stage: expected an integer 0..3, got -1");
+  auto missing = LoadConfig(path + ".nope");
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(missing.status().message()) ==
+        "config file " + path + ".nope: cannot be opened");
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace memwall
