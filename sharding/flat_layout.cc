@@ -1,0 +1,84 @@
+#include "sharding/flat_layout.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace memwall {
+
+int64_t NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t FlatGroup::padding_in_shard(int rank) const {
+  const int64_t begin = shard_begin(rank), end = begin + shard_numel;
+  return end - std::clamp(numel, begin, end);
+}
+
+absl::StatusOr<FlatLayout> PlanFlatLayout(const std::vector<ParameterSpec>& parameters,
+                                          int world_size, int64_t bucket_elements,
+                                          int64_t alignment_elements) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("world size: expected >= 1, got ", world_size));
+  }
+  if (bucket_elements < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket size: expected >= 1 element, got ", bucket_elements));
+  }
+  if (alignment_elements < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment: expected >= 1 element, got ", alignment_elements));
+  }
+  if (parameters.empty()) {
+    return absl::InvalidArgumentError("parameters: none registered");
+  }
+  FlatLayout layout;
+  layout.world_size = world_size;
+  std::set<std::string> names;
+  const int64_t quantum = alignment_elements * world_size;
+  auto close_group = [&](FlatGroup& group) {
+    group.padded_numel = (group.numel + quantum - 1) / quantum * quantum;
+    group.shard_numel = group.padded_numel / world_size;
+    const std::string& first = parameters[group.parameters.front()].name;
+    const std::string& last = parameters[group.parameters.back()].name;
+    group.name = group.parameters.size() == 1 ? first : absl::StrCat(first, "..", last);
+    layout.numel += group.numel;
+    layout.padded_numel += group.padded_numel;
+    layout.groups.push_back(std::move(group));
+  };
+  FlatGroup current;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const ParameterSpec& p = parameters[i];
+    if (p.name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", i, ": the name is empty"));
+    }
+    if (!names.insert(p.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "': registered twice"));
+    }
+    for (size_t d = 0; d < p.shape.size(); ++d) {
+      if (p.shape[d] < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", p.name, "': shape[", d, "] is ", p.shape[d], "; expected >= 1"));
+      }
+    }
+    const int64_t numel = NumElements(p.shape);
+    if (!current.parameters.empty() && current.numel + numel > bucket_elements) {
+      close_group(current);
+      current = FlatGroup();
+    }
+    layout.placements.push_back(
+        {static_cast<int>(layout.groups.size()), current.numel, numel});
+    current.parameters.push_back(static_cast<int>(i));
+    current.numel += numel;
+  }
+  close_group(current);
+  return layout;
+}
+
+}  // namespace memwall

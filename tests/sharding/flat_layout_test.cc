@@ -1,0 +1,90 @@
+// Flat-group arithmetic with exact expected numbers.
+#include "sharding/flat_layout.h"
+
+#include "catch2/catch.hpp"
+
+namespace memwall {
+namespace {
+
+std::vector<ParameterSpec> Specs() {
+  return {{"embed", {100, 16}},   // 1600
+          {"block0.w", {16, 16}}, // 256
+          {"block0.b", {16}},     // 16
+          {"block1.w", {16, 16}}, // 256
+          {"block1.b", {16}},     // 16
+          {"head", {}}};          // 1 (a scalar)
+}
+
+TEST_CASE("groups pack consecutive parameters up to the bucket size", "[flat]") {
+  auto layout = PlanFlatLayout(Specs(), /*world_size=*/4, /*bucket_elements=*/300, /*alignment=*/8);
+  REQUIRE(layout.ok());
+  // embed alone (larger than a bucket), block0 (272), block1 + head (273).
+  REQUIRE(layout->groups.size() == 3);
+  const FlatGroup& g0 = layout->groups[0];
+  CHECK(g0.name == "embed");
+  CHECK(g0.numel == 1600);
+  CHECK(g0.padded_numel == 1600);  // 1600 = 50 * 32
+  CHECK(g0.shard_numel == 400);
+  const FlatGroup& g1 = layout->groups[1];
+  CHECK(g1.name == "block0.w..block0.b");
+  CHECK(g1.parameters == std::vector<int>{1, 2});
+  CHECK(g1.numel == 272);
+  CHECK(g1.padded_numel == 288);  // next multiple of 4 * 8
+  CHECK(g1.shard_numel == 72);
+  CHECK(g1.shard_begin(3) == 216);
+  CHECK(g1.padding_in_shard(3) == 16);
+  CHECK(g1.padding_in_shard(2) == 0);
+  const FlatGroup& g2 = layout->groups[2];
+  CHECK(g2.name == "block1.w..head");
+  CHECK(g2.numel == 273);
+  CHECK(g2.padded_numel == 288);
+  CHECK(g2.padding_in_shard(3) == 15);
+  CHECK(layout->numel == 2145);
+  CHECK(layout->padded_numel == 2176);
+  REQUIRE(layout->placements.size() == 6);
+  CHECK(layout->placements[2].group == 1);
+  CHECK(layout->placements[2].offset == 256);
+  CHECK(layout->placements[2].numel == 16);
+  CHECK(layout->placements[5].group == 2);
+  CHECK(layout->placements[5].offset == 272);
+  CHECK(layout->placements[5].numel == 1);
+}
+
+TEST_CASE("one rank and a huge bucket make one unpadded-but-aligned group", "[flat]") {
+  auto layout = PlanFlatLayout(Specs(), 1, int64_t{1} << 40, 1);
+  REQUIRE(layout.ok());
+  REQUIRE(layout->groups.size() == 1);
+  CHECK(layout->groups[0].padded_numel == 2145);
+  CHECK(layout->groups[0].shard_numel == 2145);
+  CHECK(layout->groups[0].padding_in_shard(0) == 0);
+}
+
+TEST_CASE("shards tile every group exactly for any world size", "[flat]") {
+  for (int world : {1, 2, 3, 4, 7, 64}) {
+    auto layout = PlanFlatLayout(Specs(), world, 500, 16);
+    REQUIRE(layout.ok());
+    for (const FlatGroup& g : layout->groups) {
+      CHECK(g.padded_numel % (16 * world) == 0);
+      CHECK(g.padded_numel - g.numel < 16 * world);
+      int64_t padding = 0;
+      for (int r = 0; r < world; ++r) padding += g.padding_in_shard(r);
+      CHECK(padding == g.padded_numel - g.numel);
+    }
+  }
+}
+
+TEST_CASE("bad parameter lists are rejected by name", "[flat]") {
+  auto dup = PlanFlatLayout({{"a", {2}}, {"a", {3}}}, 2, 10, 1);
+  CHECK(std::string(dup.status().message()) == "parameter 'a': registered twice");
+  auto zero = PlanFlatLayout({{"w", {4, 0}}}, 2, 10, 1);
+  CHECK(std::string(zero.status().message()) == "parameter 'w': shape[1] is 0; expected >= 1");
+  auto unnamed = PlanFlatLayout({{"", {4}}}, 2, 10, 1);
+  CHECK(std::string(unnamed.status().message()) == "parameter 0: the name is empty");
+  CHECK(std::string(PlanFlatLayout({}, 2, 10, 1).status().message()) == "parameters: none registered");
+  CHECK(std::string(PlanFlatLayout(Specs(), 0, 10, 1).status().message()) ==
+        "world size: expected >= 1, got 0");
+  CHECK(PlanFlatLayout(Specs(), 2, 0, 1).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace memwall
