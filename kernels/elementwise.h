@@ -78,6 +78,27 @@ MW_HD void AdamElement(const AdamConstants& c, float& p, float g, float& m, floa
 #endif
 }
 
+// SGD with momentum and L2 weight decay, as PyTorch's SGD (dampening 0,
+// no Nesterov): d = g * grad_scale + weight_decay * p; buf = momentum * buf
+// + d (a zero buffer gives buf = d on the first step, as PyTorch's clone);
+// p -= lr * buf. With momentum 0 there is no buffer.
+struct SgdParams {
+  float lr = 1e-2f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  float grad_scale = 1.0f;
+};
+
+MW_HD void SgdElement(const SgdParams& c, float& p, float g, float* buf) {
+  g = g * c.grad_scale;
+  if (c.weight_decay != 0.0f) g = g + c.weight_decay * p;
+  if (buf != nullptr) {
+    *buf = c.momentum * *buf + g;
+    g = *buf;
+  }
+  p = p - c.lr * g;
+}
+
 // Load/store of one element of each storage type, computing in f32.
 template <DType D>
 struct Storage;

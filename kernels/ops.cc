@@ -183,5 +183,29 @@ absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params
       });
 }
 
+absl::Status SgdUpdate(Device& device, Stream& stream, const SgdParams& params, float* p,
+                       const float* g, float* momentum_buffer, void* p_low, DType low_dtype,
+                       size_t n) {
+  if (!(params.lr >= 0.0f) || !std::isfinite(params.lr)) {
+    return absl::InvalidArgumentError(absl::StrCat("sgd lr: expected a finite value >= 0, got ", params.lr));
+  }
+  if (!(params.momentum >= 0.0f && params.momentum < 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sgd momentum: expected 0 <= momentum < 1, got ", params.momentum));
+  }
+  if ((params.momentum > 0.0f) != (momentum_buffer != nullptr) && device.holds_bytes()) {
+    return absl::InvalidArgumentError(
+        "sgd momentum_buffer: expected one exactly when momentum > 0");
+  }
+  return Dispatch(
+      device,
+      [&] { cpu::Kernels().sgd(params, p, g, momentum_buffer, p_low, low_dtype, n); },
+      [&] {
+        return MW_CUDA_CALL(cuda::Sgd(params, p, g, momentum_buffer, p_low, low_dtype, n,
+                                      CudaStreamOf(stream)),
+                            "SgdUpdate");
+      });
+}
+
 }  // namespace kernels
 }  // namespace memwall

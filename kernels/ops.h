@@ -39,6 +39,11 @@ absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params
                         float* p, const float* g, float* m, float* v, void* p_low,
                         DType low_dtype, size_t n);
 
+// SGD step; see KernelTable::sgd. kInvalidArgument names the bad field.
+absl::Status SgdUpdate(Device& device, Stream& stream, const SgdParams& params, float* p,
+                       const float* g, float* momentum_buffer, void* p_low, DType low_dtype,
+                       size_t n);
+
 // Checks the ranges of Adam's hyper-parameters (lr >= 0, 0 <= beta < 1,
 // eps > 0, weight_decay >= 0, step >= 1, finite grad_scale).
 absl::Status ValidateAdamParams(const AdamParams& params);

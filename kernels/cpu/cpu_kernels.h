@@ -51,6 +51,10 @@ struct KernelTable {
   // p rounded to low_dtype into it in the same pass.
   void (*adam)(const AdamConstants& constants, float* p, const float* g,
                float* m, float* v, void* p_low, DType low_dtype, size_t n);
+  // One SGD step (see SgdElement); `momentum_buffer` is null when
+  // params.momentum is 0. p_low as for adam.
+  void (*sgd)(const SgdParams& params, float* p, const float* g, float* momentum_buffer,
+              void* p_low, DType low_dtype, size_t n);
 };
 
 // REQUIRES: IsaSupported(isa).

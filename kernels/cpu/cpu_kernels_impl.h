@@ -159,11 +159,40 @@ void Adam(const AdamConstants& c, float* p, const float* g, float* m, float* v,
   }
 }
 
+template <DType Low, bool kCopy, bool kMomentum>
+void SgdT(const SgdParams c, float* __restrict p, const float* __restrict g,
+          float* __restrict buf, void* p_low, size_t n) {
+  auto* __restrict low = static_cast<T<Low>*>(p_low);
+  for (size_t i = 0; i < n; ++i) {
+    float pi = p[i];
+    SgdElement(c, pi, g[i], kMomentum ? &buf[i] : nullptr);
+    p[i] = pi;
+    if (kCopy) low[i] = Storage<Low>::Store(pi);
+  }
+}
+
+template <bool kMomentum>
+void SgdDispatch(const SgdParams& c, float* p, const float* g, float* buf, void* p_low,
+                 DType low_dtype, size_t n) {
+  if (p_low == nullptr) return SgdT<DType::kF32, false, kMomentum>(c, p, g, buf, nullptr, n);
+  switch (low_dtype) {
+    case DType::kF32: return SgdT<DType::kF32, true, kMomentum>(c, p, g, buf, p_low, n);
+    case DType::kBF16: return SgdT<DType::kBF16, true, kMomentum>(c, p, g, buf, p_low, n);
+    case DType::kF16: return SgdT<DType::kF16, true, kMomentum>(c, p, g, buf, p_low, n);
+  }
+}
+
+void Sgd(const SgdParams& c, float* p, const float* g, float* buf, void* p_low, DType low_dtype,
+         size_t n) {
+  if (buf != nullptr) return SgdDispatch<true>(c, p, g, buf, p_low, low_dtype, n);
+  SgdDispatch<false>(c, p, g, nullptr, p_low, low_dtype, n);
+}
+
 }  // namespace
 
 extern const KernelTable kTable;
 const KernelTable kTable = {&Fill, &Cast, &Scale, &Axpy, &SumOfSquares,
-                            &HasInfOrNan, &Adam};
+                            &HasInfOrNan, &Adam, &Sgd};
 
 }  // namespace MW_CPU_ISA_NAMESPACE
 }  // namespace cpu

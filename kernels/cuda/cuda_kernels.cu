@@ -101,6 +101,18 @@ __global__ void AdamKernel(AdamConstants c, float* p, const float* g, float* m,
   }
 }
 
+template <DType Low, bool kCopy>
+__global__ void SgdKernel(SgdParams c, float* p, const float* g, float* buf, T<Low>* low,
+                          size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    float pi = p[i];
+    SgdElement(c, pi, g[i], buf != nullptr ? &buf[i] : nullptr);
+    p[i] = pi;
+    if (kCopy) low[i] = Storage<Low>::Store(pi);
+  }
+}
+
 template <DType S>
 void LaunchCastFrom(const void* src, void* dst, DType dst_dtype, size_t n,
                     cudaStream_t stream) {
@@ -243,6 +255,30 @@ cudaError_t Adam(const AdamConstants& c, float* p, const float* g, float* m,
       case DType::kF16:
         AdamKernel<DType::kF16, true><<<Blocks(n), kThreads, 0, stream>>>(
             c, p, g, m, v, static_cast<uint16_t*>(p_low), n);
+        break;
+    }
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t Sgd(const SgdParams& c, float* p, const float* g, float* buf, void* p_low,
+                DType low_dtype, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (p_low == nullptr) {
+    SgdKernel<DType::kF32, false><<<Blocks(n), kThreads, 0, stream>>>(c, p, g, buf, nullptr, n);
+  } else {
+    switch (low_dtype) {
+      case DType::kF32:
+        SgdKernel<DType::kF32, true><<<Blocks(n), kThreads, 0, stream>>>(
+            c, p, g, buf, static_cast<float*>(p_low), n);
+        break;
+      case DType::kBF16:
+        SgdKernel<DType::kBF16, true><<<Blocks(n), kThreads, 0, stream>>>(
+            c, p, g, buf, static_cast<uint16_t*>(p_low), n);
+        break;
+      case DType::kF16:
+        SgdKernel<DType::kF16, true><<<Blocks(n), kThreads, 0, stream>>>(
+            c, p, g, buf, static_cast<uint16_t*>(p_low), n);
         break;
     }
   }

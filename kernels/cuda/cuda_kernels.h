@@ -38,6 +38,10 @@ cudaError_t Adam(const AdamConstants& constants, float* p, const float* g, float
                  float* v, void* p_low, DType low_dtype, size_t n,
                  cudaStream_t stream);
 
+// As KernelTable::sgd.
+cudaError_t Sgd(const SgdParams& params, float* p, const float* g, float* momentum_buffer,
+                void* p_low, DType low_dtype, size_t n, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace memwall

@@ -203,5 +203,26 @@ TEST_CASE("CUDA Adam equals the CPU Adam bit for bit", "[cuda][kernels][adam]") 
   CHECK(Download<uint16_t>(gpu, dlow, n) == low);
 }
 
+TEST_CASE("CUDA SGD with momentum equals the CPU SGD bit for bit", "[cuda][kernels][sgd]") {
+  Gpu gpu = MakeGpu();
+  const size_t n = 70001;
+  kernels::SgdParams params;
+  params.lr = 0.05f;
+  params.momentum = 0.9f;
+  params.weight_decay = 1e-4f;
+  const std::vector<float> p0 = RandomFloats(n, 9, 1.0f), g = RandomFloats(n, 10, 0.1f),
+                           b0 = RandomFloats(n, 11, 0.01f);
+  DeviceBuffer dp = Upload(gpu, p0.data(), n * 4, "p"), dg = Upload(gpu, g.data(), n * 4, "g"),
+               db = Upload(gpu, b0.data(), n * 4, "buf");
+  REQUIRE(kernels::SgdUpdate(*gpu.device, *gpu.stream, params, static_cast<float*>(dp.data()),
+                             static_cast<const float*>(dg.data()), static_cast<float*>(db.data()),
+                             nullptr, DType::kF32, n).ok());
+  std::vector<float> p = p0, b = b0;
+  kernels::cpu::Kernels().sgd(params, p.data(), g.data(), b.data(), nullptr, DType::kF32, n);
+  const std::vector<float> gp = Download<float>(gpu, dp, n), gb = Download<float>(gpu, db, n);
+  CHECK(std::memcmp(gp.data(), p.data(), n * 4) == 0);
+  CHECK(std::memcmp(gb.data(), b.data(), n * 4) == 0);
+}
+
 }  // namespace
 }  // namespace memwall

@@ -378,5 +378,43 @@ TEST_CASE("Adam and AdamW match a double evaluation and agree across ISAs bit fo
   }
 }
 
+TEST_CASE("SGD with momentum matches PyTorch's update rule on every ISA", "[sgd]") {
+  SgdParams params;
+  params.lr = 0.1f;
+  params.momentum = 0.9f;
+  params.weight_decay = 0.01f;
+  params.grad_scale = 0.5f;
+  const size_t n = 1031;
+  const std::vector<float> p0 = RandomFloats(n, 21), g = RandomFloats(n, 22, 0.1f);
+  ForEachIsa([&](Isa, const KernelTable& k) {
+    std::vector<float> p = p0, buf(n, 0.0f);
+    std::vector<uint16_t> low(n);
+    // Two steps: the first makes buf = d exactly, as PyTorch's clone.
+    k.sgd(params, p.data(), g.data(), buf.data(), low.data(), DType::kF16, n);
+    for (size_t i = 0; i < n; ++i) {
+      const float d = g[i] * 0.5f + 0.01f * p0[i];
+      REQUIRE(buf[i] == d);
+      REQUIRE(FloatBits(p[i]) == FloatBits(p0[i] - 0.1f * d));
+      REQUIRE(low[i] == F32ToF16(p[i]));
+    }
+    const std::vector<float> p1 = p, buf1 = buf;
+    k.sgd(params, p.data(), g.data(), buf.data(), nullptr, DType::kF32, n);
+    for (size_t i = 0; i < n; ++i) {
+      const float d = g[i] * 0.5f + 0.01f * p1[i];
+      const float b = 0.9f * buf1[i] + d;
+      REQUIRE(buf[i] == b);
+      REQUIRE(FloatBits(p[i]) == FloatBits(p1[i] - 0.1f * b));
+    }
+    // Without momentum there is no buffer.
+    SgdParams plain = params;
+    plain.momentum = 0.0f;
+    p = p0;
+    k.sgd(plain, p.data(), g.data(), nullptr, nullptr, DType::kF32, n);
+    for (size_t i = 0; i < n; ++i) {
+      REQUIRE(FloatBits(p[i]) == FloatBits(p0[i] - 0.1f * (g[i] * 0.5f + 0.01f * p0[i])));
+    }
+  });
+}
+
 }  // namespace
 }  // namespace memwall::kernels::cpu

@@ -1,0 +1,195 @@
+// ShardedOptimizer: wraps an existing model's optimizer step with ZeRO
+// stages 0-3 across data-parallel ranks.
+//
+// The model keeps its own forward and backward code (plain loops, BLAS,
+// anything); it registers its parameters (name, shape, initial values), then
+// reads parameters and writes gradients through views this class hands out:
+//
+//   stage 0  every rank holds full parameters, gradients and optimizer
+//            states; gradients are all-reduced in Step().       16P bytes
+//   stage 1  optimizer states and f32 master weights are sharded; gradients
+//            are reduce-scattered in Step() and the updated shards
+//            all-gathered into the full parameters.         4P + 12P/N bytes
+//   stage 2  as stage 1, and gradients live only as shards: a group's
+//            full-size gradient buffer exists between AcquireGradients()
+//            and ReduceGradients(), which reduce-scatters it into the shard
+//            (call it right after the group's backward).    2P + 14P/N bytes
+//   stage 3  as stage 2, and parameters are sharded too: GatherParameters()
+//            all-gathers a group just before its layer runs (forward, and
+//            again in backward) and ReleaseParameters() frees it.  16P/N bytes
+// (bytes for mixed-precision Adam: 2-byte parameters and gradients, 12 bytes
+// of f32 master weights and moments; P counts padded elements, see
+// flat_layout.h). In f32 there are no master weights: parameters are the
+// master weights, so stage 0 is 4+4+8 = 16P and the shards shrink alike.
+//
+// Gradient contract: backward ADDS the gradient of (micro-batch mean loss x
+// loss_scale()) into the gradient views, over gradient_accumulation_steps
+// micro-batches; Step() then averages over ranks and micro-batches, unscales,
+// checks for inf/nan (fp16: a step with any non-finite gradient on any rank
+// is skipped on every rank and the scale lowered), clips to
+// gradient_clipping by the global norm (exchanged once across ranks),
+// updates the master weights, refreshes the parameters, and zeroes the
+// gradients.
+//
+// Every method that communicates is collective: all ranks call it in the
+// same order. Not thread-safe.
+#ifndef MEMWALL_SHARDING_SHARDED_OPTIMIZER_H_
+#define MEMWALL_SHARDING_SHARDED_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "engine/config.h"
+#include "runtime/allocator.h"
+#include "runtime/communicator.h"
+#include "runtime/device.h"
+#include "sharding/flat_layout.h"
+
+namespace memwall {
+
+class ShardedOptimizer {
+ public:
+  // Elements per shard are a multiple of this (256 bytes of bf16), so every
+  // shard starts aligned for vector loads and collectives.
+  static constexpr int64_t kShardAlignmentElements = 128;
+
+  // A parameter's or gradient's memory on the device: numel elements of
+  // dtype at data (null on meta).
+  struct View {
+    void* data = nullptr;
+    DType dtype = DType::kF32;
+    int64_t numel = 0;
+  };
+
+  struct StepResult {
+    // False when the step was skipped (fp16 overflow on some rank).
+    bool applied = false;
+    // The global gradient norm after unscaling (before clipping); 0 when
+    // neither clipping nor fp16 needed it.
+    double grad_norm = 0.0;
+    // The loss scale for the next step.
+    float loss_scale = 1.0f;
+  };
+
+  // `device` and `comm` must outlive the optimizer. Errors: kInvalidArgument
+  // for a config the sharded optimizer cannot run (e.g. a stage above 0 with
+  // a communicator of the wrong kind for the device).
+  static absl::StatusOr<std::unique_ptr<ShardedOptimizer>> Create(const Config& config,
+                                                                  Device& device,
+                                                                  Communicator& comm);
+
+  // Registers a parameter with its initial values (every rank must pass the
+  // same values, as in data parallelism). Before Finalize() only; errors
+  // name the parameter (duplicate name, bad shape, wrong number of values).
+  absl::Status AddParameter(std::string name, std::vector<int64_t> shape,
+                            absl::Span<const float> initial_values);
+  // Plans the flat groups and allocates this rank's model states. On error
+  // nothing stays allocated and registration may be retried after fixing it.
+  absl::Status Finalize();
+
+  const FlatLayout& layout() const { return layout_; }
+  const Config& config() const { return config_; }
+  // Index of the group holding `name`, or kNotFound.
+  absl::StatusOr<int> GroupOf(absl::string_view name) const;
+
+  // The parameter as the model reads it (param_dtype). Stage 3: only while
+  // its group is gathered (kFailedPrecondition otherwise).
+  absl::StatusOr<View> Parameter(absl::string_view name);
+  // Where backward adds the parameter's gradient (param_dtype). Stages 2/3:
+  // only between AcquireGradients and ReduceGradients of its group.
+  absl::StatusOr<View> Gradient(absl::string_view name);
+
+  // Stage 3: all-gathers group `g`'s parameters; no-op for stages 0-2.
+  absl::Status GatherParameters(int g);
+  // Stage 3: frees the gathered copy of group `g`; no-op for stages 0-2.
+  absl::Status ReleaseParameters(int g);
+  // Stages 2/3: allocates group `g`'s full-size gradient buffer, zeroed.
+  // No-op for stages 0-1 (gradients are always there).
+  absl::Status AcquireGradients(int g);
+  // Stages 2/3: reduce-scatters group `g`'s gradients into this rank's
+  // shard (accumulating over micro-batches) and frees the full buffer.
+  // No-op for stages 0-1 (reduced in Step()).
+  absl::Status ReduceGradients(int g);
+
+  // One optimizer step; see the class comment. kFailedPrecondition if a
+  // group's gradients are still acquired or parameters still gathered.
+  absl::StatusOr<StepResult> Step();
+
+  // Multiply the loss by this before backward (1 unless fp16).
+  float loss_scale() const { return loss_scale_; }
+  int64_t steps_applied() const { return steps_applied_; }
+  int64_t steps_skipped() const { return steps_skipped_; }
+
+  // Collective: copies the f32 master weights of `name` (the parameters in
+  // f32 mode) into `out`, gathering shards. For tests and checkpoints.
+  absl::Status MasterWeights(absl::string_view name, absl::Span<float> out);
+
+ private:
+  struct Group {
+    // param_dtype; full padded size (stages 0-2) or shard (stage 3).
+    DeviceBuffer params;
+    // Stage 3 only: the gathered full parameters while live.
+    DeviceBuffer gathered;
+    // param_dtype; full (stages 0-1), or the shard (2-3).
+    DeviceBuffer grads;
+    // Stages 2-3: the full-size gradient buffer while acquired.
+    DeviceBuffer grad_bucket;
+    // f32 master weights (mixed precision only); full (stage 0) or shard.
+    DeviceBuffer master;
+    // Optimizer moments (f32): Adam m, v; SGD momentum uses exp_avg only.
+    DeviceBuffer exp_avg;
+    DeviceBuffer exp_avg_sq;
+  };
+
+  ShardedOptimizer(const Config& config, Device& device, Communicator& comm,
+                   std::unique_ptr<Stream> stream);
+
+  bool mixed() const { return config_.param_dtype() != DType::kF32; }
+  int stage() const { return config_.zero.stage; }
+  // Elements this rank updates in group g, and where they start.
+  int64_t update_numel(const FlatGroup& g) const;
+  int64_t update_begin(const FlatGroup& g) const;
+  absl::Status RequireFinalized(absl::string_view call) const;
+  absl::Status CheckGroup(int g, absl::string_view call) const;
+  absl::Status AllocateGroup(const FlatGroup& flat, Group& group);
+  absl::Status InitializeGroup(const FlatGroup& flat, Group& group);
+  // Reduces full-size gradients `full` (param_dtype, padded) of group g:
+  // all-reduce in place (stage 0) or reduce-scatter into `shard_out`.
+  absl::Status AllReduceGradients(const FlatGroup& flat, void* full);
+  absl::Status ReduceScatterGradients(const FlatGroup& flat, const void* full, void* shard_out,
+                                      bool accumulate);
+  // This rank's gradient elements of group g (param_dtype).
+  void* UpdateGradients(const FlatGroup& flat, Group& group);
+  absl::Status ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale);
+  absl::Status ZeroGradients(const FlatGroup& flat, Group& group);
+  void UpdateLossScale(bool overflow);
+
+  const Config config_;
+  Device& device_;
+  Communicator& comm_;
+  std::unique_ptr<Stream> stream_;
+
+  std::vector<ParameterSpec> specs_;
+  std::vector<std::vector<float>> initial_;
+  absl::flat_hash_map<std::string, int> index_;
+  bool finalized_ = false;
+  FlatLayout layout_;
+  std::vector<Group> groups_;
+
+  float loss_scale_ = 1.0f;
+  int clean_steps_ = 0;
+  int overflows_left_ = 0;  // hysteresis
+  int64_t steps_applied_ = 0;
+  int64_t steps_skipped_ = 0;
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_SHARDING_SHARDED_OPTIMIZER_H_
