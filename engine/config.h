@@ -38,59 +38,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "runtime/dtype.h"
+#include "sharding/options.h"
 
 namespace memwall {
 
-enum class OptimizerType : uint8_t { kAdam, kSgd };
-
-struct OptimizerConfig {
-  OptimizerType type = OptimizerType::kAdam;
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  // Adam: decoupled weight decay (AdamW). "AdamW" forces it on.
-  bool adamw = true;
-  // SGD momentum (0: plain SGD).
-  float momentum = 0.0f;
-};
-
-struct LossScaleConfig {
-  // A fixed loss scale; 0 means dynamic scaling.
-  float static_scale = 0.0f;
-  int initial_scale_power = 16;
-  int loss_scale_window = 1000;
-  int hysteresis = 2;
-  float min_loss_scale = 1.0f;
-};
-
-struct ZeroConfig {
-  int stage = 0;
-  int64_t reduce_bucket_size = 500'000'000;
-  int64_t allgather_bucket_size = 500'000'000;
-  bool overlap_comm = false;
-  int64_t stage3_prefetch_bucket_size = 50'000'000;
-  int64_t stage3_max_live_parameters = 1'000'000'000;
-};
-
-struct Config {
+// The engine's configuration: the sharding options (sharding/options.h,
+// which the JSON keys above fill) plus the engine's own keys.
+struct Config : ShardingOptions {
   int64_t train_micro_batch_size_per_gpu = 1;
-  int gradient_accumulation_steps = 1;
-  float gradient_clipping = 0.0f;
-  OptimizerConfig optimizer;
-  bool fp16 = false;
-  LossScaleConfig loss_scale;
-  bool bf16 = false;
-  // The dtype gradients are reduced in across ranks.
-  DType reduce_dtype = DType::kF32;
-  ZeroConfig zero;
-
-  // The dtype of the parameters and gradients the model sees: f16, bf16 or
-  // f32. Mixed precision (f16/bf16) keeps f32 master weights.
-  DType param_dtype() const {
-    return fp16 ? DType::kF16 : (bf16 ? DType::kBF16 : DType::kF32);
-  }
 };
 
 // Parses a config from JSON text. Errors are kInvalidArgument and name the

@@ -46,11 +46,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "engine/config.h"
 #include "runtime/allocator.h"
 #include "runtime/communicator.h"
 #include "runtime/device.h"
 #include "sharding/flat_layout.h"
+#include "sharding/options.h"
 
 namespace memwall {
 
@@ -81,7 +81,7 @@ class ShardedOptimizer {
   // `device` and `comm` must outlive the optimizer. Errors: kInvalidArgument
   // for a config the sharded optimizer cannot run (e.g. a stage above 0 with
   // a communicator of the wrong kind for the device).
-  static absl::StatusOr<std::unique_ptr<ShardedOptimizer>> Create(const Config& config,
+  static absl::StatusOr<std::unique_ptr<ShardedOptimizer>> Create(const ShardingOptions& config,
                                                                   Device& device,
                                                                   Communicator& comm);
 
@@ -95,7 +95,7 @@ class ShardedOptimizer {
   absl::Status Finalize();
 
   const FlatLayout& layout() const { return layout_; }
-  const Config& config() const { return config_; }
+  const ShardingOptions& config() const { return config_; }
   // Index of the group holding `name`, or kNotFound.
   absl::StatusOr<int> GroupOf(absl::string_view name) const;
 
@@ -148,7 +148,7 @@ class ShardedOptimizer {
     DeviceBuffer exp_avg_sq;
   };
 
-  ShardedOptimizer(const Config& config, Device& device, Communicator& comm,
+  ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
                    std::unique_ptr<Stream> stream);
 
   bool mixed() const { return config_.param_dtype() != DType::kF32; }
@@ -171,7 +171,7 @@ class ShardedOptimizer {
   absl::Status ZeroGradients(const FlatGroup& flat, Group& group);
   void UpdateLossScale(bool overflow);
 
-  const Config config_;
+  const ShardingOptions config_;
   Device& device_;
   Communicator& comm_;
   std::unique_ptr<Stream> stream_;

@@ -1,0 +1,71 @@
+// What the sharded optimizer is configured with. engine/config.h fills these
+// from the DeepSpeed-style JSON keys (see there for names and defaults).
+#ifndef MEMWALL_SHARDING_OPTIONS_H_
+#define MEMWALL_SHARDING_OPTIONS_H_
+
+#include <cstdint>
+
+#include "runtime/dtype.h"
+
+namespace memwall {
+
+enum class OptimizerType : uint8_t { kAdam, kSgd };
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdam;
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  // Adam: decoupled weight decay (AdamW); DeepSpeed's default for "Adam".
+  bool adamw = true;
+  // SGD momentum (0: plain SGD, no momentum buffer).
+  float momentum = 0.0f;
+};
+
+// Dynamic loss scaling for fp16 (DeepSpeed's semantics): start at
+// 2^initial_scale_power; after `hysteresis` overflowing steps halve the scale
+// (not below min_loss_scale); after loss_scale_window clean steps double it.
+struct LossScaleConfig {
+  // A fixed loss scale; 0 means dynamic scaling.
+  float static_scale = 0.0f;
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  float min_loss_scale = 1.0f;
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  // Elements per flat group for stages 0-2.
+  int64_t reduce_bucket_size = 500'000'000;
+  int64_t allgather_bucket_size = 500'000'000;
+  bool overlap_comm = false;
+  // Elements per flat group for stage 3 (each group is gathered as a whole).
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_max_live_parameters = 1'000'000'000;
+};
+
+struct ShardingOptions {
+  ZeroConfig zero;
+  OptimizerConfig optimizer;
+  bool fp16 = false;
+  bool bf16 = false;
+  LossScaleConfig loss_scale;
+  // Clip the global gradient norm to this; 0 = off.
+  float gradient_clipping = 0.0f;
+  int gradient_accumulation_steps = 1;
+  // The dtype gradients are reduced in across ranks.
+  DType reduce_dtype = DType::kF32;
+
+  // The dtype of the parameters and gradients the model sees: f16, bf16 or
+  // f32. Mixed precision (f16/bf16) keeps f32 master weights.
+  DType param_dtype() const {
+    return fp16 ? DType::kF16 : (bf16 ? DType::kBF16 : DType::kF32);
+  }
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_SHARDING_OPTIONS_H_

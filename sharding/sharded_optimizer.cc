@@ -1,0 +1,576 @@
+#include "sharding/sharded_optimizer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/ops.h"
+#include "runtime/status.h"
+
+namespace memwall {
+namespace {
+
+char* At(const DeviceBuffer& buffer, int64_t element, DType dtype) {
+  return static_cast<char*>(buffer.data()) + element * DTypeSize(dtype);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const ShardingOptions& config,
+                                                                           Device& device,
+                                                                           Communicator& comm) {
+  const bool simulated = comm.kind() == "simulated";
+  if (device.backend() == Backend::kMeta && !simulated && comm.world_size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ShardedOptimizer: a meta device needs the simulated communicator, got ", comm.kind()));
+  }
+  if (device.backend() != Backend::kMeta && simulated && comm.world_size() > 1) {
+    return absl::InvalidArgumentError(
+        "ShardedOptimizer: the simulated communicator moves no bytes; use it with a meta device");
+  }
+  if (device.backend() == Backend::kCuda && comm.kind() == "mpi") {
+    return absl::InvalidArgumentError(
+        "ShardedOptimizer: a cuda device needs the NCCL communicator (MPI works on host memory)");
+  }
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
+  return std::unique_ptr<ShardedOptimizer>(
+      new ShardedOptimizer(config, device, comm, std::move(stream)));
+}
+
+ShardedOptimizer::ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
+                                   std::unique_ptr<Stream> stream)
+    : config_(config), device_(device), comm_(comm), stream_(std::move(stream)) {
+  if (config_.fp16) {
+    loss_scale_ = config_.loss_scale.static_scale > 0
+                      ? config_.loss_scale.static_scale
+                      : std::ldexp(1.0f, config_.loss_scale.initial_scale_power);
+  }
+  overflows_left_ = config_.loss_scale.hysteresis;
+}
+
+absl::Status ShardedOptimizer::AddParameter(std::string name, std::vector<int64_t> shape,
+                                            absl::Span<const float> initial_values) {
+  if (finalized_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "AddParameter('", name, "'): the optimizer is finalized; register every parameter first"));
+  }
+  if (index_.contains(name)) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "': registered twice"));
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", name, "': shape[", d, "] is ", shape[d], "; expected >= 1"));
+    }
+  }
+  const int64_t numel = NumElements(shape);
+  if (static_cast<int64_t>(initial_values.size()) != numel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter '", name, "': ", initial_values.size(),
+                     " initial values for a shape of ", numel, " elements"));
+  }
+  index_[name] = static_cast<int>(specs_.size());
+  specs_.push_back({std::move(name), std::move(shape)});
+  initial_.emplace_back(initial_values.begin(), initial_values.end());
+  return absl::OkStatus();
+}
+
+int64_t ShardedOptimizer::update_numel(const FlatGroup& g) const {
+  return stage() == 0 ? g.padded_numel : g.shard_numel;
+}
+
+int64_t ShardedOptimizer::update_begin(const FlatGroup& g) const {
+  return stage() == 0 ? 0 : g.shard_begin(comm_.rank());
+}
+
+absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group) {
+  const DType dtype = config_.param_dtype();
+  const int64_t n = update_numel(flat);
+  MW_ASSIGN_OR_RETURN(group.params,
+                      device_.Allocate((stage() == 3 ? flat.shard_numel : flat.padded_numel) *
+                                           DTypeSize(dtype),
+                                       MemoryCategory::kParameter, flat.name));
+  MW_ASSIGN_OR_RETURN(
+      group.grads,
+      device_.Allocate((stage() <= 1 ? flat.padded_numel : flat.shard_numel) * DTypeSize(dtype),
+                       MemoryCategory::kGradient, absl::StrCat(flat.name, ".grad")));
+  if (mixed()) {
+    MW_ASSIGN_OR_RETURN(group.master, device_.Allocate(n * 4, MemoryCategory::kOptimizerState,
+                                                       absl::StrCat(flat.name, ".master")));
+  }
+  const bool adam = config_.optimizer.type == OptimizerType::kAdam;
+  if (adam || config_.optimizer.momentum > 0) {
+    MW_ASSIGN_OR_RETURN(group.exp_avg,
+                        device_.Allocate(n * 4, MemoryCategory::kOptimizerState,
+                                         absl::StrCat(flat.name, adam ? ".exp_avg" : ".momentum")));
+  }
+  if (adam) {
+    MW_ASSIGN_OR_RETURN(group.exp_avg_sq, device_.Allocate(n * 4, MemoryCategory::kOptimizerState,
+                                                           absl::StrCat(flat.name, ".exp_avg_sq")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& group) {
+  const DType dtype = config_.param_dtype();
+  // The group's initial values in f32, padding zero, for the range this rank
+  // stores: [begin, begin + count) of the padded group.
+  auto upload = [&](int64_t begin, int64_t count, void* dst, DType dst_dtype) -> absl::Status {
+    std::vector<float> host(count, 0.0f);
+    for (int p : flat.parameters) {
+      const ParameterPlacement& place = layout_.placements[p];
+      const int64_t lo = std::max(place.offset, begin);
+      const int64_t hi = std::min(place.offset + place.numel, begin + count);
+      for (int64_t i = lo; i < hi; ++i) host[i - begin] = initial_[p][i - place.offset];
+    }
+    MW_ASSIGN_OR_RETURN(DeviceBuffer staging,
+                        device_.Allocate(count * 4, MemoryCategory::kWorkspace, "optimizer.init"));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(staging.data(), host.data(), count * 4, *stream_));
+    MW_RETURN_IF_ERROR(
+        kernels::Cast(device_, *stream_, staging.data(), DType::kF32, dst, dst_dtype, count));
+    return stream_->Synchronize();
+  };
+  if (stage() == 3) {
+    MW_RETURN_IF_ERROR(upload(flat.shard_begin(comm_.rank()), flat.shard_numel,
+                              group.params.data(), dtype));
+  } else {
+    MW_RETURN_IF_ERROR(upload(0, flat.padded_numel, group.params.data(), dtype));
+  }
+  if (mixed()) {
+    MW_RETURN_IF_ERROR(
+        upload(update_begin(flat), update_numel(flat), group.master.data(), DType::kF32));
+  }
+  const int64_t grads = stage() <= 1 ? flat.padded_numel : flat.shard_numel;
+  MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, group.grads.data(), dtype, grads, 0.0f));
+  for (DeviceBuffer* state : {&group.exp_avg, &group.exp_avg_sq}) {
+    if (state->empty()) continue;
+    MW_RETURN_IF_ERROR(
+        kernels::Fill(device_, *stream_, state->data(), DType::kF32, update_numel(flat), 0.0f));
+  }
+  return stream_->Synchronize();
+}
+
+absl::Status ShardedOptimizer::Finalize() {
+  if (finalized_) return absl::FailedPreconditionError("Finalize: called twice");
+  const int64_t bucket =
+      std::max<int64_t>(1, stage() == 3 ? config_.zero.stage3_prefetch_bucket_size
+                                        : config_.zero.reduce_bucket_size);
+  MW_ASSIGN_OR_RETURN(FlatLayout layout, PlanFlatLayout(specs_, comm_.world_size(), bucket,
+                                                        kShardAlignmentElements));
+  layout_ = std::move(layout);
+  std::vector<Group> groups(layout_.groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    // On failure `groups` frees whatever was allocated: no half state.
+    MW_RETURN_IF_ERROR(AllocateGroup(layout_.groups[g], groups[g]));
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    MW_RETURN_IF_ERROR(InitializeGroup(layout_.groups[g], groups[g]));
+  }
+  groups_ = std::move(groups);
+  initial_.clear();
+  initial_.shrink_to_fit();
+  finalized_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::RequireFinalized(absl::string_view call) const {
+  if (!finalized_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, ": call Finalize() after registering the parameters"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::CheckGroup(int g, absl::string_view call) const {
+  MW_RETURN_IF_ERROR(RequireFinalized(call));
+  if (g < 0 || g >= static_cast<int>(groups_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(call, ": group ", g, " does not exist (",
+                                                   groups_.size(), " groups)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ShardedOptimizer::GroupOf(absl::string_view name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) {
+    return absl::NotFoundError(absl::StrCat("parameter '", name, "': not registered"));
+  }
+  MW_RETURN_IF_ERROR(RequireFinalized(absl::StrCat("parameter '", name, "'")));
+  return layout_.placements[it->second].group;
+}
+
+absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Parameter(absl::string_view name) {
+  MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
+  const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
+  const DType dtype = config_.param_dtype();
+  const DeviceBuffer* buffer = &groups_[g].params;
+  if (stage() == 3) {
+    if (groups_[g].gathered.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("parameter '", name, "': its group ", g, " ('", layout_.groups[g].name,
+                       "') is not gathered; call GatherParameters(", g, ") first"));
+    }
+    buffer = &groups_[g].gathered;
+  }
+  return View{device_.holds_bytes() ? At(*buffer, place.offset, dtype) : nullptr, dtype,
+              place.numel};
+}
+
+absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Gradient(absl::string_view name) {
+  MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
+  const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
+  const DType dtype = config_.param_dtype();
+  const DeviceBuffer* buffer = &groups_[g].grads;
+  if (stage() >= 2) {
+    if (groups_[g].grad_bucket.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("gradient of '", name, "': its group ", g, " ('", layout_.groups[g].name,
+                       "') has no gradient buffer; call AcquireGradients(", g, ") first"));
+    }
+    buffer = &groups_[g].grad_bucket;
+  }
+  return View{device_.holds_bytes() ? At(*buffer, place.offset, dtype) : nullptr, dtype,
+              place.numel};
+}
+
+absl::Status ShardedOptimizer::GatherParameters(int g) {
+  MW_RETURN_IF_ERROR(CheckGroup(g, "GatherParameters"));
+  if (stage() != 3) return absl::OkStatus();
+  Group& group = groups_[g];
+  const FlatGroup& flat = layout_.groups[g];
+  if (!group.gathered.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GatherParameters: group ", g, " is already gathered"));
+  }
+  const DType dtype = config_.param_dtype();
+  MW_ASSIGN_OR_RETURN(DeviceBuffer full,
+                      device_.Allocate(flat.padded_numel * DTypeSize(dtype),
+                                       MemoryCategory::kParameter,
+                                       absl::StrCat(flat.name, ".gathered")));
+  MW_RETURN_IF_ERROR(comm_.AllGather(group.params.data(), full.data(), flat.shard_numel, dtype,
+                                     *stream_));
+  group.gathered = std::move(full);
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::ReleaseParameters(int g) {
+  MW_RETURN_IF_ERROR(CheckGroup(g, "ReleaseParameters"));
+  if (stage() != 3) return absl::OkStatus();
+  // The gathered copy may still be read by work on the stream.
+  MW_RETURN_IF_ERROR(stream_->Synchronize());
+  groups_[g].gathered.Reset();
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::AcquireGradients(int g) {
+  MW_RETURN_IF_ERROR(CheckGroup(g, "AcquireGradients"));
+  if (stage() < 2) return absl::OkStatus();
+  Group& group = groups_[g];
+  const FlatGroup& flat = layout_.groups[g];
+  if (!group.grad_bucket.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("AcquireGradients: group ", g, " already has its gradient buffer"));
+  }
+  const DType dtype = config_.param_dtype();
+  MW_ASSIGN_OR_RETURN(DeviceBuffer bucket,
+                      device_.Allocate(flat.padded_numel * DTypeSize(dtype),
+                                       MemoryCategory::kGradient,
+                                       absl::StrCat(flat.name, ".grad_bucket")));
+  MW_RETURN_IF_ERROR(
+      kernels::Fill(device_, *stream_, bucket.data(), dtype, flat.padded_numel, 0.0f));
+  group.grad_bucket = std::move(bucket);
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::ReduceGradients(int g) {
+  MW_RETURN_IF_ERROR(CheckGroup(g, "ReduceGradients"));
+  if (stage() < 2) return absl::OkStatus();
+  Group& group = groups_[g];
+  if (group.grad_bucket.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ReduceGradients: group ", g, " has no gradient buffer (call AcquireGradients first)"));
+  }
+  MW_RETURN_IF_ERROR(ReduceScatterGradients(layout_.groups[g], group.grad_bucket.data(),
+                                            group.grads.data(), /*accumulate=*/true));
+  MW_RETURN_IF_ERROR(stream_->Synchronize());
+  group.grad_bucket.Reset();
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* full) {
+  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  const int64_t n = flat.padded_numel;
+  if (reduce == dtype) {
+    return comm_.AllReduce(full, full, n, dtype, ReduceOp::kSum, *stream_);
+  }
+  MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(n * DTypeSize(reduce),
+                                                          MemoryCategory::kCommBuffer,
+                                                          absl::StrCat(flat.name, ".allreduce")));
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, full, dtype, wide.data(), reduce, n));
+  MW_RETURN_IF_ERROR(comm_.AllReduce(wide.data(), wide.data(), n, reduce, ReduceOp::kSum, *stream_));
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, wide.data(), reduce, full, dtype, n));
+  return stream_->Synchronize();
+}
+
+absl::Status ShardedOptimizer::ReduceScatterGradients(const FlatGroup& flat, const void* full,
+                                                      void* shard_out, bool accumulate) {
+  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  const int64_t shard = flat.shard_numel;
+  DeviceBuffer wide;
+  const void* input = full;
+  if (reduce != dtype) {
+    MW_ASSIGN_OR_RETURN(wide, device_.Allocate(flat.padded_numel * DTypeSize(reduce),
+                                               MemoryCategory::kCommBuffer,
+                                               absl::StrCat(flat.name, ".reduce_input")));
+    MW_RETURN_IF_ERROR(
+        kernels::Cast(device_, *stream_, full, dtype, wide.data(), reduce, flat.padded_numel));
+    input = wide.data();
+  }
+  MW_ASSIGN_OR_RETURN(DeviceBuffer chunk,
+                      device_.Allocate(shard * DTypeSize(reduce), MemoryCategory::kCommBuffer,
+                                       absl::StrCat(flat.name, ".reduce_output")));
+  MW_RETURN_IF_ERROR(
+      comm_.ReduceScatter(input, chunk.data(), shard, reduce, ReduceOp::kSum, *stream_));
+  if (!accumulate) {
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, chunk.data(), reduce, shard_out, dtype, shard));
+    return stream_->Synchronize();
+  }
+  // shard_out += chunk, in f32.
+  MW_ASSIGN_OR_RETURN(DeviceBuffer sum, device_.Allocate(shard * 4, MemoryCategory::kWorkspace,
+                                                         absl::StrCat(flat.name, ".accumulate")));
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, shard_out, dtype, sum.data(), DType::kF32, shard));
+  DeviceBuffer chunk32;
+  const void* addend = chunk.data();
+  if (reduce != DType::kF32) {
+    MW_ASSIGN_OR_RETURN(chunk32, device_.Allocate(shard * 4, MemoryCategory::kWorkspace,
+                                                  absl::StrCat(flat.name, ".accumulate")));
+    MW_RETURN_IF_ERROR(
+        kernels::Cast(device_, *stream_, chunk.data(), reduce, chunk32.data(), DType::kF32, shard));
+    addend = chunk32.data();
+  }
+  MW_RETURN_IF_ERROR(kernels::Axpy(device_, *stream_, 1.0f, static_cast<const float*>(addend),
+                                   static_cast<float*>(sum.data()), shard));
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, sum.data(), DType::kF32, shard_out, dtype, shard));
+  return stream_->Synchronize();
+}
+
+void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
+  if (!device_.holds_bytes()) return nullptr;
+  if (stage() == 1) return At(group.grads, flat.shard_begin(comm_.rank()), config_.param_dtype());
+  return group.grads.data();
+}
+
+absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale) {
+  const DType dtype = config_.param_dtype();
+  const int64_t n = update_numel(flat), begin = update_begin(flat);
+  const void* grads = UpdateGradients(flat, group);
+  DeviceBuffer grads32;
+  if (dtype != DType::kF32) {
+    MW_ASSIGN_OR_RETURN(grads32, device_.Allocate(n * 4, MemoryCategory::kWorkspace,
+                                                  absl::StrCat(flat.name, ".grad_f32")));
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, grads, dtype, grads32.data(), DType::kF32, n));
+    grads = grads32.data();
+  }
+  // The f32 weights updated, and the parameter copy refreshed in the same
+  // pass (mixed precision only).
+  char* params_at = device_.holds_bytes()
+                        ? (stage() == 3 ? static_cast<char*>(group.params.data())
+                                        : At(group.params, begin, dtype))
+                        : nullptr;
+  float* weights = mixed() ? static_cast<float*>(group.master.data())
+                           : reinterpret_cast<float*>(params_at);
+  void* low = mixed() ? params_at : nullptr;
+  const OptimizerConfig& o = config_.optimizer;
+  if (o.type == OptimizerType::kAdam) {
+    kernels::AdamParams adam;
+    adam.lr = o.lr;
+    adam.beta1 = o.beta1;
+    adam.beta2 = o.beta2;
+    adam.eps = o.eps;
+    adam.weight_decay = o.weight_decay;
+    adam.adamw = o.adamw;
+    adam.step = steps_applied_ + 1;
+    adam.grad_scale = grad_scale;
+    MW_RETURN_IF_ERROR(kernels::AdamUpdate(
+        device_, *stream_, adam, weights, static_cast<const float*>(grads),
+        static_cast<float*>(group.exp_avg.data()), static_cast<float*>(group.exp_avg_sq.data()),
+        low, dtype, n));
+  } else {
+    kernels::SgdParams sgd;
+    sgd.lr = o.lr;
+    sgd.momentum = o.momentum;
+    sgd.weight_decay = o.weight_decay;
+    sgd.grad_scale = grad_scale;
+    MW_RETURN_IF_ERROR(kernels::SgdUpdate(device_, *stream_, sgd, weights,
+                                          static_cast<const float*>(grads),
+                                          static_cast<float*>(group.exp_avg.data()), low, dtype, n));
+  }
+  return stream_->Synchronize();
+}
+
+absl::Status ShardedOptimizer::ZeroGradients(const FlatGroup& flat, Group& group) {
+  const int64_t n = stage() <= 1 ? flat.padded_numel : flat.shard_numel;
+  return kernels::Fill(device_, *stream_, group.grads.data(), config_.param_dtype(), n, 0.0f);
+}
+
+void ShardedOptimizer::UpdateLossScale(bool overflow) {
+  if (!config_.fp16 || config_.loss_scale.static_scale > 0) return;
+  const LossScaleConfig& s = config_.loss_scale;
+  if (overflow) {
+    clean_steps_ = 0;
+    if (--overflows_left_ <= 0) {
+      loss_scale_ = std::max(loss_scale_ / 2.0f, s.min_loss_scale);
+      overflows_left_ = s.hysteresis;
+    }
+    return;
+  }
+  if (++clean_steps_ % s.loss_scale_window == 0) {
+    loss_scale_ *= 2.0f;
+    overflows_left_ = s.hysteresis;
+  }
+}
+
+absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
+  MW_RETURN_IF_ERROR(RequireFinalized("Step"));
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!groups_[g].grad_bucket.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Step: group ", g, " still holds unreduced gradients (call ReduceGradients(", g, "))"));
+    }
+    if (!groups_[g].gathered.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Step: group ", g, " is still gathered (call ReleaseParameters(", g, "))"));
+    }
+  }
+  // 1. Reduce what stages 0-1 hold in full.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const FlatGroup& flat = layout_.groups[g];
+    if (stage() == 0) MW_RETURN_IF_ERROR(AllReduceGradients(flat, groups_[g].grads.data()));
+    if (stage() == 1) {
+      MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, groups_[g].grads.data(),
+                                                UpdateGradients(flat, groups_[g]),
+                                                /*accumulate=*/false));
+    }
+  }
+  // 2. Overflow and squared norm over the elements this rank updates.
+  const bool need_overflow = config_.fp16;
+  const bool need_norm = config_.gradient_clipping > 0;
+  bool overflow = false;
+  double squares = 0.0;
+  const DType dtype = config_.param_dtype();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const FlatGroup& flat = layout_.groups[g];
+    const void* grads = UpdateGradients(flat, groups_[g]);
+    if (need_overflow) {
+      MW_ASSIGN_OR_RETURN(const bool bad,
+                          kernels::HasInfOrNan(device_, *stream_, grads, dtype, update_numel(flat)));
+      overflow = overflow || bad;
+    }
+    if (need_norm) {
+      MW_ASSIGN_OR_RETURN(const double s,
+                          kernels::SumOfSquares(device_, *stream_, grads, dtype, update_numel(flat)));
+      squares += s;
+    }
+  }
+  // Stages 1-3 each see a shard: exchange (overflow, squares) once. The
+  // double travels bit for bit as two f32 slots of an all-gather, and every
+  // rank adds the partials in rank order, so all ranks agree exactly.
+  if (stage() >= 1 && (need_overflow || need_norm) && device_.holds_bytes()) {
+    const int world = comm_.world_size();
+    std::vector<float> mine(4, 0.0f), all(4 * world);
+    mine[0] = overflow ? 1.0f : 0.0f;
+    std::memcpy(&mine[2], &squares, sizeof squares);
+    MW_ASSIGN_OR_RETURN(DeviceBuffer exchange,
+                        device_.Allocate(all.size() * 4, MemoryCategory::kCommBuffer,
+                                         "optimizer.step_scalars"));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(At(exchange, 4 * comm_.rank(), DType::kF32), mine.data(),
+                                         16, *stream_));
+    MW_RETURN_IF_ERROR(comm_.AllGather(At(exchange, 4 * comm_.rank(), DType::kF32),
+                                       exchange.data(), 4, DType::kF32, *stream_));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(all.data(), exchange.data(), all.size() * 4, *stream_));
+    MW_RETURN_IF_ERROR(stream_->Synchronize());
+    overflow = false;
+    squares = 0.0;
+    for (int r = 0; r < world; ++r) {
+      overflow = overflow || all[4 * r] != 0.0f;
+      double partial;
+      std::memcpy(&partial, &all[4 * r + 2], sizeof partial);
+      squares += partial;
+    }
+  }
+  const double unscale =
+      1.0 / (double(comm_.world_size()) * config_.gradient_accumulation_steps * loss_scale_);
+  StepResult result;
+  result.grad_norm = need_norm ? std::sqrt(squares) * unscale : 0.0;
+  if (overflow) {
+    UpdateLossScale(/*overflow=*/true);
+    ++steps_skipped_;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], groups_[g]));
+    }
+    MW_RETURN_IF_ERROR(stream_->Synchronize());
+    result.applied = false;
+    result.loss_scale = loss_scale_;
+    return result;
+  }
+  // 3. Update (clipping folds into the gradient scale), refresh, zero.
+  double coefficient = 1.0;
+  if (need_norm && result.grad_norm > config_.gradient_clipping) {
+    coefficient = config_.gradient_clipping / (result.grad_norm + 1e-6);
+  }
+  const float grad_scale = static_cast<float>(unscale * coefficient);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    MW_RETURN_IF_ERROR(ApplyUpdate(layout_.groups[g], groups_[g], grad_scale));
+  }
+  if (stage() == 1 || stage() == 2) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const FlatGroup& flat = layout_.groups[g];
+      void* full = groups_[g].params.data();
+      void* own = device_.holds_bytes() ? At(groups_[g].params, flat.shard_begin(comm_.rank()), dtype)
+                                        : nullptr;
+      MW_RETURN_IF_ERROR(comm_.AllGather(own, full, flat.shard_numel, dtype, *stream_));
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], groups_[g]));
+  }
+  MW_RETURN_IF_ERROR(stream_->Synchronize());
+  UpdateLossScale(/*overflow=*/false);
+  ++steps_applied_;
+  result.applied = true;
+  result.loss_scale = loss_scale_;
+  return result;
+}
+
+absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<float> out) {
+  MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
+  const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
+  if (static_cast<int64_t>(out.size()) != place.numel) {
+    return absl::InvalidArgumentError(absl::StrCat("MasterWeights('", name, "'): ", out.size(),
+                                                   " slots for ", place.numel, " elements"));
+  }
+  if (!device_.holds_bytes()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("MasterWeights('", name, "'): ", device_.name(), " holds no values"));
+  }
+  const FlatGroup& flat = layout_.groups[g];
+  const Group& group = groups_[g];
+  // Where full f32 weights live on every rank, read them; else gather.
+  const DeviceBuffer* full = nullptr;
+  if (stage() == 0) full = mixed() ? &group.master : &group.params;
+  if (!mixed() && stage() <= 2) full = &group.params;
+  DeviceBuffer gathered;
+  if (full == nullptr) {
+    const DeviceBuffer& shard = mixed() ? group.master : group.params;
+    MW_ASSIGN_OR_RETURN(gathered, device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
+                                                   absl::StrCat(flat.name, ".master_gather")));
+    MW_RETURN_IF_ERROR(
+        comm_.AllGather(shard.data(), gathered.data(), flat.shard_numel, DType::kF32, *stream_));
+    full = &gathered;
+  }
+  MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), At(*full, place.offset, DType::kF32),
+                                       place.numel * 4, *stream_));
+  return stream_->Synchronize();
+}
+
+}  // namespace memwall
