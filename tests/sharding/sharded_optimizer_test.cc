@@ -1,0 +1,436 @@
+// ZeRO stages 0-3 on real MPI ranks (mpirun -np 1, 2, 4): equivalence with
+// a single-process unsharded reference, memory by category to the byte,
+// communication volume to the byte, loss scaling across ranks, bad input.
+//
+// The toy model's gradients are multiples of 2^-12 in (-1, 1) (times the
+// loss scale in fp16), so sums over up to 4 ranks and 2 micro-batches are
+// exact in f32 whatever order MPI adds them in. Where the sharded schedule
+// rounds exactly as the reference does, results must be bitwise equal; the
+// two places it legitimately rounds differently get a stated tolerance:
+//   * stages 2-3 with accumulation in bf16/f16 round the per-micro-batch
+//     reduced sum to the parameter dtype before accumulating (the reference,
+//     like stages 0-1, accumulates per rank first): one rounding of a
+//     gradient (relative 2^-9 in bf16, 2^-12 in f16, of the larger of the
+//     per-rank terms, so more of the total where ranks cancel), which Adam's
+//     normalisation turns into a weight difference we bound by lr * 2^-5
+//     (bf16) or lr * 2^-8 (f16) per step; the worst seen on 1-4 ranks is
+//     about lr * 2^-6.8 per step in bf16;
+//   * clipping: the global norm is summed in a different order (per shard,
+//     then over ranks), so the clip coefficient may differ in its last bits:
+//     relative 1e-6 on the weights.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "kernels/elementwise.h"
+#include "runtime/device.h"
+#include "runtime/units.h"
+#include "sharding/sharded_optimizer.h"
+#include "tests/support/mpi_world.h"
+
+namespace memwall {
+namespace {
+
+using testing::World;
+
+struct Param {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+const std::vector<Param> kModel = {
+    {"embed", {37, 5}}, {"block0.w", {5, 7}}, {"block0.b", {7}}, {"block1.w", {7, 9}},
+    {"block1.b", {9}},  {"head", {}},
+};
+
+std::vector<float> Initial(size_t p) {
+  const int64_t n = NumElements(kModel[p].shape);
+  std::vector<float> values(n);
+  for (int64_t j = 0; j < n; ++j) values[j] = 0.1f * std::sin(0.3f * j + 1.7f * p);
+  return values;
+}
+
+float Load(DType dtype, const void* data, int64_t j) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(data)[j];
+    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(data)[j]);
+    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(data)[j]);
+  }
+  return 0;
+}
+
+float Round(DType dtype, float x) {
+  switch (dtype) {
+    case DType::kF32: return x;
+    case DType::kBF16: return Bf16ToF32(F32ToBf16(x));
+    case DType::kF16: return F16ToF32(F32ToF16(x));
+  }
+  return x;
+}
+
+void Store(DType dtype, void* data, int64_t j, float x) {
+  switch (dtype) {
+    case DType::kF32: static_cast<float*>(data)[j] = x; break;
+    case DType::kBF16: static_cast<uint16_t*>(data)[j] = F32ToBf16(x); break;
+    case DType::kF16: static_cast<uint16_t*>(data)[j] = F32ToF16(x); break;
+  }
+}
+
+// The model's gradient for element j of parameter p on rank r, step k,
+// micro-batch u, given the parameter's current value w: a multiple of 2^-12
+// in (-1, 1), times the loss scale.
+float ModelGradient(size_t p, int64_t j, int r, int k, int u, float w, float loss_scale) {
+  const float x = 0.6f * std::sin(0.37f * j + 1.3f * r + 0.7f * k + 0.11f * u + 2.1f * p) +
+                  0.3f * std::tanh(4.0f * w);
+  return std::floor(x * 4096.0f) / 4096.0f * loss_scale;
+}
+
+ShardingOptions Options(int stage, DType dtype, int accumulation, float clipping) {
+  ShardingOptions o;
+  o.zero.stage = stage;
+  // Small groups: several per model, most with padding.
+  o.zero.reduce_bucket_size = 64;
+  o.zero.stage3_prefetch_bucket_size = 64;
+  o.fp16 = dtype == DType::kF16;
+  o.bf16 = dtype == DType::kBF16;
+  o.loss_scale.initial_scale_power = 8;
+  o.loss_scale.hysteresis = 1;
+  o.gradient_accumulation_steps = accumulation;
+  o.gradient_clipping = clipping;
+  o.optimizer.lr = 1e-2f;
+  o.optimizer.weight_decay = 0.01f;
+  return o;
+}
+
+struct Run {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<ShardedOptimizer> opt;
+};
+
+Run Start(const ShardingOptions& options) {
+  Run run;
+  run.device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
+  auto opt = ShardedOptimizer::Create(options, *run.device, World());
+  REQUIRE(opt.ok());
+  run.opt = std::move(opt).value();
+  for (size_t p = 0; p < kModel.size(); ++p) {
+    REQUIRE(run.opt->AddParameter(kModel[p].name, kModel[p].shape, Initial(p)).ok());
+  }
+  REQUIRE(run.opt->Finalize().ok());
+  return run;
+}
+
+// One training step as a driver runs it: for each micro-batch, a forward
+// pass over the groups (gather, read, release) and a backward pass in
+// reverse (gather, acquire, add gradients, reduce, release); then Step().
+ShardedOptimizer::StepResult TrainStep(ShardedOptimizer& opt, int k, float inject_inf = 0) {
+  const int r = World().rank();
+  const FlatLayout& layout = opt.layout();
+  const int groups = static_cast<int>(layout.groups.size());
+  for (int u = 0; u < opt.config().gradient_accumulation_steps; ++u) {
+    for (int g = 0; g < groups; ++g) {
+      REQUIRE(opt.GatherParameters(g).ok());
+      for (int p : layout.groups[g].parameters) REQUIRE(opt.Parameter(kModel[p].name).ok());
+      REQUIRE(opt.ReleaseParameters(g).ok());
+    }
+    for (int g = groups - 1; g >= 0; --g) {
+      REQUIRE(opt.GatherParameters(g).ok());
+      REQUIRE(opt.AcquireGradients(g).ok());
+      for (int p : layout.groups[g].parameters) {
+        auto w = opt.Parameter(kModel[p].name).value();
+        auto grad = opt.Gradient(kModel[p].name).value();
+        for (int64_t j = 0; j < grad.numel; ++j) {
+          const float value = ModelGradient(p, j, r, k, u, Load(w.dtype, w.data, j), opt.loss_scale());
+          Store(grad.dtype, grad.data, j, Load(grad.dtype, grad.data, j) + value);
+        }
+        if (inject_inf != 0 && p == 1) Store(grad.dtype, grad.data, 3, inject_inf);
+      }
+      REQUIRE(opt.ReduceGradients(g).ok());
+      REQUIRE(opt.ReleaseParameters(g).ok());
+    }
+  }
+  auto result = opt.Step();
+  REQUIRE(result.ok());
+  return *result;
+}
+
+// The unsharded reference: one process plays all ranks with plain loops,
+// in the order stage 0 defines (accumulate per rank, then reduce).
+struct Reference {
+  std::vector<std::vector<float>> master, low, m, v;
+  float loss_scale;
+  int64_t steps = 0;
+
+  explicit Reference(const ShardingOptions& o) {
+    loss_scale = o.fp16 ? std::ldexp(1.0f, o.loss_scale.initial_scale_power) : 1.0f;
+    for (size_t p = 0; p < kModel.size(); ++p) {
+      master.push_back(Initial(p));
+      low.push_back(master.back());
+      for (float& x : low.back()) x = Round(o.param_dtype(), x);
+      m.emplace_back(master.back().size(), 0.0f);
+      v.emplace_back(master.back().size(), 0.0f);
+    }
+  }
+
+  void Step(const ShardingOptions& o, int k, int ranks) {
+    const DType dt = o.param_dtype();
+    std::vector<std::vector<float>> reduced;
+    double squares = 0;
+    for (size_t p = 0; p < kModel.size(); ++p) {
+      std::vector<float> sum(low[p].size(), 0.0f);
+      for (int r = 0; r < ranks; ++r) {
+        for (size_t j = 0; j < sum.size(); ++j) {
+          float acc = 0.0f;
+          for (int u = 0; u < o.gradient_accumulation_steps; ++u) {
+            acc = Round(dt, acc + ModelGradient(p, j, r, k, u, low[p][j], loss_scale));
+          }
+          sum[j] += acc;
+        }
+      }
+      for (float& x : sum) {
+        x = Round(dt, x);
+        squares += double(x) * x;
+      }
+      reduced.push_back(sum);
+    }
+    const double unscale = 1.0 / (double(ranks) * o.gradient_accumulation_steps * loss_scale);
+    const double norm = std::sqrt(squares) * unscale;
+    double coefficient = 1.0;
+    if (o.gradient_clipping > 0 && norm > o.gradient_clipping) {
+      coefficient = o.gradient_clipping / (norm + 1e-6);
+    }
+    kernels::AdamParams adam;
+    adam.lr = o.optimizer.lr;
+    adam.weight_decay = o.optimizer.weight_decay;
+    adam.adamw = o.optimizer.adamw;
+    adam.step = ++steps;
+    adam.grad_scale = static_cast<float>(unscale * coefficient);
+    const kernels::AdamConstants c = kernels::MakeAdamConstants(adam);
+    for (size_t p = 0; p < kModel.size(); ++p) {
+      for (size_t j = 0; j < low[p].size(); ++j) {
+        kernels::AdamElement(c, master[p][j], reduced[p][j], m[p][j], v[p][j]);
+        low[p][j] = Round(dt, master[p][j]);
+      }
+    }
+  }
+};
+
+const char* Name(DType dtype) { return DTypeName(dtype); }
+
+TEST_CASE("every stage matches the unsharded reference", "[zero][equivalence]") {
+  const int ranks = World().world_size();
+  const int kSteps = 4;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int accumulation : {1, 2}) {
+      for (float clipping : {0.0f, 0.05f}) {
+        Reference reference(Options(0, dtype, accumulation, clipping));
+        for (int k = 0; k < kSteps; ++k) reference.Step(Options(0, dtype, accumulation, clipping), k, ranks);
+        for (int stage = 0; stage <= 3; ++stage) {
+          const ShardingOptions options = Options(stage, dtype, accumulation, clipping);
+          INFO("stage " << stage << ", " << Name(dtype) << ", accumulation " << accumulation
+                        << ", clipping " << clipping << ", " << ranks << " ranks");
+          Run run = Start(options);
+          for (int k = 0; k < kSteps; ++k) REQUIRE(TrainStep(*run.opt, k).applied);
+          CHECK(run.opt->steps_applied() == kSteps);
+          const bool rounding_differs = stage >= 2 && accumulation > 1 && dtype != DType::kF32;
+          const bool exact = clipping == 0 && !rounding_differs;
+          const double lr = options.optimizer.lr;
+          const double tolerance =
+              rounding_differs ? kSteps * lr * (dtype == DType::kBF16 ? 0x1p-5 : 0x1p-8) : 0.0;
+          for (size_t p = 0; p < kModel.size(); ++p) {
+            INFO(kModel[p].name);
+            std::vector<float> master(reference.master[p].size());
+            REQUIRE(run.opt->MasterWeights(kModel[p].name, absl::MakeSpan(master)).ok());
+            REQUIRE(run.opt->GatherParameters(run.opt->GroupOf(kModel[p].name).value()).ok());
+            auto view = run.opt->Parameter(kModel[p].name).value();
+            for (size_t j = 0; j < master.size(); ++j) {
+              const float want = reference.master[p][j];
+              if (exact) {
+                REQUIRE(std::memcmp(&master[j], &want, 4) == 0);
+                REQUIRE(Load(view.dtype, view.data, j) == reference.low[p][j]);
+              } else {
+                REQUIRE(std::fabs(master[j] - want) <= tolerance + 1e-6 * (1 + std::fabs(want)));
+                REQUIRE(Load(view.dtype, view.data, j) == Round(dtype, master[j]));
+              }
+            }
+            REQUIRE(run.opt->ReleaseParameters(run.opt->GroupOf(kModel[p].name).value()).ok());
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("SGD with momentum shards like Adam", "[zero][sgd]") {
+  const int ranks = World().world_size();
+  ShardingOptions base = Options(0, DType::kF32, 1, 0.0f);
+  base.optimizer.type = OptimizerType::kSgd;
+  base.optimizer.momentum = 0.9f;
+  base.optimizer.lr = 0.05f;
+  std::vector<std::vector<float>> results;
+  for (int stage = 0; stage <= 3; ++stage) {
+    ShardingOptions options = base;
+    options.zero.stage = stage;
+    Run run = Start(options);
+    for (int k = 0; k < 3; ++k) REQUIRE(TrainStep(*run.opt, k).applied);
+    std::vector<float> all;
+    for (const Param& p : kModel) {
+      std::vector<float> w(NumElements(p.shape));
+      REQUIRE(run.opt->MasterWeights(p.name, absl::MakeSpan(w)).ok());
+      all.insert(all.end(), w.begin(), w.end());
+    }
+    results.push_back(all);
+  }
+  // A hand-rolled reference for the first element of "block0.b" would repeat
+  // Reference; instead every stage must equal stage 0 bit for bit (the sums
+  // are exact), and stage 0 must have moved every weight.
+  for (int stage = 1; stage <= 3; ++stage) {
+    INFO("stage " << stage << " on " << ranks << " ranks");
+    REQUIRE(std::memcmp(results[stage].data(), results[0].data(), results[0].size() * 4) == 0);
+  }
+  size_t p0 = 0;
+  for (size_t p = 0; p < kModel.size(); ++p) {
+    const std::vector<float> init = Initial(p);
+    for (size_t j = 0; j < init.size(); ++j) CHECK(results[0][p0 + j] != init[j]);
+    p0 += init.size();
+  }
+}
+
+TEST_CASE("per-rank model-state bytes equal the ZeRO formulas", "[zero][memory]") {
+  const int64_t n = World().world_size();
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage << " on " << n << " ranks");
+    Run run = Start(Options(stage, DType::kBF16, 1, 0.0f));
+    const int64_t P = run.opt->layout().padded_numel;  // a multiple of N by construction
+    REQUIRE(P % n == 0);
+    const auto bytes = [&](MemoryCategory c) {
+      return run.device->allocator().stats().by_category[static_cast<int>(c)].current;
+    };
+    const int64_t expected_params = stage == 3 ? 2 * P / n : 2 * P;
+    const int64_t expected_grads = stage >= 2 ? 2 * P / n : 2 * P;
+    const int64_t expected_optimizer = stage == 0 ? 12 * P : 12 * P / n;
+    const int64_t formula[] = {16 * P, 4 * P + 12 * P / n, 2 * P + 14 * P / n, 16 * P / n};
+    for (int k = 0; k < 2; ++k) {  // at rest after Finalize, and after a step
+      CHECK(bytes(MemoryCategory::kParameter) == expected_params);
+      CHECK(bytes(MemoryCategory::kGradient) == expected_grads);
+      CHECK(bytes(MemoryCategory::kOptimizerState) == expected_optimizer);
+      CHECK(bytes(MemoryCategory::kParameter) + bytes(MemoryCategory::kGradient) +
+                bytes(MemoryCategory::kOptimizerState) ==
+            formula[stage]);
+      CHECK(bytes(MemoryCategory::kCommBuffer) == 0);
+      CHECK(bytes(MemoryCategory::kWorkspace) == 0);
+      TrainStep(*run.opt, k);
+    }
+    if (stage == 3) {
+      // A gathered group adds its full padded size, and only while gathered.
+      const FlatGroup& g0 = run.opt->layout().groups[0];
+      REQUIRE(run.opt->GatherParameters(0).ok());
+      CHECK(bytes(MemoryCategory::kParameter) == 2 * P / n + 2 * g0.padded_numel);
+      REQUIRE(run.opt->ReleaseParameters(0).ok());
+      CHECK(bytes(MemoryCategory::kParameter) == 2 * P / n);
+    }
+  }
+}
+
+TEST_CASE("communication per step equals the ZeRO volumes to the byte", "[zero][comm]") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    Run run = Start(Options(stage, DType::kBF16, 1, 0.0f));
+    const int64_t P = run.opt->layout().padded_numel;
+    World().ResetStats();
+    TrainStep(*run.opt, 0);
+    const auto bytes = [](Collective c) { return World().stats(c).bytes; };
+    // Gradients reduce in f32 (4 bytes), parameters gather in bf16 (2).
+    if (stage == 0) {
+      CHECK(bytes(Collective::kAllReduce) == 4 * P);  // P elements; ZeRO counts 2P of traffic
+      CHECK(bytes(Collective::kReduceScatter) == 0);
+      CHECK(bytes(Collective::kAllGather) == 0);
+    } else {
+      CHECK(bytes(Collective::kAllReduce) == 0);
+      CHECK(bytes(Collective::kReduceScatter) == 4 * P);
+      // Stages 1-2 gather P once after the step; stage 3 gathers P in
+      // forward and again in backward: 2P and 3P elements in all.
+      CHECK(bytes(Collective::kAllGather) == (stage == 3 ? 2 : 1) * 2 * P);
+    }
+  }
+}
+
+TEST_CASE("an inf on one rank skips the step everywhere and halves the scale", "[zero][fp16]") {
+  const int ranks = World().world_size(), rank = World().rank();
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    Run run = Start(Options(stage, DType::kF16, 1, 0.0f));
+    CHECK(run.opt->loss_scale() == 256.0f);
+    REQUIRE(TrainStep(*run.opt, 0).applied);
+    std::vector<float> before(NumElements(kModel[1].shape));
+    REQUIRE(run.opt->MasterWeights(kModel[1].name, absl::MakeSpan(before)).ok());
+    const float bad = rank == ranks - 1 ? std::numeric_limits<float>::infinity() : 0.0f;
+    const ShardedOptimizer::StepResult skipped = TrainStep(*run.opt, 1, bad);
+    CHECK_FALSE(skipped.applied);
+    CHECK(skipped.loss_scale == 128.0f);
+    CHECK(run.opt->loss_scale() == 128.0f);
+    CHECK(run.opt->steps_skipped() == 1);
+    CHECK(run.opt->steps_applied() == 1);
+    std::vector<float> after(before.size());
+    REQUIRE(run.opt->MasterWeights(kModel[1].name, absl::MakeSpan(after)).ok());
+    CHECK(std::memcmp(before.data(), after.data(), before.size() * 4) == 0);
+    // The gradients were cleared: the next step is clean and applies.
+    REQUIRE(TrainStep(*run.opt, 2).applied);
+    REQUIRE(run.opt->MasterWeights(kModel[1].name, absl::MakeSpan(after)).ok());
+    CHECK(std::memcmp(before.data(), after.data(), before.size() * 4) != 0);
+  }
+}
+
+TEST_CASE("misuse gets the specific error", "[zero][errors]") {
+  auto device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value();
+  auto opt = ShardedOptimizer::Create(Options(3, DType::kBF16, 1, 0.0f), *device, World()).value();
+  std::vector<float> four(4, 1.0f);
+  absl::Status s = opt->AddParameter("w", {2, 3}, four);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(s.message()) == "parameter 'w': 4 initial values for a shape of 6 elements");
+  s = opt->AddParameter("w", {2, 0}, {});
+  CHECK(std::string(s.message()) == "parameter 'w': shape[1] is 0; expected >= 1");
+  REQUIRE(opt->AddParameter("w", {2, 2}, four).ok());
+  s = opt->AddParameter("w", {4}, four);
+  CHECK(std::string(s.message()) == "parameter 'w': registered twice");
+  auto early = opt->Step();
+  CHECK(early.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(early.status().message()) ==
+        "Step: call Finalize() after registering the parameters");
+  REQUIRE(opt->Finalize().ok());
+  s = opt->AddParameter("late", {1}, std::vector<float>{1.0f});
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  auto view = opt->Parameter("w");
+  CHECK(view.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(view.status().message()) ==
+        "parameter 'w': its group 0 ('w') is not gathered; call GatherParameters(0) first");
+  auto grad = opt->Gradient("w");
+  CHECK(std::string(grad.status().message()) ==
+        "gradient of 'w': its group 0 ('w') has no gradient buffer; call AcquireGradients(0) first");
+  CHECK(opt->Parameter("nope").status().code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(opt->GatherParameters(5).message()) == "GatherParameters: group 5 does not exist (1 groups)");
+  REQUIRE(opt->AcquireGradients(0).ok());
+  auto unreduced = opt->Step();
+  CHECK(std::string(unreduced.status().message()) ==
+        "Step: group 0 still holds unreduced gradients (call ReduceGradients(0))");
+  REQUIRE(opt->ReduceGradients(0).ok());
+  CHECK(std::string(opt->ReduceGradients(0).message()) ==
+        "ReduceGradients: group 0 has no gradient buffer (call AcquireGradients first)");
+  REQUIRE(opt->GatherParameters(0).ok());
+  CHECK(std::string(opt->GatherParameters(0).message()) == "GatherParameters: group 0 is already gathered");
+  REQUIRE(opt->ReleaseParameters(0).ok());
+  REQUIRE(opt->Step().ok());
+
+  // Out of memory at Finalize leaves nothing allocated.
+  auto tiny = CreateDevice({Backend::kHost, 0, 4 * kMiB}).value();
+  auto big = ShardedOptimizer::Create(Options(0, DType::kF32, 1, 0.0f), *tiny, World()).value();
+  REQUIRE(big->AddParameter("w", {1024, 1024}, std::vector<float>(1 << 20, 0.0f)).ok());
+  s = big->Finalize();
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(tiny->allocator().stats().requested.current == 0);
+}
+
+}  // namespace
+}  // namespace memwall
