@@ -1,0 +1,144 @@
+// ZeRO stages 0-3 on the host backend: per-rank model-state memory measured
+// by the allocator beside the ZeRO formula, step time beside stage 0's
+// (measured in the same run), and bytes communicated per step.
+//
+//   tools/mpirun.sh N bazel-bin/benchmarks/zero_benchmark [--params 8388608] [--groups 8] [--steps 5]
+//
+// The "model" is the optimizer step itself: each step fills every group's
+// gradients (a stand-in for backward) in the order a driver would (stage 3:
+// gather for forward, gather again for backward), then Step(). bf16
+// parameters and gradients, f32 reduction, AdamW.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "runtime/device.h"
+#include "runtime/mpi_communicator.h"
+#include "runtime/units.h"
+#include "sharding/sharded_optimizer.h"
+
+namespace memwall {
+namespace {
+
+struct Figures {
+  int64_t padded = 0;
+  int64_t model_state = 0;
+  int64_t formula = 0;
+  double step_ms = 0;
+  int64_t reduce_bytes = 0;  // AllReduce + ReduceScatter per step
+  int64_t gather_bytes = 0;  // AllGather per step
+};
+
+absl::Status Check(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "zero_benchmark: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+  return s;
+}
+
+Figures RunStage(MpiCommunicator& comm, int stage, int64_t params, int groups, int steps) {
+  ShardingOptions options;
+  options.zero.stage = stage;
+  options.bf16 = true;
+  const int64_t per_group = params / groups;
+  options.zero.reduce_bucket_size = per_group;
+  options.zero.stage3_prefetch_bucket_size = per_group;
+  auto device = CreateDevice({Backend::kHost, comm.rank(), 4 * kGiB}).value();
+  auto stream = device->CreateStream().value();
+  auto opt = ShardedOptimizer::Create(options, *device, comm).value();
+  for (int g = 0; g < groups; ++g) {
+    Check(opt->AddParameter("layer" + std::to_string(g), {per_group},
+                            std::vector<float>(per_group, 0.01f)));
+  }
+  Check(opt->Finalize());
+  Figures f;
+  f.padded = opt->layout().padded_numel;
+  const AllocatorStats s = device->allocator().stats();
+  f.model_state = s.by_category[int(MemoryCategory::kParameter)].current +
+                  s.by_category[int(MemoryCategory::kGradient)].current +
+                  s.by_category[int(MemoryCategory::kOptimizerState)].current;
+  const int64_t P = f.padded, N = comm.world_size();
+  const int64_t formulas[] = {16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N};
+  f.formula = formulas[stage];
+
+  std::vector<double> times;
+  for (int step = 0; step < steps + 1; ++step) {  // the first step warms up
+    comm.ResetStats();
+    Check(comm.Barrier());
+    const auto start = std::chrono::steady_clock::now();
+    for (int g = 0; g < groups; ++g) {
+      Check(opt->GatherParameters(g));
+      Check(opt->ReleaseParameters(g));
+    }
+    for (int g = groups - 1; g >= 0; --g) {
+      Check(opt->GatherParameters(g));
+      Check(opt->AcquireGradients(g));
+      auto grad = opt->Gradient("layer" + std::to_string(g)).value();
+      Check(kernels::Fill(*device, *stream, grad.data, grad.dtype, grad.numel, 1e-3f));
+      Check(opt->ReduceGradients(g));
+      Check(opt->ReleaseParameters(g));
+    }
+    Check(opt->Step().status());
+    Check(comm.Barrier());
+    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+    if (step > 0) times.push_back(took.count());
+    f.reduce_bytes = comm.stats(Collective::kAllReduce).bytes +
+                     comm.stats(Collective::kReduceScatter).bytes;
+    f.gather_bytes = comm.stats(Collective::kAllGather).bytes;
+  }
+  std::sort(times.begin(), times.end());
+  f.step_ms = times[times.size() / 2];
+  return f;
+}
+
+int Main(int argc, char** argv) {
+  int64_t params = int64_t{8} << 20;
+  int groups = 8, steps = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--params") params = std::atoll(argv[i + 1]);
+    else if (flag == "--groups") groups = std::atoi(argv[i + 1]);
+    else if (flag == "--steps") steps = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "usage: zero_benchmark [--params N] [--groups G] [--steps S]\n");
+      return 2;
+    }
+  }
+  auto comm = MpiCommunicator::Create().value();
+  std::vector<Figures> figures;
+  for (int stage = 0; stage <= 3; ++stage) {
+    figures.push_back(RunStage(*comm, stage, params, groups, steps));
+  }
+  if (comm->rank() == 0) {
+    std::printf("zero_benchmark: %lld parameters in %d groups, bf16 + f32 AdamW, %d ranks, "
+                "host backend, median of %d steps\n",
+                static_cast<long long>(params), groups, comm->world_size(), steps);
+    std::printf("%-6s %16s %16s %6s %10s %9s %14s %14s %8s\n", "stage", "model states/rank",
+                "ZeRO formula", "equal", "step ms", "vs st. 0", "reduce bytes", "gather bytes",
+                "elems/P");
+    for (int stage = 0; stage <= 3; ++stage) {
+      const Figures& f = figures[stage];
+      // Elements moved per step over P: reductions count in f32 (4 B),
+      // gathers in bf16 (2 B); ZeRO counts an all-reduce as 2P.
+      const double elements = (stage == 0 ? 2.0 : 1.0) * f.reduce_bytes / 4.0 + f.gather_bytes / 2.0;
+      std::printf("%-6d %16s %16s %6s %10.2f %8.2fx %14lld %14lld %8.2f\n", stage,
+                  FormatBytes(f.model_state).c_str(), FormatBytes(f.formula).c_str(),
+                  f.model_state == f.formula ? "yes" : "NO", f.step_ms,
+                  f.step_ms / figures[0].step_ms, static_cast<long long>(f.reduce_bytes),
+                  static_cast<long long>(f.gather_bytes), elements / f.padded);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace memwall
+
+int main(int argc, char** argv) { return memwall::Main(argc, argv); }
