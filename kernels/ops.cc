@@ -31,13 +31,17 @@ absl::Status NoCuda() {
 #define MW_CUDA_CALL(call, name) NoCuda()
 #endif
 
-// Runs `host` on host, `cuda` (returning a Status) on cuda, nothing on meta.
+// Runs `host` in `stream`'s order on host (it may run later, on the
+// stream's thread, so it captures by value), `cuda` (returning a Status) on
+// cuda, nothing on meta.
 template <typename Host, typename Cuda>
-absl::Status Dispatch(Device& device, Host host, Cuda cuda) {
+absl::Status Dispatch(Device& device, Stream& stream, Host host, Cuda cuda) {
   switch (device.backend()) {
     case Backend::kHost:
-      host();
-      return absl::OkStatus();
+      return stream.RunHost([host] {
+        host();
+        return absl::OkStatus();
+      });
     case Backend::kMeta:
       return absl::OkStatus();
     case Backend::kCuda:
@@ -77,7 +81,7 @@ absl::Status ValidateAdamParams(const AdamParams& p) {
 absl::Status Fill(Device& device, Stream& stream, void* dst, DType dtype, size_t n,
                   float value) {
   return Dispatch(
-      device, [&] { cpu::Kernels().fill(dst, dtype, n, value); },
+      device, stream, [=] { cpu::Kernels().fill(dst, dtype, n, value); },
       [&] { return MW_CUDA_CALL(cuda::Fill(dst, dtype, n, value, CudaStreamOf(stream)), "Fill"); });
 }
 
@@ -89,7 +93,7 @@ absl::Status Copy(Device& device, Stream& stream, void* dst, const void* src,
 absl::Status Cast(Device& device, Stream& stream, const void* src, DType src_dtype,
                   void* dst, DType dst_dtype, size_t n) {
   return Dispatch(
-      device, [&] { cpu::Kernels().cast(src, src_dtype, dst, dst_dtype, n); },
+      device, stream, [=] { cpu::Kernels().cast(src, src_dtype, dst, dst_dtype, n); },
       [&] {
         return MW_CUDA_CALL(
             cuda::Cast(src, src_dtype, dst, dst_dtype, n, CudaStreamOf(stream)), "Cast");
@@ -99,22 +103,29 @@ absl::Status Cast(Device& device, Stream& stream, const void* src, DType src_dty
 absl::Status Scale(Device& device, Stream& stream, void* x, DType dtype, size_t n,
                    float alpha) {
   return Dispatch(
-      device, [&] { cpu::Kernels().scale(x, dtype, n, alpha); },
+      device, stream, [=] { cpu::Kernels().scale(x, dtype, n, alpha); },
       [&] { return MW_CUDA_CALL(cuda::Scale(x, dtype, n, alpha, CudaStreamOf(stream)), "Scale"); });
 }
 
 absl::Status Axpy(Device& device, Stream& stream, float alpha, const float* x,
                   float* y, size_t n) {
   return Dispatch(
-      device, [&] { cpu::Kernels().axpy(alpha, x, y, n); },
+      device, stream, [=] { cpu::Kernels().axpy(alpha, x, y, n); },
       [&] { return MW_CUDA_CALL(cuda::Axpy(alpha, x, y, n, CudaStreamOf(stream)), "Axpy"); });
 }
 
 absl::StatusOr<double> SumOfSquares(Device& device, Stream& stream, const void* x,
                                     DType dtype, size_t n) {
   switch (device.backend()) {
-    case Backend::kHost:
-      return cpu::Kernels().sum_of_squares(x, dtype, n);
+    case Backend::kHost: {
+      double result = 0.0;
+      MW_RETURN_IF_ERROR(stream.RunHost([&] {
+        result = cpu::Kernels().sum_of_squares(x, dtype, n);
+        return absl::OkStatus();
+      }));
+      MW_RETURN_IF_ERROR(stream.Synchronize());
+      return result;
+    }
     case Backend::kMeta:
       return 0.0;
     case Backend::kCuda: {
@@ -144,8 +155,15 @@ absl::StatusOr<double> SumOfSquares(Device& device, Stream& stream, const void* 
 absl::StatusOr<bool> HasInfOrNan(Device& device, Stream& stream, const void* x,
                                  DType dtype, size_t n) {
   switch (device.backend()) {
-    case Backend::kHost:
-      return cpu::Kernels().has_inf_or_nan(x, dtype, n);
+    case Backend::kHost: {
+      bool result = false;
+      MW_RETURN_IF_ERROR(stream.RunHost([&] {
+        result = cpu::Kernels().has_inf_or_nan(x, dtype, n);
+        return absl::OkStatus();
+      }));
+      MW_RETURN_IF_ERROR(stream.Synchronize());
+      return result;
+    }
     case Backend::kMeta:
       return false;
     case Backend::kCuda: {
@@ -175,7 +193,7 @@ absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params
   MW_RETURN_IF_ERROR(ValidateAdamParams(params));
   const AdamConstants constants = MakeAdamConstants(params);
   return Dispatch(
-      device, [&] { cpu::Kernels().adam(constants, p, g, m, v, p_low, low_dtype, n); },
+      device, stream, [=] { cpu::Kernels().adam(constants, p, g, m, v, p_low, low_dtype, n); },
       [&] {
         return MW_CUDA_CALL(
             cuda::Adam(constants, p, g, m, v, p_low, low_dtype, n, CudaStreamOf(stream)),
@@ -198,8 +216,8 @@ absl::Status SgdUpdate(Device& device, Stream& stream, const SgdParams& params, 
         "sgd momentum_buffer: expected one exactly when momentum > 0");
   }
   return Dispatch(
-      device,
-      [&] { cpu::Kernels().sgd(params, p, g, momentum_buffer, p_low, low_dtype, n); },
+      device, stream,
+      [=] { cpu::Kernels().sgd(params, p, g, momentum_buffer, p_low, low_dtype, n); },
       [&] {
         return MW_CUDA_CALL(cuda::Sgd(params, p, g, momentum_buffer, p_low, low_dtype, n,
                                       CudaStreamOf(stream)),

@@ -1,7 +1,9 @@
 // Kernels on any device: host runs the CPU kernels (the ISA chosen at run
-// time), cuda runs the CUDA twins on the given stream, meta does nothing
-// (no bytes exist) but still validates arguments. Pointers must be memory of
-// `device` (host memory for host); n counts elements.
+// time) in the stream's order (at once on a synchronous stream, on the
+// stream's thread on an asynchronous one), cuda runs the CUDA twins on the
+// stream, meta does nothing (no bytes exist) but still validates arguments.
+// Pointers must be memory of `device` (host memory for host) that stays
+// valid until the stream has run the work; n counts elements.
 #ifndef MEMWALL_KERNELS_OPS_H_
 #define MEMWALL_KERNELS_OPS_H_
 

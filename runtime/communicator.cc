@@ -107,47 +107,53 @@ void Communicator::Count(Collective collective, int64_t bytes) {
 
 absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
                                      DType dtype, ReduceOp op, Stream& stream) {
-  MW_RETURN_IF_ERROR(Prepare({Collective::kAllReduce, static_cast<int64_t>(count),
-                              dtype, op, 0},
-                             send == nullptr || recv == nullptr));
-  MW_RETURN_IF_ERROR(DoAllReduce(send, recv, count, dtype, op, stream));
-  Count(Collective::kAllReduce, static_cast<int64_t>(count * DTypeSize(dtype)));
-  return absl::OkStatus();
+  return Execute(stream, [=, &stream] {
+    MW_RETURN_IF_ERROR(Prepare({Collective::kAllReduce, static_cast<int64_t>(count), dtype, op, 0},
+                               send == nullptr || recv == nullptr));
+    MW_RETURN_IF_ERROR(DoAllReduce(send, recv, count, dtype, op, stream));
+    Count(Collective::kAllReduce, static_cast<int64_t>(count * DTypeSize(dtype)));
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Communicator::ReduceScatter(const void* send, void* recv,
                                          size_t recv_count, DType dtype,
                                          ReduceOp op, Stream& stream) {
-  MW_RETURN_IF_ERROR(Prepare({Collective::kReduceScatter,
-                              static_cast<int64_t>(recv_count), dtype, op, 0},
-                             send == nullptr || recv == nullptr));
-  MW_RETURN_IF_ERROR(DoReduceScatter(send, recv, recv_count, dtype, op, stream));
-  Count(Collective::kReduceScatter,
-        static_cast<int64_t>(recv_count * world_size_ * DTypeSize(dtype)));
-  return absl::OkStatus();
+  return Execute(stream, [=, &stream] {
+    MW_RETURN_IF_ERROR(Prepare(
+        {Collective::kReduceScatter, static_cast<int64_t>(recv_count), dtype, op, 0},
+        send == nullptr || recv == nullptr));
+    MW_RETURN_IF_ERROR(DoReduceScatter(send, recv, recv_count, dtype, op, stream));
+    Count(Collective::kReduceScatter,
+          static_cast<int64_t>(recv_count * world_size_ * DTypeSize(dtype)));
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Communicator::AllGather(const void* send, void* recv,
                                      size_t send_count, DType dtype,
                                      Stream& stream) {
-  MW_RETURN_IF_ERROR(Prepare({Collective::kAllGather,
-                              static_cast<int64_t>(send_count), dtype,
-                              ReduceOp::kSum, 0},
-                             send == nullptr || recv == nullptr));
-  MW_RETURN_IF_ERROR(DoAllGather(send, recv, send_count, dtype, stream));
-  Count(Collective::kAllGather,
-        static_cast<int64_t>(send_count * world_size_ * DTypeSize(dtype)));
-  return absl::OkStatus();
+  return Execute(stream, [=, &stream] {
+    MW_RETURN_IF_ERROR(Prepare(
+        {Collective::kAllGather, static_cast<int64_t>(send_count), dtype, ReduceOp::kSum, 0},
+        send == nullptr || recv == nullptr));
+    MW_RETURN_IF_ERROR(DoAllGather(send, recv, send_count, dtype, stream));
+    Count(Collective::kAllGather,
+          static_cast<int64_t>(send_count * world_size_ * DTypeSize(dtype)));
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Communicator::Broadcast(void* buffer, size_t count, DType dtype,
                                      int root, Stream& stream) {
-  MW_RETURN_IF_ERROR(Prepare({Collective::kBroadcast, static_cast<int64_t>(count),
-                              dtype, ReduceOp::kSum, root},
-                             buffer == nullptr));
-  MW_RETURN_IF_ERROR(DoBroadcast(buffer, count, dtype, root, stream));
-  Count(Collective::kBroadcast, static_cast<int64_t>(count * DTypeSize(dtype)));
-  return absl::OkStatus();
+  return Execute(stream, [=, &stream] {
+    MW_RETURN_IF_ERROR(Prepare(
+        {Collective::kBroadcast, static_cast<int64_t>(count), dtype, ReduceOp::kSum, root},
+        buffer == nullptr));
+    MW_RETURN_IF_ERROR(DoBroadcast(buffer, count, dtype, root, stream));
+    Count(Collective::kBroadcast, static_cast<int64_t>(count * DTypeSize(dtype)));
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Communicator::Barrier() {

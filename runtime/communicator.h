@@ -26,6 +26,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -63,7 +64,12 @@ struct CommunicatorOptions {
   bool check_agreement = true;
 };
 
-// Not thread-safe: one thread issues a rank's collectives.
+// Not thread-safe: one thread issues a rank's collectives. A collective on
+// an asynchronous host stream runs, with its checks and counting, on that
+// stream's thread in stream order; its errors then surface at the stream's
+// Synchronize(), and its counters are current once the stream is synchronised.
+// Do not issue collectives on the same communicator from another thread (or
+// another stream) while such work is in flight: ranks must see one order.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -113,6 +119,11 @@ class Communicator {
   Communicator(int rank, int world_size, CommunicatorOptions options)
       : rank_(rank), world_size_(world_size), options_(options) {}
 
+  // Runs one whole collective (checks, transfer, counting) in `stream`'s
+  // order. The default runs it now, on the calling thread.
+  virtual absl::Status Execute(Stream& stream, std::function<absl::Status()> collective) {
+    return collective();
+  }
   // Whether buffers hold bytes (false for the simulated communicator, which
   // accepts null pointers).
   virtual bool moves_bytes() const { return true; }

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -37,6 +38,8 @@ absl::StatusOr<Backend> ParseBackend(absl::string_view name);
 class Event;
 
 // An in-order queue of device work. Not thread-safe: one thread enqueues.
+// Errors of work that ran asynchronously surface at the next Synchronize()
+// and every later one (they are sticky, as CUDA's are).
 class Stream {
  public:
   virtual ~Stream() = default;
@@ -49,6 +52,15 @@ class Stream {
   virtual absl::Status Wait(const Event& event) = 0;
   // cudaStream_t on cuda; nullptr on host and meta.
   virtual void* native_handle() const = 0;
+  // Runs host work (a CPU kernel, a memcpy, an MPI call) in this stream's
+  // order: at once on a synchronous stream, returning its status; on the
+  // stream's own thread for an asynchronous host stream, returning OK (a
+  // failure surfaces at Synchronize()). Asynchronous work must own what it
+  // captures. kUnimplemented on cuda streams (their work is device work).
+  virtual absl::Status RunHost(std::function<absl::Status()> work) = 0;
+  // Whether enqueued work may still be running when the enqueuing call
+  // returns (cuda streams and asynchronous host streams).
+  virtual bool asynchronous() const = 0;
 };
 
 // A point in a stream's work.
@@ -105,7 +117,13 @@ class Device {
   // The pinned pool's allocator, or null when there is none.
   CachingAllocator* pinned_allocator() { return pinned_allocator_.get(); }
 
+  // A stream whose work runs as it is enqueued on host and meta (so
+  // RunHost returns the work's status), and asynchronously on cuda.
   virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
+  // A stream that runs its work in order while the caller goes on: a stream
+  // with its own thread on host (how host communication overlaps compute),
+  // a CUDA stream on cuda, and as CreateStream() on meta (nothing runs).
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateAsyncStream() = 0;
   virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
 
   // Copies `bytes` from `src` to `dst`, ordered on `stream`. Either pointer

@@ -1,10 +1,16 @@
 #include "runtime/host_device.h"
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -45,33 +51,154 @@ class MetaSegmentSource final : public SegmentSource {
   uintptr_t next_ = uintptr_t{1} << 48;
 };
 
-// Host work runs when it is enqueued, so a stream is always idle and an
-// event is complete as soon as it is recorded.
-class InOrderEvent final : public Event {
+// Host events count generations: Record() on a stream asks for one more,
+// and the stream completes it when its work up to that point has run. An
+// event is complete when every generation asked for has completed.
+class HostEvent final : public Event {
  public:
-  absl::Status Synchronize() override { return absl::OkStatus(); }
-  absl::StatusOr<bool> Query() override { return true; }
+  absl::Status Synchronize() override {
+    absl::MutexLock lock(&mu_);
+    const uint64_t target = recorded_;
+    while (completed_ < target) done_.Wait(&mu_);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> Query() override {
+    absl::MutexLock lock(&mu_);
+    return completed_ >= recorded_;
+  }
   void* native_handle() const override { return nullptr; }
+
+  // Asks for one more generation; returns its number.
+  uint64_t Ask() {
+    absl::MutexLock lock(&mu_);
+    return ++recorded_;
+  }
+  void Complete(uint64_t generation) {
+    absl::MutexLock lock(&mu_);
+    completed_ = std::max(completed_, generation);
+    done_.SignalAll();
+  }
+  // Blocks until `generation` has completed.
+  void AwaitGeneration(uint64_t generation) {
+    absl::MutexLock lock(&mu_);
+    while (completed_ < generation) done_.Wait(&mu_);
+  }
+  uint64_t recorded() {
+    absl::MutexLock lock(&mu_);
+    return recorded_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::CondVar done_;
+  uint64_t recorded_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+HostEvent* AsHostEvent(const Event& event) {
+  return dynamic_cast<HostEvent*>(const_cast<Event*>(&event));
+}
+
+absl::Status ForeignEvent(absl::string_view call) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(call, ": the event belongs to another backend"));
+}
+
+// Work runs when it is enqueued, so the stream is always idle.
 class InOrderStream final : public Stream {
  public:
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status Record(Event& event) override {
-    if (dynamic_cast<InOrderEvent*>(&event) == nullptr) {
-      return absl::InvalidArgumentError(
-          "Stream::Record: the event belongs to another backend");
-    }
+    HostEvent* host = AsHostEvent(event);
+    if (host == nullptr) return ForeignEvent("Stream::Record");
+    host->Complete(host->Ask());
     return absl::OkStatus();
   }
   absl::Status Wait(const Event& event) override {
-    if (dynamic_cast<const InOrderEvent*>(&event) == nullptr) {
-      return absl::InvalidArgumentError(
-          "Stream::Wait: the event belongs to another backend");
-    }
-    return absl::OkStatus();
+    // Later work runs at once, so the wait happens now.
+    HostEvent* host = AsHostEvent(event);
+    if (host == nullptr) return ForeignEvent("Stream::Wait");
+    return host->Synchronize();
   }
   void* native_handle() const override { return nullptr; }
+  absl::Status RunHost(std::function<absl::Status()> work) override { return work(); }
+  bool asynchronous() const override { return false; }
+};
+
+// A host stream with a thread of its own that runs the stream's work in
+// enqueue order. The first failure is kept and returned by Synchronize().
+class WorkerStream final : public Stream {
+ public:
+  WorkerStream() : thread_([this] { Loop(); }) {}
+  ~WorkerStream() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+
+  absl::Status Synchronize() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &WorkerStream::IdleLocked));
+    return first_error_;
+  }
+  absl::Status Record(Event& event) override {
+    HostEvent* host = AsHostEvent(event);
+    if (host == nullptr) return ForeignEvent("Stream::Record");
+    const uint64_t generation = host->Ask();
+    return RunHost([host, generation] {
+      host->Complete(generation);
+      return absl::OkStatus();
+    });
+  }
+  absl::Status Wait(const Event& event) override {
+    HostEvent* host = AsHostEvent(event);
+    if (host == nullptr) return ForeignEvent("Stream::Wait");
+    const uint64_t generation = host->recorded();
+    return RunHost([host, generation] {
+      host->AwaitGeneration(generation);
+      return absl::OkStatus();
+    });
+  }
+  void* native_handle() const override { return nullptr; }
+  absl::Status RunHost(std::function<absl::Status()> work) override {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(work));
+    return absl::OkStatus();
+  }
+  bool asynchronous() const override { return true; }
+
+ private:
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() && !running_;
+  }
+  bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !queue_.empty() || stopping_;
+  }
+
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      mu_.Await(absl::Condition(this, &WorkerStream::HasWorkOrStopping));
+      if (queue_.empty()) return;  // stopping, and all work done
+      std::function<absl::Status()> work = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+      mu_.Unlock();
+      absl::Status status = work();
+      mu_.Lock();
+      running_ = false;
+      if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<absl::Status()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
 };
 
 class HostDevice final : public Device {
@@ -85,17 +212,24 @@ class HostDevice final : public Device {
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
     return std::unique_ptr<Stream>(new InOrderStream());
   }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateAsyncStream() override {
+    if (backend_ == Backend::kMeta) return CreateStream();
+    return std::unique_ptr<Stream>(new WorkerStream());
+  }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
-    return std::unique_ptr<Event>(new InOrderEvent());
+    return std::unique_ptr<Event>(new HostEvent());
   }
   absl::Status CopyAsync(void* dst, const void* src, size_t bytes,
                          Stream& stream) override {
-    if (dynamic_cast<InOrderStream*>(&stream) == nullptr) {
+    if (stream.native_handle() != nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat(name(), ": CopyAsync on a stream of another backend"));
     }
-    if (backend_ == Backend::kHost && bytes > 0) std::memmove(dst, src, bytes);
-    return absl::OkStatus();
+    if (backend_ != Backend::kHost || bytes == 0) return absl::OkStatus();
+    return stream.RunHost([dst, src, bytes] {
+      std::memmove(dst, src, bytes);
+      return absl::OkStatus();
+    });
   }
   absl::Status Synchronize() override { return absl::OkStatus(); }
 

@@ -137,11 +137,12 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup"));
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
                                "MPI_Comm_set_errhandler"));
-  int rank = 0, size = 1;
+  int rank = 0, size = 1, level = MPI_THREAD_SINGLE;
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank"));
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(comm, &size), "MPI_Comm_size"));
-  return std::unique_ptr<MpiCommunicator>(
-      new MpiCommunicator(comm, rank, size, options));
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Query_thread(&level), "MPI_Query_thread"));
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(
+      comm, rank, size, options, /*threads_allowed=*/level >= MPI_THREAD_SERIALIZED));
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -168,6 +169,12 @@ absl::Status MpiCommunicator::MinMaxOverRanks(MPI_Comm comm,
     min[i] = -both[5 + i];
   }
   return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::Execute(Stream& stream,
+                                      std::function<absl::Status()> collective) {
+  if (stream.native_handle() != nullptr || !threads_allowed_) return collective();
+  return stream.RunHost(std::move(collective));
 }
 
 absl::Status MpiCommunicator::Agree(const Signature& signature) {

@@ -1,7 +1,9 @@
 // Collectives over MPI between processes launched by mpirun (one per rank),
-// on host memory. Calls complete before they return (host streams are
-// synchronous, so the Stream argument only has to belong to a host or meta
-// device).
+// on host memory. On a synchronous host stream a call completes before it
+// returns; on an asynchronous host stream (Device::CreateAsyncStream) it runs
+// on the stream's thread, in order, so communication overlaps the caller's
+// compute. That needs MPI_THREAD_SERIALIZED or better from the MPI library;
+// with less, collectives run on the calling thread.
 #ifndef MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
 #define MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
 
@@ -41,10 +43,11 @@ class MpiCommunicator final : public Communicator {
                                       std::array<int64_t, 5>& max);
 
  private:
-  MpiCommunicator(MPI_Comm comm, int rank, int world_size,
-                  CommunicatorOptions options)
-      : Communicator(rank, world_size, options), comm_(comm) {}
+  MpiCommunicator(MPI_Comm comm, int rank, int world_size, CommunicatorOptions options,
+                  bool threads_allowed)
+      : Communicator(rank, world_size, options), comm_(comm), threads_allowed_(threads_allowed) {}
 
+  absl::Status Execute(Stream& stream, std::function<absl::Status()> collective) override;
   absl::Status Agree(const Signature& signature) override;
   absl::Status DoAllReduce(const void* send, void* recv, size_t count,
                            DType dtype, ReduceOp op, Stream& stream) override;
@@ -57,6 +60,8 @@ class MpiCommunicator final : public Communicator {
   absl::Status DoBarrier() override;
 
   MPI_Comm comm_;
+  // Whether the MPI library lets another thread make the calls.
+  const bool threads_allowed_;
 };
 
 }  // namespace memwall

@@ -93,6 +93,11 @@ class CudaStream final : public Stream {
         "cudaStreamWaitEvent");
   }
   void* native_handle() const override { return stream_; }
+  absl::Status RunHost(std::function<absl::Status()>) override {
+    return absl::UnimplementedError(
+        "Stream::RunHost: a cuda stream runs device work; host work goes on a host stream");
+  }
+  bool asynchronous() const override { return true; }
 
  private:
   cudaStream_t stream_;
@@ -112,6 +117,7 @@ class CudaDevice final : public Device {
     MW_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     return std::unique_ptr<Stream>(new CudaStream(stream));
   }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateAsyncStream() override { return CreateStream(); }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
     MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     cudaEvent_t event = nullptr;

@@ -240,6 +240,33 @@ TEST_CASE("ranks that call different collectives, dtypes or roots get errors", "
   if (r == 0) CHECK_THAT(std::string(null_status.message()), Catch::Contains("a buffer is null but count is 8"));
 }
 
+TEST_CASE("collectives on an asynchronous stream run in order off the calling thread",
+          "[mpi][async]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size(), r = comm.rank();
+  static Device* device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value().release();
+  auto stream = device->CreateAsyncStream().value();
+  comm.ResetStats();
+  const size_t count = 4099;
+  std::vector<float> a(count * n), b(count), c(count * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float(i + r);
+  // A chain: reduce-scatter, then gather the reduced chunks back.
+  REQUIRE(comm.ReduceScatter(a.data(), b.data(), count, DType::kF32, ReduceOp::kSum, *stream).ok());
+  REQUIRE(comm.AllGather(b.data(), c.data(), count, DType::kF32, *stream).ok());
+  REQUIRE(stream->Synchronize().ok());
+  for (size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == float(i * n + n * (n - 1) / 2));
+  CHECK(comm.stats(Collective::kReduceScatter).calls == 1);
+  CHECK(comm.stats(Collective::kAllGather).bytes == int64_t(count * n * 4));
+  if (n > 1) {
+    // A disagreement is reported when the stream is synchronised.
+    const size_t bad = r == 0 ? 5 : 6;
+    REQUIRE(comm.AllReduce(a.data(), a.data(), bad, DType::kF32, ReduceOp::kSum, *stream).ok());
+    const absl::Status status = stream->Synchronize();
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(status.message()), Catch::Contains("ranks disagree on the element count"));
+  }
+}
+
 TEST_CASE("the simulated communicator validates and counts without bytes", "[simulated]") {
   auto bad = SimulatedCommunicator::Create(4, 4);
   CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);

@@ -1,9 +1,11 @@
 // Backends, Tensor, streams and events, and the Status helpers.
 #include "runtime/device.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "catch2/catch.hpp"
 #include "runtime/status.h"
 #include "runtime/tensor.h"
@@ -134,6 +136,85 @@ TEST_CASE("pinned host pools are tagged, bounded and optional", "[device][pinned
   bad.pinned_capacity_bytes = -1;
   CHECK(std::string(CreateDevice(bad).status().message()) ==
         "pinned capacity: expected >= 0 bytes, got -1");
+}
+
+TEST_CASE("asynchronous host streams run work in order on their own thread", "[stream][async]") {
+  auto device = CreateDevice({Backend::kHost, 0, 16 * kMiB}).value();
+  auto comm = device->CreateAsyncStream().value();
+  auto compute = device->CreateStream().value();
+  CHECK(comm->asynchronous());
+  CHECK_FALSE(compute->asynchronous());
+  auto gate = device->CreateEvent().value();
+  auto done = device->CreateEvent().value();
+
+  // Work held behind an event that nobody has completed yet: the worker
+  // waits, the caller goes on.
+  absl::Mutex mu;
+  bool release = false;
+  std::vector<int> order;
+  REQUIRE(comm->RunHost([&] {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&release));
+    order.push_back(1);
+    return absl::OkStatus();
+  }).ok());
+  for (int i = 2; i <= 100; ++i) {
+    REQUIRE(comm->RunHost([&, i] {
+      absl::MutexLock lock(&mu);
+      order.push_back(i);
+      return absl::OkStatus();
+    }).ok());
+  }
+  REQUIRE(comm->Record(*done).ok());
+  CHECK_FALSE(done->Query().value());
+  {
+    absl::MutexLock lock(&mu);
+    CHECK(order.empty());
+    release = true;
+  }
+  // A synchronous stream waiting on the event blocks until the worker got
+  // there; then all of the work has run, in order.
+  REQUIRE(compute->Wait(*done).ok());
+  CHECK(done->Query().value());
+  {
+    absl::MutexLock lock(&mu);
+    REQUIRE(order.size() == 100);
+    for (int i = 0; i < 100; ++i) REQUIRE(order[i] == i + 1);
+  }
+
+  // The worker waits on an event recorded on another stream.
+  auto other = device->CreateAsyncStream().value();
+  std::vector<char> buffer(1 << 20, 'a');
+  std::vector<char> copy(1 << 20, 'z');
+  REQUIRE(other->RunHost([&] {
+    std::fill(buffer.begin(), buffer.end(), 'b');
+    return absl::OkStatus();
+  }).ok());
+  REQUIRE(other->Record(*gate).ok());
+  REQUIRE(comm->Wait(*gate).ok());
+  REQUIRE(device->CopyAsync(copy.data(), buffer.data(), buffer.size(), *comm).ok());
+  REQUIRE(comm->Synchronize().ok());
+  CHECK(copy == std::vector<char>(1 << 20, 'b'));
+}
+
+TEST_CASE("asynchronous stream errors are sticky and surface at Synchronize", "[stream][async]") {
+  auto device = CreateDevice({Backend::kHost, 0, 16 * kMiB}).value();
+  auto stream = device->CreateAsyncStream().value();
+  int ran = 0;
+  REQUIRE(stream->RunHost([] { return absl::DataLossError("first failure"); }).ok());
+  REQUIRE(stream->RunHost([&ran] {
+    ++ran;
+    return absl::InternalError("second failure");
+  }).ok());
+  const absl::Status status = stream->Synchronize();
+  CHECK(status.code() == absl::StatusCode::kDataLoss);
+  CHECK(status.message() == "first failure");
+  CHECK(ran == 1);  // later work still runs, in order
+  CHECK(stream->Synchronize().code() == absl::StatusCode::kDataLoss);
+  // Synchronous streams return the work's own status at once.
+  auto sync = device->CreateStream().value();
+  CHECK(sync->RunHost([] { return absl::AbortedError("now"); }).code() ==
+        absl::StatusCode::kAborted);
 }
 
 absl::StatusOr<int> Half(int x) {
