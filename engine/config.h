@@ -21,11 +21,11 @@
 //   fp16.min_loss_scale              number > 0                    (1)
 //   bf16.enabled                     bool                          (false)
 //   zero_optimization.stage          int 0..3                      (0)
-//   zero_optimization.reduce_bucket_size      elements >= 1        (5e8)
-//   zero_optimization.allgather_bucket_size   elements >= 1        (5e8)
-//   zero_optimization.overlap_comm            bool                 (false)
-//   zero_optimization.stage3_prefetch_bucket_size  elements >= 0   (5e7)
-//   zero_optimization.stage3_max_live_parameters   elements >= 0   (1e9)
+//   zero_optimization.reduce_bucket_size      elements >= 1 per flat group (5e8)
+//   zero_optimization.allgather_bucket_size   elements >= 1 (accepted; groups rule) (5e8)
+//   zero_optimization.overlap_comm            bool: collectives overlap compute (false)
+//   zero_optimization.stage3_prefetch_bucket_size  elements prefetched ahead (5e7)
+//   zero_optimization.stage3_max_live_parameters   elements gathered at most (1e9)
 // Sizes in elements accept JSON numbers such as 5e8 if they are whole.
 // As in DeepSpeed, "Adam" applies decoupled weight decay (AdamW) unless
 // adam_w_mode is false; fp16 and bf16 cannot both be enabled.

@@ -133,10 +133,8 @@ int main(int argc, char** argv) {
   auto config = memwall::ParseConfig(absl::StrCat(R"({
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0001}},
       "gradient_clipping": 1.0,
-      "zero_optimization": {"stage": )", stage, R"(, "reduce_bucket_size": )",
-                                                  kIn * kHidden + kHidden,
-                                                  R"(, "stage3_prefetch_bucket_size": )",
-                                                  kIn * kHidden + kHidden, "}}"));
+      "zero_optimization": {"stage": )", stage, R"(, "overlap_comm": true,
+                            "reduce_bucket_size": )", kIn * kHidden + kHidden, "}}"));
   if (!config.ok()) return Fail(config.status());
   auto device = memwall::CreateDevice({memwall::Backend::kHost, rank, 64 * memwall::kMiB});
   if (!device.ok()) return Fail(device.status());

@@ -38,12 +38,17 @@ struct LossScaleConfig {
 
 struct ZeroConfig {
   int stage = 0;
-  // Elements per flat group for stages 0-2.
+  // Elements per flat group: the unit of reduction, of sharding, and (stage
+  // 3) of gathering.
   int64_t reduce_bucket_size = 500'000'000;
+  // Accepted for DeepSpeed compatibility; gathers use the groups above.
   int64_t allgather_bucket_size = 500'000'000;
+  // Run collectives on a communication stream of their own, overlapping
+  // compute (see sharded_optimizer.h).
   bool overlap_comm = false;
-  // Elements per flat group for stage 3 (each group is gathered as a whole).
+  // Stage 3 with overlap: elements prefetched ahead of the group in use.
   int64_t stage3_prefetch_bucket_size = 50'000'000;
+  // Stage 3: prefetching stops while gathered groups hold this many elements.
   int64_t stage3_max_live_parameters = 1'000'000'000;
 };
 

@@ -33,19 +33,33 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
         "ShardedOptimizer: a cuda device needs the NCCL communicator (MPI works on host memory)");
   }
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
-  return std::unique_ptr<ShardedOptimizer>(
-      new ShardedOptimizer(config, device, comm, std::move(stream)));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> comm_stream, config.zero.overlap_comm
+                                                               ? device.CreateAsyncStream()
+                                                               : device.CreateStream());
+  return std::unique_ptr<ShardedOptimizer>(new ShardedOptimizer(
+      config, device, comm, std::move(stream), std::move(comm_stream)));
 }
 
 ShardedOptimizer::ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
-                                   std::unique_ptr<Stream> stream)
-    : config_(config), device_(device), comm_(comm), stream_(std::move(stream)) {
+                                   std::unique_ptr<Stream> stream,
+                                   std::unique_ptr<Stream> comm_stream)
+    : config_(config),
+      device_(device),
+      comm_(comm),
+      stream_(std::move(stream)),
+      comm_stream_(std::move(comm_stream)) {
   if (config_.fp16) {
     loss_scale_ = config_.loss_scale.static_scale > 0
                       ? config_.loss_scale.static_scale
                       : std::ldexp(1.0f, config_.loss_scale.initial_scale_power);
   }
   overflows_left_ = config_.loss_scale.hysteresis;
+}
+
+ShardedOptimizer::~ShardedOptimizer() {
+  // A failure here was already reported by the call that failed, or would
+  // have been by the next Step(); the buffers must outlive the work anyway.
+  (void)comm_stream_->Synchronize();
 }
 
 absl::Status ShardedOptimizer::AddParameter(std::string name, std::vector<int64_t> shape,
@@ -152,11 +166,9 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
 
 absl::Status ShardedOptimizer::Finalize() {
   if (finalized_) return absl::FailedPreconditionError("Finalize: called twice");
-  const int64_t bucket =
-      std::max<int64_t>(1, stage() == 3 ? config_.zero.stage3_prefetch_bucket_size
-                                        : config_.zero.reduce_bucket_size);
-  MW_ASSIGN_OR_RETURN(FlatLayout layout, PlanFlatLayout(specs_, comm_.world_size(), bucket,
-                                                        kShardAlignmentElements));
+  MW_ASSIGN_OR_RETURN(FlatLayout layout,
+                      PlanFlatLayout(specs_, comm_.world_size(), config_.zero.reduce_bucket_size,
+                                     kShardAlignmentElements));
   layout_ = std::move(layout);
   std::vector<Group> groups(layout_.groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -233,32 +245,75 @@ absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Gradient(absl::string_v
               place.numel};
 }
 
-absl::Status ShardedOptimizer::GatherParameters(int g) {
-  MW_RETURN_IF_ERROR(CheckGroup(g, "GatherParameters"));
-  if (stage() != 3) return absl::OkStatus();
+absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
-  if (!group.gathered.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("GatherParameters: group ", g, " is already gathered"));
-  }
   const DType dtype = config_.param_dtype();
   MW_ASSIGN_OR_RETURN(DeviceBuffer full,
                       device_.Allocate(flat.padded_numel * DTypeSize(dtype),
                                        MemoryCategory::kParameter,
                                        absl::StrCat(flat.name, ".gathered")));
   MW_RETURN_IF_ERROR(comm_.AllGather(group.params.data(), full.data(), flat.shard_numel, dtype,
-                                     *stream_));
+                                     *comm_stream_));
+  if (group.gathered_event == nullptr) {
+    MW_ASSIGN_OR_RETURN(group.gathered_event, device_.CreateEvent());
+  }
+  MW_RETURN_IF_ERROR(comm_stream_->Record(*group.gathered_event));
   group.gathered = std::move(full);
+  group.prefetched = prefetch;
   return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::Prefetch(int g) {
+  if (!comm_stream_->asynchronous()) return absl::OkStatus();  // nothing could overlap
+  // Backward revisits the group forward ended on, so a repeat means backward.
+  const int direction = g > last_gathered_ ? 1 : -1;
+  int64_t live = 0;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    if (!groups_[i].gathered.empty()) live += layout_.groups[i].padded_numel;
+  }
+  int64_t ahead = 0;
+  for (int next = g + direction; next >= 0 && next < static_cast<int>(groups_.size());
+       next += direction) {
+    const int64_t size = layout_.groups[next].padded_numel;
+    if (!groups_[next].gathered.empty()) continue;
+    if (ahead + size > config_.zero.stage3_prefetch_bucket_size ||
+        live + size > config_.zero.stage3_max_live_parameters) {
+      break;
+    }
+    MW_RETURN_IF_ERROR(StartGather(next, /*prefetch=*/true));
+    ahead += size;
+    live += size;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::GatherParameters(int g) {
+  MW_RETURN_IF_ERROR(CheckGroup(g, "GatherParameters"));
+  if (stage() != 3) return absl::OkStatus();
+  Group& group = groups_[g];
+  if (!group.gathered.empty() && !group.prefetched) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GatherParameters: group ", g, " is already gathered"));
+  }
+  if (group.gathered.empty()) MW_RETURN_IF_ERROR(StartGather(g, /*prefetch=*/false));
+  group.prefetched = false;
+  // Queue the next gathers before waiting, so they run while the caller
+  // computes with this group.
+  MW_RETURN_IF_ERROR(Prefetch(g));
+  last_gathered_ = g;
+  MW_RETURN_IF_ERROR(Reclaim(/*wait=*/false));
+  return group.gathered_event->Synchronize();
 }
 
 absl::Status ShardedOptimizer::ReleaseParameters(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "ReleaseParameters"));
   if (stage() != 3) return absl::OkStatus();
-  // The gathered copy may still be read by work on the stream.
-  MW_RETURN_IF_ERROR(stream_->Synchronize());
-  groups_[g].gathered.Reset();
+  Group& group = groups_[g];
+  if (group.prefetched) return absl::OkStatus();  // not the caller's to release
+  // The caller's work on the gathered copy is done (host compute is
+  // synchronous; cuda callers synchronise their stream before releasing).
+  group.gathered.Reset();
   return absl::OkStatus();
 }
 
@@ -278,8 +333,9 @@ absl::Status ShardedOptimizer::AcquireGradients(int g) {
                                        absl::StrCat(flat.name, ".grad_bucket")));
   MW_RETURN_IF_ERROR(
       kernels::Fill(device_, *stream_, bucket.data(), dtype, flat.padded_numel, 0.0f));
+  MW_RETURN_IF_ERROR(stream_->Synchronize());
   group.grad_bucket = std::move(bucket);
-  return absl::OkStatus();
+  return Reclaim(/*wait=*/false);
 }
 
 absl::Status ShardedOptimizer::ReduceGradients(int g) {
@@ -290,10 +346,25 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ReduceGradients: group ", g, " has no gradient buffer (call AcquireGradients first)"));
   }
+  Retired retired;
   MW_RETURN_IF_ERROR(ReduceScatterGradients(layout_.groups[g], group.grad_bucket.data(),
-                                            group.grads.data(), /*accumulate=*/true));
-  MW_RETURN_IF_ERROR(stream_->Synchronize());
-  group.grad_bucket.Reset();
+                                            group.grads.data(), /*accumulate=*/true,
+                                            retired.buffers));
+  retired.buffers.push_back(std::move(group.grad_bucket));
+  MW_ASSIGN_OR_RETURN(retired.event, device_.CreateEvent());
+  MW_RETURN_IF_ERROR(comm_stream_->Record(*retired.event));
+  retired_.push_back(std::move(retired));
+  return Reclaim(/*wait=*/!comm_stream_->asynchronous());
+}
+
+absl::Status ShardedOptimizer::Reclaim(bool wait) {
+  if (wait) MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
+  std::vector<Retired> still;
+  for (Retired& r : retired_) {
+    MW_ASSIGN_OR_RETURN(const bool done, r.event->Query());
+    if (!done) still.push_back(std::move(r));
+  }
+  retired_ = std::move(still);
   return absl::OkStatus();
 }
 
@@ -301,57 +372,62 @@ absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* f
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
   const int64_t n = flat.padded_numel;
   if (reduce == dtype) {
-    return comm_.AllReduce(full, full, n, dtype, ReduceOp::kSum, *stream_);
+    return comm_.AllReduce(full, full, n, dtype, ReduceOp::kSum, *comm_stream_);
   }
   MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(n * DTypeSize(reduce),
                                                           MemoryCategory::kCommBuffer,
                                                           absl::StrCat(flat.name, ".allreduce")));
-  MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, full, dtype, wide.data(), reduce, n));
-  MW_RETURN_IF_ERROR(comm_.AllReduce(wide.data(), wide.data(), n, reduce, ReduceOp::kSum, *stream_));
-  MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, wide.data(), reduce, full, dtype, n));
-  return stream_->Synchronize();
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, full, dtype, wide.data(), reduce, n));
+  MW_RETURN_IF_ERROR(comm_.AllReduce(wide.data(), wide.data(), n, reduce, ReduceOp::kSum, *comm_stream_));
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, wide.data(), reduce, full, dtype, n));
+  return comm_stream_->Synchronize();
 }
 
 absl::Status ShardedOptimizer::ReduceScatterGradients(const FlatGroup& flat, const void* full,
-                                                      void* shard_out, bool accumulate) {
+                                                      void* shard_out, bool accumulate,
+                                                      std::vector<DeviceBuffer>& keep_alive) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
   const int64_t shard = flat.shard_numel;
-  DeviceBuffer wide;
+  Stream& stream = *comm_stream_;
   const void* input = full;
   if (reduce != dtype) {
-    MW_ASSIGN_OR_RETURN(wide, device_.Allocate(flat.padded_numel * DTypeSize(reduce),
-                                               MemoryCategory::kCommBuffer,
-                                               absl::StrCat(flat.name, ".reduce_input")));
+    MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(flat.padded_numel * DTypeSize(reduce),
+                                                            MemoryCategory::kCommBuffer,
+                                                            absl::StrCat(flat.name, ".reduce_input")));
     MW_RETURN_IF_ERROR(
-        kernels::Cast(device_, *stream_, full, dtype, wide.data(), reduce, flat.padded_numel));
+        kernels::Cast(device_, stream, full, dtype, wide.data(), reduce, flat.padded_numel));
     input = wide.data();
+    keep_alive.push_back(std::move(wide));
   }
   MW_ASSIGN_OR_RETURN(DeviceBuffer chunk,
                       device_.Allocate(shard * DTypeSize(reduce), MemoryCategory::kCommBuffer,
                                        absl::StrCat(flat.name, ".reduce_output")));
-  MW_RETURN_IF_ERROR(
-      comm_.ReduceScatter(input, chunk.data(), shard, reduce, ReduceOp::kSum, *stream_));
+  MW_RETURN_IF_ERROR(comm_.ReduceScatter(input, chunk.data(), shard, reduce, ReduceOp::kSum, stream));
   if (!accumulate) {
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, chunk.data(), reduce, shard_out, dtype, shard));
-    return stream_->Synchronize();
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, stream, chunk.data(), reduce, shard_out, dtype, shard));
+    keep_alive.push_back(std::move(chunk));
+    return absl::OkStatus();
   }
   // shard_out += chunk, in f32.
   MW_ASSIGN_OR_RETURN(DeviceBuffer sum, device_.Allocate(shard * 4, MemoryCategory::kWorkspace,
                                                          absl::StrCat(flat.name, ".accumulate")));
-  MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, shard_out, dtype, sum.data(), DType::kF32, shard));
-  DeviceBuffer chunk32;
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, stream, shard_out, dtype, sum.data(), DType::kF32, shard));
   const void* addend = chunk.data();
   if (reduce != DType::kF32) {
-    MW_ASSIGN_OR_RETURN(chunk32, device_.Allocate(shard * 4, MemoryCategory::kWorkspace,
-                                                  absl::StrCat(flat.name, ".accumulate")));
+    MW_ASSIGN_OR_RETURN(DeviceBuffer chunk32,
+                        device_.Allocate(shard * 4, MemoryCategory::kWorkspace,
+                                         absl::StrCat(flat.name, ".accumulate")));
     MW_RETURN_IF_ERROR(
-        kernels::Cast(device_, *stream_, chunk.data(), reduce, chunk32.data(), DType::kF32, shard));
+        kernels::Cast(device_, stream, chunk.data(), reduce, chunk32.data(), DType::kF32, shard));
     addend = chunk32.data();
+    keep_alive.push_back(std::move(chunk32));
   }
-  MW_RETURN_IF_ERROR(kernels::Axpy(device_, *stream_, 1.0f, static_cast<const float*>(addend),
+  MW_RETURN_IF_ERROR(kernels::Axpy(device_, stream, 1.0f, static_cast<const float*>(addend),
                                    static_cast<float*>(sum.data()), shard));
-  MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, sum.data(), DType::kF32, shard_out, dtype, shard));
-  return stream_->Synchronize();
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, stream, sum.data(), DType::kF32, shard_out, dtype, shard));
+  keep_alive.push_back(std::move(chunk));
+  keep_alive.push_back(std::move(sum));
+  return absl::OkStatus();
 }
 
 void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
@@ -368,7 +444,7 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
   if (dtype != DType::kF32) {
     MW_ASSIGN_OR_RETURN(grads32, device_.Allocate(n * 4, MemoryCategory::kWorkspace,
                                                   absl::StrCat(flat.name, ".grad_f32")));
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, *stream_, grads, dtype, grads32.data(), DType::kF32, n));
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, grads, dtype, grads32.data(), DType::kF32, n));
     grads = grads32.data();
   }
   // The f32 weights updated, and the parameter copy refreshed in the same
@@ -392,7 +468,7 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
     adam.step = steps_applied_ + 1;
     adam.grad_scale = grad_scale;
     MW_RETURN_IF_ERROR(kernels::AdamUpdate(
-        device_, *stream_, adam, weights, static_cast<const float*>(grads),
+        device_, *comm_stream_, adam, weights, static_cast<const float*>(grads),
         static_cast<float*>(group.exp_avg.data()), static_cast<float*>(group.exp_avg_sq.data()),
         low, dtype, n));
   } else {
@@ -401,16 +477,16 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
     sgd.momentum = o.momentum;
     sgd.weight_decay = o.weight_decay;
     sgd.grad_scale = grad_scale;
-    MW_RETURN_IF_ERROR(kernels::SgdUpdate(device_, *stream_, sgd, weights,
+    MW_RETURN_IF_ERROR(kernels::SgdUpdate(device_, *comm_stream_, sgd, weights,
                                           static_cast<const float*>(grads),
                                           static_cast<float*>(group.exp_avg.data()), low, dtype, n));
   }
-  return stream_->Synchronize();
+  return comm_stream_->Synchronize();
 }
 
 absl::Status ShardedOptimizer::ZeroGradients(const FlatGroup& flat, Group& group) {
   const int64_t n = stage() <= 1 ? flat.padded_numel : flat.shard_numel;
-  return kernels::Fill(device_, *stream_, group.grads.data(), config_.param_dtype(), n, 0.0f);
+  return kernels::Fill(device_, *comm_stream_, group.grads.data(), config_.param_dtype(), n, 0.0f);
 }
 
 void ShardedOptimizer::UpdateLossScale(bool overflow) {
@@ -437,9 +513,17 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
       return absl::FailedPreconditionError(absl::StrCat(
           "Step: group ", g, " still holds unreduced gradients (call ReduceGradients(", g, "))"));
     }
-    if (!groups_[g].gathered.empty()) {
+    if (!groups_[g].gathered.empty() && !groups_[g].prefetched) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Step: group ", g, " is still gathered (call ReleaseParameters(", g, "))"));
+    }
+  }
+  // Every reduction has run (its errors surface here); unused prefetches go.
+  MW_RETURN_IF_ERROR(Reclaim(/*wait=*/true));
+  for (Group& group : groups_) {
+    if (group.prefetched) {
+      group.gathered.Reset();
+      group.prefetched = false;
     }
   }
   // 1. Reduce what stages 0-1 hold in full.
@@ -447,9 +531,11 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     const FlatGroup& flat = layout_.groups[g];
     if (stage() == 0) MW_RETURN_IF_ERROR(AllReduceGradients(flat, groups_[g].grads.data()));
     if (stage() == 1) {
+      std::vector<DeviceBuffer> keep_alive;
       MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, groups_[g].grads.data(),
                                                 UpdateGradients(flat, groups_[g]),
-                                                /*accumulate=*/false));
+                                                /*accumulate=*/false, keep_alive));
+      MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
     }
   }
   // 2. Overflow and squared norm over the elements this rank updates.
@@ -463,12 +549,12 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     const void* grads = UpdateGradients(flat, groups_[g]);
     if (need_overflow) {
       MW_ASSIGN_OR_RETURN(const bool bad,
-                          kernels::HasInfOrNan(device_, *stream_, grads, dtype, update_numel(flat)));
+                          kernels::HasInfOrNan(device_, *comm_stream_, grads, dtype, update_numel(flat)));
       overflow = overflow || bad;
     }
     if (need_norm) {
       MW_ASSIGN_OR_RETURN(const double s,
-                          kernels::SumOfSquares(device_, *stream_, grads, dtype, update_numel(flat)));
+                          kernels::SumOfSquares(device_, *comm_stream_, grads, dtype, update_numel(flat)));
       squares += s;
     }
   }
@@ -484,11 +570,11 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
                         device_.Allocate(all.size() * 4, MemoryCategory::kCommBuffer,
                                          "optimizer.step_scalars"));
     MW_RETURN_IF_ERROR(device_.CopyAsync(At(exchange, 4 * comm_.rank(), DType::kF32), mine.data(),
-                                         16, *stream_));
+                                         16, *comm_stream_));
     MW_RETURN_IF_ERROR(comm_.AllGather(At(exchange, 4 * comm_.rank(), DType::kF32),
-                                       exchange.data(), 4, DType::kF32, *stream_));
-    MW_RETURN_IF_ERROR(device_.CopyAsync(all.data(), exchange.data(), all.size() * 4, *stream_));
-    MW_RETURN_IF_ERROR(stream_->Synchronize());
+                                       exchange.data(), 4, DType::kF32, *comm_stream_));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(all.data(), exchange.data(), all.size() * 4, *comm_stream_));
+    MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
     overflow = false;
     squares = 0.0;
     for (int r = 0; r < world; ++r) {
@@ -508,7 +594,7 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     for (size_t g = 0; g < groups_.size(); ++g) {
       MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], groups_[g]));
     }
-    MW_RETURN_IF_ERROR(stream_->Synchronize());
+    MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
     result.applied = false;
     result.loss_scale = loss_scale_;
     return result;
@@ -528,13 +614,13 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
       void* full = groups_[g].params.data();
       void* own = device_.holds_bytes() ? At(groups_[g].params, flat.shard_begin(comm_.rank()), dtype)
                                         : nullptr;
-      MW_RETURN_IF_ERROR(comm_.AllGather(own, full, flat.shard_numel, dtype, *stream_));
+      MW_RETURN_IF_ERROR(comm_.AllGather(own, full, flat.shard_numel, dtype, *comm_stream_));
     }
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
     MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], groups_[g]));
   }
-  MW_RETURN_IF_ERROR(stream_->Synchronize());
+  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
   UpdateLossScale(/*overflow=*/false);
   ++steps_applied_;
   result.applied = true;
@@ -565,12 +651,12 @@ absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<
     MW_ASSIGN_OR_RETURN(gathered, device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
                                                    absl::StrCat(flat.name, ".master_gather")));
     MW_RETURN_IF_ERROR(
-        comm_.AllGather(shard.data(), gathered.data(), flat.shard_numel, DType::kF32, *stream_));
+        comm_.AllGather(shard.data(), gathered.data(), flat.shard_numel, DType::kF32, *comm_stream_));
     full = &gathered;
   }
   MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), At(*full, place.offset, DType::kF32),
-                                       place.numel * 4, *stream_));
-  return stream_->Synchronize();
+                                       place.numel * 4, *comm_stream_));
+  return comm_stream_->Synchronize();
 }
 
 }  // namespace memwall

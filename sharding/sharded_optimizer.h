@@ -31,6 +31,20 @@
 // updates the master weights, refreshes the parameters, and zeroes the
 // gradients.
 //
+// Overlap (zero_optimization.overlap_comm): collectives then run on a
+// communication stream of their own (on host, a thread; on cuda, a CUDA
+// stream) so that ReduceGradients() returns at once and the reduction of
+// group g overlaps the backward of group g-1; the full-size bucket is freed
+// once its reduction has run. At stage 3, GatherParameters() also prefetches
+// the next groups in the direction of travel (forward: g+1, g+2, ...;
+// backward: g-1, ...) while their elements stay within
+// stage3_prefetch_bucket_size and all gathered groups within
+// stage3_max_live_parameters; a prefetched group costs its memory while in
+// flight, and Step() drops unused ones. Results are identical with and
+// without overlap: the same arithmetic runs in the same order. A collective
+// that fails asynchronously fails the next Step() (before any update), and,
+// as CUDA errors are, stays sticky: the optimizer is unusable after it.
+//
 // Every method that communicates is collective: all ranks call it in the
 // same order. Not thread-safe.
 #ifndef MEMWALL_SHARDING_SHARDED_OPTIMIZER_H_
@@ -84,6 +98,9 @@ class ShardedOptimizer {
   static absl::StatusOr<std::unique_ptr<ShardedOptimizer>> Create(const ShardingOptions& config,
                                                                   Device& device,
                                                                   Communicator& comm);
+
+  // Waits for the communication stream: its work uses this object's buffers.
+  ~ShardedOptimizer();
 
   // Registers a parameter with its initial values (every rank must pass the
   // same values, as in data parallelism). Before Finalize() only; errors
@@ -146,10 +163,21 @@ class ShardedOptimizer {
     // Optimizer moments (f32): Adam m, v; SGD momentum uses exp_avg only.
     DeviceBuffer exp_avg;
     DeviceBuffer exp_avg_sq;
+    // Stage 3: the gather of `gathered` completes at this event; true while
+    // it is a prefetch nobody asked for yet.
+    std::unique_ptr<Event> gathered_event;
+    bool prefetched = false;
+  };
+
+  // Buffers an asynchronous reduction still reads; freed once `event` has
+  // completed.
+  struct Retired {
+    std::vector<DeviceBuffer> buffers;
+    std::unique_ptr<Event> event;
   };
 
   ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
-                   std::unique_ptr<Stream> stream);
+                   std::unique_ptr<Stream> stream, std::unique_ptr<Stream> comm_stream);
 
   bool mixed() const { return config_.param_dtype() != DType::kF32; }
   int stage() const { return config_.zero.stage; }
@@ -163,8 +191,17 @@ class ShardedOptimizer {
   // Reduces full-size gradients `full` (param_dtype, padded) of group g:
   // all-reduce in place (stage 0) or reduce-scatter into `shard_out`.
   absl::Status AllReduceGradients(const FlatGroup& flat, void* full);
+  // Enqueued on the communication stream; temporaries it needs until then
+  // go to `keep_alive`.
   absl::Status ReduceScatterGradients(const FlatGroup& flat, const void* full, void* shard_out,
-                                      bool accumulate);
+                                      bool accumulate, std::vector<DeviceBuffer>& keep_alive);
+  // Stage 3: allocates group g's gathered buffer and enqueues its gather.
+  absl::Status StartGather(int g, bool prefetch);
+  // Stage 3: prefetches after a gather of g, per the class comment.
+  absl::Status Prefetch(int g);
+  // Frees retired buffers whose reductions have run (all, waiting, if
+  // `wait`).
+  absl::Status Reclaim(bool wait);
   // This rank's gradient elements of group g (param_dtype).
   void* UpdateGradients(const FlatGroup& flat, Group& group);
   absl::Status ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale);
@@ -174,7 +211,14 @@ class ShardedOptimizer {
   const ShardingOptions config_;
   Device& device_;
   Communicator& comm_;
+  // The caller's side: initialisation and fresh gradient buffers.
   std::unique_ptr<Stream> stream_;
+  // Collectives and the optimizer's own kernels; asynchronous when
+  // overlap_comm is set.
+  std::unique_ptr<Stream> comm_stream_;
+  std::vector<Retired> retired_;
+  // The last group gathered, for the prefetch direction.
+  int last_gathered_ = -1;
 
   std::vector<ParameterSpec> specs_;
   std::vector<std::vector<float>> initial_;

@@ -87,12 +87,13 @@ float ModelGradient(size_t p, int64_t j, int r, int k, int u, float w, float los
   return std::floor(x * 4096.0f) / 4096.0f * loss_scale;
 }
 
-ShardingOptions Options(int stage, DType dtype, int accumulation, float clipping) {
+ShardingOptions Options(int stage, DType dtype, int accumulation, float clipping,
+                        bool overlap = false) {
   ShardingOptions o;
   o.zero.stage = stage;
   // Small groups: several per model, most with padding.
   o.zero.reduce_bucket_size = 64;
-  o.zero.stage3_prefetch_bucket_size = 64;
+  o.zero.overlap_comm = overlap;
   o.fp16 = dtype == DType::kF16;
   o.bf16 = dtype == DType::kBF16;
   o.loss_scale.initial_scale_power = 8;
@@ -227,10 +228,13 @@ TEST_CASE("every stage matches the unsharded reference", "[zero][equivalence]") 
       for (float clipping : {0.0f, 0.05f}) {
         Reference reference(Options(0, dtype, accumulation, clipping));
         for (int k = 0; k < kSteps; ++k) reference.Step(Options(0, dtype, accumulation, clipping), k, ranks);
-        for (int stage = 0; stage <= 3; ++stage) {
-          const ShardingOptions options = Options(stage, dtype, accumulation, clipping);
+        for (int run_index = 0; run_index < 8; ++run_index) {
+          const int stage = run_index % 4;
+          const bool overlap = run_index >= 4;
+          const ShardingOptions options = Options(stage, dtype, accumulation, clipping, overlap);
           INFO("stage " << stage << ", " << Name(dtype) << ", accumulation " << accumulation
-                        << ", clipping " << clipping << ", " << ranks << " ranks");
+                        << ", clipping " << clipping << ", overlap " << overlap << ", " << ranks
+                        << " ranks");
           Run run = Start(options);
           for (int k = 0; k < kSteps; ++k) REQUIRE(TrainStep(*run.opt, k).applied);
           CHECK(run.opt->steps_applied() == kSteps);
@@ -300,9 +304,11 @@ TEST_CASE("SGD with momentum shards like Adam", "[zero][sgd]") {
 
 TEST_CASE("per-rank model-state bytes equal the ZeRO formulas", "[zero][memory]") {
   const int64_t n = World().world_size();
-  for (int stage = 0; stage <= 3; ++stage) {
-    INFO("stage " << stage << " on " << n << " ranks");
-    Run run = Start(Options(stage, DType::kBF16, 1, 0.0f));
+  for (int run_index = 0; run_index < 8; ++run_index) {
+    const int stage = run_index % 4;
+    const bool overlap = run_index >= 4;
+    INFO("stage " << stage << " on " << n << " ranks, overlap " << overlap);
+    Run run = Start(Options(stage, DType::kBF16, 1, 0.0f, overlap));
     const int64_t P = run.opt->layout().padded_numel;  // a multiple of N by construction
     REQUIRE(P % n == 0);
     const auto bytes = [&](MemoryCategory c) {
@@ -335,9 +341,11 @@ TEST_CASE("per-rank model-state bytes equal the ZeRO formulas", "[zero][memory]"
 }
 
 TEST_CASE("communication per step equals the ZeRO volumes to the byte", "[zero][comm]") {
-  for (int stage = 0; stage <= 3; ++stage) {
-    INFO("stage " << stage);
-    Run run = Start(Options(stage, DType::kBF16, 1, 0.0f));
+  for (int run_index = 0; run_index < 8; ++run_index) {
+    const int stage = run_index % 4;
+    const bool overlap = run_index >= 4;
+    INFO("stage " << stage << ", overlap " << overlap);
+    Run run = Start(Options(stage, DType::kBF16, 1, 0.0f, overlap));
     const int64_t P = run.opt->layout().padded_numel;
     World().ResetStats();
     TrainStep(*run.opt, 0);
@@ -354,6 +362,43 @@ TEST_CASE("communication per step equals the ZeRO volumes to the byte", "[zero][
       // forward and again in backward: 2P and 3P elements in all.
       CHECK(bytes(Collective::kAllGather) == (stage == 3 ? 2 : 1) * 2 * P);
     }
+  }
+}
+
+TEST_CASE("stage 3 prefetches ahead within the prefetch budget and the live limit",
+          "[zero][prefetch]") {
+  const int64_t n = World().world_size();
+  for (int64_t live_limit : {int64_t{1} << 40, int64_t{0}}) {
+    INFO("live limit " << live_limit);
+    ShardingOptions options = Options(3, DType::kBF16, 1, 0.0f, /*overlap=*/true);
+    options.zero.stage3_max_live_parameters = live_limit;
+    Run run = Start(options);
+    World().ResetStats();  // nothing is in flight yet
+    const FlatLayout& layout = run.opt->layout();
+    REQUIRE(layout.groups.size() >= 3);
+    const int64_t P = layout.padded_numel;
+    const auto params = [&] {
+      return run.device->allocator().stats().by_category[int(MemoryCategory::kParameter)].current;
+    };
+    // Forward: the first gather looks ahead to 1, 2, ... as far as allowed.
+    REQUIRE(run.opt->GatherParameters(0).ok());
+    REQUIRE(run.opt->ReleaseParameters(0).ok());
+    REQUIRE(run.opt->GatherParameters(1).ok());
+    int64_t expected = 2 * P / n + 2 * layout.groups[1].padded_numel;
+    if (live_limit > 0) {
+      for (size_t g = 2; g < layout.groups.size(); ++g) expected += 2 * layout.groups[g].padded_numel;
+    }
+    CHECK(params() == expected);
+    REQUIRE(run.opt->ReleaseParameters(1).ok());
+    REQUIRE(run.opt->GatherParameters(2).ok());
+    REQUIRE(run.opt->ReleaseParameters(2).ok());
+    // Step drops what was prefetched and not used, after which the counters
+    // are settled: a prefetched group was used without another gather, so
+    // every group was gathered once with prefetch, and 0, 1, 2 without.
+    REQUIRE(run.opt->Step().ok());
+    CHECK(params() == 2 * P / n);
+    CHECK(World().stats(Collective::kAllGather).calls ==
+          (live_limit > 0 ? static_cast<int64_t>(layout.groups.size()) : 3));
   }
 }
 
