@@ -2,12 +2,16 @@
 // by the allocator beside the ZeRO formula, step time beside stage 0's
 // (measured in the same run), and bytes communicated per step.
 //
-//   tools/mpirun.sh N bazel-bin/benchmarks/zero_benchmark [--params 8388608] [--groups 8] [--steps 5]
+//   tools/mpirun.sh N bazel-bin/benchmarks/zero_benchmark [--params 8388608] [--groups 8]
+//       [--steps 5] [--compute 0] [--overlap 0|1]
 //
-// The "model" is the optimizer step itself: each step fills every group's
-// gradients (a stand-in for backward) in the order a driver would (stage 3:
-// gather for forward, gather again for backward), then Step(). bf16
-// parameters and gradients, f32 reduction, AdamW.
+// The "model" is a stand-in: per group, forward and backward each run
+// `--compute` passes of a scaling kernel over a group-sized f32 buffer (0:
+// no compute, the optimizer's work alone), and backward fills the group's
+// gradients; the driver order is a real one (stage 3: gather for forward,
+// gather again for backward; stages 2-3 reduce each group right after its
+// backward), then Step(). bf16 parameters and gradients, f32 reduction,
+// AdamW. --overlap 1 sets zero_optimization.overlap_comm.
 #include <mpi.h>
 
 #include <algorithm>
@@ -43,13 +47,16 @@ absl::Status Check(const absl::Status& s) {
   return s;
 }
 
-Figures RunStage(MpiCommunicator& comm, int stage, int64_t params, int groups, int steps) {
+Figures RunStage(MpiCommunicator& comm, int stage, int64_t params, int groups, int steps,
+                 int compute, bool overlap) {
   ShardingOptions options;
   options.zero.stage = stage;
+  options.zero.overlap_comm = overlap;
   options.bf16 = true;
   const int64_t per_group = params / groups;
   options.zero.reduce_bucket_size = per_group;
-  options.zero.stage3_prefetch_bucket_size = per_group;
+  // Prefetch one group ahead.
+  options.zero.stage3_prefetch_bucket_size = per_group + 4096;
   auto device = CreateDevice({Backend::kHost, comm.rank(), 4 * kGiB}).value();
   auto stream = device->CreateStream().value();
   auto opt = ShardedOptimizer::Create(options, *device, comm).value();
@@ -68,6 +75,13 @@ Figures RunStage(MpiCommunicator& comm, int stage, int64_t params, int groups, i
   const int64_t formulas[] = {16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N};
   f.formula = formulas[stage];
 
+  auto activations = device->Allocate(per_group * 4, MemoryCategory::kActivation, "compute").value();
+  Check(kernels::Fill(*device, *stream, activations.data(), DType::kF32, per_group, 1.0f));
+  auto layer_compute = [&] {
+    for (int pass = 0; pass < compute; ++pass) {
+      Check(kernels::Scale(*device, *stream, activations.data(), DType::kF32, per_group, 0.999f));
+    }
+  };
   std::vector<double> times;
   for (int step = 0; step < steps + 1; ++step) {  // the first step warms up
     comm.ResetStats();
@@ -75,10 +89,12 @@ Figures RunStage(MpiCommunicator& comm, int stage, int64_t params, int groups, i
     const auto start = std::chrono::steady_clock::now();
     for (int g = 0; g < groups; ++g) {
       Check(opt->GatherParameters(g));
+      layer_compute();
       Check(opt->ReleaseParameters(g));
     }
     for (int g = groups - 1; g >= 0; --g) {
       Check(opt->GatherParameters(g));
+      layer_compute();
       Check(opt->AcquireGradients(g));
       auto grad = opt->Gradient("layer" + std::to_string(g)).value();
       Check(kernels::Fill(*device, *stream, grad.data, grad.dtype, grad.numel, 1e-3f));
@@ -100,26 +116,32 @@ Figures RunStage(MpiCommunicator& comm, int stage, int64_t params, int groups, i
 
 int Main(int argc, char** argv) {
   int64_t params = int64_t{8} << 20;
-  int groups = 8, steps = 5;
+  int groups = 8, steps = 5, compute = 0;
+  bool overlap = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--params") params = std::atoll(argv[i + 1]);
     else if (flag == "--groups") groups = std::atoi(argv[i + 1]);
     else if (flag == "--steps") steps = std::atoi(argv[i + 1]);
+    else if (flag == "--compute") compute = std::atoi(argv[i + 1]);
+    else if (flag == "--overlap") overlap = std::atoi(argv[i + 1]) != 0;
     else {
-      std::fprintf(stderr, "usage: zero_benchmark [--params N] [--groups G] [--steps S]\n");
+      std::fprintf(stderr,
+                   "usage: zero_benchmark [--params N] [--groups G] [--steps S] [--compute K] "
+                   "[--overlap 0|1]\n");
       return 2;
     }
   }
   auto comm = MpiCommunicator::Create().value();
   std::vector<Figures> figures;
   for (int stage = 0; stage <= 3; ++stage) {
-    figures.push_back(RunStage(*comm, stage, params, groups, steps));
+    figures.push_back(RunStage(*comm, stage, params, groups, steps, compute, overlap));
   }
   if (comm->rank() == 0) {
     std::printf("zero_benchmark: %lld parameters in %d groups, bf16 + f32 AdamW, %d ranks, "
-                "host backend, median of %d steps\n",
-                static_cast<long long>(params), groups, comm->world_size(), steps);
+                "host backend, median of %d steps, compute %d passes per layer, overlap %s\n",
+                static_cast<long long>(params), groups, comm->world_size(), steps, compute,
+                overlap ? "on" : "off");
     std::printf("%-6s %16s %16s %6s %10s %9s %14s %14s %8s\n", "stage", "model states/rank",
                 "ZeRO formula", "equal", "step ms", "vs st. 0", "reduce bytes", "gather bytes",
                 "elems/P");
