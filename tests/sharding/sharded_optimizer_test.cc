@@ -428,6 +428,34 @@ TEST_CASE("an inf on one rank skips the step everywhere and halves the scale", "
   }
 }
 
+TEST_CASE("the loss scale grows after clean windows and honours hysteresis", "[zero][fp16]") {
+  const int ranks = World().world_size(), rank = World().rank();
+  ShardingOptions options = Options(2, DType::kF16, 1, 0.0f);
+  options.loss_scale.loss_scale_window = 2;
+  options.loss_scale.hysteresis = 2;
+  options.loss_scale.min_loss_scale = 64.0f;
+  Run run = Start(options);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float bad = rank == 0 ? inf : 0.0f;
+  std::vector<float> scales;
+  std::vector<bool> applied;
+  // clean, clean (doubles), overflow (hysteresis absorbs), overflow (halves),
+  // overflow, overflow (halves), then down to the floor.
+  const std::vector<float> inject = {0, 0, bad, bad, bad, bad, bad, bad, bad, bad};
+  for (size_t k = 0; k < inject.size(); ++k) {
+    const ShardedOptimizer::StepResult r = TrainStep(*run.opt, static_cast<int>(k), inject[k]);
+    applied.push_back(r.applied);
+    scales.push_back(r.loss_scale);
+  }
+  // Every rank sees the same decisions (rank 0 injected; others did not).
+  CHECK(applied == std::vector<bool>{true, true, false, false, false, false, false, false, false,
+                                     false});
+  CHECK(scales == std::vector<float>{256, 512, 512, 256, 256, 128, 128, 64, 64, 64});
+  CHECK(run.opt->steps_applied() == 2);
+  CHECK(run.opt->steps_skipped() == 8);
+  (void)ranks;
+}
+
 TEST_CASE("misuse gets the specific error", "[zero][errors]") {
   auto device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value();
   auto opt = ShardedOptimizer::Create(Options(3, DType::kBF16, 1, 0.0f), *device, World()).value();
