@@ -211,38 +211,35 @@ absl::StatusOr<int> ShardedOptimizer::GroupOf(absl::string_view name) const {
   return layout_.placements[it->second].group;
 }
 
-absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Parameter(absl::string_view name) {
-  MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
+ShardedOptimizer::View ShardedOptimizer::ViewOf(absl::string_view name,
+                                                const DeviceBuffer& buffer) const {
   const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
   const DType dtype = config_.param_dtype();
-  const DeviceBuffer* buffer = &groups_[g].params;
-  if (stage() == 3) {
-    if (groups_[g].gathered.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("parameter '", name, "': its group ", g, " ('", layout_.groups[g].name,
-                       "') is not gathered; call GatherParameters(", g, ") first"));
-    }
-    buffer = &groups_[g].gathered;
-  }
-  return View{device_.holds_bytes() ? At(*buffer, place.offset, dtype) : nullptr, dtype,
+  return View{device_.holds_bytes() ? At(buffer, place.offset, dtype) : nullptr, dtype,
               place.numel};
+}
+
+absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Parameter(absl::string_view name) {
+  MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
+  if (stage() < 3) return ViewOf(name, groups_[g].params);
+  // A prefetch may still be in flight: only GatherParameters waits for it.
+  if (groups_[g].gathered.empty() || groups_[g].prefetched) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("parameter '", name, "': its group ", g, " ('", layout_.groups[g].name,
+                     "') is not gathered; call GatherParameters(", g, ") first"));
+  }
+  return ViewOf(name, groups_[g].gathered);
 }
 
 absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Gradient(absl::string_view name) {
   MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
-  const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
-  const DType dtype = config_.param_dtype();
-  const DeviceBuffer* buffer = &groups_[g].grads;
-  if (stage() >= 2) {
-    if (groups_[g].grad_bucket.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("gradient of '", name, "': its group ", g, " ('", layout_.groups[g].name,
-                       "') has no gradient buffer; call AcquireGradients(", g, ") first"));
-    }
-    buffer = &groups_[g].grad_bucket;
+  if (stage() < 2) return ViewOf(name, groups_[g].grads);
+  if (groups_[g].grad_bucket.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("gradient of '", name, "': its group ", g, " ('", layout_.groups[g].name,
+                     "') has no gradient buffer; call AcquireGradients(", g, ") first"));
   }
-  return View{device_.holds_bytes() ? At(*buffer, place.offset, dtype) : nullptr, dtype,
-              place.numel};
+  return ViewOf(name, groups_[g].grad_bucket);
 }
 
 absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {

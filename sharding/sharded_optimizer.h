@@ -180,6 +180,8 @@ class ShardedOptimizer {
                    std::unique_ptr<Stream> stream, std::unique_ptr<Stream> comm_stream);
 
   bool mixed() const { return config_.param_dtype() != DType::kF32; }
+  // The view of registered parameter `name` inside its group's `buffer`.
+  View ViewOf(absl::string_view name, const DeviceBuffer& buffer) const;
   int stage() const { return config_.zero.stage; }
   // Elements this rank updates in group g, and where they start.
   int64_t update_numel(const FlatGroup& g) const;

@@ -389,6 +389,11 @@ TEST_CASE("stage 3 prefetches ahead within the prefetch budget and the live limi
       for (size_t g = 2; g < layout.groups.size(); ++g) expected += 2 * layout.groups[g].padded_numel;
     }
     CHECK(params() == expected);
+    // A prefetched group is not readable until it is asked for.
+    if (live_limit > 0) {
+      CHECK(run.opt->Parameter(kModel[layout.groups[2].parameters[0]].name).status().code() ==
+            absl::StatusCode::kFailedPrecondition);
+    }
     REQUIRE(run.opt->ReleaseParameters(1).ok());
     REQUIRE(run.opt->GatherParameters(2).ok());
     REQUIRE(run.opt->ReleaseParameters(2).ok());
