@@ -15,6 +15,16 @@ int64_t NumElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+namespace {
+
+// "block3.attn.qkv" for "block3.attn.qkv.weight"; the name itself without '.'.
+absl::string_view LayerOf(absl::string_view name) {
+  const size_t dot = name.rfind('.');
+  return dot == absl::string_view::npos ? name : name.substr(0, dot);
+}
+
+}  // namespace
+
 int64_t FlatGroup::padding_in_shard(int rank) const {
   const int64_t begin = shard_begin(rank), end = begin + shard_numel;
   return end - std::clamp(numel, begin, end);
@@ -51,7 +61,8 @@ absl::StatusOr<FlatLayout> PlanFlatLayout(const std::vector<ParameterSpec>& para
     layout.padded_numel += group.padded_numel;
     layout.groups.push_back(std::move(group));
   };
-  FlatGroup current;
+  // Validate, then cut the parameter list into layers.
+  std::vector<std::pair<size_t, size_t>> layers;  // [begin, end) into parameters
   for (size_t i = 0; i < parameters.size(); ++i) {
     const ParameterSpec& p = parameters[i];
     if (p.name.empty()) {
@@ -67,15 +78,26 @@ absl::StatusOr<FlatLayout> PlanFlatLayout(const std::vector<ParameterSpec>& para
             "parameter '", p.name, "': shape[", d, "] is ", p.shape[d], "; expected >= 1"));
       }
     }
-    const int64_t numel = NumElements(p.shape);
-    if (!current.parameters.empty() && current.numel + numel > bucket_elements) {
+    if (i == 0 || LayerOf(p.name) != LayerOf(parameters[i - 1].name)) {
+      layers.push_back({i, i});
+    }
+    layers.back().second = i + 1;
+  }
+  FlatGroup current;
+  for (const auto& [begin, end] : layers) {
+    int64_t layer_numel = 0;
+    for (size_t i = begin; i < end; ++i) layer_numel += NumElements(parameters[i].shape);
+    if (!current.parameters.empty() && current.numel + layer_numel > bucket_elements) {
       close_group(current);
       current = FlatGroup();
     }
-    layout.placements.push_back(
-        {static_cast<int>(layout.groups.size()), current.numel, numel});
-    current.parameters.push_back(static_cast<int>(i));
-    current.numel += numel;
+    for (size_t i = begin; i < end; ++i) {
+      const int64_t numel = NumElements(parameters[i].shape);
+      layout.placements.push_back(
+          {static_cast<int>(layout.groups.size()), current.numel, numel});
+      current.parameters.push_back(static_cast<int>(i));
+      current.numel += numel;
+    }
   }
   close_group(current);
   return layout;

@@ -1,8 +1,11 @@
 // Flat parameter groups: the arithmetic of ZeRO sharding.
 //
-// Parameters, in registration order, are packed into groups of consecutive
-// parameters of at most `bucket_elements` (a parameter larger than that gets
-// a group of its own; no parameter is ever split between groups). Each group
+// Parameters, in registration order, are packed into groups that follow
+// layers: a layer is a run of consecutive parameters whose names share the
+// prefix before the last '.' ("block3.attn.qkv" for "block3.attn.qkv.weight"
+// and ".bias"), and layers are packed whole into groups of at most
+// `bucket_elements` (a layer larger than that gets a group of its own; no
+// layer, and so no parameter, is ever split between groups). Each group
 // is one contiguous buffer, padded at its end so it splits evenly into
 // `world_size` shards of a multiple of `alignment_elements`; rank r owns
 // elements [r * shard_numel, (r + 1) * shard_numel) of every group. Sharding

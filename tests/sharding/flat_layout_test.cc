@@ -50,6 +50,26 @@ TEST_CASE("groups pack consecutive parameters up to the bucket size", "[flat]") 
   CHECK(layout->placements[5].numel == 1);
 }
 
+TEST_CASE("groups never split a layer", "[flat]") {
+  // block0 (weight 256 + bias 16) exceeds a 260-element bucket: it stays
+  // whole in a group of its own rather than leaving its bias behind.
+  auto layout = PlanFlatLayout(Specs(), 1, 260, 1);
+  REQUIRE(layout.ok());
+  REQUIRE(layout->groups.size() == 4);
+  CHECK(layout->groups[1].name == "block0.w..block0.b");
+  CHECK(layout->groups[1].numel == 272);
+  CHECK(layout->groups[2].name == "block1.w..block1.b");
+  CHECK(layout->groups[3].name == "head");
+  // Several small layers share a group up to the bucket size.
+  auto packed = PlanFlatLayout({{"l0.w", {10}}, {"l0.b", {2}}, {"l1.w", {10}}, {"l1.b", {2}},
+                                {"l2.w", {10}}, {"l2.b", {2}}},
+                               1, 24, 1);
+  REQUIRE(packed.ok());
+  REQUIRE(packed->groups.size() == 2);
+  CHECK(packed->groups[0].parameters == std::vector<int>{0, 1, 2, 3});
+  CHECK(packed->groups[1].parameters == std::vector<int>{4, 5});
+}
+
 TEST_CASE("one rank and a huge bucket make one unpadded-but-aligned group", "[flat]") {
   auto layout = PlanFlatLayout(Specs(), 1, int64_t{1} << 40, 1);
   REQUIRE(layout.ok());

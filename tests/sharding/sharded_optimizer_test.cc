@@ -365,6 +365,38 @@ TEST_CASE("communication per step equals the ZeRO volumes to the byte", "[zero][
   }
 }
 
+TEST_CASE("a bf16 reduction halves the reduction bytes and stays close", "[zero][comm]") {
+  const int n = World().world_size();
+  for (int stage : {0, 2}) {
+    INFO("stage " << stage << " on " << n << " ranks");
+    // SGD, so a gradient difference maps linearly onto the weights.
+    ShardingOptions f32 = Options(stage, DType::kF32, 1, 0.0f);
+    f32.optimizer.type = OptimizerType::kSgd;
+    f32.optimizer.lr = 0.05f;
+    ShardingOptions bf16 = f32;
+    bf16.reduce_dtype = DType::kBF16;
+    Run exact = Start(f32), narrow = Start(bf16);
+    const int64_t P = narrow.opt->layout().padded_numel;
+    for (int k = 0; k < 3; ++k) REQUIRE(TrainStep(*exact.opt, k).applied);
+    World().ResetStats();
+    for (int k = 0; k < 3; ++k) REQUIRE(TrainStep(*narrow.opt, k).applied);
+    const int64_t reduced = World().stats(Collective::kAllReduce).bytes +
+                            World().stats(Collective::kReduceScatter).bytes;
+    CHECK(reduced == 3 * 2 * P);  // 2 bytes per element, 3 steps
+    // Per element, the N gradients (|g| < 1) are rounded to bf16 and added
+    // in bf16: each rounding is at most 2^-9 of a partial sum below N, so the
+    // mean is off by at most 2^-9 * N; SGD moves the weights by lr times
+    // that per step (doubled for the weights' feedback into the gradients).
+    const double bound = 3 * 0.05 * n * 0x1p-8;
+    for (const Param& p : kModel) {
+      std::vector<float> a(NumElements(p.shape)), b(a.size());
+      REQUIRE(exact.opt->MasterWeights(p.name, absl::MakeSpan(a)).ok());
+      REQUIRE(narrow.opt->MasterWeights(p.name, absl::MakeSpan(b)).ok());
+      for (size_t j = 0; j < a.size(); ++j) REQUIRE(std::fabs(a[j] - b[j]) <= bound);
+    }
+  }
+}
+
 TEST_CASE("stage 3 prefetches ahead within the prefetch budget and the live limit",
           "[zero][prefetch]") {
   const int64_t n = World().world_size();
