@@ -15,4 +15,6 @@ export TMPDIR=$session
 export OMPI_MCA_btl=self,vader
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# One BLAS thread per rank unless asked: ranks already share the cores.
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 exec mpirun --allow-run-as-root --oversubscribe -np "$np" "$binary" "$@"

@@ -1,0 +1,109 @@
+// The Layer interface: how a model plugs into memwall's training step.
+//
+// A sequential model is a list of layers. Each layer declares its
+// parameters; the engine registers them with the ShardedOptimizer as
+// "<layer name>.<parameter name>" (so flat groups follow layers), hands the
+// layer its parameter and gradient memory through a LayerContext, and keeps
+// each layer's input alive from its forward to its backward.
+//
+// Activation accounting: the tensors a layer allocates through its context
+// during forward and keeps until backward (its output, which the next layer
+// reads in backward, and anything it saves) are owned by the layer's name and
+// categorised as activations; ActivationBytes() must predict their size
+// exactly (the recomputation planner and the dry run rely on it; a test
+// checks it against the allocator). Gradients of inputs are owned by
+// "<layer name>.grad" and live only until the previous layer's backward.
+//
+// This slice computes in f32 on the host and meta backends (meta allocates
+// and accounts, computes nothing); bf16/f16 models and cuda compute are the
+// next slice of the models issue.
+#ifndef MEMWALL_ENGINE_LAYER_H_
+#define MEMWALL_ENGINE_LAYER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/device.h"
+#include "runtime/tensor.h"
+#include "sharding/sharded_optimizer.h"
+
+namespace memwall {
+
+struct ParameterDecl {
+  enum class Init : uint8_t { kZeros, kOnes, kNormal };
+  std::string name;  // local to the layer: "weight", "bias"
+  std::vector<int64_t> shape;
+  Init init = Init::kNormal;
+  float stddev = 0.02f;  // for kNormal
+};
+
+// What a layer sees while it runs. Owned by the engine; one per layer.
+class LayerContext {
+ public:
+  LayerContext(Device& device, Stream& stream, ShardedOptimizer& optimizer, std::string layer)
+      : device_(device), stream_(stream), optimizer_(optimizer), layer_(std::move(layer)) {}
+
+  Device& device() { return device_; }
+  Stream& stream() { return stream_; }
+  // Whether compute should run (false on meta: shapes and bytes only).
+  bool computes() const { return device_.holds_bytes(); }
+  // The layer's parameter (f32) and the gradient its backward adds into.
+  // kFailedPrecondition outside the engine's gather/acquire window;
+  // kUnimplemented for non-f32 parameters (the next slice).
+  absl::StatusOr<const float*> Param(absl::string_view local);
+  absl::StatusOr<float*> Grad(absl::string_view local);
+  // An f32 activation owned by the layer (counted by ActivationBytes).
+  absl::StatusOr<Tensor> Activation(std::vector<int64_t> shape);
+  // An f32 input gradient, owned by "<layer>.grad".
+  absl::StatusOr<Tensor> InputGradient(std::vector<int64_t> shape);
+  // Tensors kept from forward for backward; the engine clears them after
+  // the layer's backward.
+  std::vector<Tensor>& saved() { return saved_; }
+
+ private:
+  Device& device_;
+  Stream& stream_;
+  ShardedOptimizer& optimizer_;
+  const std::string layer_;
+  std::vector<Tensor> saved_;
+};
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  virtual ~Layer() = default;
+
+  // Unique within the model; a prefix of its parameters' full names.
+  const std::string& name() const { return name_; }
+  virtual std::vector<ParameterDecl> Parameters() const = 0;
+  // kInvalidArgument (naming the layer) for an input shape it cannot take.
+  virtual absl::StatusOr<std::vector<int64_t>> OutputShape(
+      const std::vector<int64_t>& input) const = 0;
+  // Bytes this layer allocates in forward and keeps until its backward.
+  virtual int64_t ActivationBytes(const std::vector<int64_t>& input) const = 0;
+  // Multiply-adds count two FLOPs.
+  virtual double ForwardFlops(const std::vector<int64_t>& input) const = 0;
+  virtual absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& input) = 0;
+  // Adds the parameter gradients; returns the gradient of `input`.
+  virtual absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor& input,
+                                          const Tensor& grad_output) = 0;
+
+ private:
+  const std::string name_;
+};
+
+// The loss on the last layer's output: returns the mean loss of the
+// micro-batch and writes d(loss)/d(output) into `grad_output` (same shape).
+class LossFunction {
+ public:
+  virtual ~LossFunction() = default;
+  virtual absl::StatusOr<float> Compute(LayerContext& ctx, const Tensor& output,
+                                        const Tensor& target, Tensor& grad_output) = 0;
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_ENGINE_LAYER_H_

@@ -1,0 +1,164 @@
+#include "engine/trainer.h"
+
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/ops.h"
+#include "runtime/status.h"
+
+namespace memwall {
+namespace {
+
+// FNV-1a: a seed per parameter name that is the same in every process.
+uint64_t NameSeed(const std::string& name, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::vector<float> InitialValues(const ParameterDecl& decl, const std::string& full_name,
+                                 uint64_t seed) {
+  int64_t n = 1;
+  for (int64_t d : decl.shape) n *= d;
+  std::vector<float> values(n, 0.0f);
+  if (decl.init == ParameterDecl::Init::kOnes) std::fill(values.begin(), values.end(), 1.0f);
+  if (decl.init == ParameterDecl::Init::kNormal) {
+    std::mt19937_64 rng(NameSeed(full_name, seed));
+    std::normal_distribution<float> normal(0.0f, decl.stddev);
+    for (float& v : values) v = normal(rng);
+  }
+  return values;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
+    const ShardingOptions& options, Device& device, Communicator& comm, uint64_t seed) {
+  if (options.param_dtype() != DType::kF32) {
+    return absl::UnimplementedError(absl::StrCat(
+        "Trainer: ", DTypeName(options.param_dtype()),
+        " models need the mixed-precision layers, which are not built yet; use f32"));
+  }
+  if (device.backend() == Backend::kCuda) {
+    return absl::UnimplementedError(
+        "Trainer: the layers' CUDA compute is not built yet; use the host or meta backend");
+  }
+  if (layers.empty()) return absl::InvalidArgumentError("Trainer: the model has no layers");
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<ShardedOptimizer> optimizer,
+                      ShardedOptimizer::Create(options, device, comm));
+  std::set<std::string> names;
+  for (const auto& layer : layers) {
+    if (!names.insert(layer->name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Trainer: two layers are named '", layer->name(), "'"));
+    }
+    for (const ParameterDecl& decl : layer->Parameters()) {
+      const std::string full = absl::StrCat(layer->name(), ".", decl.name);
+      MW_RETURN_IF_ERROR(
+          optimizer->AddParameter(full, decl.shape, InitialValues(decl, full, seed)));
+    }
+  }
+  MW_RETURN_IF_ERROR(optimizer->Finalize());
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
+  return std::unique_ptr<Trainer>(new Trainer(std::move(layers), std::move(loss), device,
+                                              std::move(stream), std::move(optimizer)));
+}
+
+Trainer::Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
+                 Device& device, std::unique_ptr<Stream> stream,
+                 std::unique_ptr<ShardedOptimizer> optimizer)
+    : layers_(std::move(layers)),
+      loss_(std::move(loss)),
+      device_(device),
+      stream_(std::move(stream)),
+      optimizer_(std::move(optimizer)) {
+  for (const auto& layer : layers_) {
+    contexts_.push_back(
+        std::make_unique<LayerContext>(device_, *stream_, *optimizer_, layer->name()));
+    const std::vector<ParameterDecl> params = layer->Parameters();
+    group_of_layer_.push_back(
+        params.empty()
+            ? -1
+            : optimizer_->GroupOf(absl::StrCat(layer->name(), ".", params[0].name)).value());
+  }
+  loss_context_ = std::make_unique<LayerContext>(device_, *stream_, *optimizer_, "loss");
+}
+
+absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
+  ShardedOptimizer& opt = *optimizer_;
+  const int n = static_cast<int>(layers_.size());
+  std::vector<Tensor> outputs(n);
+  auto input_of = [&](int l) -> const Tensor& { return l == 0 ? batch.input : outputs[l - 1]; };
+
+  // Forward.
+  int gathered = -1;
+  for (int l = 0; l < n; ++l) {
+    const int g = group_of_layer_[l];
+    if (g >= 0 && g != gathered) {
+      if (gathered >= 0) MW_RETURN_IF_ERROR(opt.ReleaseParameters(gathered));
+      MW_RETURN_IF_ERROR(opt.GatherParameters(g));
+      gathered = g;
+    }
+    MW_ASSIGN_OR_RETURN(outputs[l], layers_[l]->Forward(*contexts_[l], input_of(l)));
+  }
+  if (gathered >= 0) MW_RETURN_IF_ERROR(opt.ReleaseParameters(gathered));
+
+  // Loss, scaled for fp16 training.
+  MW_ASSIGN_OR_RETURN(Tensor grad, loss_context_->InputGradient(outputs[n - 1].shape()));
+  MW_ASSIGN_OR_RETURN(const float loss,
+                      loss_->Compute(*loss_context_, outputs[n - 1], batch.target, grad));
+  if (opt.loss_scale() != 1.0f) {
+    MW_RETURN_IF_ERROR(kernels::Scale(device_, *stream_, grad.data(), DType::kF32, grad.numel(),
+                                      opt.loss_scale()));
+  }
+
+  // Backward.
+  int open = -1;
+  for (int l = n - 1; l >= 0; --l) {
+    const int g = group_of_layer_[l];
+    if (g >= 0 && g != open) {
+      if (open >= 0) {
+        MW_RETURN_IF_ERROR(opt.ReduceGradients(open));
+        MW_RETURN_IF_ERROR(opt.ReleaseParameters(open));
+      }
+      MW_RETURN_IF_ERROR(opt.GatherParameters(g));
+      MW_RETURN_IF_ERROR(opt.AcquireGradients(g));
+      open = g;
+    }
+    MW_ASSIGN_OR_RETURN(Tensor grad_input,
+                        layers_[l]->Backward(*contexts_[l], input_of(l), grad));
+    contexts_[l]->saved().clear();
+    outputs[l] = Tensor();  // read by layer l + 1's backward, which has run
+    grad = std::move(grad_input);
+  }
+  if (open >= 0) {
+    MW_RETURN_IF_ERROR(opt.ReduceGradients(open));
+    MW_RETURN_IF_ERROR(opt.ReleaseParameters(open));
+  }
+  return loss;
+}
+
+absl::StatusOr<Trainer::StepReport> Trainer::TrainStep(absl::Span<const Batch> micro_batches) {
+  const int expected = optimizer_->config().gradient_accumulation_steps;
+  if (static_cast<int>(micro_batches.size()) != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TrainStep: ", micro_batches.size(), " micro-batches for gradient_accumulation_steps ",
+        expected));
+  }
+  StepReport report;
+  double sum = 0;
+  for (const Batch& batch : micro_batches) {
+    MW_ASSIGN_OR_RETURN(const float loss, MicroBatch(batch));
+    sum += loss;
+  }
+  report.loss = static_cast<float>(sum / expected);
+  MW_ASSIGN_OR_RETURN(report.step, optimizer_->Step());
+  return report;
+}
+
+}  // namespace memwall

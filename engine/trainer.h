@@ -1,0 +1,83 @@
+// The training step: drives a sequential model's layers through forward,
+// loss and backward around the ShardedOptimizer's hooks, then steps it.
+//
+// Per micro-batch: forward in layer order, gathering each layer's flat group
+// just before it runs and releasing it when the next layer needs another
+// (stage 3; no-ops otherwise), keeping every layer's output for backward;
+// the loss; backward in reverse, gathering and acquiring each group's
+// gradients when backward enters it and reducing and releasing them when it
+// leaves (stages 2-3 reduce-scatter right there, overlapping the next
+// group's backward with overlap_comm). Each layer's output is freed after
+// the backward that reads it. After the configured number of micro-batches,
+// the optimizer step. The same code runs on host (f32 compute) and meta
+// (allocation and accounting only).
+#ifndef MEMWALL_ENGINE_TRAINER_H_
+#define MEMWALL_ENGINE_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/layer.h"
+#include "runtime/communicator.h"
+#include "runtime/device.h"
+#include "runtime/tensor.h"
+#include "sharding/options.h"
+#include "sharding/sharded_optimizer.h"
+
+namespace memwall {
+
+// One micro-batch on the device: the first layer's input and the loss's
+// target, both f32.
+struct Batch {
+  Tensor input;
+  Tensor target;
+};
+
+class Trainer {
+ public:
+  struct StepReport {
+    // Mean loss over this rank's micro-batches (unscaled).
+    float loss = 0.0f;
+    ShardedOptimizer::StepResult step;
+  };
+
+  // Registers the layers' parameters, initialised from `seed` and each
+  // parameter's full name (so every rank starts identical), and finalises
+  // the optimizer. `device` and `comm` must outlive the trainer. Errors:
+  // kInvalidArgument for duplicate layer names; kUnimplemented for a
+  // non-f32 parameter dtype or the cuda backend (not in this slice);
+  // whatever registration and allocation report.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
+      const ShardingOptions& options, Device& device, Communicator& comm, uint64_t seed);
+
+  // One optimizer step over options.gradient_accumulation_steps
+  // micro-batches (exactly that many must be given).
+  absl::StatusOr<StepReport> TrainStep(absl::Span<const Batch> micro_batches);
+
+  ShardedOptimizer& optimizer() { return *optimizer_; }
+  const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
+
+ private:
+  Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
+          Device& device, std::unique_ptr<Stream> stream,
+          std::unique_ptr<ShardedOptimizer> optimizer);
+  absl::StatusOr<float> MicroBatch(const Batch& batch);
+
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<LossFunction> loss_;
+  Device& device_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<ShardedOptimizer> optimizer_;
+  std::vector<std::unique_ptr<LayerContext>> contexts_;
+  std::unique_ptr<LayerContext> loss_context_;
+  // The flat group of each layer's parameters; -1 for a layer without any.
+  std::vector<int> group_of_layer_;
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_ENGINE_TRAINER_H_

@@ -1,0 +1,228 @@
+// The training step on real MPI ranks (mpirun -np 1, 2, 4): every ZeRO
+// stage, with and without overlap, tracks a single-process run over the
+// whole global batch; activations are accounted exactly; the loss falls;
+// meta runs the same schedule without bytes.
+//
+// Tolerance: ranks split the batch's rows, so GEMM and gradient sums add in
+// another order than the single-process run; f32 rounding then differs by a
+// few ulp per step. Losses must agree to 1e-5 relative and weights to 2e-4
+// absolute after 10 Adam steps (lr 1e-2: an ulp-level gradient difference
+// moves a weight by far less than lr per step).
+#include "engine/trainer.h"
+
+#include <mpi.h>
+
+#include <cmath>
+#include <map>
+
+#include "catch2/catch.hpp"
+#include "models/layers.h"
+#include "runtime/simulated_communicator.h"
+#include "runtime/units.h"
+#include "tests/support/mpi_world.h"
+
+namespace memwall {
+namespace {
+
+using testing::World;
+
+constexpr int kIn = 16, kOut = 4, kRowsPerRank = 8;
+const std::vector<int64_t> kWidths = {kIn, 32, 32, kOut};
+
+// Rows [first, first + rows) of the synthetic task y = sin(x A).
+Batch MakeBatch(Device& device, int64_t first, int64_t rows, int step) {
+  Batch b;
+  b.input = Tensor::Empty(device, DType::kF32, {rows, kIn}, MemoryCategory::kOther, "data").value();
+  b.target = Tensor::Empty(device, DType::kF32, {rows, kOut}, MemoryCategory::kOther, "data").value();
+  if (!device.holds_bytes()) return b;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t sample = (first + r) + 1000 * step;
+    float* x = b.input.data_as<float>() + r * kIn;
+    for (int i = 0; i < kIn; ++i) x[i] = std::sin(0.37f * sample + 1.1f * i);
+    for (int o = 0; o < kOut; ++o) {
+      float dot = 0;
+      for (int i = 0; i < kIn; ++i) dot += x[i] * std::cos(0.7f * i + 1.3f * o);
+      b.target.data_as<float>()[r * kOut + o] = std::sin(dot);
+    }
+  }
+  return b;
+}
+
+ShardingOptions Options(int stage, bool overlap) {
+  ShardingOptions o;
+  o.zero.stage = stage;
+  o.zero.overlap_comm = overlap;
+  o.zero.reduce_bucket_size = 600;  // a few groups, each whole layers
+  o.optimizer.lr = 1e-2f;
+  o.gradient_clipping = 5.0f;
+  return o;
+}
+
+struct Run {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Communicator> own_comm;
+  std::unique_ptr<Trainer> trainer;
+};
+
+Run Start(const ShardingOptions& options, Communicator* comm, Backend backend = Backend::kHost) {
+  Run run;
+  run.device = CreateDevice({backend, 0, 256 * kMiB}).value();
+  if (comm == nullptr) {
+    run.own_comm = SimulatedCommunicator::Create(0, 1).value();
+    comm = run.own_comm.get();
+  }
+  auto trainer = Trainer::Create(MakeMlp(kWidths), std::make_unique<MseLoss>(), options,
+                                 *run.device, *comm, /*seed=*/7);
+  REQUIRE(trainer.ok());
+  run.trainer = std::move(trainer).value();
+  return run;
+}
+
+std::vector<float> Weights(Trainer& t) {
+  std::vector<float> all;
+  for (const auto& layer : t.layers()) {
+    for (const ParameterDecl& d : layer->Parameters()) {
+      std::vector<float> w(NumElements(d.shape));
+      REQUIRE(t.optimizer().MasterWeights(layer->name() + "." + d.name, absl::MakeSpan(w)).ok());
+      all.insert(all.end(), w.begin(), w.end());
+    }
+  }
+  return all;
+}
+
+TEST_CASE("every stage tracks the single-process run over the global batch", "[trainer]") {
+  const int n = World().world_size(), r = World().rank();
+  constexpr int kSteps = 10;
+  // The reference: one process, every rank's rows in one batch, stage 0.
+  Run reference = Start(Options(0, false), nullptr);
+  std::vector<float> reference_losses;
+  for (int k = 0; k < kSteps; ++k) {
+    Batch b = MakeBatch(*reference.device, 0, kRowsPerRank * n, k);
+    reference_losses.push_back(reference.trainer->TrainStep({&b, 1}).value().loss);
+  }
+  const std::vector<float> reference_weights = Weights(*reference.trainer);
+  for (int i = 0; i < 8; ++i) {
+    const int stage = i % 4;
+    const bool overlap = i >= 4;
+    INFO("stage " << stage << ", overlap " << overlap << ", " << n << " ranks");
+    Run run = Start(Options(stage, overlap), &World());
+    for (int k = 0; k < kSteps; ++k) {
+      Batch b = MakeBatch(*run.device, r * kRowsPerRank, kRowsPerRank, k);
+      auto report = run.trainer->TrainStep({&b, 1});
+      REQUIRE(report.ok());
+      float mean = report->loss;
+      MPI_Allreduce(MPI_IN_PLACE, &mean, 1, MPI_FLOAT, MPI_SUM, World().comm());
+      mean /= n;
+      REQUIRE(std::fabs(mean - reference_losses[k]) <= 1e-5f * reference_losses[k]);
+    }
+    const std::vector<float> weights = Weights(*run.trainer);
+    REQUIRE(weights.size() == reference_weights.size());
+    for (size_t j = 0; j < weights.size(); ++j) {
+      REQUIRE(std::fabs(weights[j] - reference_weights[j]) <= 2e-4f);
+    }
+  }
+}
+
+TEST_CASE("the loss falls", "[trainer]") {
+  Run run = Start(Options(2, true), &World());
+  float first = 0, last = 0;
+  for (int k = 0; k < 80; ++k) {
+    Batch b = MakeBatch(*run.device, World().rank() * kRowsPerRank, kRowsPerRank, k % 4);
+    last = run.trainer->TrainStep({&b, 1}).value().loss;
+    if (k == 0) first = last;
+  }
+  CHECK(last < 0.5f * first);
+}
+
+// Records the most bytes each owner held at once.
+class OwnerPeaks : public MemoryListener {
+ public:
+  void OnMemoryEvent(const MemoryEvent& e) override {
+    if (e.kind != MemoryEvent::Kind::kAlloc && e.kind != MemoryEvent::Kind::kFree) return;
+    int64_t& now = current_[std::string(e.owner)];
+    now += e.kind == MemoryEvent::Kind::kAlloc ? e.bytes : -e.bytes;
+    peak_[std::string(e.owner)] = std::max(peak_[std::string(e.owner)], now);
+  }
+  std::map<std::string, int64_t> current_, peak_;
+};
+
+TEST_CASE("each layer's activation bytes equal what the allocator records", "[trainer][memory]") {
+  for (Backend backend : {Backend::kHost, Backend::kMeta}) {
+    INFO(BackendName(backend));
+    Run run = Start(Options(3, false), nullptr, backend);
+    OwnerPeaks peaks;
+    run.device->allocator().AddListener(&peaks);
+    const int64_t rows = 24;
+    Batch b = MakeBatch(*run.device, 0, rows, 0);
+    REQUIRE(run.trainer->TrainStep({&b, 1}).ok());
+    run.device->allocator().RemoveListener(&peaks);
+    std::vector<int64_t> shape = {rows, kIn};
+    for (const auto& layer : run.trainer->layers()) {
+      INFO(layer->name());
+      CHECK(peaks.peak_[layer->name()] == layer->ActivationBytes(shape));
+      CHECK(peaks.current_[layer->name()] == 0);  // freed after its backward
+      shape = layer->OutputShape(shape).value();
+    }
+  }
+}
+
+TEST_CASE("meta runs the real schedule at a size this machine could not hold", "[trainer][meta]") {
+  // A 4096-wide MLP (about 100M parameters) with 8192 rows, rank 0 of 64.
+  auto device = CreateDevice({Backend::kMeta, 0, 32 * kGiB}).value();
+  auto comm = SimulatedCommunicator::Create(0, 64).value();
+  ShardingOptions options = Options(3, false);
+  options.zero.reduce_bucket_size = 20'000'000;
+  const std::vector<int64_t> widths = {4096, 16384, 4096, 16384, 4096};
+  auto trainer = Trainer::Create(MakeMlp(widths), std::make_unique<MseLoss>(), options, *device,
+                                 *comm, 7);
+  REQUIRE(trainer.ok());
+  const int64_t rows = 8192;
+  Batch b;
+  b.input = Tensor::Empty(*device, DType::kF32, {rows, 4096}, MemoryCategory::kOther, "data").value();
+  b.target = Tensor::Empty(*device, DType::kF32, {rows, 4096}, MemoryCategory::kOther, "data").value();
+  REQUIRE((*trainer)->TrainStep({&b, 1}).ok());
+  const AllocatorStats s = device->allocator().stats();
+  // Activations at the end of forward: every layer's output.
+  int64_t activations = 0;
+  std::vector<int64_t> shape = {rows, 4096};
+  for (const auto& layer : (*trainer)->layers()) {
+    activations += layer->ActivationBytes(shape);
+    shape = layer->OutputShape(shape).value();
+  }
+  CHECK(s.by_category[int(MemoryCategory::kActivation)].peak >= activations);
+  const int64_t P = (*trainer)->optimizer().layout().padded_numel;
+  CHECK(P >= 4 * 4096 * 16384);
+  // Stage 3 in f32 on 64 ranks: parameters, gradients, Adam moments per rank.
+  CHECK(s.by_category[int(MemoryCategory::kOptimizerState)].current == 8 * P / 64);
+  CHECK(comm->stats(Collective::kReduceScatter).bytes == 4 * P);
+}
+
+TEST_CASE("the trainer rejects what it cannot run, by name", "[trainer][errors]") {
+  auto device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value();
+  auto comm = SimulatedCommunicator::Create(0, 1).value();
+  ShardingOptions bf16 = Options(0, false);
+  bf16.bf16 = true;
+  auto t = Trainer::Create(MakeMlp(kWidths), std::make_unique<MseLoss>(), bf16, *device, *comm, 7);
+  CHECK(t.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_THAT(std::string(t.status().message()), Catch::Contains("bf16 models need the mixed-precision layers"));
+  std::vector<std::unique_ptr<Layer>> twins;
+  twins.push_back(std::make_unique<Gelu>("act"));
+  twins.push_back(std::make_unique<Gelu>("act"));
+  t = Trainer::Create(std::move(twins), std::make_unique<MseLoss>(), Options(0, false), *device, *comm, 7);
+  CHECK(std::string(t.status().message()) == "Trainer: two layers are named 'act'");
+  auto ok = Trainer::Create(MakeMlp(kWidths), std::make_unique<MseLoss>(), Options(0, false),
+                            *device, *comm, 7).value();
+  Batch b = MakeBatch(*device, 0, 4, 0);
+  auto two = ok->TrainStep({});
+  CHECK(std::string(two.status().message()) ==
+        "TrainStep: 0 micro-batches for gradient_accumulation_steps 1");
+  Batch wrong;
+  wrong.input = Tensor::Empty(*device, DType::kF32, {4, kIn + 1}, MemoryCategory::kOther, "data").value();
+  wrong.target = std::move(b.target);
+  auto bad = ok->TrainStep({&wrong, 1});
+  CHECK(std::string(bad.status().message()) ==
+        "layer 'fc0': expected an input of shape [rows, 16], got [4, 17]");
+}
+
+}  // namespace
+}  // namespace memwall
