@@ -6,8 +6,15 @@
 namespace memwall {
 
 absl::StatusOr<const float*> LayerContext::Param(absl::string_view local) {
-  MW_ASSIGN_OR_RETURN(ShardedOptimizer::View view,
-                      optimizer_.Parameter(absl::StrCat(layer_, ".", local)));
+  return SharedParam(absl::StrCat(layer_, ".", local));
+}
+
+absl::StatusOr<float*> LayerContext::Grad(absl::string_view local) {
+  return SharedGrad(absl::StrCat(layer_, ".", local));
+}
+
+absl::StatusOr<const float*> LayerContext::SharedParam(absl::string_view full_name) {
+  MW_ASSIGN_OR_RETURN(ShardedOptimizer::View view, optimizer_.Parameter(full_name));
   if (view.dtype != DType::kF32) {
     return absl::UnimplementedError(absl::StrCat(
         "layer '", layer_, "': ", DTypeName(view.dtype),
@@ -16,9 +23,8 @@ absl::StatusOr<const float*> LayerContext::Param(absl::string_view local) {
   return static_cast<const float*>(view.data);
 }
 
-absl::StatusOr<float*> LayerContext::Grad(absl::string_view local) {
-  MW_ASSIGN_OR_RETURN(ShardedOptimizer::View view,
-                      optimizer_.Gradient(absl::StrCat(layer_, ".", local)));
+absl::StatusOr<float*> LayerContext::SharedGrad(absl::string_view full_name) {
+  MW_ASSIGN_OR_RETURN(ShardedOptimizer::View view, optimizer_.Gradient(full_name));
   if (view.dtype != DType::kF32) {
     return absl::UnimplementedError(absl::StrCat(
         "layer '", layer_, "': ", DTypeName(view.dtype),

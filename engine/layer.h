@@ -55,6 +55,10 @@ class LayerContext {
   // kUnimplemented for non-f32 parameters (the next slice).
   absl::StatusOr<const float*> Param(absl::string_view local);
   absl::StatusOr<float*> Grad(absl::string_view local);
+  // Another layer's parameter that this layer also uses (a tied weight),
+  // by full name; the layer lists it in SharedParameters().
+  absl::StatusOr<const float*> SharedParam(absl::string_view full_name);
+  absl::StatusOr<float*> SharedGrad(absl::string_view full_name);
   // An f32 activation owned by the layer (counted by ActivationBytes).
   absl::StatusOr<Tensor> Activation(std::vector<int64_t> shape);
   // An f32 input gradient, owned by "<layer>.grad".
@@ -79,6 +83,10 @@ class Layer {
   // Unique within the model; a prefix of its parameters' full names.
   const std::string& name() const { return name_; }
   virtual std::vector<ParameterDecl> Parameters() const = 0;
+  // Full names of other layers' parameters this layer reads (tied weights,
+  // e.g. an LM head reading the embedding); the engine gathers and reduces
+  // them around this layer too.
+  virtual std::vector<std::string> SharedParameters() const { return {}; }
   // kInvalidArgument (naming the layer) for an input shape it cannot take.
   virtual absl::StatusOr<std::vector<int64_t>> OutputShape(
       const std::vector<int64_t>& input) const = 0;

@@ -1,5 +1,6 @@
 #include "engine/trainer.h"
 
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -64,6 +65,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     }
   }
   MW_RETURN_IF_ERROR(optimizer->Finalize());
+  for (const auto& layer : layers) {
+    for (const std::string& shared : layer->SharedParameters()) {
+      if (!optimizer->GroupOf(shared).ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("Trainer: layer '", layer->name(),
+                                                       "' shares '", shared,
+                                                       "', which no layer declares"));
+      }
+    }
+  }
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
   return std::unique_ptr<Trainer>(new Trainer(std::move(layers), std::move(loss), device,
                                               std::move(stream), std::move(optimizer)));
@@ -80,11 +90,18 @@ Trainer::Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<Los
   for (const auto& layer : layers_) {
     contexts_.push_back(
         std::make_unique<LayerContext>(device_, *stream_, *optimizer_, layer->name()));
-    const std::vector<ParameterDecl> params = layer->Parameters();
-    group_of_layer_.push_back(
-        params.empty()
-            ? -1
-            : optimizer_->GroupOf(absl::StrCat(layer->name(), ".", params[0].name)).value());
+    std::set<int> groups;
+    for (const ParameterDecl& d : layer->Parameters()) {
+      groups.insert(optimizer_->GroupOf(absl::StrCat(layer->name(), ".", d.name)).value());
+    }
+    for (const std::string& shared : layer->SharedParameters()) {
+      groups.insert(optimizer_->GroupOf(shared).value());
+    }
+    groups_of_layer_.emplace_back(groups.begin(), groups.end());
+  }
+  first_user_.assign(optimizer_->layout().groups.size(), -1);
+  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+    for (int g : groups_of_layer_[l]) first_user_[g] = l;
   }
   loss_context_ = std::make_unique<LayerContext>(device_, *stream_, *optimizer_, "loss");
 }
@@ -95,18 +112,25 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
   std::vector<Tensor> outputs(n);
   auto input_of = [&](int l) -> const Tensor& { return l == 0 ? batch.input : outputs[l - 1]; };
 
-  // Forward.
-  int gathered = -1;
+  // Forward: a layer's groups are gathered before it runs and released
+  // once the next layer does not read them.
+  std::set<int> gathered;
   for (int l = 0; l < n; ++l) {
-    const int g = group_of_layer_[l];
-    if (g >= 0 && g != gathered) {
-      if (gathered >= 0) MW_RETURN_IF_ERROR(opt.ReleaseParameters(gathered));
-      MW_RETURN_IF_ERROR(opt.GatherParameters(g));
-      gathered = g;
+    for (int g : groups_of_layer_[l]) {
+      if (gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
     }
     MW_ASSIGN_OR_RETURN(outputs[l], layers_[l]->Forward(*contexts_[l], input_of(l)));
+    const std::vector<int> none;
+    const std::vector<int>& next = l + 1 < n ? groups_of_layer_[l + 1] : none;
+    for (auto it = gathered.begin(); it != gathered.end();) {
+      if (std::find(next.begin(), next.end(), *it) != next.end()) {
+        ++it;
+        continue;
+      }
+      MW_RETURN_IF_ERROR(opt.ReleaseParameters(*it));
+      it = gathered.erase(it);
+    }
   }
-  if (gathered >= 0) MW_RETURN_IF_ERROR(opt.ReleaseParameters(gathered));
 
   // Loss, scaled for fp16 training.
   MW_ASSIGN_OR_RETURN(Tensor grad, loss_context_->InputGradient(outputs[n - 1].shape()));
@@ -117,28 +141,28 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
                                       opt.loss_scale()));
   }
 
-  // Backward.
-  int open = -1;
+  // Backward: a group is gathered and its gradients acquired when backward
+  // first reaches a layer that reads it, and reduced and released after the
+  // first layer (in forward order) that reads it.
+  std::set<int> open;
   for (int l = n - 1; l >= 0; --l) {
-    const int g = group_of_layer_[l];
-    if (g >= 0 && g != open) {
-      if (open >= 0) {
-        MW_RETURN_IF_ERROR(opt.ReduceGradients(open));
-        MW_RETURN_IF_ERROR(opt.ReleaseParameters(open));
+    for (int g : groups_of_layer_[l]) {
+      if (open.insert(g).second) {
+        MW_RETURN_IF_ERROR(opt.GatherParameters(g));
+        MW_RETURN_IF_ERROR(opt.AcquireGradients(g));
       }
-      MW_RETURN_IF_ERROR(opt.GatherParameters(g));
-      MW_RETURN_IF_ERROR(opt.AcquireGradients(g));
-      open = g;
     }
     MW_ASSIGN_OR_RETURN(Tensor grad_input,
                         layers_[l]->Backward(*contexts_[l], input_of(l), grad));
     contexts_[l]->saved().clear();
     outputs[l] = Tensor();  // read by layer l + 1's backward, which has run
     grad = std::move(grad_input);
-  }
-  if (open >= 0) {
-    MW_RETURN_IF_ERROR(opt.ReduceGradients(open));
-    MW_RETURN_IF_ERROR(opt.ReleaseParameters(open));
+    for (int g : groups_of_layer_[l]) {
+      if (first_user_[g] != l) continue;
+      MW_RETURN_IF_ERROR(opt.ReduceGradients(g));
+      MW_RETURN_IF_ERROR(opt.ReleaseParameters(g));
+      open.erase(g);
+    }
   }
   return loss;
 }

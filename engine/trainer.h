@@ -74,8 +74,11 @@ class Trainer {
   std::unique_ptr<ShardedOptimizer> optimizer_;
   std::vector<std::unique_ptr<LayerContext>> contexts_;
   std::unique_ptr<LayerContext> loss_context_;
-  // The flat group of each layer's parameters; -1 for a layer without any.
-  std::vector<int> group_of_layer_;
+  // The flat groups each layer reads (its own parameters' and shared ones).
+  std::vector<std::vector<int>> groups_of_layer_;
+  // For each group, the first layer (lowest index) that reads it: backward
+  // reduces the group after that layer.
+  std::vector<int> first_user_;
 };
 
 }  // namespace memwall
