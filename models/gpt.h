@@ -1,0 +1,56 @@
+// GPT: a decoder-only transformer (GPT-2's layout) with real f32 compute on
+// the host. Token and position embeddings; pre-LayerNorm blocks (causal
+// multi-head self-attention, then an MLP with 4x hidden and GELU), each one
+// Layer with residuals inside; a final LayerNorm and an LM head tied to the
+// token embedding; cross-entropy loss.
+//
+// Tensors: the model's input is token ids [batch, seq] stored as f32 (exact
+// below 2^24); activations are [batch * seq, hidden]; the loss's target is
+// the next-token ids [batch * seq] as f32.
+#ifndef MEMWALL_MODELS_GPT_H_
+#define MEMWALL_MODELS_GPT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/layer.h"
+
+namespace memwall {
+
+struct GptConfig {
+  int64_t vocab = 256;
+  int64_t seq = 64;
+  int64_t hidden = 64;
+  int64_t heads = 4;
+  int64_t layers = 2;
+};
+
+// Named presets: "gpt-tiny" (byte-level, trains in seconds on this
+// machine), "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "gpt3-6.7b",
+// "gpt3-13b" (hidden 5120 = 40 heads x 128, so 12.85B parameters: the
+// paper's d_model of 5140 does not split into its heads), "gpt3-175b".
+// kNotFound lists the names.
+absl::StatusOr<GptConfig> GptPreset(const std::string& name);
+
+// Parameters of the model (the LM head is tied, so not counted twice).
+int64_t GptParameterCount(const GptConfig& config);
+
+// Checks divisibility and positivity; errors name the field.
+absl::Status ValidateGptConfig(const GptConfig& config);
+
+// The layers: "embed", "block0" .. "block<L-1>", "head".
+absl::StatusOr<std::vector<std::unique_ptr<Layer>>> MakeGpt(const GptConfig& config);
+
+// Mean cross-entropy of logits [rows, vocab] against target ids [rows].
+class CrossEntropyLoss final : public LossFunction {
+ public:
+  absl::StatusOr<float> Compute(LayerContext& ctx, const Tensor& logits, const Tensor& target,
+                                Tensor& grad_logits) override;
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_MODELS_GPT_H_
