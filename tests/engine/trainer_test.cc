@@ -16,6 +16,7 @@
 #include <map>
 
 #include "catch2/catch.hpp"
+#include "models/gpt.h"
 #include "models/layers.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/units.h"
@@ -119,6 +120,60 @@ TEST_CASE("every stage tracks the single-process run over the global batch", "[t
     REQUIRE(weights.size() == reference_weights.size());
     for (size_t j = 0; j < weights.size(); ++j) {
       REQUIRE(std::fabs(weights[j] - reference_weights[j]) <= 2e-4f);
+    }
+  }
+}
+
+TEST_CASE("GPT with its tied head trains the same on every stage and rank count",
+          "[trainer][gpt]") {
+  const int n = World().world_size(), r = World().rank();
+  const GptConfig c = {/*vocab=*/32, /*seq=*/8, /*hidden=*/16, /*heads=*/2, /*layers=*/2};
+  auto batch = [&](Device& device, int64_t first_seq, int64_t sequences, int step) {
+    Batch b;
+    b.input = Tensor::Empty(device, DType::kF32, {sequences, c.seq}, MemoryCategory::kOther, "data").value();
+    b.target = Tensor::Empty(device, DType::kF32, {sequences * c.seq}, MemoryCategory::kOther, "data").value();
+    for (int64_t i = 0; i < sequences * c.seq; ++i) {
+      const int64_t t = (first_seq * c.seq + i) * 7 + step * 3;
+      b.input.data_as<float>()[i] = float(t % c.vocab);
+      b.target.data_as<float>()[i] = float((t + 5) % c.vocab);
+    }
+    return b;
+  };
+  auto start = [&](int stage, bool overlap, Communicator* comm, std::unique_ptr<Device>& device,
+                   std::unique_ptr<Communicator>& own) {
+    device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
+    if (comm == nullptr) {
+      own = SimulatedCommunicator::Create(0, 1).value();
+      comm = own.get();
+    }
+    ShardingOptions o = Options(stage, overlap);
+    o.zero.reduce_bucket_size = 2000;  // embedding, blocks, head in several groups
+    return Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), o, *device,
+                           *comm, 3)
+        .value();
+  };
+  std::unique_ptr<Device> ref_device;
+  std::unique_ptr<Communicator> ref_comm;
+  auto reference = start(0, false, nullptr, ref_device, ref_comm);
+  std::vector<float> losses;
+  for (int k = 0; k < 6; ++k) {
+    Batch b = batch(*ref_device, 0, 2 * n, k);
+    losses.push_back(reference->TrainStep({&b, 1}).value().loss);
+  }
+  for (int i = 0; i < 8; ++i) {
+    const int stage = i % 4;
+    const bool overlap = i >= 4;
+    INFO("stage " << stage << ", overlap " << overlap << ", " << n << " ranks");
+    std::unique_ptr<Device> device;
+    std::unique_ptr<Communicator> unused;
+    auto trainer = start(stage, overlap, &World(), device, unused);
+    REQUIRE(trainer->optimizer().layout().groups.size() >= 3);
+    for (int k = 0; k < 6; ++k) {
+      Batch b = batch(*device, 2 * r, 2, k);
+      float mean = trainer->TrainStep({&b, 1}).value().loss;
+      MPI_Allreduce(MPI_IN_PLACE, &mean, 1, MPI_FLOAT, MPI_SUM, World().comm());
+      mean /= n;
+      REQUIRE(std::fabs(mean - losses[k]) <= 1e-5f * losses[k]);
     }
   }
 }
