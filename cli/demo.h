@@ -1,7 +1,7 @@
 // `memwall demo`: one sharded optimizer step on tagged memory across MPI
-// ranks, with the device memory printed by category. It exercises the
-// runtime end to end (backends, allocator, kernels, collectives) until the
-// training engine lands.
+// ranks, checked against a single-process update, with the device memory
+// printed by category. It exercises the runtime end to end (backends,
+// allocator, kernels, collectives) without a model.
 #ifndef MEMWALL_CLI_DEMO_H_
 #define MEMWALL_CLI_DEMO_H_
 

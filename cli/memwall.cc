@@ -1,5 +1,9 @@
-// The `memwall` command.
+// The `memwall` command: train, launch, demo.
+#include <unistd.h>
+
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -9,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/demo.h"
+#include "cli/train.h"
 #include "runtime/device.h"
 #include "runtime/units.h"
 
@@ -18,21 +23,44 @@ ABSL_FLAG(std::string, backend, "host",
 ABSL_FLAG(std::string, device_memory, "256MiB",
           "Device capacity per rank, e.g. 256MiB, 32GiB or 32GB (binary and decimal units).");
 ABSL_FLAG(std::string, params, "8388608",
-          "Parameters of the demo's toy model (a count; 1e9 style is accepted).");
+          "demo: parameters of the toy model (a count; 1e9 style is accepted).");
+ABSL_FLAG(std::string, model, "gpt-tiny",
+          "train: the model, a GPT preset: gpt-tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, "
+          "gpt3-6.7b, gpt3-13b, gpt3-175b.");
+ABSL_FLAG(std::string, config, "",
+          "train: a DeepSpeed-style JSON config file; empty uses the built-in ZeRO-2 config "
+          "(configs/gpt-tiny-zero2.json).");
+ABSL_FLAG(int64_t, steps, 100, "train: optimizer steps to run.");
+ABSL_FLAG(std::string, data, "",
+          "train: a text file to train on, byte-level; empty uses a built-in synthetic corpus.");
+ABSL_FLAG(uint64_t, seed, 1, "train: seed of the parameter initialisation.");
+ABSL_FLAG(int64_t, log_every, 10, "train: print progress every this many steps.");
+ABSL_FLAG(int, simulate_ranks, 1,
+          "train with --backend meta: the number of ranks the single process plays rank 0 of.");
+ABSL_FLAG(int, ranks, 2, "launch: the number of MPI ranks (processes) to start.");
 
 namespace {
 
 constexpr char kUsage[] = R"(break the memory wall of large-model training.
 
 usage:
+  memwall train [--model gpt-tiny] [--config FILE] [--steps N] [--data FILE]
+                [--backend host|meta] [--device_memory SIZE] [--seed S]
+                [--log_every N] [--simulate_ranks N]
+      Trains a GPT (byte-level text) with ZeRO sharding across the MPI ranks
+      it was launched on, printing loss, tokens/s and peak device memory by
+      category, then a summary. On 2 ranks:
+        memwall launch --ranks 2 -- memwall train --steps 100
+      With --backend meta it dry-runs the same schedule as rank 0 of
+      --simulate_ranks ranks: memory and traffic are real, nothing computes.
+
+  memwall launch [--ranks K] -- COMMAND [ARGS...]
+      Runs COMMAND as K MPI ranks on this machine (mpirun with the settings
+      containers need; "memwall" as COMMAND means this binary).
+
   memwall demo [--backend host|meta] [--device_memory SIZE] [--params N]
-      One ZeRO-style optimizer step on tagged device memory: f32 gradients
-      are reduce-scattered across the MPI ranks, each rank runs Adam on its
-      shard, and the bf16 parameters are all-gathered. Every rank checks the
-      gathered parameters against a single-process update; rank 0 prints the
-      peak device memory by category for every rank and the bytes moved.
-      Run it on K ranks with:  mpirun -np K memwall demo
-      (as root add --allow-run-as-root; tools/demo.sh does all of this).
+      One ZeRO-style optimizer step on tagged device memory, checked against
+      a single-process update, with each rank's memory by category.
 
   memwall --help      this text and every flag
 
@@ -43,20 +71,25 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-}  // namespace
+int Usage() {
+  std::fprintf(stderr, "memwall: %s\n", kUsage);
+  return 2;
+}
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  if (positional.size() != 2 || std::string(positional[1]) != "demo") {
-    std::fprintf(stderr, "memwall: %s\n", kUsage);
-    return 2;
-  }
+absl::StatusOr<memwall::Backend> BackendFlag() {
+  return memwall::ParseBackend(absl::GetFlag(FLAGS_backend));
+}
+
+absl::StatusOr<int64_t> MemoryFlag() {
+  return memwall::ParseBytes(absl::GetFlag(FLAGS_device_memory), "--device_memory");
+}
+
+int Demo() {
   memwall::DemoOptions options;
-  auto backend = memwall::ParseBackend(absl::GetFlag(FLAGS_backend));
+  auto backend = BackendFlag();
   if (!backend.ok()) return Fail(backend.status());
   options.backend = *backend;
-  auto capacity = memwall::ParseBytes(absl::GetFlag(FLAGS_device_memory), "--device_memory");
+  auto capacity = MemoryFlag();
   if (!capacity.ok()) return Fail(capacity.status());
   options.capacity_bytes = *capacity;
   double params = 0;
@@ -69,6 +102,71 @@ int main(int argc, char** argv) {
   }
   options.parameters = static_cast<int64_t>(params);
   const absl::Status status = memwall::RunDemo(options);
-  if (!status.ok()) return Fail(status);
-  return 0;
+  return status.ok() ? 0 : Fail(status);
+}
+
+int Train() {
+  memwall::TrainOptions options;
+  auto backend = BackendFlag();
+  if (!backend.ok()) return Fail(backend.status());
+  options.backend = *backend;
+  auto capacity = MemoryFlag();
+  if (!capacity.ok()) return Fail(capacity.status());
+  options.capacity_bytes = *capacity;
+  options.model = absl::GetFlag(FLAGS_model);
+  options.config_path = absl::GetFlag(FLAGS_config);
+  options.steps = absl::GetFlag(FLAGS_steps);
+  options.data_path = absl::GetFlag(FLAGS_data);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.log_every = absl::GetFlag(FLAGS_log_every);
+  options.simulate_ranks = absl::GetFlag(FLAGS_simulate_ranks);
+  const absl::Status status = memwall::RunTrain(options);
+  return status.ok() ? 0 : Fail(status);
+}
+
+// Replaces this process with mpirun starting `command` on K ranks.
+int Launch(const std::vector<char*>& command) {
+  const int ranks = absl::GetFlag(FLAGS_ranks);
+  if (ranks < 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--ranks: expected >= 1, got ", ranks)));
+  }
+  if (command.empty()) return Usage();
+  // Shared memory without single-copy (containers often lack the ptrace
+  // rights CMA needs), oversubscription allowed, one BLAS thread per rank.
+  setenv("OMPI_MCA_btl", "self,vader", /*overwrite=*/0);
+  setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+  setenv("OPENBLAS_NUM_THREADS", "1", 0);
+  std::vector<std::string> args = {"mpirun", "--oversubscribe", "-np", std::to_string(ranks)};
+  if (geteuid() == 0) args.insert(args.begin() + 1, "--allow-run-as-root");
+  for (size_t i = 0; i < command.size(); ++i) {
+    std::string word = command[i];
+    if (i == 0 && word == "memwall") {
+      char self[PATH_MAX];
+      const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+      if (n > 0) word.assign(self, n);
+    }
+    args.push_back(word);
+  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execvp("mpirun", argv.data());
+  return Fail(absl::UnavailableError(
+      "launch: cannot run mpirun (install openmpi-bin, or start the ranks yourself)"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() < 2) return Usage();
+  const std::string command = positional[1];
+  if (command == "launch") {
+    return Launch(std::vector<char*>(positional.begin() + 2, positional.end()));
+  }
+  if (positional.size() != 2) return Usage();
+  if (command == "train") return Train();
+  if (command == "demo") return Demo();
+  return Usage();
 }

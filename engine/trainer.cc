@@ -60,8 +60,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     }
     for (const ParameterDecl& decl : layer->Parameters()) {
       const std::string full = absl::StrCat(layer->name(), ".", decl.name);
-      MW_RETURN_IF_ERROR(
-          optimizer->AddParameter(full, decl.shape, InitialValues(decl, full, seed)));
+      // Meta holds no values: do not generate billions of them.
+      MW_RETURN_IF_ERROR(optimizer->AddParameter(
+          full, decl.shape,
+          device.holds_bytes() ? InitialValues(decl, full, seed) : std::vector<float>()));
     }
   }
   MW_RETURN_IF_ERROR(optimizer->Finalize());

@@ -78,7 +78,8 @@ absl::Status ShardedOptimizer::AddParameter(std::string name, std::vector<int64_
     }
   }
   const int64_t numel = NumElements(shape);
-  if (static_cast<int64_t>(initial_values.size()) != numel) {
+  const bool no_values = initial_values.empty() && !device_.holds_bytes();
+  if (!no_values && static_cast<int64_t>(initial_values.size()) != numel) {
     return absl::InvalidArgumentError(
         absl::StrCat("parameter '", name, "': ", initial_values.size(),
                      " initial values for a shape of ", numel, " elements"));
@@ -127,6 +128,8 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
 
 absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& group) {
   const DType dtype = config_.param_dtype();
+  // Nothing to write where no bytes exist (meta).
+  if (!device_.holds_bytes()) return absl::OkStatus();
   // The group's initial values in f32, padding zero, for the range this rank
   // stores: [begin, begin + count) of the padded group.
   auto upload = [&](int64_t begin, int64_t count, void* dst, DType dst_dtype) -> absl::Status {

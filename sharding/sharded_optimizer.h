@@ -103,7 +103,8 @@ class ShardedOptimizer {
   ~ShardedOptimizer();
 
   // Registers a parameter with its initial values (every rank must pass the
-  // same values, as in data parallelism). Before Finalize() only; errors
+  // same values, as in data parallelism; on a device without bytes, meta,
+  // the values may be left empty). Before Finalize() only; errors
   // name the parameter (duplicate name, bad shape, wrong number of values).
   absl::Status AddParameter(std::string name, std::vector<int64_t> shape,
                             absl::Span<const float> initial_values);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs BINARY as NP real MPI processes on this machine:
 #   tools/mpirun.sh NP BINARY [ARGS...]
-# Used by the multi-rank tests (an sh_test per rank count) and tools/demo.sh.
+# Used by the multi-rank tests (an sh_test per rank count) and tools/train.sh.
 # OpenMPI's session directory goes to a short path under /tmp (Bazel's test
 # temp dirs are too long for its Unix sockets); shared-memory transport
 # without single-copy (CMA needs ptrace rights containers often lack).

@@ -1,0 +1,160 @@
+#include "cli/train.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/config.h"
+#include "engine/trainer.h"
+#include "models/corpus.h"
+#include "models/gpt.h"
+#include "runtime/mpi_communicator.h"
+#include "runtime/simulated_communicator.h"
+#include "runtime/status.h"
+#include "runtime/units.h"
+
+namespace memwall {
+
+const char kDefaultTrainConfig[] = R"({
+  "train_micro_batch_size_per_gpu": 8,
+  "gradient_accumulation_steps": 1,
+  "gradient_clipping": 1.0,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "weight_decay": 0.01}},
+  "zero_optimization": {"stage": 2, "overlap_comm": true, "reduce_bucket_size": 50000}
+})";
+
+namespace {
+
+constexpr std::array<MemoryCategory, 4> kShown = {
+    MemoryCategory::kParameter, MemoryCategory::kGradient, MemoryCategory::kOptimizerState,
+    MemoryCategory::kActivation};
+
+std::string Bar(int64_t done, int64_t total) {
+  constexpr int kWidth = 20;
+  const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(total, 1));
+  return absl::StrCat("[", std::string(filled, '#'), std::string(kWidth - filled, '.'), "]");
+}
+
+}  // namespace
+
+absl::Status RunTrain(const TrainOptions& options) {
+  if (options.steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps: expected >= 1, got ", options.steps));
+  }
+  if (options.log_every < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log_every: expected >= 1, got ", options.log_every));
+  }
+  MW_ASSIGN_OR_RETURN(GptConfig gpt, GptPreset(options.model));
+  MW_ASSIGN_OR_RETURN(Config config, options.config_path.empty()
+                                         ? ParseConfig(kDefaultTrainConfig)
+                                         : LoadConfig(options.config_path));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world, MpiCommunicator::Create());
+  std::unique_ptr<Communicator> simulated;
+  Communicator* comm = world.get();
+  if (options.backend == Backend::kMeta) {
+    if (world->world_size() != 1) {
+      return absl::InvalidArgumentError(
+          "--backend meta: run one process and set --simulate_ranks to the world it plays");
+    }
+    MW_ASSIGN_OR_RETURN(simulated, SimulatedCommunicator::Create(0, options.simulate_ranks));
+    comm = simulated.get();
+  }
+  const int rank = comm->rank(), ranks = comm->world_size();
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
+                      CreateDevice({options.backend, world->rank(), options.capacity_bytes}));
+  MW_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Layer>> layers, MakeGpt(gpt));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(std::move(layers), std::make_unique<CrossEntropyLoss>(),
+                                      config, *device, *comm, options.seed));
+  ByteCorpus corpus = ByteCorpus::Synthetic(1 << 20, /*seed=*/1234);
+  if (!options.data_path.empty()) {
+    MW_ASSIGN_OR_RETURN(corpus, ByteCorpus::FromFile(options.data_path, gpt.seq + 1));
+  }
+
+  const int64_t micro = config.train_micro_batch_size_per_gpu;
+  const int accumulation = config.gradient_accumulation_steps;
+  const int64_t tokens_per_step = micro * accumulation * gpt.seq * ranks;
+  const bool computes = device->holds_bytes();
+  if (world->rank() == 0) {
+    std::printf("memwall train: %s (%s parameters), ZeRO stage %d, %d rank%s, %s backend with %s "
+                "per rank\n",
+                options.model.c_str(),
+                absl::StrFormat("%.2fM", GptParameterCount(gpt) / 1e6).c_str(), config.zero.stage,
+                ranks, ranks == 1 ? "" : "s", std::string(BackendName(options.backend)).c_str(),
+                FormatBytes(options.capacity_bytes).c_str());
+    std::printf("data: %s (%lld bytes), %lld tokens per step (%lld x %d micro-batches x %lld "
+                "tokens x %d ranks)\n",
+                options.data_path.empty() ? "built-in synthetic corpus" : options.data_path.c_str(),
+                static_cast<long long>(corpus.size()), static_cast<long long>(tokens_per_step),
+                static_cast<long long>(micro), accumulation, static_cast<long long>(gpt.seq),
+                ranks);
+    std::fflush(stdout);
+  }
+
+  float first_loss = 0, last_loss = 0;
+  double seconds = 0;
+  for (int64_t step = 0; step < options.steps; ++step) {
+    std::vector<Batch> batches;
+    for (int u = 0; u < accumulation; ++u) {
+      MW_ASSIGN_OR_RETURN(Batch b, corpus.MakeBatch(*device, rank, micro, gpt.seq,
+                                                    step * accumulation + u));
+      batches.push_back(std::move(b));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    MW_ASSIGN_OR_RETURN(Trainer::StepReport report, trainer->TrainStep(batches));
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    seconds += took.count();
+    float loss = report.loss;
+    if (options.backend != Backend::kMeta) {
+      MW_RETURN_IF_ERROR(MpiStatus(
+          MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_FLOAT, MPI_SUM, world->comm()), "MPI_Allreduce"));
+      loss /= ranks;
+    }
+    if (step == 0) first_loss = loss;
+    last_loss = loss;
+    const bool log = (step + 1) % options.log_every == 0 || step + 1 == options.steps || step == 0;
+    if (!log) continue;
+    const AllocatorStats s = device->allocator().stats();
+    std::array<int64_t, 5> peaks;
+    for (size_t i = 0; i < kShown.size(); ++i) peaks[i] = s.by_category[int(kShown[i])].peak;
+    peaks[4] = s.requested.peak;
+    if (options.backend != Backend::kMeta) {
+      MW_RETURN_IF_ERROR(MpiStatus(MPI_Allreduce(MPI_IN_PLACE, peaks.data(), 5, MPI_INT64_T,
+                                                 MPI_MAX, world->comm()),
+                                   "MPI_Allreduce"));
+    }
+    if (world->rank() != 0) continue;
+    std::string line = absl::StrFormat("%s step %lld/%lld", Bar(step + 1, options.steps),
+                                       static_cast<long long>(step + 1),
+                                       static_cast<long long>(options.steps));
+    if (computes) absl::StrAppendFormat(&line, " | loss %.4f", loss);
+    absl::StrAppendFormat(&line, " | %.0f tokens/s", tokens_per_step / took.count());
+    if (!report.step.applied) absl::StrAppend(&line, " | step skipped (overflow)");
+    absl::StrAppend(&line, " | peak memory/rank:");
+    for (size_t i = 0; i < kShown.size(); ++i) {
+      absl::StrAppend(&line, " ", MemoryCategoryName(kShown[i]), " ", FormatBytes(peaks[i]));
+    }
+    absl::StrAppend(&line, ", all ", FormatBytes(peaks[4]));
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  if (world->rank() == 0) {
+    std::printf("summary: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(options.steps),
+                static_cast<long long>(trainer->optimizer().steps_skipped()),
+                tokens_per_step * options.steps / seconds);
+    if (computes) {
+      std::printf(", loss %.4f -> %.4f (ln(vocab) = %.4f)", first_loss, last_loss,
+                  std::log(double(gpt.vocab)));
+    }
+    std::printf("\n");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memwall

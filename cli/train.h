@@ -1,0 +1,40 @@
+// `memwall train`: trains a GPT on byte-level text across MPI ranks with the
+// DeepSpeed-style config, printing progress (loss, tokens/s, device memory
+// by category) and a summary.
+#ifndef MEMWALL_CLI_TRAIN_H_
+#define MEMWALL_CLI_TRAIN_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "runtime/device.h"
+
+namespace memwall {
+
+struct TrainOptions {
+  // A GPT preset (models/gpt.h).
+  std::string model = "gpt-tiny";
+  // A config file; empty means configs/gpt-tiny-zero2.json's contents.
+  std::string config_path;
+  Backend backend = Backend::kHost;
+  int64_t capacity_bytes = int64_t{1} << 30;
+  int64_t steps = 100;
+  // A text file; empty means the built-in synthetic corpus.
+  std::string data_path;
+  uint64_t seed = 1;
+  int64_t log_every = 10;
+  // Meta only: the world the single process plays rank 0 of.
+  int simulate_ranks = 1;
+};
+
+// Runs on every rank of MPI_COMM_WORLD (host) or as rank 0 of a simulated
+// world (meta); rank 0 prints. Errors name the flag, file or key at fault.
+absl::Status RunTrain(const TrainOptions& options);
+
+// The built-in default config (ZeRO stage 2 with overlap, AdamW).
+extern const char kDefaultTrainConfig[];
+
+}  // namespace memwall
+
+#endif  // MEMWALL_CLI_TRAIN_H_

@@ -1,0 +1,74 @@
+#include "models/corpus.h"
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/status.h"
+
+namespace memwall {
+
+absl::StatusOr<ByteCorpus> ByteCorpus::FromFile(const std::string& path, int64_t min_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("data file ", path, ": cannot be opened"));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("data file ", path, ": read failed"));
+  std::string bytes = text.str();
+  if (static_cast<int64_t>(bytes.size()) < min_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": ", bytes.size(),
+                                                   " bytes; expected at least ", min_bytes,
+                                                   " (one sequence plus its next byte)"));
+  }
+  return ByteCorpus(std::move(bytes));
+}
+
+ByteCorpus ByteCorpus::Synthetic(int64_t bytes, uint64_t seed) {
+  static const char* const kSubjects[] = {"the model", "a rank", "the optimizer", "each layer",
+                                          "the allocator", "the planner", "a gradient"};
+  static const char* const kVerbs[] = {"shards", "gathers", "reduces", "frees", "keeps",
+                                       "recomputes", "offloads"};
+  static const char* const kObjects[] = {"the parameters", "its activations", "every bucket",
+                                         "the optimizer states", "a checkpoint", "the memory"};
+  static const char* const kEnds[] = {" before the step.", " after backward.", " on every rank.",
+                                      " within the budget.", "."};
+  std::mt19937_64 rng(seed);
+  auto pick = [&rng](auto& list) { return list[rng() % (sizeof(list) / sizeof(list[0]))]; };
+  std::string text;
+  text.reserve(bytes + 64);
+  while (static_cast<int64_t>(text.size()) < bytes) {
+    absl::StrAppend(&text, pick(kSubjects), " ", pick(kVerbs), " ", pick(kObjects), pick(kEnds),
+                    "\n");
+  }
+  text.resize(bytes);
+  return ByteCorpus(std::move(text));
+}
+
+absl::StatusOr<Batch> ByteCorpus::MakeBatch(Device& device, int rank, int64_t sequences,
+                                            int64_t seq, int64_t step) const {
+  Batch b;
+  MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(device, DType::kF32, {sequences, seq},
+                                             MemoryCategory::kOther, "data.input"));
+  MW_ASSIGN_OR_RETURN(b.target, Tensor::Empty(device, DType::kF32, {sequences * seq},
+                                              MemoryCategory::kOther, "data.target"));
+  if (!device.holds_bytes()) return b;
+  const uint64_t windows = static_cast<uint64_t>(size() - seq);
+  for (int64_t j = 0; j < sequences; ++j) {
+    const uint64_t global = static_cast<uint64_t>(rank * sequences + j);
+    // splitmix64 of (step, sequence): a fixed, well-spread window per slot.
+    uint64_t z = (static_cast<uint64_t>(step) << 32) ^ global;
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const int64_t offset = static_cast<int64_t>(z % windows);
+    for (int64_t i = 0; i < seq; ++i) {
+      b.input.data_as<float>()[j * seq + i] = float(uint8_t(text_[offset + i]));
+      b.target.data_as<float>()[j * seq + i] = float(uint8_t(text_[offset + i + 1]));
+    }
+  }
+  return b;
+}
+
+}  // namespace memwall
