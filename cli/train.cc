@@ -50,7 +50,7 @@ absl::Status RunTrain(const TrainOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--log_every: expected >= 1, got ", options.log_every));
   }
-  MW_ASSIGN_OR_RETURN(GptConfig gpt, GptPreset(options.model));
+  MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(options.model));
   MW_ASSIGN_OR_RETURN(Config config, options.config_path.empty()
                                          ? ParseConfig(kDefaultTrainConfig)
                                          : LoadConfig(options.config_path));

@@ -13,7 +13,7 @@
 namespace memwall {
 
 struct TrainOptions {
-  // A GPT preset (models/gpt.h).
+  // A GPT preset, optionally with overrides: "gpt2-124m:layers=2".
   std::string model = "gpt-tiny";
   // A config file; empty means configs/gpt-tiny-zero2.json's contents.
   std::string config_path;

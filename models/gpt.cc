@@ -6,7 +6,9 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -515,6 +517,33 @@ absl::StatusOr<GptConfig> GptPreset(const std::string& name) {
   }
   return absl::NotFoundError(absl::StrCat("model '", name, "': expected one of ",
                                           absl::StrJoin(names, ", ")));
+}
+
+absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  MW_ASSIGN_OR_RETURN(GptConfig config, GptPreset(spec.substr(0, colon)));
+  if (colon == std::string::npos) return config;
+  for (absl::string_view item : absl::StrSplit(spec.substr(colon + 1), ',')) {
+    const std::vector<absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    int64_t value = 0;
+    if (kv.size() != 2 || !absl::SimpleAtoi(kv[1], &value)) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", spec, "': expected key=integer, got '",
+                                                     item, "'"));
+    }
+    int64_t* field = kv[0] == "vocab"    ? &config.vocab
+                     : kv[0] == "seq"    ? &config.seq
+                     : kv[0] == "hidden" ? &config.hidden
+                     : kv[0] == "heads"  ? &config.heads
+                     : kv[0] == "layers" ? &config.layers
+                                         : nullptr;
+    if (field == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec, "': unknown key '", kv[0], "' (known: vocab, seq, hidden, heads, layers)"));
+    }
+    *field = value;
+  }
+  MW_RETURN_IF_ERROR(ValidateGptConfig(config));
+  return config;
 }
 
 int64_t GptParameterCount(const GptConfig& c) {

@@ -35,6 +35,10 @@ struct GptConfig {
 // kNotFound lists the names.
 absl::StatusOr<GptConfig> GptPreset(const std::string& name);
 
+// A preset with optional overrides: "gpt2-124m:layers=2,seq=256" (keys
+// vocab, seq, hidden, heads, layers). Errors name the key or the preset.
+absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec);
+
 // Parameters of the model (the LM head is tied, so not counted twice).
 int64_t GptParameterCount(const GptConfig& config);
 

@@ -135,6 +135,16 @@ TEST_CASE("presets match the published parameter counts within 1%", "[gpt]") {
   auto unknown = GptPreset("gpt5");
   CHECK(unknown.status().code() == absl::StatusCode::kNotFound);
   CHECK_THAT(std::string(unknown.status().message()), Catch::StartsWith("model 'gpt5': expected one of gpt-tiny, "));
+  const GptConfig reduced = ParseGptModel("gpt2-124m:layers=2,seq=256").value();
+  CHECK(reduced.layers == 2);
+  CHECK(reduced.seq == 256);
+  CHECK(reduced.hidden == 768);
+  CHECK(std::string(ParseGptModel("gpt-tiny:depth=3").status().message()) ==
+        "model 'gpt-tiny:depth=3': unknown key 'depth' (known: vocab, seq, hidden, heads, layers)");
+  CHECK(std::string(ParseGptModel("gpt-tiny:layers=two").status().message()) ==
+        "model 'gpt-tiny:layers=two': expected key=integer, got 'layers=two'");
+  CHECK(std::string(ParseGptModel("gpt-tiny:heads=3").status().message()) ==
+        "gpt hidden: 64 is not divisible by heads 3");
   CHECK(std::string(ValidateGptConfig({256, 64, 66, 4, 2}).message()) ==
         "gpt hidden: 66 is not divisible by heads 4");
 }
