@@ -1,6 +1,7 @@
 #include "engine/layer.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/ops.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -13,25 +14,64 @@ absl::StatusOr<float*> LayerContext::Grad(absl::string_view local) {
   return SharedGrad(absl::StrCat(layer_, ".", local));
 }
 
+absl::StatusOr<Tensor> LayerContext::Widen(const ShardedOptimizer::View& view,
+                                           absl::string_view full_name, bool copy) {
+  MW_ASSIGN_OR_RETURN(Tensor wide, Tensor::Empty(device_, DType::kF32, {view.numel},
+                                                 MemoryCategory::kWorkspace,
+                                                 absl::StrCat(full_name, copy ? ".f32" : ".grad_f32")));
+  if (copy) {
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, stream_, view.data, view.dtype, wide.data(),
+                                     DType::kF32, view.numel));
+  } else {
+    MW_RETURN_IF_ERROR(
+        kernels::Fill(device_, stream_, wide.data(), DType::kF32, view.numel, 0.0f));
+  }
+  MW_RETURN_IF_ERROR(stream_.Synchronize());
+  return wide;
+}
+
 absl::StatusOr<const float*> LayerContext::SharedParam(absl::string_view full_name) {
   MW_ASSIGN_OR_RETURN(ShardedOptimizer::View view, optimizer_.Parameter(full_name));
-  if (view.dtype != DType::kF32) {
-    return absl::UnimplementedError(absl::StrCat(
-        "layer '", layer_, "': ", DTypeName(view.dtype),
-        " parameters need the mixed-precision layers, which are not built yet; use f32"));
+  if (view.dtype == DType::kF32) return static_cast<const float*>(view.data);
+  auto it = param_copies_.find(std::string(full_name));
+  if (it == param_copies_.end()) {
+    MW_ASSIGN_OR_RETURN(Tensor wide, Widen(view, full_name, /*copy=*/true));
+    it = param_copies_.emplace(std::string(full_name), std::move(wide)).first;
   }
-  return static_cast<const float*>(view.data);
+  return it->second.data_as<const float>();
 }
 
 absl::StatusOr<float*> LayerContext::SharedGrad(absl::string_view full_name) {
   MW_ASSIGN_OR_RETURN(ShardedOptimizer::View view, optimizer_.Gradient(full_name));
-  if (view.dtype != DType::kF32) {
-    return absl::UnimplementedError(absl::StrCat(
-        "layer '", layer_, "': ", DTypeName(view.dtype),
-        " gradients need the mixed-precision layers, which are not built yet; use f32"));
+  if (view.dtype == DType::kF32) return static_cast<float*>(view.data);
+  auto it = grad_copies_.find(std::string(full_name));
+  if (it == grad_copies_.end()) {
+    MW_ASSIGN_OR_RETURN(Tensor wide, Widen(view, full_name, /*copy=*/false));
+    it = grad_copies_.emplace(std::string(full_name), Widened{view, std::move(wide)}).first;
   }
-  return static_cast<float*>(view.data);
+  return it->second.wide.data_as<float>();
 }
+
+absl::Status LayerContext::FlushGradients() {
+  for (auto& [name, g] : grad_copies_) {
+    // low = round(f32(low) + wide), in a workspace of f32.
+    MW_ASSIGN_OR_RETURN(Tensor sum, Tensor::Empty(device_, DType::kF32, {g.low.numel},
+                                                  MemoryCategory::kWorkspace,
+                                                  absl::StrCat(name, ".grad_sum")));
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, stream_, g.low.data, g.low.dtype, sum.data(),
+                                     DType::kF32, g.low.numel));
+    MW_RETURN_IF_ERROR(kernels::Axpy(device_, stream_, 1.0f, g.wide.data_as<const float>(),
+                                     sum.data_as<float>(), g.low.numel));
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, stream_, sum.data(), DType::kF32, g.low.data,
+                                     g.low.dtype, g.low.numel));
+    MW_RETURN_IF_ERROR(stream_.Synchronize());
+  }
+  grad_copies_.clear();
+  ReleaseWorkspace();
+  return absl::OkStatus();
+}
+
+void LayerContext::ReleaseWorkspace() { param_copies_.clear(); }
 
 absl::StatusOr<Tensor> LayerContext::Activation(std::vector<int64_t> shape) {
   return Tensor::Empty(device_, DType::kF32, std::move(shape), MemoryCategory::kActivation, layer_);

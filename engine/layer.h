@@ -14,13 +14,18 @@
 // checks it against the allocator). Gradients of inputs are owned by
 // "<layer name>.grad" and live only until the previous layer's backward.
 //
-// This slice computes in f32 on the host and meta backends (meta allocates
-// and accounts, computes nothing); bf16/f16 models and cuda compute are the
+// Layers compute in f32 on the host and meta backends (meta allocates and
+// accounts, computes nothing). With bf16/f16 parameters (mixed precision)
+// the context hands a layer f32 copies of its parameters and f32 gradient
+// buffers in workspace memory, and the engine adds those gradients into the
+// low-precision gradients after the layer's backward (FlushGradients):
+// bf16/f16 storage, f32 compute. Activations stay f32; cuda compute is the
 // next slice of the models issue.
 #ifndef MEMWALL_ENGINE_LAYER_H_
 #define MEMWALL_ENGINE_LAYER_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,8 +56,9 @@ class LayerContext {
   // Whether compute should run (false on meta: shapes and bytes only).
   bool computes() const { return device_.holds_bytes(); }
   // The layer's parameter (f32) and the gradient its backward adds into.
-  // kFailedPrecondition outside the engine's gather/acquire window;
-  // kUnimplemented for non-f32 parameters (the next slice).
+  // kFailedPrecondition outside the engine's gather/acquire window. For
+  // bf16/f16 parameters these are f32 workspace copies (see the file
+  // comment), valid until ReleaseWorkspace().
   absl::StatusOr<const float*> Param(absl::string_view local);
   absl::StatusOr<float*> Grad(absl::string_view local);
   // Another layer's parameter that this layer also uses (a tied weight),
@@ -67,12 +73,28 @@ class LayerContext {
   // the layer's backward.
   std::vector<Tensor>& saved() { return saved_; }
 
+  // Engine side: adds the f32 gradient workspaces handed out since the last
+  // call into the low-precision gradients (rounding once), then frees every
+  // workspace. A no-op for f32 parameters.
+  absl::Status FlushGradients();
+  // Engine side: frees the f32 parameter copies.
+  void ReleaseWorkspace();
+
  private:
+  struct Widened {
+    ShardedOptimizer::View low;  // the parameter or gradient in its dtype
+    Tensor wide;                 // its f32 workspace
+  };
+  absl::StatusOr<Tensor> Widen(const ShardedOptimizer::View& view, absl::string_view full_name,
+                               bool copy);
+
   Device& device_;
   Stream& stream_;
   ShardedOptimizer& optimizer_;
   const std::string layer_;
   std::vector<Tensor> saved_;
+  std::map<std::string, Tensor> param_copies_;
+  std::map<std::string, Widened> grad_copies_;
 };
 
 class Layer {

@@ -40,11 +40,6 @@ std::vector<float> InitialValues(const ParameterDecl& decl, const std::string& f
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
     const ShardingOptions& options, Device& device, Communicator& comm, uint64_t seed) {
-  if (options.param_dtype() != DType::kF32) {
-    return absl::UnimplementedError(absl::StrCat(
-        "Trainer: ", DTypeName(options.param_dtype()),
-        " models need the mixed-precision layers, which are not built yet; use f32"));
-  }
   if (device.backend() == Backend::kCuda) {
     return absl::UnimplementedError(
         "Trainer: the layers' CUDA compute is not built yet; use the host or meta backend");
@@ -122,6 +117,7 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
       if (gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
     }
     MW_ASSIGN_OR_RETURN(outputs[l], layers_[l]->Forward(*contexts_[l], input_of(l)));
+    contexts_[l]->ReleaseWorkspace();
     const std::vector<int> none;
     const std::vector<int>& next = l + 1 < n ? groups_of_layer_[l + 1] : none;
     for (auto it = gathered.begin(); it != gathered.end();) {
@@ -157,6 +153,7 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
     MW_ASSIGN_OR_RETURN(Tensor grad_input,
                         layers_[l]->Backward(*contexts_[l], input_of(l), grad));
     contexts_[l]->saved().clear();
+    MW_RETURN_IF_ERROR(contexts_[l]->FlushGradients());
     outputs[l] = Tensor();  // read by layer l + 1's backward, which has run
     grad = std::move(grad_input);
     for (int g : groups_of_layer_[l]) {

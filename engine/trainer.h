@@ -8,7 +8,10 @@
 // gradients when backward enters it and reducing and releasing them when it
 // leaves (stages 2-3 reduce-scatter right there, overlapping the next
 // group's backward with overlap_comm). Each layer's output is freed after
-// the backward that reads it. After the configured number of micro-batches,
+// the backward that reads it. Mixed precision: the loss gradient is
+// multiplied by the optimizer's loss scale (fp16), and each layer's f32
+// gradient workspaces are added into the bf16/f16 gradients right after its
+// backward (engine/layer.h). After the configured number of micro-batches,
 // the optimizer step. The same code runs on host (f32 compute) and meta
 // (allocation and accounting only).
 #ifndef MEMWALL_ENGINE_TRAINER_H_
@@ -47,9 +50,9 @@ class Trainer {
   // Registers the layers' parameters, initialised from `seed` and each
   // parameter's full name (so every rank starts identical), and finalises
   // the optimizer. `device` and `comm` must outlive the trainer. Errors:
-  // kInvalidArgument for duplicate layer names; kUnimplemented for a
-  // non-f32 parameter dtype or the cuda backend (not in this slice);
-  // whatever registration and allocation report.
+  // kInvalidArgument for duplicate layer names; kUnimplemented for the cuda
+  // backend (not in this slice); whatever registration and allocation
+  // report.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
       const ShardingOptions& options, Device& device, Communicator& comm, uint64_t seed);

@@ -69,9 +69,17 @@ out=$("$memwall" train --data "$tmp/short.txt" 2>&1)
 check "short data" "$out" "data file $tmp/short.txt: 5 bytes; expected at least 65 (one sequence plus its next byte)"
 out=$("$memwall" train --steps 0 2>&1)
 check "bad steps" "$out" "--steps: expected >= 1, got 0"
-echo '{"bf16": {"enabled": true}}' > "$tmp/bf16.json"
-out=$("$memwall" train --config "$tmp/bf16.json" 2>&1)
-check "bf16 not yet" "$out" "UNIMPLEMENTED: Trainer: bf16 models need the mixed-precision layers"
+echo '{"bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 4,
+       "zero_optimization": {"stage": 2}}' > "$tmp/bf16.json"
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/bf16.json" --steps 30 --log_every 30 2>&1)
+check "bf16 on 2 ranks" "$out" "ZeRO stage 2, 2 ranks" "summary: 30 steps (0 skipped)"
+read -r first last <<<"$(sed -nE 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/p' <<<"$out")"
+if awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < 0.8 * f) }'; then
+  passed=$((passed + 1))
+else
+  echo "FAILED: bf16 loss did not fall: $first -> $last" >&2
+  failed=$((failed + 1))
+fi
 
 echo "memwall-tests: $passed passed, $failed failed"
 [ $failed -eq 0 ]
