@@ -76,14 +76,7 @@ TEST_CASE("meta runs a ResNet-50 step with every layer's activations exact", "[z
 }
 
 TEST_CASE("zoo layers refuse to compute on a device with bytes", "[zoo]") {
-  auto device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
   auto comm = SimulatedCommunicator::Create(0, 1).value();
-  auto layers = MakeZooModel("llama-7b", 8).value();
-  layers.erase(layers.begin() + 2, layers.end() - 1);  // embed, block0, head: 0.5B parameters
-  // Too big for 256 MiB: a clear out-of-memory report, not a crash.
-  auto trainer = Trainer::Create(std::move(layers), std::make_unique<MseLoss>(), ShardingOptions(),
-                                 *device, *comm, 1);
-  CHECK(trainer.status().code() == absl::StatusCode::kResourceExhausted);
   auto small = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value();
   auto stem_only = MakeZooModel("resnet50", 0).value();
   stem_only.resize(1);
