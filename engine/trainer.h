@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/layer.h"
+#include "profiler/memory_profiler.h"
 #include "runtime/communicator.h"
 #include "runtime/device.h"
 #include "runtime/tensor.h"
@@ -61,6 +62,11 @@ class Trainer {
   // micro-batches (exactly that many must be given).
   absl::StatusOr<StepReport> TrainStep(absl::Span<const Batch> micro_batches);
 
+  // Marks phases for `profiler` (not owned; null to stop): "step <k>" >
+  // "micro-batch <u>" > "forward" > "<layer>", "loss", "backward" >
+  // "<layer>"; and "optimizer step".
+  void set_profiler(MemoryProfiler* profiler) { profiler_ = profiler; }
+
   ShardedOptimizer& optimizer() { return *optimizer_; }
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 
@@ -82,6 +88,8 @@ class Trainer {
   // For each group, the first layer (lowest index) that reads it: backward
   // reduces the group after that layer.
   std::vector<int> first_user_;
+  MemoryProfiler* profiler_ = nullptr;
+  int64_t steps_ = 0;
 };
 
 }  // namespace memwall

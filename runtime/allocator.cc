@@ -367,6 +367,16 @@ void CachingAllocator::AddListener(MemoryListener* listener) {
   listeners_.push_back(listener);
 }
 
+void CachingAllocator::AddListener(
+    MemoryListener* listener,
+    const std::function<void(const AllocatorStats&,
+                             const std::map<std::pair<std::string, MemoryCategory>, int64_t>&)>&
+        snapshot) {
+  absl::MutexLock lock(&mu_);
+  snapshot(stats_, owner_bytes_);
+  listeners_.push_back(listener);
+}
+
 void CachingAllocator::RemoveListener(MemoryListener* listener) {
   absl::MutexLock lock(&mu_);
   listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), listener),

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -132,6 +133,15 @@ class CachingAllocator {
 
   // Listeners are not owned and must outlive their registration.
   void AddListener(MemoryListener* listener);
+  // Registers `listener` and, atomically with it (under the allocator's
+  // lock, so no event is missed or seen twice), hands `snapshot` the current
+  // stats and live bytes per (owner, category). `snapshot` must not call
+  // back into the allocator.
+  void AddListener(
+      MemoryListener* listener,
+      const std::function<void(const AllocatorStats&,
+                               const std::map<std::pair<std::string, MemoryCategory>, int64_t>&)>&
+          snapshot);
   void RemoveListener(MemoryListener* listener);
 
   const std::string& device_name() const { return device_name_; }

@@ -1,0 +1,155 @@
+#include "profiler/memory_profiler.h"
+
+#include <algorithm>
+
+namespace memwall {
+
+int64_t ModelStateBytes(const CategoryBytes& b) {
+  return b[int(MemoryCategory::kParameter)] + b[int(MemoryCategory::kGradient)] +
+         b[int(MemoryCategory::kOptimizerState)];
+}
+
+int64_t ActivationBytesOf(const CategoryBytes& b) {
+  return b[int(MemoryCategory::kActivation)] + b[int(MemoryCategory::kCheckpointedActivation)];
+}
+
+MemoryProfiler::MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity)
+    : allocator_(allocator),
+      device_name_(allocator.device_name()),
+      capacity_(allocator.capacity()),
+      ring_capacity_(std::max<size_t>(ring_capacity, 1)),
+      start_(std::chrono::steady_clock::now()) {
+  // Start from the allocator's books (what was allocated before us), taken
+  // atomically with the registration.
+  allocator_.AddListener(this, [this](const AllocatorStats& s, const auto& owners) {
+    absl::MutexLock lock(&mu_);
+    for (int c = 0; c < kNumMemoryCategories; ++c) current_[c] = s.by_category[c].current;
+    category_peaks_ = current_;
+    total_ = s.requested.current;
+    reserved_ = s.reserved.current;
+    owners_ = owners;
+    peak_.bytes = total_;
+    peak_.by_category = current_;
+    peak_.reserved = reserved_;
+  });
+}
+
+MemoryProfiler::~MemoryProfiler() { allocator_.RemoveListener(this); }
+
+double MemoryProfiler::NowUs() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_)
+      .count();
+}
+
+void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
+  absl::MutexLock lock(&mu_);
+  switch (e.kind) {
+    case MemoryEvent::Kind::kAlloc:
+    case MemoryEvent::Kind::kFree: {
+      const int64_t delta = e.kind == MemoryEvent::Kind::kAlloc ? e.bytes : -e.bytes;
+      current_[int(e.category)] += delta;
+      category_peaks_[int(e.category)] =
+          std::max(category_peaks_[int(e.category)], current_[int(e.category)]);
+      total_ += delta;
+      auto key = std::make_pair(std::string(e.owner), e.category);
+      if ((owners_[key] += delta) == 0) owners_.erase(key);
+      break;
+    }
+    case MemoryEvent::Kind::kSegmentReserve:
+    case MemoryEvent::Kind::kSegmentRelease:
+      reserved_ = e.reserved_after;
+      break;
+    case MemoryEvent::Kind::kOutOfMemory:
+      return;
+  }
+  reserved_ = e.reserved_after;
+  if (total_ > peak_.bytes) {
+    peak_.bytes = total_;
+    peak_.by_category = current_;
+    peak_.reserved = reserved_;
+    peak_.sequence = e.sequence;
+    peak_.phase = open_.empty() ? "" : open_.back().name;
+    std::vector<OwnerBytes> owners;
+    owners.reserve(owners_.size());
+    for (const auto& [key, bytes] : owners_) owners.push_back({key.first, key.second, bytes});
+    const size_t keep = std::min<size_t>(kTopOwners, owners.size());
+    std::partial_sort(owners.begin(), owners.begin() + keep, owners.end(),
+                      [](const OwnerBytes& a, const OwnerBytes& b) { return a.bytes > b.bytes; });
+    owners.resize(keep);
+    peak_.top_owners = std::move(owners);
+  }
+  for (PhaseRecord& p : open_) {
+    if (total_ > p.peak_bytes) {
+      p.peak_bytes = total_;
+      p.peak_by_category = current_;
+    }
+  }
+  ring_.push_back({NowUs(), e.sequence, current_, reserved_});
+  if (ring_.size() > ring_capacity_) {
+    ring_.pop_front();
+    ++dropped_;
+  }
+}
+
+void MemoryProfiler::BeginPhase(absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  PhaseRecord p;
+  p.name = std::string(name);
+  p.depth = static_cast<int>(open_.size());
+  p.start_us = NowUs();
+  p.start_bytes = p.peak_bytes = total_;
+  p.peak_by_category = current_;
+  open_.push_back(std::move(p));
+}
+
+bool MemoryProfiler::EndPhase() {
+  absl::MutexLock lock(&mu_);
+  if (open_.empty()) return false;
+  PhaseRecord p = std::move(open_.back());
+  open_.pop_back();
+  p.end_us = NowUs();
+  p.end_bytes = total_;
+  closed_.push_back(std::move(p));
+  return true;
+}
+
+CategoryBytes MemoryProfiler::category_peaks() const {
+  absl::MutexLock lock(&mu_);
+  return category_peaks_;
+}
+
+PeakSnapshot MemoryProfiler::peak() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+CategoryBytes MemoryProfiler::current() const {
+  absl::MutexLock lock(&mu_);
+  return current_;
+}
+
+std::vector<PhaseRecord> MemoryProfiler::phases() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+std::vector<TimelinePoint> MemoryProfiler::timeline() const {
+  absl::MutexLock lock(&mu_);
+  return {ring_.begin(), ring_.end()};
+}
+
+int64_t MemoryProfiler::dropped_events() const {
+  absl::MutexLock lock(&mu_);
+  return dropped_;
+}
+
+void MemoryProfiler::ResetPeak() {
+  absl::MutexLock lock(&mu_);
+  peak_ = PeakSnapshot();
+  category_peaks_ = current_;
+  peak_.bytes = total_;
+  peak_.by_category = current_;
+  peak_.reserved = reserved_;
+}
+
+}  // namespace memwall

@@ -1,0 +1,136 @@
+// The memory profiler: listens to an allocator's events and the engine's
+// phase markers, and answers "what is my peak, when does it happen, and what
+// is it made of" by category, owner and phase.
+//
+// Note [Exact books]
+// The profiler never guesses: it keeps its own running totals from the
+// allocator's events, so at every event the category totals sum to the
+// allocator's requested bytes and the recorded peak equals the allocator's
+// requested peak to the byte (tests check both). Model state is parameters +
+// gradients + optimizer states; activation is activations + checkpointed
+// activations; the rest is buffers (workspace, communication, other).
+//
+// Recording is bounded: the last `ring_capacity` events are kept for the
+// timeline (older ones are dropped and counted), while peaks, per-phase
+// peaks and per-step summaries are exact over the whole run.
+//
+// Thread safety: OnMemoryEvent runs under the allocator's lock; phase
+// markers come from the engine's thread. Both take the profiler's mutex.
+#ifndef MEMWALL_PROFILER_MEMORY_PROFILER_H_
+#define MEMWALL_PROFILER_MEMORY_PROFILER_H_
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/allocator.h"
+#include "runtime/memory.h"
+
+namespace memwall {
+
+using CategoryBytes = std::array<int64_t, kNumMemoryCategories>;
+
+// parameters + gradients + optimizer states.
+int64_t ModelStateBytes(const CategoryBytes& bytes);
+// activations + checkpointed activations.
+int64_t ActivationBytesOf(const CategoryBytes& bytes);
+
+struct OwnerBytes {
+  std::string owner;
+  MemoryCategory category;
+  int64_t bytes;
+};
+
+// The moment of the highest requested bytes.
+struct PeakSnapshot {
+  int64_t bytes = 0;               // requested bytes, all categories
+  CategoryBytes by_category{};
+  int64_t reserved = 0;            // allocator reserved bytes at that moment
+  uint64_t sequence = 0;           // the allocator event that reached it
+  std::string phase;               // innermost phase open then ("" if none)
+  std::vector<OwnerBytes> top_owners;  // largest first
+};
+
+struct PhaseRecord {
+  std::string name;
+  int depth = 0;
+  double start_us = 0, end_us = 0;  // since the profiler started
+  int64_t start_bytes = 0, end_bytes = 0;
+  int64_t peak_bytes = 0;           // highest requested bytes inside
+  CategoryBytes peak_by_category{};
+};
+
+// One recorded event of the timeline.
+struct TimelinePoint {
+  double time_us = 0;
+  uint64_t sequence = 0;
+  CategoryBytes by_category{};
+  int64_t reserved = 0;
+};
+
+class MemoryProfiler : public MemoryListener {
+ public:
+  // Owners kept in a peak snapshot.
+  static constexpr int kTopOwners = 10;
+
+  // Registers with `allocator` (which must outlive the profiler) and takes
+  // the allocator's current books as the starting point.
+  MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity = 1 << 16);
+  ~MemoryProfiler() override;
+  MemoryProfiler(const MemoryProfiler&) = delete;
+  MemoryProfiler& operator=(const MemoryProfiler&) = delete;
+
+  void OnMemoryEvent(const MemoryEvent& event) override;
+
+  // Phases nest: "step 3" > "forward" > "block2". EndPhase closes the
+  // innermost; returns false (and does nothing) if none is open.
+  void BeginPhase(absl::string_view name);
+  bool EndPhase();
+
+  // Copies of what has been recorded.
+  PeakSnapshot peak() const;
+  CategoryBytes current() const;
+  // The highest bytes each category reached on its own (not at one moment).
+  CategoryBytes category_peaks() const;
+  std::vector<PhaseRecord> phases() const;  // closed phases, in closing order
+  std::vector<TimelinePoint> timeline() const;
+  int64_t dropped_events() const;
+  // Resets the peak to the current bytes (e.g. between steps).
+  void ResetPeak();
+
+  const std::string& device_name() const { return device_name_; }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  double NowUs() const;
+
+  CachingAllocator& allocator_;
+  const std::string device_name_;
+  const int64_t capacity_;
+  const size_t ring_capacity_;
+  const std::chrono::steady_clock::time_point start_;
+
+  mutable absl::Mutex mu_;
+  CategoryBytes current_ ABSL_GUARDED_BY(mu_){};
+  CategoryBytes category_peaks_ ABSL_GUARDED_BY(mu_){};
+  int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::pair<std::string, MemoryCategory>, int64_t> owners_ ABSL_GUARDED_BY(mu_);
+  PeakSnapshot peak_ ABSL_GUARDED_BY(mu_);
+  std::vector<PhaseRecord> open_ ABSL_GUARDED_BY(mu_);
+  std::vector<PhaseRecord> closed_ ABSL_GUARDED_BY(mu_);
+  std::deque<TimelinePoint> ring_ ABSL_GUARDED_BY(mu_);
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_PROFILER_MEMORY_PROFILER_H_

@@ -1,0 +1,45 @@
+// Reports of a MemoryProfiler: a terminal table, JSON with a versioned
+// schema (for scripts), and Chrome trace event format (Perfetto,
+// chrome://tracing).
+//
+// JSON schema "memwall.profile/1" (all byte counts are integers):
+//   schema        "memwall.profile/1"
+//   device        "host:0";  capacity  bytes
+//   peak          {bytes, reserved, sequence, phase,
+//                  by_category: {parameter, gradient, optimizer_state,
+//                                activation, checkpointed_activation,
+//                                workspace, comm_buffer, other},
+//                  model_state   (parameter + gradient + optimizer_state),
+//                  activation    (activation + checkpointed_activation),
+//                  buffers       (workspace + comm_buffer + other),
+//                  top_owners: [{owner, category, bytes}], largest first}
+//   category_peaks  {<category>: bytes}, each category's own maximum
+//   phases        [{name, depth, start_us, end_us, start_bytes, end_bytes,
+//                   peak_bytes, peak_by_category: {<category>: bytes}}]
+//   timeline      {dropped_events, points: [{t_us, sequence, reserved,
+//                   by_category: {<category>: bytes}}]}
+#ifndef MEMWALL_PROFILER_REPORT_H_
+#define MEMWALL_PROFILER_REPORT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "nlohmann/json.hpp"
+#include "profiler/memory_profiler.h"
+
+namespace memwall {
+
+inline constexpr char kProfileSchema[] = "memwall.profile/1";
+
+std::string TerminalReport(const MemoryProfiler& profiler);
+nlohmann::json JsonReport(const MemoryProfiler& profiler);
+nlohmann::json ChromeTrace(const MemoryProfiler& profiler);
+
+// Writes profile.txt, profile.json and trace.json into `dir` (created if
+// missing). Each file is written to a temporary name and renamed, so a
+// failure leaves no half-written report; errors name the file.
+absl::Status WriteReports(const MemoryProfiler& profiler, const std::string& dir);
+
+}  // namespace memwall
+
+#endif  // MEMWALL_PROFILER_REPORT_H_
