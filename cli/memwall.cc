@@ -13,13 +13,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/demo.h"
+#include "cli/profile.h"
 #include "cli/train.h"
 #include "runtime/device.h"
 #include "runtime/units.h"
 
-ABSL_FLAG(std::string, backend, "host",
+ABSL_FLAG(std::string, backend, "",
           "Device backend: host (host RAM posing as a device with an enforced capacity) or meta "
-          "(accounting only: no bytes, any size).");
+          "(accounting only: no bytes, any size). Default: meta for profile, host otherwise.");
 ABSL_FLAG(std::string, device_memory, "256MiB",
           "Device capacity per rank, e.g. 256MiB, 32GiB or 32GB (binary and decimal units).");
 ABSL_FLAG(std::string, params, "8388608",
@@ -31,7 +32,7 @@ ABSL_FLAG(std::string, model, "gpt-tiny",
 ABSL_FLAG(std::string, config, "",
           "train: a DeepSpeed-style JSON config file; empty uses the built-in ZeRO-2 config "
           "(configs/gpt-tiny-zero2.json).");
-ABSL_FLAG(int64_t, steps, 100, "train: optimizer steps to run.");
+ABSL_FLAG(int64_t, steps, 0, "train, profile: optimizer steps to run (default 100 for train, 1 for profile).");
 ABSL_FLAG(std::string, data, "",
           "train: a text file to train on, byte-level; empty uses a built-in synthetic corpus.");
 ABSL_FLAG(uint64_t, seed, 1, "train: seed of the parameter initialisation.");
@@ -39,6 +40,10 @@ ABSL_FLAG(int64_t, log_every, 10, "train: print progress every this many steps."
 ABSL_FLAG(int, simulate_ranks, 1,
           "train with --backend meta: the number of ranks the single process plays rank 0 of.");
 ABSL_FLAG(int, ranks, 2, "launch: the number of MPI ranks (processes) to start.");
+ABSL_FLAG(std::string, out, "memwall-profile", "profile: the folder for the reports.");
+ABSL_FLAG(int64_t, batch, 0, "profile: micro-batch size; 0 uses the config's.");
+ABSL_FLAG(int64_t, seq, 0, "profile: sequence length of a transformer; 0 uses the model's.");
+ABSL_FLAG(int64_t, image, 224, "profile: image size of a CNN (square inputs).");
 
 namespace {
 
@@ -54,6 +59,15 @@ usage:
         memwall launch --ranks 2 -- memwall train --steps 100
       With --backend meta it dry-runs the same schedule as rank 0 of
       --simulate_ranks ranks: memory and traffic are real, nothing computes.
+
+  memwall profile [--model M] [--config FILE] [--backend meta|host]
+                  [--device_memory SIZE] [--out DIR] [--batch N] [--seq N]
+                  [--image N] [--steps N] [--simulate_ranks N]
+      Runs training steps under the memory profiler and writes profile.txt,
+      profile.json (schema memwall.profile/1), trace.json (Perfetto) and
+      profile.html to DIR/rank<k>/. M is a GPT spec or a zoo model: resnet50,
+      resnest269, llama-7b, llama2-70b. The default backend is meta: any
+      size, no bytes. Out of memory writes the reports of that moment.
 
   memwall launch [--ranks K] -- COMMAND [ARGS...]
       Runs COMMAND as K MPI ranks on this machine (mpirun with the settings
@@ -77,8 +91,15 @@ int Usage() {
   return 2;
 }
 
-absl::StatusOr<memwall::Backend> BackendFlag() {
-  return memwall::ParseBackend(absl::GetFlag(FLAGS_backend));
+absl::StatusOr<memwall::Backend> BackendFlag(memwall::Backend fallback) {
+  const std::string name = absl::GetFlag(FLAGS_backend);
+  if (name.empty()) return fallback;
+  return memwall::ParseBackend(name);
+}
+
+int64_t StepsFlag(int64_t fallback) {
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  return steps == 0 ? fallback : steps;
 }
 
 absl::StatusOr<int64_t> MemoryFlag() {
@@ -87,7 +108,7 @@ absl::StatusOr<int64_t> MemoryFlag() {
 
 int Demo() {
   memwall::DemoOptions options;
-  auto backend = BackendFlag();
+  auto backend = BackendFlag(memwall::Backend::kHost);
   if (!backend.ok()) return Fail(backend.status());
   options.backend = *backend;
   auto capacity = MemoryFlag();
@@ -106,9 +127,9 @@ int Demo() {
   return status.ok() ? 0 : Fail(status);
 }
 
-int Train() {
-  memwall::TrainOptions options;
-  auto backend = BackendFlag();
+int Profile() {
+  memwall::ProfileOptions options;
+  auto backend = BackendFlag(memwall::Backend::kMeta);
   if (!backend.ok()) return Fail(backend.status());
   options.backend = *backend;
   auto capacity = MemoryFlag();
@@ -116,7 +137,27 @@ int Train() {
   options.capacity_bytes = *capacity;
   options.model = absl::GetFlag(FLAGS_model);
   options.config_path = absl::GetFlag(FLAGS_config);
-  options.steps = absl::GetFlag(FLAGS_steps);
+  options.out_dir = absl::GetFlag(FLAGS_out);
+  options.batch = absl::GetFlag(FLAGS_batch);
+  options.seq = absl::GetFlag(FLAGS_seq);
+  options.image = absl::GetFlag(FLAGS_image);
+  options.steps = StepsFlag(1);
+  options.simulate_ranks = absl::GetFlag(FLAGS_simulate_ranks);
+  const absl::Status status = memwall::RunProfile(options);
+  return status.ok() ? 0 : Fail(status);
+}
+
+int Train() {
+  memwall::TrainOptions options;
+  auto backend = BackendFlag(memwall::Backend::kHost);
+  if (!backend.ok()) return Fail(backend.status());
+  options.backend = *backend;
+  auto capacity = MemoryFlag();
+  if (!capacity.ok()) return Fail(capacity.status());
+  options.capacity_bytes = *capacity;
+  options.model = absl::GetFlag(FLAGS_model);
+  options.config_path = absl::GetFlag(FLAGS_config);
+  options.steps = StepsFlag(100);
   options.data_path = absl::GetFlag(FLAGS_data);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.log_every = absl::GetFlag(FLAGS_log_every);
@@ -169,5 +210,6 @@ int main(int argc, char** argv) {
   if (positional.size() != 2) return Usage();
   if (command == "train") return Train();
   if (command == "demo") return Demo();
+  if (command == "profile") return Profile();
   return Usage();
 }

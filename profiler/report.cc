@@ -1,5 +1,6 @@
 #include "profiler/report.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -50,6 +51,21 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
         absl::StrCat("report ", path, ": rename failed: ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+// Text for HTML: names come from models and users.
+std::string Escape(absl::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -150,6 +166,102 @@ Json ChromeTrace(const MemoryProfiler& profiler) {
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
+std::string HtmlReport(const MemoryProfiler& profiler) {
+  static const char* const kColors[kNumMemoryCategories] = {
+      "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  constexpr double kWidth = 900, kHeight = 320, kLeft = 70, kTop = 20;
+  const std::vector<TimelinePoint> points = profiler.timeline();
+  const PeakSnapshot peak = profiler.peak();
+  int64_t top = 1;
+  for (const TimelinePoint& t : points) top = std::max(top, Total(t.by_category));
+  const double x_scale = points.size() > 1 ? kWidth / double(points.size() - 1) : 0.0;
+  auto x = [&](size_t i) { return kLeft + i * x_scale; };
+  auto y = [&](int64_t bytes) { return kTop + kHeight - kHeight * double(bytes) / double(top); };
+  std::string svg = absl::StrFormat(
+      "<svg id=\"memory-plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
+      "height=\"%.0f\">\n",
+      kLeft + kWidth + 20, kTop + kHeight + 90);
+  // Stacked areas, bottom category first.
+  std::vector<int64_t> below(points.size(), 0);
+  for (MemoryCategory c : kAllMemoryCategories) {
+    bool any = false;
+    for (const TimelinePoint& t : points) any = any || t.by_category[int(c)] != 0;
+    if (!any) continue;
+    std::string upper, lower;
+    for (size_t i = 0; i < points.size(); ++i) {
+      absl::StrAppendFormat(&upper, "%.1f,%.1f ", x(i), y(below[i] + points[i].by_category[int(c)]));
+    }
+    for (size_t i = points.size(); i-- > 0;) {
+      absl::StrAppendFormat(&lower, "%.1f,%.1f ", x(i), y(below[i]));
+      below[i] += points[i].by_category[int(c)];
+    }
+    absl::StrAppendFormat(&svg,
+                          "<polygon class=\"area\" data-category=\"%s\" fill=\"%s\" "
+                          "fill-opacity=\"0.85\" points=\"%s%s\"/>\n",
+                          MemoryCategoryName(c), kColors[int(c)], upper, lower);
+  }
+  // The peak: the first recorded point at the peak bytes.
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (Total(points[i].by_category) != peak.bytes) continue;
+    absl::StrAppendFormat(&svg,
+                          "<line id=\"peak-marker\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" "
+                          "y2=\"%.1f\" stroke=\"black\" stroke-dasharray=\"4 3\"/>\n"
+                          "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">peak %s</text>\n",
+                          x(i), x(i), kTop, kTop + kHeight, x(i) + 4, kTop + 12,
+                          FormatBytes(peak.bytes));
+    break;
+  }
+  // Axis labels.
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"4\" y=\"%.1f\" font-size=\"11\">%s</text>\n"
+                        "<text x=\"4\" y=\"%.1f\" font-size=\"11\">0</text>\n",
+                        kTop + 10, FormatBytes(top), kTop + kHeight);
+  // Top-level phases as bands under the plot, placed by the sequence range
+  // of the recorded points inside them.
+  int band = 0;
+  for (const PhaseRecord& p : profiler.phases()) {
+    if (p.depth != 0) continue;
+    size_t first = points.size(), last = 0;
+    for (size_t i = 0; i < points.size(); ++i) {
+      if (points[i].time_us >= p.start_us && points[i].time_us <= p.end_us) {
+        first = std::min(first, i);
+        last = std::max(last, i);
+      }
+    }
+    if (first > last) continue;
+    const double bx = x(first), bw = std::max(2.0, x(last) - x(first));
+    const double by = kTop + kHeight + 10 + 22 * (band++ % 3);
+    absl::StrAppendFormat(&svg,
+                          "<rect class=\"phase\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+                          "height=\"18\" fill=\"#ddd\" stroke=\"#999\"/>\n"
+                          "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">%s</text>\n",
+                          bx, by, bw, bx + 3, by + 13, Escape(p.name));
+  }
+  absl::StrAppend(&svg, "</svg>\n");
+
+  std::string rows;
+  for (MemoryCategory c : kAllMemoryCategories) {
+    const int64_t b = peak.by_category[int(c)];
+    if (b == 0) continue;
+    absl::StrAppendFormat(&rows,
+                          "<tr><td><span style=\"color:%s\">&#9632;</span> %s</td>"
+                          "<td>%s</td><td>%.1f%%</td></tr>\n",
+                          kColors[int(c)], MemoryCategoryName(c), FormatBytes(b),
+                          peak.bytes ? 100.0 * b / peak.bytes : 0.0);
+  }
+  return absl::StrFormat(
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>memwall memory profile: "
+      "%s</title>\n<style>body{font-family:sans-serif;margin:20px}td{padding:2px 10px}"
+      "</style></head><body>\n<h1>Memory profile of %s</h1>\n<p>Peak %s requested (%s "
+      "reserved) in phase <b>%s</b>: model state %s, activation %s.</p>\n%s"
+      "<table id=\"peak-breakdown\"><tr><th>category</th><th>at peak</th><th>share</th>"
+      "</tr>\n%s</table>\n</body></html>\n",
+      Escape(profiler.device_name()), Escape(profiler.device_name()), FormatBytes(peak.bytes),
+      FormatBytes(peak.reserved), peak.phase.empty() ? "(none)" : Escape(peak.phase),
+      FormatBytes(ModelStateBytes(peak.by_category)),
+      FormatBytes(ActivationBytesOf(peak.by_category)), svg, rows);
+}
+
 absl::Status WriteReports(const MemoryProfiler& profiler, const std::string& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
@@ -159,7 +271,8 @@ absl::Status WriteReports(const MemoryProfiler& profiler, const std::string& dir
   }
   if (auto s = WriteFile(dir + "/profile.txt", TerminalReport(profiler)); !s.ok()) return s;
   if (auto s = WriteFile(dir + "/profile.json", JsonReport(profiler).dump(1)); !s.ok()) return s;
-  return WriteFile(dir + "/trace.json", ChromeTrace(profiler).dump());
+  if (auto s = WriteFile(dir + "/trace.json", ChromeTrace(profiler).dump()); !s.ok()) return s;
+  return WriteFile(dir + "/profile.html", HtmlReport(profiler));
 }
 
 }  // namespace memwall

@@ -34,8 +34,13 @@ inline constexpr char kProfileSchema[] = "memwall.profile/1";
 std::string TerminalReport(const MemoryProfiler& profiler);
 nlohmann::json JsonReport(const MemoryProfiler& profiler);
 nlohmann::json ChromeTrace(const MemoryProfiler& profiler);
+// A self-contained HTML page (no scripts, no network): an SVG stacked-area
+// plot of bytes by category over the recorded events, the peak marked
+// (#peak-marker) with its breakdown, and the top-level phases as labelled
+// bands under the plot.
+std::string HtmlReport(const MemoryProfiler& profiler);
 
-// Writes profile.txt, profile.json and trace.json into `dir` (created if
+// Writes profile.txt, profile.json, trace.json and profile.html into `dir` (created if
 // missing). Each file is written to a temporary name and renamed, so a
 // failure leaves no half-written report; errors name the file.
 absl::Status WriteReports(const MemoryProfiler& profiler, const std::string& dir);

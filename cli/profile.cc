@@ -1,0 +1,143 @@
+#include "cli/profile.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cli/train.h"
+#include "engine/config.h"
+#include "engine/trainer.h"
+#include "models/gpt.h"
+#include "models/layers.h"
+#include "models/zoo.h"
+#include "profiler/memory_profiler.h"
+#include "profiler/report.h"
+#include "runtime/mpi_communicator.h"
+#include "runtime/simulated_communicator.h"
+#include "runtime/status.h"
+#include "runtime/units.h"
+
+namespace memwall {
+namespace {
+
+struct Model {
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::unique_ptr<LossFunction> loss;
+  std::vector<int64_t> input, target;
+};
+
+absl::StatusOr<Model> MakeModel(const ProfileOptions& o, int64_t batch) {
+  Model m;
+  const std::vector<std::string> zoo = ZooModels();
+  if (std::find(zoo.begin(), zoo.end(), o.model) != zoo.end()) {
+    const bool cnn = o.model.rfind("res", 0) == 0;
+    const int64_t seq = o.seq > 0 ? o.seq : (o.model == "llama-7b" ? 2048 : 4096);
+    MW_ASSIGN_OR_RETURN(m.layers, MakeZooModel(o.model, seq));
+    if (cnn) {
+      if (o.image < 32) {
+        return absl::InvalidArgumentError(absl::StrCat("--image: expected >= 32, got ", o.image));
+      }
+      m.input = {batch, 3, o.image, o.image};
+      m.target = {batch, 1000};
+      m.loss = std::make_unique<MseLoss>();
+    } else {
+      m.input = {batch, seq};
+      m.target = {batch * seq};
+      m.loss = std::make_unique<CrossEntropyLoss>();
+    }
+    return m;
+  }
+  MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(o.model));
+  if (o.seq > 0) gpt.seq = o.seq;
+  MW_ASSIGN_OR_RETURN(m.layers, MakeGpt(gpt));
+  m.input = {batch, gpt.seq};
+  m.target = {batch * gpt.seq};
+  m.loss = std::make_unique<CrossEntropyLoss>();
+  return m;
+}
+
+absl::Status WithReports(absl::Status status, const MemoryProfiler& profiler,
+                         const std::string& dir) {
+  if (status.ok() || !absl::IsResourceExhausted(status)) return status;
+  const absl::Status written = WriteReports(profiler, dir);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      status.message(),
+      written.ok() ? absl::StrCat(". Memory reports of this moment: ", dir, "/profile.{txt,json,html}")
+                   : absl::StrCat(". (Writing the reports failed too: ", written.message(), ")")));
+}
+
+}  // namespace
+
+absl::Status RunProfile(const ProfileOptions& options) {
+  if (options.steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps: expected >= 1, got ", options.steps));
+  }
+  if (options.batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch: expected >= 1, got ", options.batch));
+  }
+  MW_ASSIGN_OR_RETURN(Config config, options.config_path.empty()
+                                         ? ParseConfig(kDefaultTrainConfig)
+                                         : LoadConfig(options.config_path));
+  const int64_t batch = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
+  MW_ASSIGN_OR_RETURN(Model model, MakeModel(options, batch));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world, MpiCommunicator::Create());
+  std::unique_ptr<Communicator> simulated;
+  Communicator* comm = world.get();
+  if (options.backend == Backend::kMeta) {
+    if (world->world_size() != 1) {
+      return absl::InvalidArgumentError(
+          "--backend meta: run one process and set --simulate_ranks to the world it plays");
+    }
+    MW_ASSIGN_OR_RETURN(simulated, SimulatedCommunicator::Create(0, options.simulate_ranks));
+    comm = simulated.get();
+  }
+  const std::string dir = absl::StrCat(options.out_dir, "/rank", comm->rank());
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
+                      CreateDevice({options.backend, world->rank(), options.capacity_bytes}));
+  MemoryProfiler profiler(device->allocator());
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(
+      std::move(model.layers), std::move(model.loss), config, *device, *comm, /*seed=*/1);
+  MW_RETURN_IF_ERROR(WithReports(trainer.status(), profiler, dir));
+  (*trainer)->set_profiler(&profiler);
+  for (int64_t step = 0; step < options.steps; ++step) {
+    std::vector<Batch> batches;
+    for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
+      Batch b;
+      absl::StatusOr<Tensor> input =
+          Tensor::Empty(*device, DType::kF32, model.input, MemoryCategory::kOther, "data.input");
+      MW_RETURN_IF_ERROR(WithReports(input.status(), profiler, dir));
+      absl::StatusOr<Tensor> target =
+          Tensor::Empty(*device, DType::kF32, model.target, MemoryCategory::kOther, "data.target");
+      MW_RETURN_IF_ERROR(WithReports(target.status(), profiler, dir));
+      b.input = std::move(input).value();
+      b.target = std::move(target).value();
+      if (device->holds_bytes()) {
+        // Token ids / pixels: small integers valid for every model here.
+        for (int64_t i = 0; i < b.input.numel(); ++i) b.input.data_as<float>()[i] = float(i % 97);
+        for (int64_t i = 0; i < b.target.numel(); ++i) b.target.data_as<float>()[i] = float(i % 89);
+      }
+      batches.push_back(std::move(b));
+    }
+    MW_RETURN_IF_ERROR(WithReports((*trainer)->TrainStep(batches).status(), profiler, dir));
+  }
+  MW_RETURN_IF_ERROR(WriteReports(profiler, dir));
+  int64_t peaks[2] = {profiler.peak().bytes, -profiler.peak().bytes};
+  if (options.backend != Backend::kMeta) {
+    MW_RETURN_IF_ERROR(MpiStatus(
+        MPI_Allreduce(MPI_IN_PLACE, peaks, 2, MPI_INT64_T, MPI_MAX, world->comm()), "MPI_Allreduce"));
+  }
+  if (world->rank() == 0) {
+    std::printf("%s", TerminalReport(profiler).c_str());
+    std::printf("peak over %d rank%s: max %s, min %s (imbalance %.1f%%)\nreports: %s/rank*/\n",
+                world->world_size(), world->world_size() == 1 ? "" : "s",
+                FormatBytes(peaks[0]).c_str(), FormatBytes(-peaks[1]).c_str(),
+                peaks[0] ? 100.0 * (peaks[0] + peaks[1]) / peaks[0] : 0.0,
+                options.out_dir.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memwall
