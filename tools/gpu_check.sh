@@ -7,7 +7,7 @@
 # /usr/local/cuda.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-tools/install_deps.sh || exit 1
+tools/install_deps.sh --tests || exit 1
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 echo "memwall gpu_check: $gpus GPU(s)"

@@ -8,7 +8,7 @@
 # failed. Extra arguments go to `bazel test`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-tools/install_deps.sh || exit 1
+tools/install_deps.sh --tests || exit 1
 . tools/bazel_config.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
