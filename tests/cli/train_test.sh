@@ -67,8 +67,8 @@ check "bad config" "$out" "config file $tmp/bad.json: zero_optimization.stage: e
 printf 'short' > "$tmp/short.txt"
 out=$("$memwall" train --data "$tmp/short.txt" 2>&1)
 check "short data" "$out" "data file $tmp/short.txt: 5 bytes; expected at least 65 (one sequence plus its next byte)"
-out=$("$memwall" train --steps 0 2>&1)
-check "bad steps" "$out" "--steps: expected >= 1, got 0"
+out=$("$memwall" train --steps -1 2>&1)
+check "bad steps" "$out" "--steps: expected >= 1, got -1"
 echo '{"bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 4,
        "zero_optimization": {"stage": 2}}' > "$tmp/bf16.json"
 out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/bf16.json" --steps 30 --log_every 30 2>&1)
