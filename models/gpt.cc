@@ -206,7 +206,7 @@ class TransformerBlock final : public Layer {
     }
     MW_ASSIGN_OR_RETURN(Tensor y, ctx.Activation({rows, h}));
     if (!ctx.computes()) return y;
-    P p;
+    P p{};
     MW_RETURN_IF_ERROR(Load(ctx, p));
     float *ln1 = F(s[kLn1]), *st1 = F(s[kStats1]), *qkv = F(s[kQkv]), *att = F(s[kAttn]),
           *x1 = F(s[kResidual]), *ln2 = F(s[kLn2]), *st2 = F(s[kStats2]), *fc = F(s[kFc]),
@@ -236,9 +236,9 @@ class TransformerBlock final : public Layer {
     const int64_t rows = x.shape()[0], h = c_.hidden, batch = rows / c_.seq;
     MW_ASSIGN_OR_RETURN(Tensor dx_t, ctx.InputGradient({rows, h}));
     if (!ctx.computes()) return dx_t;
-    P p;
+    P p{};
     MW_RETURN_IF_ERROR(Load(ctx, p));
-    G g;
+    G g{};
     MW_RETURN_IF_ERROR(LoadGrads(ctx, g));
     std::vector<Tensor>& s = ctx.saved();
     const float* dy = grad_output.data_as<float>();
