@@ -36,22 +36,6 @@ std::vector<float> InitialValues(const ParameterDecl& decl, const std::string& f
   return values;
 }
 
-// Opens a profiler phase for its lifetime (nothing without a profiler).
-class Phase {
- public:
-  Phase(MemoryProfiler* profiler, absl::string_view name) : profiler_(profiler) {
-    if (profiler_ != nullptr) profiler_->BeginPhase(name);
-  }
-  ~Phase() {
-    if (profiler_ != nullptr) profiler_->EndPhase();
-  }
-  Phase(const Phase&) = delete;
-  Phase& operator=(const Phase&) = delete;
-
- private:
-  MemoryProfiler* const profiler_;
-};
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
@@ -129,9 +113,9 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
   // Forward: a layer's groups are gathered before it runs and released
   // once the next layer does not read them.
   std::set<int> gathered;
-  auto forward = std::make_unique<Phase>(profiler_, "forward");
+  auto forward = std::make_unique<ScopedPhase>(profiler_, "forward");
   for (int l = 0; l < n; ++l) {
-    Phase layer(profiler_, layers_[l]->name());
+    ScopedPhase layer(profiler_, layers_[l]->name());
     for (int g : groups_of_layer_[l]) {
       if (gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
     }
@@ -151,7 +135,7 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
 
   forward.reset();
   // Loss, scaled for fp16 training.
-  auto loss_phase = std::make_unique<Phase>(profiler_, "loss");
+  auto loss_phase = std::make_unique<ScopedPhase>(profiler_, "loss");
   MW_ASSIGN_OR_RETURN(Tensor grad, loss_context_->InputGradient(outputs[n - 1].shape()));
   MW_ASSIGN_OR_RETURN(const float loss,
                       loss_->Compute(*loss_context_, outputs[n - 1], batch.target, grad));
@@ -165,9 +149,9 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
   // first layer (in forward order) that reads it.
   loss_phase.reset();
   std::set<int> open;
-  Phase backward(profiler_, "backward");
+  ScopedPhase backward(profiler_, "backward");
   for (int l = n - 1; l >= 0; --l) {
-    Phase layer(profiler_, layers_[l]->name());
+    ScopedPhase layer(profiler_, layers_[l]->name());
     for (int g : groups_of_layer_[l]) {
       if (open.insert(g).second) {
         MW_RETURN_IF_ERROR(opt.GatherParameters(g));
@@ -198,15 +182,15 @@ absl::StatusOr<Trainer::StepReport> Trainer::TrainStep(absl::Span<const Batch> m
         expected));
   }
   StepReport report;
-  Phase step(profiler_, absl::StrCat("step ", steps_++));
+  ScopedPhase step(profiler_, absl::StrCat("step ", steps_++));
   double sum = 0;
   for (size_t u = 0; u < micro_batches.size(); ++u) {
-    Phase micro(profiler_, absl::StrCat("micro-batch ", u));
+    ScopedPhase micro(profiler_, absl::StrCat("micro-batch ", u));
     MW_ASSIGN_OR_RETURN(const float loss, MicroBatch(micro_batches[u]));
     sum += loss;
   }
   report.loss = static_cast<float>(sum / expected);
-  Phase update(profiler_, "optimizer step");
+  ScopedPhase update(profiler_, "optimizer step");
   MW_ASSIGN_OR_RETURN(report.step, optimizer_->Step());
   return report;
 }

@@ -65,7 +65,11 @@ class Trainer {
   // Marks phases for `profiler` (not owned; null to stop): "step <k>" >
   // "micro-batch <u>" > "forward" > "<layer>", "loss", "backward" >
   // "<layer>"; and "optimizer step".
-  void set_profiler(MemoryProfiler* profiler) { profiler_ = profiler; }
+  // The optimizer marks its own phases (gathers, reductions) too.
+  void set_profiler(MemoryProfiler* profiler) {
+    profiler_ = profiler;
+    optimizer_->set_profiler(profiler);
+  }
 
   ShardedOptimizer& optimizer() { return *optimizer_; }
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }

@@ -69,6 +69,8 @@ void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
     peak_.reserved = reserved_;
     peak_.sequence = e.sequence;
     peak_.phase = open_.empty() ? "" : open_.back().name;
+    peak_.phase_path.clear();
+    for (const PhaseRecord& p : open_) peak_.phase_path.push_back(p.name);
     std::vector<OwnerBytes> owners;
     owners.reserve(owners_.size());
     for (const auto& [key, bytes] : owners_) owners.push_back({key.first, key.second, bytes});

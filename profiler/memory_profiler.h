@@ -56,6 +56,7 @@ struct PeakSnapshot {
   int64_t reserved = 0;            // allocator reserved bytes at that moment
   uint64_t sequence = 0;           // the allocator event that reached it
   std::string phase;               // innermost phase open then ("" if none)
+  std::vector<std::string> phase_path;  // every phase open then, outermost first
   std::vector<OwnerBytes> top_owners;  // largest first
 };
 
@@ -129,6 +130,23 @@ class MemoryProfiler : public MemoryListener {
   std::vector<PhaseRecord> closed_ ABSL_GUARDED_BY(mu_);
   std::deque<TimelinePoint> ring_ ABSL_GUARDED_BY(mu_);
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Opens a phase of `profiler` for its lifetime; does nothing when the
+// profiler is null (profiling off).
+class ScopedPhase {
+ public:
+  ScopedPhase(MemoryProfiler* profiler, absl::string_view name) : profiler_(profiler) {
+    if (profiler_ != nullptr) profiler_->BeginPhase(name);
+  }
+  ~ScopedPhase() {
+    if (profiler_ != nullptr) profiler_->EndPhase();
+  }
+  ScopedPhase(const ScopedPhase&) = delete;
+  ScopedPhase& operator=(const ScopedPhase&) = delete;
+
+ private:
+  MemoryProfiler* const profiler_;
 };
 
 }  // namespace memwall

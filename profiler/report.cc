@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "runtime/units.h"
 
 namespace memwall {
@@ -76,7 +77,8 @@ std::string TerminalReport(const MemoryProfiler& profiler) {
   std::string out = absl::StrFormat(
       "memory profile of %s (capacity %s)\npeak %s requested, %s reserved, in phase '%s'\n",
       profiler.device_name(), FormatBytes(profiler.capacity()), FormatBytes(peak.bytes),
-      FormatBytes(peak.reserved), peak.phase.empty() ? "(none)" : peak.phase);
+      FormatBytes(peak.reserved),
+      peak.phase_path.empty() ? "(none)" : absl::StrJoin(peak.phase_path, " > "));
   absl::StrAppendFormat(&out, "  %-24s %12s %7s %14s\n", "category", "at peak", "share",
                         "own peak");
   for (MemoryCategory c : kAllMemoryCategories) {
@@ -111,6 +113,7 @@ Json JsonReport(const MemoryProfiler& profiler) {
   p["reserved"] = peak.reserved;
   p["sequence"] = peak.sequence;
   p["phase"] = peak.phase;
+  p["phase_path"] = peak.phase_path;
   p["by_category"] = Categories(peak.by_category);
   p["model_state"] = ModelStateBytes(peak.by_category);
   p["activation"] = ActivationBytesOf(peak.by_category);

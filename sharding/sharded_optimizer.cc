@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
@@ -291,6 +292,7 @@ absl::Status ShardedOptimizer::Prefetch(int g) {
 absl::Status ShardedOptimizer::GatherParameters(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "GatherParameters"));
   if (stage() != 3) return absl::OkStatus();
+  ScopedPhase phase(profiler_, absl::StrCat("gather ", layout_.groups[g].name));
   Group& group = groups_[g];
   if (!group.gathered.empty() && !group.prefetched) {
     return absl::FailedPreconditionError(
@@ -346,6 +348,7 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ReduceGradients: group ", g, " has no gradient buffer (call AcquireGradients first)"));
   }
+  ScopedPhase phase(profiler_, absl::StrCat("reduce ", layout_.groups[g].name));
   Retired retired;
   MW_RETURN_IF_ERROR(ReduceScatterGradients(layout_.groups[g], group.grad_bucket.data(),
                                             group.grads.data(), /*accumulate=*/true,
@@ -527,6 +530,7 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     }
   }
   // 1. Reduce what stages 0-1 hold in full.
+  auto reduce_phase = std::make_unique<ScopedPhase>(profiler_, "reduce");
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
     if (stage() == 0) MW_RETURN_IF_ERROR(AllReduceGradients(flat, groups_[g].grads.data()));
@@ -538,6 +542,7 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
       MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
     }
   }
+  reduce_phase.reset();
   // 2. Overflow and squared norm over the elements this rank updates.
   const bool need_overflow = config_.fp16;
   const bool need_norm = config_.gradient_clipping > 0;
@@ -605,10 +610,14 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     coefficient = config_.gradient_clipping / (result.grad_norm + 1e-6);
   }
   const float grad_scale = static_cast<float>(unscale * coefficient);
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    MW_RETURN_IF_ERROR(ApplyUpdate(layout_.groups[g], groups_[g], grad_scale));
+  {
+    ScopedPhase update(profiler_, "update");
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      MW_RETURN_IF_ERROR(ApplyUpdate(layout_.groups[g], groups_[g], grad_scale));
+    }
   }
   if (stage() == 1 || stage() == 2) {
+    ScopedPhase gather(profiler_, "all-gather");
     for (size_t g = 0; g < groups_.size(); ++g) {
       const FlatGroup& flat = layout_.groups[g];
       void* full = groups_[g].params.data();

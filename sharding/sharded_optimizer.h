@@ -65,6 +65,7 @@
 #include "runtime/device.h"
 #include "sharding/flat_layout.h"
 #include "sharding/options.h"
+#include "profiler/memory_profiler.h"
 
 namespace memwall {
 
@@ -139,6 +140,11 @@ class ShardedOptimizer {
   // One optimizer step; see the class comment. kFailedPrecondition if a
   // group's gradients are still acquired or parameters still gathered.
   absl::StatusOr<StepResult> Step();
+
+  // Marks phases for `profiler` (not owned; null to stop): "gather <group>"
+  // (stage 3), "reduce <group>" (stages 2-3), and in Step() "reduce",
+  // "update" and "all-gather".
+  void set_profiler(MemoryProfiler* profiler) { profiler_ = profiler; }
 
   // Multiply the loss by this before backward (1 unless fp16).
   float loss_scale() const { return loss_scale_; }
@@ -222,6 +228,7 @@ class ShardedOptimizer {
   std::vector<Retired> retired_;
   // The last group gathered, for the prefetch direction.
   int last_gathered_ = -1;
+  MemoryProfiler* profiler_ = nullptr;
 
   std::vector<ParameterSpec> specs_;
   std::vector<std::vector<float>> initial_;

@@ -89,6 +89,7 @@ TEST_CASE("phases nest and know their own peaks", "[profiler]") {
   const PeakSnapshot peak = profiler.peak();
   CHECK(peak.bytes == 150 * kMiB);
   CHECK(peak.phase == "layer1");
+  CHECK(peak.phase_path == std::vector<std::string>{"step 0", "forward", "layer1"});
   CHECK(profiler.category_peaks()[int(MemoryCategory::kActivation)] == 150 * kMiB);
   CHECK(profiler.category_peaks()[int(MemoryCategory::kGradient)] == 20 * kMiB);
 }
@@ -104,6 +105,7 @@ void CheckSchema(const nlohmann::json& r) {
     REQUIRE(p.at(key).is_number_integer());
   }
   REQUIRE(p.at("phase").is_string());
+  REQUIRE(p.at("phase_path").is_array());
   for (MemoryCategory c : kAllMemoryCategories) {
     REQUIRE(p.at("by_category").at(std::string(MemoryCategoryName(c))).is_number_integer());
     REQUIRE(r.at("category_peaks").at(std::string(MemoryCategoryName(c))).is_number_integer());
