@@ -40,7 +40,9 @@ ABSL_FLAG(int64_t, log_every, 10, "train: print progress every this many steps."
 ABSL_FLAG(int, simulate_ranks, 1,
           "train with --backend meta: the number of ranks the single process plays rank 0 of.");
 ABSL_FLAG(int, ranks, 2, "launch: the number of MPI ranks (processes) to start.");
-ABSL_FLAG(std::string, out, "memwall-profile", "profile: the folder for the reports.");
+ABSL_FLAG(std::string, out, "",
+          "profile: the folder for the reports (default memwall-profile); train: where out of "
+          "memory writes them (default memwall-oom).");
 ABSL_FLAG(int64_t, batch, 0, "profile: micro-batch size; 0 uses the config's.");
 ABSL_FLAG(int64_t, seq, 0, "profile: sequence length of a transformer; 0 uses the model's.");
 ABSL_FLAG(int64_t, image, 224, "profile: image size of a CNN (square inputs).");
@@ -52,10 +54,11 @@ constexpr char kUsage[] = R"(break the memory wall of large-model training.
 usage:
   memwall train [--model gpt-tiny] [--config FILE] [--steps N] [--data FILE]
                 [--backend host|meta] [--device_memory SIZE] [--seed S]
-                [--log_every N] [--simulate_ranks N]
+                [--log_every N] [--simulate_ranks N] [--out DIR]
       Trains a GPT (byte-level text) with ZeRO sharding across the MPI ranks
       it was launched on, printing loss, tokens/s and peak device memory by
-      category, then a summary. On 2 ranks:
+      category, then a summary. Out of memory writes the memory reports of
+      that moment to DIR/rank<k>/ (default memwall-oom). On 2 ranks:
         memwall launch --ranks 2 -- memwall train --steps 100
       With --backend meta it dry-runs the same schedule as rank 0 of
       --simulate_ranks ranks: memory and traffic are real, nothing computes.
@@ -137,7 +140,7 @@ int Profile() {
   options.capacity_bytes = *capacity;
   options.model = absl::GetFlag(FLAGS_model);
   options.config_path = absl::GetFlag(FLAGS_config);
-  options.out_dir = absl::GetFlag(FLAGS_out);
+  if (!absl::GetFlag(FLAGS_out).empty()) options.out_dir = absl::GetFlag(FLAGS_out);
   options.batch = absl::GetFlag(FLAGS_batch);
   options.seq = absl::GetFlag(FLAGS_seq);
   options.image = absl::GetFlag(FLAGS_image);
@@ -162,6 +165,7 @@ int Train() {
   options.seed = absl::GetFlag(FLAGS_seed);
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.simulate_ranks = absl::GetFlag(FLAGS_simulate_ranks);
+  if (!absl::GetFlag(FLAGS_out).empty()) options.oom_dir = absl::GetFlag(FLAGS_out);
   const absl::Status status = memwall::RunTrain(options);
   return status.ok() ? 0 : Fail(status);
 }

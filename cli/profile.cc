@@ -59,16 +59,6 @@ absl::StatusOr<Model> MakeModel(const ProfileOptions& o, int64_t batch) {
   return m;
 }
 
-absl::Status WithReports(absl::Status status, const MemoryProfiler& profiler,
-                         const std::string& dir) {
-  if (status.ok() || !absl::IsResourceExhausted(status)) return status;
-  const absl::Status written = WriteReports(profiler, dir);
-  return absl::ResourceExhaustedError(absl::StrCat(
-      status.message(),
-      written.ok() ? absl::StrCat(". Memory reports of this moment: ", dir, "/profile.{txt,json,html}")
-                   : absl::StrCat(". (Writing the reports failed too: ", written.message(), ")")));
-}
-
 }  // namespace
 
 absl::Status RunProfile(const ProfileOptions& options) {
@@ -100,7 +90,7 @@ absl::Status RunProfile(const ProfileOptions& options) {
   MemoryProfiler profiler(device->allocator());
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(
       std::move(model.layers), std::move(model.loss), config, *device, *comm, /*seed=*/1);
-  MW_RETURN_IF_ERROR(WithReports(trainer.status(), profiler, dir));
+  MW_RETURN_IF_ERROR(ReportOutOfMemory(trainer.status(), profiler, dir));
   (*trainer)->set_profiler(&profiler);
   for (int64_t step = 0; step < options.steps; ++step) {
     std::vector<Batch> batches;
@@ -108,10 +98,10 @@ absl::Status RunProfile(const ProfileOptions& options) {
       Batch b;
       absl::StatusOr<Tensor> input =
           Tensor::Empty(*device, DType::kF32, model.input, MemoryCategory::kOther, "data.input");
-      MW_RETURN_IF_ERROR(WithReports(input.status(), profiler, dir));
+      MW_RETURN_IF_ERROR(ReportOutOfMemory(input.status(), profiler, dir));
       absl::StatusOr<Tensor> target =
           Tensor::Empty(*device, DType::kF32, model.target, MemoryCategory::kOther, "data.target");
-      MW_RETURN_IF_ERROR(WithReports(target.status(), profiler, dir));
+      MW_RETURN_IF_ERROR(ReportOutOfMemory(target.status(), profiler, dir));
       b.input = std::move(input).value();
       b.target = std::move(target).value();
       if (device->holds_bytes()) {
@@ -121,7 +111,7 @@ absl::Status RunProfile(const ProfileOptions& options) {
       }
       batches.push_back(std::move(b));
     }
-    MW_RETURN_IF_ERROR(WithReports((*trainer)->TrainStep(batches).status(), profiler, dir));
+    MW_RETURN_IF_ERROR(ReportOutOfMemory((*trainer)->TrainStep(batches).status(), profiler, dir));
   }
   MW_RETURN_IF_ERROR(WriteReports(profiler, dir));
   int64_t peaks[2] = {profiler.peak().bytes, -profiler.peak().bytes};

@@ -13,6 +13,8 @@
 #include "engine/trainer.h"
 #include "models/corpus.h"
 #include "models/gpt.h"
+#include "profiler/memory_profiler.h"
+#include "profiler/report.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
@@ -69,9 +71,14 @@ absl::Status RunTrain(const TrainOptions& options) {
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
                       CreateDevice({options.backend, world->rank(), options.capacity_bytes}));
   MW_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Layer>> layers, MakeGpt(gpt));
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                      Trainer::Create(std::move(layers), std::make_unique<CrossEntropyLoss>(),
-                                      config, *device, *comm, options.seed));
+  MemoryProfiler profiler(device->allocator());
+  const std::string oom_dir = absl::StrCat(options.oom_dir, "/rank", rank);
+  absl::StatusOr<std::unique_ptr<Trainer>> created =
+      Trainer::Create(std::move(layers), std::make_unique<CrossEntropyLoss>(), config, *device,
+                      *comm, options.seed);
+  MW_RETURN_IF_ERROR(ReportOutOfMemory(created.status(), profiler, oom_dir));
+  std::unique_ptr<Trainer> trainer = std::move(created).value();
+  trainer->set_profiler(&profiler);
   ByteCorpus corpus = ByteCorpus::Synthetic(1 << 20, /*seed=*/1234);
   if (!options.data_path.empty()) {
     MW_ASSIGN_OR_RETURN(corpus, ByteCorpus::FromFile(options.data_path, gpt.seq + 1));
@@ -107,7 +114,9 @@ absl::Status RunTrain(const TrainOptions& options) {
       batches.push_back(std::move(b));
     }
     const auto start = std::chrono::steady_clock::now();
-    MW_ASSIGN_OR_RETURN(Trainer::StepReport report, trainer->TrainStep(batches));
+    absl::StatusOr<Trainer::StepReport> stepped = trainer->TrainStep(batches);
+    MW_RETURN_IF_ERROR(ReportOutOfMemory(stepped.status(), profiler, oom_dir));
+    const Trainer::StepReport& report = *stepped;
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     seconds += took.count();
     float loss = report.loss;

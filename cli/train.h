@@ -26,10 +26,15 @@ struct TrainOptions {
   int64_t log_every = 10;
   // Meta only: the world the single process plays rank 0 of.
   int simulate_ranks = 1;
+  // Where each rank writes its memory reports if it runs out of memory
+  // (<oom_dir>/rank<k>/).
+  std::string oom_dir = "memwall-oom";
 };
 
 // Runs on every rank of MPI_COMM_WORLD (host) or as rank 0 of a simulated
-// world (meta); rank 0 prints. Errors name the flag, file or key at fault.
+// world (meta); rank 0 prints. The memory profiler is always on: out of
+// memory writes its reports and the error says where. Errors name the flag,
+// file or key at fault.
 absl::Status RunTrain(const TrainOptions& options);
 
 // The built-in default config (ZeRO stage 2 with overlap, AdamW).

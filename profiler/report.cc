@@ -278,4 +278,15 @@ absl::Status WriteReports(const MemoryProfiler& profiler, const std::string& dir
   return WriteFile(dir + "/profile.html", HtmlReport(profiler));
 }
 
+absl::Status ReportOutOfMemory(absl::Status status, const MemoryProfiler& profiler,
+                               const std::string& dir) {
+  if (status.ok() || !absl::IsResourceExhausted(status)) return status;
+  const absl::Status written = WriteReports(profiler, dir);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      status.message(),
+      written.ok()
+          ? absl::StrCat(". Memory reports of this moment: ", dir, "/profile.{txt,json,html}")
+          : absl::StrCat(". (Writing the reports failed too: ", written.message(), ")")));
+}
+
 }  // namespace memwall

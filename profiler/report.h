@@ -46,6 +46,12 @@ std::string HtmlReport(const MemoryProfiler& profiler);
 // failure leaves no half-written report; errors name the file.
 absl::Status WriteReports(const MemoryProfiler& profiler, const std::string& dir);
 
+// If `status` is out of memory, writes the reports of this moment to `dir`
+// and returns the status with a pointer to them appended; otherwise returns
+// `status` unchanged.
+absl::Status ReportOutOfMemory(absl::Status status, const MemoryProfiler& profiler,
+                               const std::string& dir);
+
 }  // namespace memwall
 
 #endif  // MEMWALL_PROFILER_REPORT_H_

@@ -56,6 +56,18 @@ check "meta dry run" "$out" \
   "memwall train: gpt2-1.5b (1557.61M parameters), ZeRO stage 3, 64 ranks, meta backend with 32.00 GiB per rank" \
   "summary: 1 steps (0 skipped)"
 
+# Out of memory is a report: the profiler writes the moment of failure.
+out=$("$memwall" train --backend meta --model gpt2-1.5b --device_memory 32GiB --steps 1 \
+      --out "$tmp/oom" 2>&1)
+check "out of memory" "$out" "RESOURCE_EXHAUSTED: out of memory on meta:0" \
+  "Memory reports of this moment: $tmp/oom/rank0/profile.{txt,json,html}"
+if [ -s "$tmp/oom/rank0/profile.json" ] && [ -s "$tmp/oom/rank0/profile.html" ]; then
+  passed=$((passed + 1))
+else
+  echo "FAILED: out of memory wrote no reports in $tmp/oom/rank0" >&2
+  failed=$((failed + 1))
+fi
+
 # Bad input names the flag or the file.
 out=$("$memwall" train --model gpt5 2>&1)
 check "unknown model" "$out" "model 'gpt5': expected one of gpt-tiny, gpt2-124m"
