@@ -27,7 +27,8 @@ MemoryProfiler::MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity
     category_peaks_ = current_;
     total_ = s.requested.current;
     reserved_ = s.reserved.current;
-    owners_ = owners;
+    for (const auto& [key, bytes] : owners) owners_[key.first][int(key.second)] = bytes;
+    SnapshotPeakOwners();
     peak_.bytes = total_;
     peak_.by_category = current_;
     peak_.reserved = reserved_;
@@ -51,8 +52,9 @@ void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
       category_peaks_[int(e.category)] =
           std::max(category_peaks_[int(e.category)], current_[int(e.category)]);
       total_ += delta;
-      auto key = std::make_pair(std::string(e.owner), e.category);
-      if ((owners_[key] += delta) == 0) owners_.erase(key);
+      auto it = owners_.find(e.owner);
+      if (it == owners_.end()) it = owners_.try_emplace(std::string(e.owner)).first;
+      it->second[int(e.category)] += delta;
       break;
     }
     case MemoryEvent::Kind::kSegmentReserve:
@@ -71,14 +73,7 @@ void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
     peak_.phase = open_.empty() ? "" : open_.back().name;
     peak_.phase_path.clear();
     for (const PhaseRecord& p : open_) peak_.phase_path.push_back(p.name);
-    std::vector<OwnerBytes> owners;
-    owners.reserve(owners_.size());
-    for (const auto& [key, bytes] : owners_) owners.push_back({key.first, key.second, bytes});
-    const size_t keep = std::min<size_t>(kTopOwners, owners.size());
-    std::partial_sort(owners.begin(), owners.begin() + keep, owners.end(),
-                      [](const OwnerBytes& a, const OwnerBytes& b) { return a.bytes > b.bytes; });
-    owners.resize(keep);
-    peak_.top_owners = std::move(owners);
+    SnapshotPeakOwners();
   }
   for (PhaseRecord& p : open_) {
     if (total_ > p.peak_bytes) {
@@ -120,9 +115,29 @@ CategoryBytes MemoryProfiler::category_peaks() const {
   return category_peaks_;
 }
 
+void MemoryProfiler::SnapshotPeakOwners() {
+  peak_owners_.clear();
+  peak_owners_.reserve(owners_.size());
+  for (const auto& [owner, bytes] : owners_) peak_owners_.push_back({&owner, bytes});
+}
+
 PeakSnapshot MemoryProfiler::peak() const {
   absl::MutexLock lock(&mu_);
-  return peak_;
+  PeakSnapshot out = peak_;
+  std::vector<OwnerBytes> owners;
+  for (const auto& [owner, bytes] : peak_owners_) {
+    for (MemoryCategory c : kAllMemoryCategories) {
+      if (bytes[int(c)] != 0) owners.push_back({*owner, c, bytes[int(c)]});
+    }
+  }
+  const size_t keep = std::min<size_t>(kTopOwners, owners.size());
+  std::partial_sort(owners.begin(), owners.begin() + keep, owners.end(),
+                    [](const OwnerBytes& a, const OwnerBytes& b) {
+                      return a.bytes != b.bytes ? a.bytes > b.bytes : a.owner < b.owner;
+                    });
+  owners.resize(keep);
+  out.top_owners = std::move(owners);
+  return out;
 }
 
 CategoryBytes MemoryProfiler::current() const {
@@ -149,6 +164,7 @@ void MemoryProfiler::ResetPeak() {
   absl::MutexLock lock(&mu_);
   peak_ = PeakSnapshot();
   category_peaks_ = current_;
+  SnapshotPeakOwners();
   peak_.bytes = total_;
   peak_.by_category = current_;
   peak_.reserved = reserved_;

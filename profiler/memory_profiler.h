@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/allocator.h"
@@ -112,6 +113,7 @@ class MemoryProfiler : public MemoryListener {
 
  private:
   double NowUs() const;
+  void SnapshotPeakOwners() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CachingAllocator& allocator_;
   const std::string device_name_;
@@ -124,8 +126,14 @@ class MemoryProfiler : public MemoryListener {
   CategoryBytes category_peaks_ ABSL_GUARDED_BY(mu_){};
   int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::pair<std::string, MemoryCategory>, int64_t> owners_ ABSL_GUARDED_BY(mu_);
+  // Live bytes per owner and category. Nodes are never erased, so the peak
+  // can keep pointers to their names: a new peak copies (pointer, bytes)
+  // pairs, not strings, which keeps the hot path cheap.
+  absl::node_hash_map<std::string, CategoryBytes> owners_ ABSL_GUARDED_BY(mu_);
+  // The peak without its owners, and the owners' bytes at the peak; the
+  // snapshot's top owners are ranked when asked for.
   PeakSnapshot peak_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<const std::string*, CategoryBytes>> peak_owners_ ABSL_GUARDED_BY(mu_);
   std::vector<PhaseRecord> open_ ABSL_GUARDED_BY(mu_);
   std::vector<PhaseRecord> closed_ ABSL_GUARDED_BY(mu_);
   std::deque<TimelinePoint> ring_ ABSL_GUARDED_BY(mu_);
