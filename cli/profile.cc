@@ -114,18 +114,34 @@ absl::Status RunProfile(const ProfileOptions& options) {
     MW_RETURN_IF_ERROR(ReportOutOfMemory((*trainer)->TrainStep(batches).status(), profiler, dir));
   }
   MW_RETURN_IF_ERROR(WriteReports(profiler, dir));
-  int64_t peaks[2] = {profiler.peak().bytes, -profiler.peak().bytes};
+  // Per-rank figures at each rank's peak, gathered as max and min: the
+  // total first, then every category (max, and -min through the same MAX).
+  const PeakSnapshot peak = profiler.peak();
+  constexpr int kFields = 1 + kNumMemoryCategories;
+  int64_t extremes[2 * kFields];
+  for (int i = 0; i < kFields; ++i) {
+    const int64_t v = i == 0 ? peak.bytes : peak.by_category[i - 1];
+    extremes[i] = v;
+    extremes[kFields + i] = -v;
+  }
   if (options.backend != Backend::kMeta) {
-    MW_RETURN_IF_ERROR(MpiStatus(
-        MPI_Allreduce(MPI_IN_PLACE, peaks, 2, MPI_INT64_T, MPI_MAX, world->comm()), "MPI_Allreduce"));
+    MW_RETURN_IF_ERROR(MpiStatus(MPI_Allreduce(MPI_IN_PLACE, extremes, 2 * kFields, MPI_INT64_T,
+                                               MPI_MAX, world->comm()),
+                                 "MPI_Allreduce"));
   }
   if (world->rank() == 0) {
     std::printf("%s", TerminalReport(profiler).c_str());
-    std::printf("peak over %d rank%s: max %s, min %s (imbalance %.1f%%)\nreports: %s/rank*/\n",
-                world->world_size(), world->world_size() == 1 ? "" : "s",
-                FormatBytes(peaks[0]).c_str(), FormatBytes(-peaks[1]).c_str(),
-                peaks[0] ? 100.0 * (peaks[0] + peaks[1]) / peaks[0] : 0.0,
-                options.out_dir.c_str());
+    std::printf("per-rank peaks over %d rank%s (max / min / imbalance = (max - min) / max):\n",
+                world->world_size(), world->world_size() == 1 ? "" : "s");
+    for (int i = 0; i < kFields; ++i) {
+      const int64_t max = extremes[i], min = -extremes[kFields + i];
+      if (max == 0 && i > 0) continue;
+      std::printf("  %-24s %12s / %12s / %5.1f%%\n",
+                  i == 0 ? "total" : std::string(MemoryCategoryName(kAllMemoryCategories[i - 1])).c_str(),
+                  FormatBytes(max).c_str(), FormatBytes(min).c_str(),
+                  max ? 100.0 * (max - min) / max : 0.0);
+    }
+    std::printf("reports: %s/rank*/\n", options.out_dir.c_str());
   }
   return absl::OkStatus();
 }

@@ -28,7 +28,8 @@ struct ProfileOptions {
 };
 
 // Every rank writes its reports to <out_dir>/rank<k>/; rank 0 prints its
-// terminal report and the peak over ranks. On out-of-memory the reports of
+// terminal report and, over ranks, the max, min and imbalance of each rank's
+// peak and of every category at it. On out-of-memory the reports of
 // that moment are written and the error says where.
 absl::Status RunProfile(const ProfileOptions& options);
 

@@ -68,6 +68,19 @@ else
   failed=$((failed + 1))
 fi
 
+# `memwall profile` on 2 real ranks: per-rank reports and the spread.
+out=$("$mpirun_sh" 2 "$memwall" profile --backend host --model gpt-tiny --config "$tmp/zero3.json" \
+      --out "$tmp/prof" 2>&1)
+check "profile on 2 ranks" "$out" "memory profile of host:0" \
+  "per-rank peaks over 2 ranks (max / min / imbalance = (max - min) / max):" "  total" \
+  "reports: $tmp/prof/rank*/"
+if [ -s "$tmp/prof/rank0/profile.json" ] && [ -s "$tmp/prof/rank1/profile.json" ]; then
+  passed=$((passed + 1))
+else
+  echo "FAILED: profile wrote no per-rank reports in $tmp/prof" >&2
+  failed=$((failed + 1))
+fi
+
 # Bad input names the flag or the file.
 out=$("$memwall" train --model gpt5 2>&1)
 check "unknown model" "$out" "model 'gpt5': expected one of gpt-tiny, gpt2-124m"
