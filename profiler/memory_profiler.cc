@@ -27,11 +27,13 @@ MemoryProfiler::MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity
     category_peaks_ = current_;
     total_ = s.requested.current;
     reserved_ = s.reserved.current;
+    allocated_ = s.allocated.current;
     for (const auto& [key, bytes] : owners) owners_[key.first][int(key.second)] = bytes;
     SnapshotPeakOwners();
     peak_.bytes = total_;
     peak_.by_category = current_;
     peak_.reserved = reserved_;
+    peak_.allocated = allocated_;
   });
 }
 
@@ -48,6 +50,7 @@ void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
     case MemoryEvent::Kind::kAlloc:
     case MemoryEvent::Kind::kFree: {
       const int64_t delta = e.kind == MemoryEvent::Kind::kAlloc ? e.bytes : -e.bytes;
+      allocated_ += e.kind == MemoryEvent::Kind::kAlloc ? e.block_bytes : -e.block_bytes;
       current_[int(e.category)] += delta;
       category_peaks_[int(e.category)] =
           std::max(category_peaks_[int(e.category)], current_[int(e.category)]);
@@ -69,6 +72,7 @@ void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
     peak_.bytes = total_;
     peak_.by_category = current_;
     peak_.reserved = reserved_;
+    peak_.allocated = allocated_;
     peak_.sequence = e.sequence;
     peak_.phase = open_.empty() ? "" : open_.back().name;
     peak_.phase_path.clear();
@@ -168,6 +172,7 @@ void MemoryProfiler::ResetPeak() {
   peak_.bytes = total_;
   peak_.by_category = current_;
   peak_.reserved = reserved_;
+  peak_.allocated = allocated_;
 }
 
 }  // namespace memwall

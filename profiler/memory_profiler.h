@@ -55,6 +55,9 @@ struct PeakSnapshot {
   int64_t bytes = 0;               // requested bytes, all categories
   CategoryBytes by_category{};
   int64_t reserved = 0;            // allocator reserved bytes at that moment
+  int64_t allocated = 0;           // bytes of the blocks handed out (requests
+                                   // rounded up); reserved - allocated is
+                                   // cached or fragmented memory
   uint64_t sequence = 0;           // the allocator event that reached it
   std::string phase;               // innermost phase open then ("" if none)
   std::vector<std::string> phase_path;  // every phase open then, outermost first
@@ -126,6 +129,7 @@ class MemoryProfiler : public MemoryListener {
   CategoryBytes category_peaks_ ABSL_GUARDED_BY(mu_){};
   int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
   // Live bytes per owner and category. Nodes are never erased, so the peak
   // can keep pointers to their names: a new peak copies (pointer, bytes)
   // pairs, not strings, which keeps the hot path cheap.

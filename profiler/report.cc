@@ -75,9 +75,11 @@ std::string TerminalReport(const MemoryProfiler& profiler) {
   const PeakSnapshot peak = profiler.peak();
   const CategoryBytes peaks = profiler.category_peaks();
   std::string out = absl::StrFormat(
-      "memory profile of %s (capacity %s)\npeak %s requested, %s reserved, in phase '%s'\n",
+      "memory profile of %s (capacity %s)\npeak %s requested, %s in blocks, %s reserved "
+      "(%s cached or fragmented), in phase '%s'\n",
       profiler.device_name(), FormatBytes(profiler.capacity()), FormatBytes(peak.bytes),
-      FormatBytes(peak.reserved),
+      FormatBytes(peak.allocated), FormatBytes(peak.reserved),
+      FormatBytes(peak.reserved - peak.allocated),
       peak.phase_path.empty() ? "(none)" : absl::StrJoin(peak.phase_path, " > "));
   absl::StrAppendFormat(&out, "  %-24s %12s %7s %14s\n", "category", "at peak", "share",
                         "own peak");
@@ -111,6 +113,7 @@ Json JsonReport(const MemoryProfiler& profiler) {
   Json p;
   p["bytes"] = peak.bytes;
   p["reserved"] = peak.reserved;
+  p["allocated"] = peak.allocated;
   p["sequence"] = peak.sequence;
   p["phase"] = peak.phase;
   p["phase_path"] = peak.phase_path;

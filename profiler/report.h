@@ -5,8 +5,8 @@
 // JSON schema "memwall.profile/1" (all byte counts are integers):
 //   schema        "memwall.profile/1"
 //   device        "host:0";  capacity  bytes
-//   peak          {bytes, reserved, sequence, phase, phase_path: [outermost
-//                  first],
+//   peak          {bytes, allocated (block bytes), reserved, sequence, phase,
+//                  phase_path: [outermost first],
 //                  by_category: {parameter, gradient, optimizer_state,
 //                                activation, checkpointed_activation,
 //                                workspace, comm_buffer, other},

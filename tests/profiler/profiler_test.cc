@@ -46,6 +46,8 @@ TEST_CASE("category totals match the allocator at every event, and the peak to t
   const PeakSnapshot peak = profiler.peak();
   CHECK(peak.bytes == device->allocator().stats().requested.peak);
   CHECK(Sum(peak.by_category) == peak.bytes);
+  CHECK(peak.allocated >= peak.bytes);
+  CHECK(peak.reserved >= peak.allocated);
   // Up to 7 owners x 8 categories (+ "early"): the 10 largest, in order.
   REQUIRE(peak.top_owners.size() == MemoryProfiler::kTopOwners);
   int64_t owners = 0;
@@ -89,6 +91,8 @@ TEST_CASE("phases nest and know their own peaks", "[profiler]") {
   const PeakSnapshot peak = profiler.peak();
   CHECK(peak.bytes == 150 * kMiB);
   CHECK(peak.phase == "layer1");
+  // Meta rounds like a GPU: 100 MiB and 50 MiB are whole blocks already.
+  CHECK(peak.allocated == 150 * kMiB);
   CHECK(peak.phase_path == std::vector<std::string>{"step 0", "forward", "layer1"});
   CHECK(profiler.category_peaks()[int(MemoryCategory::kActivation)] == 150 * kMiB);
   CHECK(profiler.category_peaks()[int(MemoryCategory::kGradient)] == 20 * kMiB);
@@ -100,7 +104,8 @@ void CheckSchema(const nlohmann::json& r) {
   REQUIRE(r.at("device").is_string());
   REQUIRE(r.at("capacity").is_number_integer());
   const auto& p = r.at("peak");
-  for (const char* key : {"bytes", "reserved", "sequence", "model_state", "activation", "buffers"}) {
+  for (const char* key :
+       {"bytes", "allocated", "reserved", "sequence", "model_state", "activation", "buffers"}) {
     INFO(key);
     REQUIRE(p.at(key).is_number_integer());
   }
