@@ -1,6 +1,7 @@
 // The `memwall` command: train, launch, demo.
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -81,6 +82,9 @@ usage:
       a single-process update, with each rank's memory by category.
 
   memwall --help      this text and every flag
+
+Flags may be written with dashes or underscores (--device-memory or
+--device_memory).
 
 exit status: 0 on success, 1 on an error (printed), 2 on bad usage.)";
 
@@ -203,9 +207,31 @@ int Launch(const std::vector<char*>& command) {
 
 }  // namespace
 
+// Flags are spelled with underscores (absl's convention) and, as in the
+// DeepSpeed and PyTorch tools users know, with dashes: "--device-memory"
+// is read as "--device_memory". Only flag names change, never values, and
+// nothing after "--" (a launched command's own arguments).
+std::vector<std::string> DashesToUnderscores(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (a == "--") break;
+    if (a.size() < 3 || a.compare(0, 2, "--") != 0) continue;
+    const size_t end = std::min(a.find('='), a.size());
+    for (size_t j = 2; j < end; ++j) {
+      if (a[j] == '-') a[j] = '_';
+    }
+  }
+  return args;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> args = DashesToUnderscores(argc, argv);
+  std::vector<char*> pointers;
+  for (std::string& a : args) pointers.push_back(a.data());
+  const std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
   if (positional.size() < 2) return Usage();
   const std::string command = positional[1];
   if (command == "launch") {

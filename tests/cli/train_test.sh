@@ -50,8 +50,8 @@ check "launch, stage 3, file data" "$out" \
   "summary: 10 steps"
 
 # Meta: one step of GPT-2 1.5B as rank 0 of 64, in 32 GiB, without bytes.
-out=$("$memwall" train --backend meta --model gpt2-1.5b --simulate_ranks 64 \
-      --device_memory 32GiB --steps 1 --config "$tmp/zero3.json" 2>&1)
+out=$("$memwall" train --backend meta --model gpt2-1.5b --simulate-ranks 64 \
+      --device-memory 32GiB --steps 1 --config "$tmp/zero3.json" 2>&1)
 check "meta dry run" "$out" \
   "memwall train: gpt2-1.5b (1557.61M parameters), ZeRO stage 3, 64 ranks, meta backend with 32.00 GiB per rank" \
   "summary: 1 steps (0 skipped)"
