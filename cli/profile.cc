@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cli/train.h"
+#include "cli/session.h"
 #include "engine/config.h"
 #include "engine/trainer.h"
 #include "models/gpt.h"
@@ -16,7 +16,6 @@
 #include "profiler/memory_profiler.h"
 #include "profiler/report.h"
 #include "runtime/mpi_communicator.h"
-#include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
 
@@ -68,22 +67,12 @@ absl::Status RunProfile(const ProfileOptions& options) {
   if (options.batch < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--batch: expected >= 1, got ", options.batch));
   }
-  MW_ASSIGN_OR_RETURN(Config config, options.config_path.empty()
-                                         ? ParseConfig(kDefaultTrainConfig)
-                                         : LoadConfig(options.config_path));
+  MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   const int64_t batch = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
   MW_ASSIGN_OR_RETURN(Model model, MakeModel(options, batch));
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world, MpiCommunicator::Create());
-  std::unique_ptr<Communicator> simulated;
-  Communicator* comm = world.get();
-  if (options.backend == Backend::kMeta) {
-    if (world->world_size() != 1) {
-      return absl::InvalidArgumentError(
-          "--backend meta: run one process and set --simulate_ranks to the world it plays");
-    }
-    MW_ASSIGN_OR_RETURN(simulated, SimulatedCommunicator::Create(0, options.simulate_ranks));
-    comm = simulated.get();
-  }
+  MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks));
+  MpiCommunicator* world = session.world.get();
+  Communicator* comm = session.comm;
   const std::string dir = absl::StrCat(options.out_dir, "/rank", comm->rank());
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
                       CreateDevice({options.backend, world->rank(), options.capacity_bytes}));

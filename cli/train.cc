@@ -1,5 +1,7 @@
 #include "cli/train.h"
 
+#include "cli/session.h"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -16,19 +18,10 @@
 #include "profiler/memory_profiler.h"
 #include "profiler/report.h"
 #include "runtime/mpi_communicator.h"
-#include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
 
 namespace memwall {
-
-const char kDefaultTrainConfig[] = R"({
-  "train_micro_batch_size_per_gpu": 8,
-  "gradient_accumulation_steps": 1,
-  "gradient_clipping": 1.0,
-  "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "weight_decay": 0.01}},
-  "zero_optimization": {"stage": 2, "overlap_comm": true, "reduce_bucket_size": 50000}
-})";
 
 namespace {
 
@@ -53,20 +46,10 @@ absl::Status RunTrain(const TrainOptions& options) {
         absl::StrCat("--log_every: expected >= 1, got ", options.log_every));
   }
   MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(options.model));
-  MW_ASSIGN_OR_RETURN(Config config, options.config_path.empty()
-                                         ? ParseConfig(kDefaultTrainConfig)
-                                         : LoadConfig(options.config_path));
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world, MpiCommunicator::Create());
-  std::unique_ptr<Communicator> simulated;
-  Communicator* comm = world.get();
-  if (options.backend == Backend::kMeta) {
-    if (world->world_size() != 1) {
-      return absl::InvalidArgumentError(
-          "--backend meta: run one process and set --simulate_ranks to the world it plays");
-    }
-    MW_ASSIGN_OR_RETURN(simulated, SimulatedCommunicator::Create(0, options.simulate_ranks));
-    comm = simulated.get();
-  }
+  MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
+  MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks));
+  MpiCommunicator* world = session.world.get();
+  Communicator* comm = session.comm;
   const int rank = comm->rank(), ranks = comm->world_size();
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
                       CreateDevice({options.backend, world->rank(), options.capacity_bytes}));

@@ -37,9 +37,6 @@ struct TrainOptions {
 // file or key at fault.
 absl::Status RunTrain(const TrainOptions& options);
 
-// The built-in default config (ZeRO stage 2 with overlap, AdamW).
-extern const char kDefaultTrainConfig[];
-
 }  // namespace memwall
 
 #endif  // MEMWALL_CLI_TRAIN_H_

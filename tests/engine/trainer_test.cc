@@ -16,6 +16,7 @@
 #include <map>
 
 #include "catch2/catch.hpp"
+#include "tests/support/owner_peaks.h"
 #include "models/gpt.h"
 #include "models/layers.h"
 #include "runtime/simulated_communicator.h"
@@ -189,23 +190,11 @@ TEST_CASE("the loss falls", "[trainer]") {
   CHECK(last < 0.5f * first);
 }
 
-// Records the most bytes each owner held at once.
-class OwnerPeaks : public MemoryListener {
- public:
-  void OnMemoryEvent(const MemoryEvent& e) override {
-    if (e.kind != MemoryEvent::Kind::kAlloc && e.kind != MemoryEvent::Kind::kFree) return;
-    int64_t& now = current_[std::string(e.owner)];
-    now += e.kind == MemoryEvent::Kind::kAlloc ? e.bytes : -e.bytes;
-    peak_[std::string(e.owner)] = std::max(peak_[std::string(e.owner)], now);
-  }
-  std::map<std::string, int64_t> current_, peak_;
-};
-
 TEST_CASE("each layer's activation bytes equal what the allocator records", "[trainer][memory]") {
   for (Backend backend : {Backend::kHost, Backend::kMeta}) {
     INFO(BackendName(backend));
     Run run = Start(Options(3, false), nullptr, backend);
-    OwnerPeaks peaks;
+    testing::OwnerPeaks peaks;
     run.device->allocator().AddListener(&peaks);
     const int64_t rows = 24;
     Batch b = MakeBatch(*run.device, 0, rows, 0);
@@ -214,8 +203,8 @@ TEST_CASE("each layer's activation bytes equal what the allocator records", "[tr
     std::vector<int64_t> shape = {rows, kIn};
     for (const auto& layer : run.trainer->layers()) {
       INFO(layer->name());
-      CHECK(peaks.peak_[layer->name()] == layer->ActivationBytes(shape));
-      CHECK(peaks.current_[layer->name()] == 0);  // freed after its backward
+      CHECK(peaks.peak[layer->name()] == layer->ActivationBytes(shape));
+      CHECK(peaks.current[layer->name()] == 0);  // freed after its backward
       shape = layer->OutputShape(shape).value();
     }
   }

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "catch2/catch.hpp"
+#include "tests/support/owner_peaks.h"
 #include "engine/trainer.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/units.h"
@@ -165,17 +166,6 @@ TEST_CASE("a block's activations stay under Megatron's formula", "[gpt][memory]"
   }
 }
 
-class OwnerPeaks : public MemoryListener {
- public:
-  void OnMemoryEvent(const MemoryEvent& e) override {
-    if (e.kind != MemoryEvent::Kind::kAlloc && e.kind != MemoryEvent::Kind::kFree) return;
-    int64_t& now = current[std::string(e.owner)];
-    now += e.kind == MemoryEvent::Kind::kAlloc ? e.bytes : -e.bytes;
-    peak[std::string(e.owner)] = std::max(peak[std::string(e.owner)], now);
-  }
-  std::map<std::string, int64_t> current, peak;
-};
-
 TEST_CASE("GPT-2 124M on meta: each block's allocator bytes equal its declaration and stay "
           "under Megatron's formula", "[gpt][memory][meta]") {
   auto device = CreateDevice({Backend::kMeta, 0, 80 * kGiB}).value();
@@ -191,7 +181,7 @@ TEST_CASE("GPT-2 124M on meta: each block's allocator bytes equal its declaratio
   Batch b;
   b.input = Tensor::Empty(*device, DType::kF32, {batch, c.seq}, MemoryCategory::kOther, "data").value();
   b.target = Tensor::Empty(*device, DType::kF32, {batch * c.seq}, MemoryCategory::kOther, "data").value();
-  OwnerPeaks peaks;
+  testing::OwnerPeaks peaks;
   device->allocator().AddListener(&peaks);
   REQUIRE(trainer->TrainStep({&b, 1}).ok());
   device->allocator().RemoveListener(&peaks);

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "catch2/catch.hpp"
+#include "tests/support/owner_peaks.h"
 #include "engine/trainer.h"
 #include "models/layers.h"
 #include "runtime/simulated_communicator.h"
@@ -31,17 +32,6 @@ TEST_CASE("zoo parameter counts match the published models", "[zoo]") {
         "model 'vgg16': expected one of resnet50, resnest269, llama-7b, llama2-70b");
 }
 
-class OwnerPeaks : public MemoryListener {
- public:
-  void OnMemoryEvent(const MemoryEvent& e) override {
-    if (e.kind != MemoryEvent::Kind::kAlloc && e.kind != MemoryEvent::Kind::kFree) return;
-    int64_t& now = current[std::string(e.owner)];
-    now += e.kind == MemoryEvent::Kind::kAlloc ? e.bytes : -e.bytes;
-    peak[std::string(e.owner)] = std::max(peak[std::string(e.owner)], now);
-  }
-  std::map<std::string, int64_t> current, peak;
-};
-
 TEST_CASE("meta runs a ResNet-50 step with every layer's activations exact", "[zoo][meta]") {
   auto device = CreateDevice({Backend::kMeta, 0, 64 * kGiB}).value();
   auto comm = SimulatedCommunicator::Create(0, 8).value();
@@ -55,7 +45,7 @@ TEST_CASE("meta runs a ResNet-50 step with every layer's activations exact", "[z
   Batch b;
   b.input = Tensor::Empty(*device, DType::kF32, {batch, 3, size, size}, MemoryCategory::kOther, "data").value();
   b.target = Tensor::Empty(*device, DType::kF32, {batch, 1000}, MemoryCategory::kOther, "data").value();
-  OwnerPeaks peaks;
+  testing::OwnerPeaks peaks;
   device->allocator().AddListener(&peaks);
   REQUIRE(trainer->TrainStep({&b, 1}).ok());
   device->allocator().RemoveListener(&peaks);
