@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 #include "runtime/status.h"
 
 #if MEMWALL_HAS_CUDA
@@ -193,7 +194,11 @@ absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params
   MW_RETURN_IF_ERROR(ValidateAdamParams(params));
   const AdamConstants constants = MakeAdamConstants(params);
   return Dispatch(
-      device, stream, [=] { cpu::Kernels().adam(constants, p, g, m, v, p_low, low_dtype, n); },
+      device, stream,
+      [=] {
+        cpu::ParallelAdam(cpu::Kernels(), constants, p, g, m, v, p_low, low_dtype, n,
+                          cpu::CpuThreads());
+      },
       [&] {
         return MW_CUDA_CALL(
             cuda::Adam(constants, p, g, m, v, p_low, low_dtype, n, CudaStreamOf(stream)),

@@ -35,8 +35,9 @@ absl::StatusOr<double> SumOfSquares(Device& device, Stream& stream, const void* 
 // Waits for the stream. false on meta.
 absl::StatusOr<bool> HasInfOrNan(Device& device, Stream& stream, const void* x,
                                  DType dtype, size_t n);
-// Adam/AdamW step; see KernelTable::adam. kInvalidArgument names the field
-// of `params` that is out of range.
+// Adam/AdamW step; see KernelTable::adam. On host it runs on
+// MEMWALL_CPU_THREADS threads (cpu/parallel.h). kInvalidArgument names the
+// field of `params` that is out of range.
 absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params,
                         float* p, const float* g, float* m, float* v, void* p_low,
                         DType low_dtype, size_t n);

@@ -3,6 +3,8 @@
 // double evaluation of Adam), and against each other bit for bit.
 #include "kernels/cpu/cpu_kernels.h"
 
+#include "kernels/cpu/parallel.h"
+
 #include <cfenv>
 #include <cmath>
 #include <cstring>
@@ -414,6 +416,35 @@ TEST_CASE("SGD with momentum matches PyTorch's update rule on every ISA", "[sgd]
       REQUIRE(FloatBits(p[i]) == FloatBits(p0[i] - 0.1f * (g[i] * 0.5f + 0.01f * p0[i])));
     }
   });
+}
+
+TEST_CASE("Adam on several threads equals one thread bit for bit", "[adam][parallel]") {
+  AdamParams params;
+  params.adamw = true;
+  params.weight_decay = 0.1f;
+  params.step = 3;
+  const AdamConstants c = MakeAdamConstants(params);
+  for (size_t n : {size_t{100}, size_t{4099}, size_t{1 << 18} + 7}) {
+    INFO("n " << n);
+    const std::vector<float> p0 = RandomFloats(n, 31), g = RandomFloats(n, 32, 0.1f),
+                             m0 = RandomFloats(n, 33, 0.01f);
+    std::vector<float> v0 = RandomFloats(n, 34, 0.01f);
+    for (float& x : v0) x = x * x;
+    std::vector<float> p1 = p0, m1 = m0, v1 = v0;
+    std::vector<uint16_t> low1(n);
+    Kernels().adam(c, p1.data(), g.data(), m1.data(), v1.data(), low1.data(), DType::kBF16, n);
+    for (int threads : {2, 3, 8}) {
+      INFO("threads " << threads);
+      std::vector<float> p = p0, m = m0, v = v0;
+      std::vector<uint16_t> low(n);
+      ParallelAdam(Kernels(), c, p.data(), g.data(), m.data(), v.data(), low.data(), DType::kBF16,
+                   n, threads);
+      REQUIRE(std::memcmp(p.data(), p1.data(), n * 4) == 0);
+      REQUIRE(std::memcmp(m.data(), m1.data(), n * 4) == 0);
+      REQUIRE(std::memcmp(v.data(), v1.data(), n * 4) == 0);
+      REQUIRE(low == low1);
+    }
+  }
 }
 
 }  // namespace

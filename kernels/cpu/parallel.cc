@@ -1,0 +1,61 @@
+#include "kernels/cpu/parallel.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+namespace memwall {
+namespace kernels {
+namespace cpu {
+namespace {
+
+// Chunks are multiples of 64 elements (256 bytes of f32, 128 of bf16): whole
+// cache lines for every array, so threads never share a line.
+constexpr size_t kChunkQuantum = 64;
+
+int ReadThreads() {
+  const char* text = std::getenv("MEMWALL_CPU_THREADS");
+  if (text == nullptr || *text == '\0') return 1;
+  const int threads = std::atoi(text);
+  if (threads < 1) {
+    std::fprintf(stderr, "memwall: MEMWALL_CPU_THREADS=%s is not a count >= 1; using 1\n", text);
+    return 1;
+  }
+  return threads;
+}
+
+}  // namespace
+
+int CpuThreads() {
+  static const int threads = ReadThreads();
+  return threads;
+}
+
+void ParallelAdam(const KernelTable& k, const AdamConstants& c, float* p, const float* g,
+                  float* m, float* v, void* p_low, DType low_dtype, size_t n, int threads) {
+  threads = std::max(1, threads);
+  if (threads == 1 || n < 2 * kChunkQuantum) {
+    k.adam(c, p, g, m, v, p_low, low_dtype, n);
+    return;
+  }
+  // Ceiling of n / threads, rounded up to whole chunks: the last thread may
+  // get less, never leave elements behind.
+  const size_t share = (n + threads - 1) / threads;
+  const size_t per = (share + kChunkQuantum - 1) / kChunkQuantum * kChunkQuantum;
+  const size_t low_size = DTypeSize(low_dtype);
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+  for (int t = 0; t < threads; ++t) {
+    const size_t begin = std::min(n, per * t);
+    const size_t end = std::min(n, begin + per);
+    if (begin < end) {
+      void* low = p_low == nullptr ? nullptr : static_cast<char*>(p_low) + begin * low_size;
+      k.adam(c, p + begin, g + begin, m + begin, v + begin, low, low_dtype, end - begin);
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace memwall

@@ -1,0 +1,27 @@
+// CPU kernels on several threads (OpenMP). Element-wise kernels split into
+// contiguous chunks, so results are bit-for-bit those of one thread.
+#ifndef MEMWALL_KERNELS_CPU_PARALLEL_H_
+#define MEMWALL_KERNELS_CPU_PARALLEL_H_
+
+#include <cstddef>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace memwall {
+namespace kernels {
+namespace cpu {
+
+// Threads the host ops use: MEMWALL_CPU_THREADS if set (>= 1), else 1 (ranks
+// are processes that already share the cores). Read once.
+int CpuThreads();
+
+// KernelTable::adam over `threads` threads (chunks of whole cache lines).
+void ParallelAdam(const KernelTable& kernels, const AdamConstants& constants, float* p,
+                  const float* g, float* m, float* v, void* p_low, DType low_dtype, size_t n,
+                  int threads);
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace memwall
+
+#endif  // MEMWALL_KERNELS_CPU_PARALLEL_H_
