@@ -5,6 +5,9 @@
 // installed; tools/install_deps.sh installs it for the tests).
 #include "cli/profile.h"
 
+#include "cli/session.h"
+#include "engine/config.h"
+
 #include <zlib.h>
 
 #include <cstdio>
@@ -78,6 +81,22 @@ TEST_CASE("out of memory writes the reports of that moment and says where", "[pr
   ProfileOptions bad = o;
   bad.model = "alexnet";
   CHECK(RunProfile(bad).code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("configs/gpt-tiny-zero2.json is the built-in training config", "[config]") {
+  const Config file = LoadConfig("configs/gpt-tiny-zero2.json").value();
+  const Config built_in = LoadConfigOrDefault("").value();
+  CHECK(file.train_micro_batch_size_per_gpu == built_in.train_micro_batch_size_per_gpu);
+  CHECK(file.gradient_accumulation_steps == built_in.gradient_accumulation_steps);
+  CHECK(file.gradient_clipping == built_in.gradient_clipping);
+  CHECK(file.optimizer.lr == built_in.optimizer.lr);
+  CHECK(file.optimizer.beta1 == built_in.optimizer.beta1);
+  CHECK(file.optimizer.beta2 == built_in.optimizer.beta2);
+  CHECK(file.optimizer.weight_decay == built_in.optimizer.weight_decay);
+  CHECK(file.optimizer.adamw == built_in.optimizer.adamw);
+  CHECK(file.zero.stage == built_in.zero.stage);
+  CHECK(file.zero.overlap_comm == built_in.zero.overlap_comm);
+  CHECK(file.zero.reduce_bucket_size == built_in.zero.reduce_bucket_size);
 }
 
 // Decodes an 8-bit RGB or RGBA PNG (what Chromium writes); returns RGB.
