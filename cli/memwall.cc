@@ -134,41 +134,40 @@ int Demo() {
   return status.ok() ? 0 : Fail(status);
 }
 
-int Profile() {
-  memwall::ProfileOptions options;
-  auto backend = BackendFlag(memwall::Backend::kMeta);
-  if (!backend.ok()) return Fail(backend.status());
+// The flags `train` and `profile` share, into either's options.
+template <typename Options>
+absl::Status ReadModelFlags(memwall::Backend fallback, Options& options) {
+  auto backend = BackendFlag(fallback);
+  if (!backend.ok()) return backend.status();
   options.backend = *backend;
   auto capacity = MemoryFlag();
-  if (!capacity.ok()) return Fail(capacity.status());
+  if (!capacity.ok()) return capacity.status();
   options.capacity_bytes = *capacity;
   options.model = absl::GetFlag(FLAGS_model);
   options.config_path = absl::GetFlag(FLAGS_config);
+  options.simulate_ranks = absl::GetFlag(FLAGS_simulate_ranks);
+  return absl::OkStatus();
+}
+
+int Profile() {
+  memwall::ProfileOptions options;
+  if (auto s = ReadModelFlags(memwall::Backend::kMeta, options); !s.ok()) return Fail(s);
   if (!absl::GetFlag(FLAGS_out).empty()) options.out_dir = absl::GetFlag(FLAGS_out);
   options.batch = absl::GetFlag(FLAGS_batch);
   options.seq = absl::GetFlag(FLAGS_seq);
   options.image = absl::GetFlag(FLAGS_image);
   options.steps = StepsFlag(1);
-  options.simulate_ranks = absl::GetFlag(FLAGS_simulate_ranks);
   const absl::Status status = memwall::RunProfile(options);
   return status.ok() ? 0 : Fail(status);
 }
 
 int Train() {
   memwall::TrainOptions options;
-  auto backend = BackendFlag(memwall::Backend::kHost);
-  if (!backend.ok()) return Fail(backend.status());
-  options.backend = *backend;
-  auto capacity = MemoryFlag();
-  if (!capacity.ok()) return Fail(capacity.status());
-  options.capacity_bytes = *capacity;
-  options.model = absl::GetFlag(FLAGS_model);
-  options.config_path = absl::GetFlag(FLAGS_config);
+  if (auto s = ReadModelFlags(memwall::Backend::kHost, options); !s.ok()) return Fail(s);
   options.steps = StepsFlag(100);
   options.data_path = absl::GetFlag(FLAGS_data);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.log_every = absl::GetFlag(FLAGS_log_every);
-  options.simulate_ranks = absl::GetFlag(FLAGS_simulate_ranks);
   if (!absl::GetFlag(FLAGS_out).empty()) options.oom_dir = absl::GetFlag(FLAGS_out);
   const absl::Status status = memwall::RunTrain(options);
   return status.ok() ? 0 : Fail(status);
