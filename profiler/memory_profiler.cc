@@ -62,7 +62,6 @@ void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
     }
     case MemoryEvent::Kind::kSegmentReserve:
     case MemoryEvent::Kind::kSegmentRelease:
-      reserved_ = e.reserved_after;
       break;
     case MemoryEvent::Kind::kOutOfMemory:
       return;
@@ -164,15 +163,5 @@ int64_t MemoryProfiler::dropped_events() const {
   return dropped_;
 }
 
-void MemoryProfiler::ResetPeak() {
-  absl::MutexLock lock(&mu_);
-  peak_ = PeakSnapshot();
-  category_peaks_ = current_;
-  SnapshotPeakOwners();
-  peak_.bytes = total_;
-  peak_.by_category = current_;
-  peak_.reserved = reserved_;
-  peak_.allocated = allocated_;
-}
 
 }  // namespace memwall

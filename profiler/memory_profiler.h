@@ -108,8 +108,6 @@ class MemoryProfiler : public MemoryListener {
   std::vector<PhaseRecord> phases() const;  // closed phases, in closing order
   std::vector<TimelinePoint> timeline() const;
   int64_t dropped_events() const;
-  // Resets the peak to the current bytes (e.g. between steps).
-  void ResetPeak();
 
   const std::string& device_name() const { return device_name_; }
   int64_t capacity() const { return capacity_; }
