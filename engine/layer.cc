@@ -53,19 +53,12 @@ absl::StatusOr<float*> LayerContext::SharedGrad(absl::string_view full_name) {
 }
 
 absl::Status LayerContext::FlushGradients() {
-  for (auto& [name, g] : grad_copies_) {
-    // low = round(f32(low) + wide), in a workspace of f32.
-    MW_ASSIGN_OR_RETURN(Tensor sum, Tensor::Empty(device_, DType::kF32, {g.low.numel},
-                                                  MemoryCategory::kWorkspace,
-                                                  absl::StrCat(name, ".grad_sum")));
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, stream_, g.low.data, g.low.dtype, sum.data(),
-                                     DType::kF32, g.low.numel));
-    MW_RETURN_IF_ERROR(kernels::Axpy(device_, stream_, 1.0f, g.wide.data_as<const float>(),
-                                     sum.data_as<float>(), g.low.numel));
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, stream_, sum.data(), DType::kF32, g.low.data,
-                                     g.low.dtype, g.low.numel));
-    MW_RETURN_IF_ERROR(stream_.Synchronize());
+  for (auto& entry : grad_copies_) {
+    Widened& g = entry.second;
+    MW_RETURN_IF_ERROR(kernels::Accumulate(device_, stream_, g.wide.data(), DType::kF32, g.low.data,
+                                           g.low.dtype, g.low.numel));
   }
+  MW_RETURN_IF_ERROR(stream_.Synchronize());
   grad_copies_.clear();
   ReleaseWorkspace();
   return absl::OkStatus();

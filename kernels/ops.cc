@@ -108,6 +108,17 @@ absl::Status Scale(Device& device, Stream& stream, void* x, DType dtype, size_t 
       [&] { return MW_CUDA_CALL(cuda::Scale(x, dtype, n, alpha, CudaStreamOf(stream)), "Scale"); });
 }
 
+absl::Status Accumulate(Device& device, Stream& stream, const void* src, DType src_dtype,
+                        void* dst, DType dst_dtype, size_t n) {
+  return Dispatch(
+      device, stream, [=] { cpu::Kernels().accumulate(src, src_dtype, dst, dst_dtype, n); },
+      [&] {
+        return MW_CUDA_CALL(
+            cuda::Accumulate(src, src_dtype, dst, dst_dtype, n, CudaStreamOf(stream)),
+            "Accumulate");
+      });
+}
+
 absl::Status Axpy(Device& device, Stream& stream, float alpha, const float* x,
                   float* y, size_t n) {
   return Dispatch(

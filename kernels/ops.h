@@ -26,6 +26,9 @@ absl::Status Cast(Device& device, Stream& stream, const void* src, DType src_dty
                   void* dst, DType dst_dtype, size_t n);
 absl::Status Scale(Device& device, Stream& stream, void* x, DType dtype, size_t n,
                    float alpha);
+// dst += src, added in f32 and rounded once to dst_dtype.
+absl::Status Accumulate(Device& device, Stream& stream, const void* src, DType src_dtype,
+                        void* dst, DType dst_dtype, size_t n);
 absl::Status Axpy(Device& device, Stream& stream, float alpha, const float* x,
                   float* y, size_t n);
 // Waits for the stream (the result comes back to the host). 0 on meta.

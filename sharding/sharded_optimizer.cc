@@ -406,30 +406,11 @@ absl::Status ShardedOptimizer::ReduceScatterGradients(const FlatGroup& flat, con
                       device_.Allocate(shard * DTypeSize(reduce), MemoryCategory::kCommBuffer,
                                        absl::StrCat(flat.name, ".reduce_output")));
   MW_RETURN_IF_ERROR(comm_.ReduceScatter(input, chunk.data(), shard, reduce, ReduceOp::kSum, stream));
-  if (!accumulate) {
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, stream, chunk.data(), reduce, shard_out, dtype, shard));
-    keep_alive.push_back(std::move(chunk));
-    return absl::OkStatus();
-  }
-  // shard_out += chunk, in f32.
-  MW_ASSIGN_OR_RETURN(DeviceBuffer sum, device_.Allocate(shard * 4, MemoryCategory::kWorkspace,
-                                                         absl::StrCat(flat.name, ".accumulate")));
-  MW_RETURN_IF_ERROR(kernels::Cast(device_, stream, shard_out, dtype, sum.data(), DType::kF32, shard));
-  const void* addend = chunk.data();
-  if (reduce != DType::kF32) {
-    MW_ASSIGN_OR_RETURN(DeviceBuffer chunk32,
-                        device_.Allocate(shard * 4, MemoryCategory::kWorkspace,
-                                         absl::StrCat(flat.name, ".accumulate")));
-    MW_RETURN_IF_ERROR(
-        kernels::Cast(device_, stream, chunk.data(), reduce, chunk32.data(), DType::kF32, shard));
-    addend = chunk32.data();
-    keep_alive.push_back(std::move(chunk32));
-  }
-  MW_RETURN_IF_ERROR(kernels::Axpy(device_, stream, 1.0f, static_cast<const float*>(addend),
-                                   static_cast<float*>(sum.data()), shard));
-  MW_RETURN_IF_ERROR(kernels::Cast(device_, stream, sum.data(), DType::kF32, shard_out, dtype, shard));
+  MW_RETURN_IF_ERROR(
+      accumulate
+          ? kernels::Accumulate(device_, stream, chunk.data(), reduce, shard_out, dtype, shard)
+          : kernels::Cast(device_, stream, chunk.data(), reduce, shard_out, dtype, shard));
   keep_alive.push_back(std::move(chunk));
-  keep_alive.push_back(std::move(sum));
   return absl::OkStatus();
 }
 

@@ -40,6 +40,9 @@ struct KernelTable {
                size_t n);
   // x[i] *= alpha (in f32, rounded back to x's dtype).
   void (*scale)(void* x, DType dtype, size_t n, float alpha);
+  // dst[i] = dst[i] + src[i], added in f32 and rounded once to dst's dtype
+  // (gradient accumulation across dtypes).
+  void (*accumulate)(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
   // y[i] += alpha * x[i] (f32; a product then a sum, no fused multiply-add).
   void (*axpy)(float alpha, const float* x, float* y, size_t n);
   // Sum of x[i]^2 in double, in the fixed lane order of elementwise.h.

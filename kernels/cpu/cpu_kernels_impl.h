@@ -58,6 +58,32 @@ void Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n
   }
 }
 
+template <DType S, DType D>
+void AccumulateT(const void* src, void* dst, size_t n) {
+  const auto* in = static_cast<const T<S>*>(src);
+  auto* out = static_cast<T<D>*>(dst);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = Storage<D>::Store(Storage<D>::Load(out[i]) + Storage<S>::Load(in[i]));
+  }
+}
+
+template <DType S>
+void AccumulateFrom(const void* src, void* dst, DType dst_dtype, size_t n) {
+  switch (dst_dtype) {
+    case DType::kF32: return AccumulateT<S, DType::kF32>(src, dst, n);
+    case DType::kBF16: return AccumulateT<S, DType::kBF16>(src, dst, n);
+    case DType::kF16: return AccumulateT<S, DType::kF16>(src, dst, n);
+  }
+}
+
+void Accumulate(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+  switch (src_dtype) {
+    case DType::kF32: return AccumulateFrom<DType::kF32>(src, dst, dst_dtype, n);
+    case DType::kBF16: return AccumulateFrom<DType::kBF16>(src, dst, dst_dtype, n);
+    case DType::kF16: return AccumulateFrom<DType::kF16>(src, dst, dst_dtype, n);
+  }
+}
+
 template <DType D>
 void ScaleT(void* x, size_t n, float alpha) {
   auto* data = static_cast<T<D>*>(x);
@@ -191,8 +217,8 @@ void Sgd(const SgdParams& c, float* p, const float* g, float* buf, void* p_low, 
 }  // namespace
 
 extern const KernelTable kTable;
-const KernelTable kTable = {&Fill, &Cast, &Scale, &Axpy, &SumOfSquares,
-                            &HasInfOrNan, &Adam, &Sgd};
+const KernelTable kTable = {&Fill,         &Cast,        &Scale, &Accumulate, &Axpy,
+                            &SumOfSquares, &HasInfOrNan, &Adam,  &Sgd};
 
 }  // namespace MW_CPU_ISA_NAMESPACE
 }  // namespace cpu

@@ -36,6 +36,34 @@ __global__ void CastKernel(const T<S>* in, T<D>* out, size_t n) {
   }
 }
 
+template <DType S, DType D>
+__global__ void AccumulateKernel(const T<S>* in, T<D>* out, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    out[i] = Storage<D>::Store(Storage<D>::Load(out[i]) + Storage<S>::Load(in[i]));
+  }
+}
+
+template <DType S>
+void LaunchAccumulateFrom(const void* src, void* dst, DType dst_dtype, size_t n,
+                          cudaStream_t stream) {
+  const auto* in = static_cast<const T<S>*>(src);
+  switch (dst_dtype) {
+    case DType::kF32:
+      AccumulateKernel<S, DType::kF32><<<Blocks(n), kThreads, 0, stream>>>(
+          in, static_cast<float*>(dst), n);
+      break;
+    case DType::kBF16:
+      AccumulateKernel<S, DType::kBF16><<<Blocks(n), kThreads, 0, stream>>>(
+          in, static_cast<uint16_t*>(dst), n);
+      break;
+    case DType::kF16:
+      AccumulateKernel<S, DType::kF16><<<Blocks(n), kThreads, 0, stream>>>(
+          in, static_cast<uint16_t*>(dst), n);
+      break;
+  }
+}
+
 template <DType D>
 __global__ void ScaleKernel(T<D>* x, size_t n, float alpha) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
@@ -183,6 +211,17 @@ cudaError_t Scale(void* x, DType dtype, size_t n, float alpha, cudaStream_t stre
       ScaleKernel<DType::kF16><<<Blocks(n), kThreads, 0, stream>>>(
           static_cast<uint16_t*>(x), n, alpha);
       break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t Accumulate(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n,
+                       cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (src_dtype) {
+    case DType::kF32: LaunchAccumulateFrom<DType::kF32>(src, dst, dst_dtype, n, stream); break;
+    case DType::kBF16: LaunchAccumulateFrom<DType::kBF16>(src, dst, dst_dtype, n, stream); break;
+    case DType::kF16: LaunchAccumulateFrom<DType::kF16>(src, dst, dst_dtype, n, stream); break;
   }
   return cudaGetLastError();
 }

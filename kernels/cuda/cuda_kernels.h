@@ -25,6 +25,8 @@ cudaError_t Fill(void* dst, DType dtype, size_t n, float value, cudaStream_t str
 cudaError_t Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
                  size_t n, cudaStream_t stream);
 cudaError_t Scale(void* x, DType dtype, size_t n, float alpha, cudaStream_t stream);
+cudaError_t Accumulate(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n,
+                       cudaStream_t stream);
 cudaError_t Axpy(float alpha, const float* x, float* y, size_t n, cudaStream_t stream);
 // Writes the sum of squares (in double, fixed reduction order for a given
 // n) to *result; `partials` is kReductionBlocks doubles of workspace.

@@ -112,7 +112,7 @@ TEST_CASE("pinned host memory copies to and from the GPU asynchronously", "[cuda
   CHECK(device->pinned_allocator()->device_name() == "cuda:0:pinned");
 }
 
-TEST_CASE("CUDA casts, fill, scale and axpy equal the CPU kernels bit for bit", "[cuda][kernels]") {
+TEST_CASE("CUDA casts, fill, accumulate, scale and axpy equal the CPU kernels bit for bit", "[cuda][kernels]") {
   Gpu gpu = MakeGpu();
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
   for (size_t n : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
@@ -137,6 +137,18 @@ TEST_CASE("CUDA casts, fill, scale and axpy equal the CPU kernels bit for bit", 
       cpu.cast(want.data(), to, want_back.data(), DType::kF32, n);
       const std::vector<float> got_back = Download<float>(gpu, back, n);
       REQUIRE(std::memcmp(got_back.data(), want_back.data(), n * 4) == 0);
+    }
+    {
+      // bf16 += f32, against the CPU kernel.
+      std::vector<uint16_t> acc(n);
+      cpu.cast(x.data(), DType::kF32, acc.data(), DType::kBF16, n);
+      DeviceBuffer dacc = Upload(gpu, acc.data(), n * 2, "acc");
+      const std::vector<float> add = RandomFloats(n, 4, 1.0f);
+      DeviceBuffer dadd = Upload(gpu, add.data(), n * 4, "add");
+      REQUIRE(kernels::Accumulate(*gpu.device, *gpu.stream, dadd.data(), DType::kF32,
+                                  dacc.data(), DType::kBF16, n).ok());
+      cpu.accumulate(add.data(), DType::kF32, acc.data(), DType::kBF16, n);
+      REQUIRE(Download<uint16_t>(gpu, dacc, n) == acc);
     }
     std::vector<float> y = RandomFloats(n, 3, 1.0f);
     DeviceBuffer dy = Upload(gpu, y.data(), n * 4, "y");

@@ -245,6 +245,41 @@ TEST_CASE("scale and axpy match plain loops bit for bit", "[scale][axpy]") {
   });
 }
 
+TEST_CASE("accumulate adds in f32 and rounds once, for every pair of dtypes", "[accumulate]") {
+  const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+  auto load = [](DType d, const std::vector<uint8_t>& buf, size_t i) {
+    switch (d) {
+      case DType::kF32: { float f; std::memcpy(&f, &buf[4 * i], 4); return f; }
+      case DType::kBF16: { uint16_t h; std::memcpy(&h, &buf[2 * i], 2); return Bf16ToF32(h); }
+      case DType::kF16: { uint16_t h; std::memcpy(&h, &buf[2 * i], 2); return F16ToF32(h); }
+    }
+    return 0.0f;
+  };
+  auto fill = [](DType d, size_t n, uint32_t seed) {
+    const std::vector<float> x = RandomFloats(n, seed, 3.0f);
+    std::vector<uint8_t> out(n * DTypeSize(d));
+    Kernels(Isa::kGeneric).cast(x.data(), DType::kF32, out.data(), d, n);
+    return out;
+  };
+  ForEachIsa([&](Isa, const KernelTable& k) {
+    for (DType src_dtype : dtypes) {
+      for (DType dst_dtype : dtypes) {
+        INFO(DTypeName(src_dtype) << " into " << DTypeName(dst_dtype));
+        const size_t n = 1031;
+        const std::vector<uint8_t> src = fill(src_dtype, n, 41), dst0 = fill(dst_dtype, n, 42);
+        std::vector<uint8_t> dst = dst0, want(dst0.size());
+        k.accumulate(src.data(), src_dtype, dst.data(), dst_dtype, n);
+        for (size_t i = 0; i < n; ++i) {
+          const float sum = load(dst_dtype, dst0, i) + load(src_dtype, src, i);
+          Kernels(Isa::kGeneric).cast(&sum, DType::kF32, &want[i * DTypeSize(dst_dtype)],
+                                      dst_dtype, 1);
+        }
+        REQUIRE(dst == want);
+      }
+    }
+  });
+}
+
 TEST_CASE("sum of squares is accurate and identical on every ISA", "[norm]") {
   for (size_t n : kSizes) {
     INFO("n " << n);
