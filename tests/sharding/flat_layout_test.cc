@@ -103,7 +103,10 @@ TEST_CASE("bad parameter lists are rejected by name", "[flat]") {
   CHECK(std::string(PlanFlatLayout({}, 2, 10, 1).status().message()) == "parameters: none registered");
   CHECK(std::string(PlanFlatLayout(Specs(), 0, 10, 1).status().message()) ==
         "world size: expected >= 1, got 0");
-  CHECK(PlanFlatLayout(Specs(), 2, 0, 1).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(PlanFlatLayout(Specs(), 2, 0, 1).status().message()) ==
+        "bucket size: expected >= 1 element, got 0");
+  CHECK(std::string(PlanFlatLayout(Specs(), 2, 10, 0).status().message()) ==
+        "alignment: expected >= 1 element, got 0");
 }
 
 }  // namespace
