@@ -84,20 +84,24 @@ absl::Status RunProfile(const ProfileOptions& options) {
   for (int64_t step = 0; step < options.steps; ++step) {
     std::vector<Batch> batches;
     for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
-      Batch b;
-      absl::StatusOr<Tensor> input =
-          Tensor::Empty(*device, DType::kF32, model.input, MemoryCategory::kOther, "data.input");
+      // Token ids / pixels: small integers valid for every model here.
+      std::vector<float> input_values, target_values;
+      if (device->holds_bytes()) {
+        int64_t in = 1, out = 1;
+        for (int64_t d : model.input) in *= d;
+        for (int64_t d : model.target) out *= d;
+        for (int64_t i = 0; i < in; ++i) input_values.push_back(float(i % 97));
+        for (int64_t i = 0; i < out; ++i) target_values.push_back(float(i % 89));
+      }
+      absl::StatusOr<Tensor> input = Tensor::FromHost(*device, input_values, model.input,
+                                                      MemoryCategory::kOther, "data.input");
       MW_RETURN_IF_ERROR(ReportOutOfMemory(input.status(), profiler, dir));
-      absl::StatusOr<Tensor> target =
-          Tensor::Empty(*device, DType::kF32, model.target, MemoryCategory::kOther, "data.target");
+      absl::StatusOr<Tensor> target = Tensor::FromHost(*device, target_values, model.target,
+                                                       MemoryCategory::kOther, "data.target");
       MW_RETURN_IF_ERROR(ReportOutOfMemory(target.status(), profiler, dir));
+      Batch b;
       b.input = std::move(input).value();
       b.target = std::move(target).value();
-      if (device->holds_bytes()) {
-        // Token ids / pixels: small integers valid for every model here.
-        for (int64_t i = 0; i < b.input.numel(); ++i) b.input.data_as<float>()[i] = float(i % 97);
-        for (int64_t i = 0; i < b.target.numel(); ++i) b.target.data_as<float>()[i] = float(i % 89);
-      }
       batches.push_back(std::move(b));
     }
     MW_RETURN_IF_ERROR(ReportOutOfMemory((*trainer)->TrainStep(batches).status(), profiler, dir));

@@ -75,4 +75,9 @@ absl::StatusOr<Tensor> LayerContext::InputGradient(std::vector<int64_t> shape) {
                        absl::StrCat(layer_, ".grad"));
 }
 
+absl::StatusOr<Tensor> LayerContext::Workspace(std::vector<int64_t> shape) {
+  return Tensor::Empty(device_, DType::kF32, std::move(shape), MemoryCategory::kWorkspace,
+                       absl::StrCat(layer_, ".workspace"));
+}
+
 }  // namespace memwall

@@ -14,13 +14,13 @@
 // checks it against the allocator). Gradients of inputs are owned by
 // "<layer name>.grad" and live only until the previous layer's backward.
 //
-// Layers compute in f32 on the host and meta backends (meta allocates and
-// accounts, computes nothing). With bf16/f16 parameters (mixed precision)
-// the context hands a layer f32 copies of its parameters and f32 gradient
-// buffers in workspace memory, and the engine adds those gradients into the
-// low-precision gradients after the layer's backward (FlushGradients):
-// bf16/f16 storage, f32 compute. Activations stay f32; cuda compute is the
-// next slice of the models issue.
+// Layers compute in f32 through kernels/nn.h, so the same layer code runs on
+// host, cuda and meta (meta allocates and accounts, computes nothing). With
+// bf16/f16 parameters (mixed precision) the context hands a layer f32 copies
+// of its parameters and f32 gradient buffers in workspace memory, and the
+// engine adds those gradients into the low-precision gradients after the
+// layer's backward (FlushGradients): bf16/f16 storage, f32 compute.
+// Activations stay f32.
 #ifndef MEMWALL_ENGINE_LAYER_H_
 #define MEMWALL_ENGINE_LAYER_H_
 
@@ -69,6 +69,9 @@ class LayerContext {
   absl::StatusOr<Tensor> Activation(std::vector<int64_t> shape);
   // An f32 input gradient, owned by "<layer>.grad".
   absl::StatusOr<Tensor> InputGradient(std::vector<int64_t> shape);
+  // f32 scratch for one forward or backward (category workspace, owned by
+  // "<layer>.workspace"; not counted by ActivationBytes).
+  absl::StatusOr<Tensor> Workspace(std::vector<int64_t> shape);
   // Tensors kept from forward for backward; the engine clears them after
   // the layer's backward.
   std::vector<Tensor>& saved() { return saved_; }

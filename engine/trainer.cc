@@ -41,10 +41,6 @@ std::vector<float> InitialValues(const ParameterDecl& decl, const std::string& f
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
     const ShardingOptions& options, Device& device, Communicator& comm, uint64_t seed) {
-  if (device.backend() == Backend::kCuda) {
-    return absl::UnimplementedError(
-        "Trainer: the layers' CUDA compute is not built yet; use the host or meta backend");
-  }
   if (layers.empty()) return absl::InvalidArgumentError("Trainer: the model has no layers");
   MW_ASSIGN_OR_RETURN(std::unique_ptr<ShardedOptimizer> optimizer,
                       ShardedOptimizer::Create(options, device, comm));

@@ -51,9 +51,9 @@ class Trainer {
   // Registers the layers' parameters, initialised from `seed` and each
   // parameter's full name (so every rank starts identical), and finalises
   // the optimizer. `device` and `comm` must outlive the trainer. Errors:
-  // kInvalidArgument for duplicate layer names; kUnimplemented for the cuda
-  // backend (not in this slice); whatever registration and allocation
-  // report.
+  // kInvalidArgument for duplicate layer names; whatever registration and
+  // allocation report. Host, cuda and meta devices all work (the layers
+  // compute through kernels/nn.h).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
       const ShardingOptions& options, Device& device, Communicator& comm, uint64_t seed);

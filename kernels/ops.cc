@@ -5,53 +5,22 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/dispatch.h"
 #include "runtime/status.h"
 
 #if MEMWALL_HAS_CUDA
 #include "kernels/cuda/cuda_kernels.h"
-#include "runtime/cuda/cuda_status.h"
 #endif
 
 namespace memwall {
 namespace kernels {
-namespace {
 
+using internal::Dispatch;
 #if MEMWALL_HAS_CUDA
-cudaStream_t CudaStreamOf(Stream& stream) {
-  return static_cast<cudaStream_t>(stream.native_handle());
-}
-// A CUDA launch as a Status naming the kernel.
-#define MW_CUDA_CALL(call, name) CudaStatus((call), name)
+using internal::CudaStreamOf;
 #else
-// For cuda calls when the build has no CUDA (CreateDevice never makes such a
-// device then, so this only guards against a foreign Device subclass).
-absl::Status NoCuda() {
-  return absl::UnimplementedError(
-      "the cuda backend is not in this build (it was built with --config=nocuda)");
-}
-#define MW_CUDA_CALL(call, name) NoCuda()
+using internal::NoCuda;
 #endif
-
-// Runs `host` in `stream`'s order on host (it may run later, on the
-// stream's thread, so it captures by value), `cuda` (returning a Status) on
-// cuda, nothing on meta.
-template <typename Host, typename Cuda>
-absl::Status Dispatch(Device& device, Stream& stream, Host host, Cuda cuda) {
-  switch (device.backend()) {
-    case Backend::kHost:
-      return stream.RunHost([host] {
-        host();
-        return absl::OkStatus();
-      });
-    case Backend::kMeta:
-      return absl::OkStatus();
-    case Backend::kCuda:
-      return cuda();
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status ValidateAdamParams(const AdamParams& p) {
   if (!(p.lr >= 0.0f) || !std::isfinite(p.lr)) {

@@ -47,27 +47,32 @@ ByteCorpus ByteCorpus::Synthetic(int64_t bytes, uint64_t seed) {
 
 absl::StatusOr<Batch> ByteCorpus::MakeBatch(Device& device, int rank, int64_t sequences,
                                             int64_t seq, int64_t step) const {
-  Batch b;
-  MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(device, DType::kF32, {sequences, seq},
-                                             MemoryCategory::kOther, "data.input"));
-  MW_ASSIGN_OR_RETURN(b.target, Tensor::Empty(device, DType::kF32, {sequences * seq},
-                                              MemoryCategory::kOther, "data.target"));
-  if (!device.holds_bytes()) return b;
-  const uint64_t windows = static_cast<uint64_t>(size() - seq);
-  for (int64_t j = 0; j < sequences; ++j) {
-    const uint64_t global = static_cast<uint64_t>(rank * sequences + j);
-    // splitmix64 of (step, sequence): a fixed, well-spread window per slot.
-    uint64_t z = (static_cast<uint64_t>(step) << 32) ^ global;
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    const int64_t offset = static_cast<int64_t>(z % windows);
-    for (int64_t i = 0; i < seq; ++i) {
-      b.input.data_as<float>()[j * seq + i] = float(uint8_t(text_[offset + i]));
-      b.target.data_as<float>()[j * seq + i] = float(uint8_t(text_[offset + i + 1]));
+  const int64_t n = sequences * seq;
+  std::vector<float> input, target;
+  if (device.holds_bytes()) {
+    input.resize(n);
+    target.resize(n);
+    const uint64_t windows = static_cast<uint64_t>(size() - seq);
+    for (int64_t j = 0; j < sequences; ++j) {
+      const uint64_t global = static_cast<uint64_t>(rank * sequences + j);
+      // splitmix64 of (step, sequence): a fixed, well-spread window per slot.
+      uint64_t z = (static_cast<uint64_t>(step) << 32) ^ global;
+      z += 0x9e3779b97f4a7c15ull;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      const int64_t offset = static_cast<int64_t>(z % windows);
+      for (int64_t i = 0; i < seq; ++i) {
+        input[j * seq + i] = float(uint8_t(text_[offset + i]));
+        target[j * seq + i] = float(uint8_t(text_[offset + i + 1]));
+      }
     }
   }
+  Batch b;
+  MW_ASSIGN_OR_RETURN(b.input, Tensor::FromHost(device, input, {sequences, seq},
+                                                MemoryCategory::kOther, "data.input"));
+  MW_ASSIGN_OR_RETURN(b.target, Tensor::FromHost(device, target, {n}, MemoryCategory::kOther,
+                                                 "data.target"));
   return b;
 }
 

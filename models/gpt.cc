@@ -1,83 +1,41 @@
 #include "models/gpt.h"
 
-#include <cblas.h>
-
 #include <cmath>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "kernels/nn.h"
+#include "kernels/ops.h"
 #include "runtime/status.h"
 
 namespace memwall {
 namespace {
 
-constexpr float kLayerNormEps = 1e-5f;
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
-
-// y = (x - mean) * rstd * gamma + beta, per row; keeps mean and rstd.
-void LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
-                      int64_t h, float* y, float* mean, float* rstd) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * h;
-    double m = 0, v = 0;
-    for (int64_t i = 0; i < h; ++i) m += xr[i];
-    m /= h;
-    for (int64_t i = 0; i < h; ++i) v += (xr[i] - m) * (xr[i] - m);
-    v /= h;
-    const float s = static_cast<float>(1.0 / std::sqrt(v + kLayerNormEps));
-    mean[r] = static_cast<float>(m);
-    rstd[r] = s;
-    for (int64_t i = 0; i < h; ++i) y[r * h + i] = (xr[i] - mean[r]) * s * gamma[i] + beta[i];
-  }
+// y[rows, out] = x[rows, in] W[in, out] + b.
+absl::Status Affine(LayerContext& ctx, const float* x, const float* w, const float* b,
+                    int64_t rows, int64_t in, int64_t out, float* y) {
+  MW_RETURN_IF_ERROR(kernels::BroadcastRows(ctx.device(), ctx.stream(), b, rows, out, y));
+  return kernels::Gemm(ctx.device(), ctx.stream(), false, false, rows, out, in, 1.0f, x, in, w,
+                       out, 1.0f, y, out);
 }
 
-// Adds dgamma, dbeta; writes dx.
-void LayerNormBackward(const float* dy, const float* x, const float* mean, const float* rstd,
-                       const float* gamma, int64_t rows, int64_t h, float* dx, float* dgamma,
-                       float* dbeta) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * h;
-    const float* dyr = dy + r * h;
-    double sum_dxhat = 0, sum_dxhat_xhat = 0;
-    for (int64_t i = 0; i < h; ++i) {
-      const float xhat = (xr[i] - mean[r]) * rstd[r];
-      const float dxhat = dyr[i] * gamma[i];
-      dgamma[i] += dyr[i] * xhat;
-      dbeta[i] += dyr[i];
-      sum_dxhat += dxhat;
-      sum_dxhat_xhat += dxhat * xhat;
-    }
-    const float a = static_cast<float>(sum_dxhat / h), b = static_cast<float>(sum_dxhat_xhat / h);
-    for (int64_t i = 0; i < h; ++i) {
-      const float xhat = (xr[i] - mean[r]) * rstd[r];
-      dx[r * h + i] = rstd[r] * (dyr[i] * gamma[i] - a - xhat * b);
-    }
-  }
+// dW += x^T dy, db += colsum(dy), dx = dy W^T.
+absl::Status AffineBackward(LayerContext& ctx, const float* x, const float* w, const float* dy,
+                            int64_t rows, int64_t in, int64_t out, float* dw, float* db,
+                            float* dx) {
+  Device& d = ctx.device();
+  MW_RETURN_IF_ERROR(
+      kernels::Gemm(d, ctx.stream(), true, false, in, out, rows, 1.0f, x, in, dy, out, 1.0f, dw, out));
+  MW_RETURN_IF_ERROR(kernels::ColumnSum(d, ctx.stream(), dy, rows, out, db));
+  return kernels::Gemm(d, ctx.stream(), false, true, rows, in, out, 1.0f, dy, out, w, out, 0.0f,
+                       dx, in);
 }
 
-// y[rows, out] (+)= x[rows, in] W[in, out] (+ b).
-void Affine(const float* x, const float* w, const float* b, int64_t rows, int64_t in,
-            int64_t out, float* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t o = 0; o < out; ++o) y[r * out + o] = b[o];
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, out, in, 1.0f, x, in, w, out, 1.0f,
-              y, out);
-}
-
-// dW += x^T dy, db += colsum(dy), dx (=, or += if accumulate) dy W^T.
-void AffineBackward(const float* x, const float* w, const float* dy, int64_t rows, int64_t in,
-                    int64_t out, float* dw, float* db, float* dx, bool accumulate_dx) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, rows, 1.0f, x, in, dy, out, 1.0f,
-              dw, out);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t o = 0; o < out; ++o) db[o] += dy[r * out + o];
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, in, out, 1.0f, dy, out, w, out,
-              accumulate_dx ? 1.0f : 0.0f, dx, in);
+// y += x (n elements).
+absl::Status AddInto(LayerContext& ctx, const float* x, float* y, int64_t n) {
+  return kernels::Axpy(ctx.device(), ctx.stream(), 1.0f, x, y, n);
 }
 
 std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
@@ -107,15 +65,13 @@ class GptEmbedding final : public Layer {
     MW_ASSIGN_OR_RETURN(std::vector<int64_t> shape, OutputShape(ids.shape()));
     MW_ASSIGN_OR_RETURN(Tensor out, ctx.Activation(shape));
     if (!ctx.computes()) return out;
+    MW_RETURN_IF_ERROR(kernels::CheckIds(ctx.device(), ctx.stream(), ids.data_as<float>(),
+                                         ids.numel(), c_.vocab, "layer 'embed': token"));
     MW_ASSIGN_OR_RETURN(const float* wte, ctx.Param("wte"));
     MW_ASSIGN_OR_RETURN(const float* wpe, ctx.Param("wpe"));
-    const int64_t h = c_.hidden;
-    for (int64_t r = 0; r < shape[0]; ++r) {
-      MW_ASSIGN_OR_RETURN(const int64_t id, Token(ids, r));
-      const float* t = wte + id * h;
-      const float* p = wpe + (r % c_.seq) * h;
-      for (int64_t i = 0; i < h; ++i) out.data_as<float>()[r * h + i] = t[i] + p[i];
-    }
+    MW_RETURN_IF_ERROR(kernels::EmbeddingForward(ctx.device(), ctx.stream(), ids.data_as<float>(),
+                                                 wte, wpe, shape[0], c_.seq, c_.hidden,
+                                                 out.data_as<float>()));
     return out;
   }
   absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor& ids,
@@ -123,27 +79,14 @@ class GptEmbedding final : public Layer {
     if (!ctx.computes()) return Tensor();
     MW_ASSIGN_OR_RETURN(float* dwte, ctx.Grad("wte"));
     MW_ASSIGN_OR_RETURN(float* dwpe, ctx.Grad("wpe"));
-    const int64_t h = c_.hidden;
-    for (int64_t r = 0; r < ids.numel(); ++r) {
-      MW_ASSIGN_OR_RETURN(const int64_t id, Token(ids, r));
-      const float* d = grad_output.data_as<float>() + r * h;
-      for (int64_t i = 0; i < h; ++i) {
-        dwte[id * h + i] += d[i];
-        dwpe[(r % c_.seq) * h + i] += d[i];
-      }
-    }
+    // Forward checked the ids.
+    MW_RETURN_IF_ERROR(kernels::EmbeddingBackward(ctx.device(), ctx.stream(), ids.data_as<float>(),
+                                                  grad_output.data_as<float>(), ids.numel(),
+                                                  c_.seq, c_.hidden, dwte, dwpe));
     return Tensor();  // token ids have no gradient
   }
 
  private:
-  absl::StatusOr<int64_t> Token(const Tensor& ids, int64_t r) const {
-    const float v = ids.data_as<float>()[r];
-    if (!(v >= 0 && v < c_.vocab) || v != std::floor(v)) {
-      return absl::InvalidArgumentError(absl::StrCat("layer 'embed': token ", r, " is ", v,
-                                                     "; expected an id in 0..", c_.vocab - 1));
-    }
-    return static_cast<int64_t>(v);
-  }
   const GptConfig c_;
 };
 
@@ -208,26 +151,22 @@ class TransformerBlock final : public Layer {
     if (!ctx.computes()) return y;
     P p{};
     MW_RETURN_IF_ERROR(Load(ctx, p));
+    Device& d = ctx.device();
+    Stream& st = ctx.stream();
     float *ln1 = F(s[kLn1]), *st1 = F(s[kStats1]), *qkv = F(s[kQkv]), *att = F(s[kAttn]),
           *x1 = F(s[kResidual]), *ln2 = F(s[kLn2]), *st2 = F(s[kStats2]), *fc = F(s[kFc]),
-          *gelu = F(s[kGelu]), *probs = F(s[kProbs]);
-    std::vector<float> mean(rows), rstd(rows);
-    LayerNormForward(x.data_as<float>(), p.ln1_w, p.ln1_b, rows, h, ln1, mean.data(), rstd.data());
-    PackStats(mean, rstd, st1);
-    Affine(ln1, p.qkv_w, p.qkv_b, rows, h, 3 * h, qkv);
-    Attention(qkv, batch, probs, att);
-    Affine(att, p.proj_w, p.proj_b, rows, h, h, x1);
-    for (int64_t i = 0; i < rows * h; ++i) x1[i] += x.data_as<float>()[i];
-    LayerNormForward(x1, p.ln2_w, p.ln2_b, rows, h, ln2, mean.data(), rstd.data());
-    PackStats(mean, rstd, st2);
-    Affine(ln2, p.fc_w, p.fc_b, rows, h, 4 * h, fc);
-    for (int64_t i = 0; i < rows * 4 * h; ++i) {
-      const float u = kGeluC * (fc[i] + 0.044715f * fc[i] * fc[i] * fc[i]);
-      gelu[i] = 0.5f * fc[i] * (1.0f + std::tanh(u));
-    }
-    float* out = F(y);
-    Affine(gelu, p.mlp_w, p.mlp_b, rows, 4 * h, h, out);
-    for (int64_t i = 0; i < rows * h; ++i) out[i] += x1[i];
+          *gelu = F(s[kGelu]), *probs = F(s[kProbs]), *out = F(y);
+    const float* in = F(x);
+    MW_RETURN_IF_ERROR(kernels::LayerNormForward(d, st, in, p.ln1_w, p.ln1_b, rows, h, ln1, st1));
+    MW_RETURN_IF_ERROR(Affine(ctx, ln1, p.qkv_w, p.qkv_b, rows, h, 3 * h, qkv));
+    MW_RETURN_IF_ERROR(Attention(ctx, qkv, batch, probs, att));
+    MW_RETURN_IF_ERROR(Affine(ctx, att, p.proj_w, p.proj_b, rows, h, h, x1));
+    MW_RETURN_IF_ERROR(AddInto(ctx, in, x1, rows * h));
+    MW_RETURN_IF_ERROR(kernels::LayerNormForward(d, st, x1, p.ln2_w, p.ln2_b, rows, h, ln2, st2));
+    MW_RETURN_IF_ERROR(Affine(ctx, ln2, p.fc_w, p.fc_b, rows, h, 4 * h, fc));
+    MW_RETURN_IF_ERROR(kernels::GeluForward(d, st, fc, gelu, rows * 4 * h));
+    MW_RETURN_IF_ERROR(Affine(ctx, gelu, p.mlp_w, p.mlp_b, rows, 4 * h, h, out));
+    MW_RETURN_IF_ERROR(AddInto(ctx, x1, out, rows * h));
     return y;
   }
 
@@ -241,37 +180,34 @@ class TransformerBlock final : public Layer {
     G g{};
     MW_RETURN_IF_ERROR(LoadGrads(ctx, g));
     std::vector<Tensor>& s = ctx.saved();
-    const float* dy = grad_output.data_as<float>();
+    Device& d = ctx.device();
+    Stream& st = ctx.stream();
+    const float* dy = F(grad_output);
     float* dx = F(dx_t);
-    // Scratch for this backward only (kept out of the activation books:
-    // plain host vectors, as a kernel workspace would be).
-    std::vector<float> d_gelu(rows * 4 * h), d_fc(rows * 4 * h), d_ln2(rows * h), d_x1(rows * h),
-        d_att(rows * h), d_qkv(rows * 3 * h), d_ln1(rows * h), mean(rows), rstd(rows);
+    // Scratch for this backward only: workspace, outside the activation books.
+    MW_ASSIGN_OR_RETURN(Tensor d_big, ctx.Workspace({rows, 4 * h}));  // d_gelu, then d_fc
+    MW_ASSIGN_OR_RETURN(Tensor d_ln, ctx.Workspace({rows, h}));       // d_ln2, then d_att
+    MW_ASSIGN_OR_RETURN(Tensor d_x1_t, ctx.Workspace({rows, h}));
+    MW_ASSIGN_OR_RETURN(Tensor d_qkv_t, ctx.Workspace({rows, 3 * h}));
+    float *d_mlp = F(d_big), *d_small = F(d_ln), *d_x1 = F(d_x1_t), *d_qkv = F(d_qkv_t);
     // MLP: out = x1 + gelu(fc(ln2(x1))) W + b.
-    AffineBackward(F(s[kGelu]), p.mlp_w, dy, rows, 4 * h, h, g.mlp_w, g.mlp_b, d_gelu.data(), false);
-    const float* fc = F(s[kFc]);
-    for (int64_t i = 0; i < rows * 4 * h; ++i) {
-      const float u = kGeluC * (fc[i] + 0.044715f * fc[i] * fc[i] * fc[i]);
-      const float t = std::tanh(u);
-      const float du = kGeluC * (1.0f + 3.0f * 0.044715f * fc[i] * fc[i]);
-      d_fc[i] = d_gelu[i] * (0.5f * (1.0f + t) + 0.5f * fc[i] * (1.0f - t * t) * du);
-    }
-    AffineBackward(F(s[kLn2]), p.fc_w, d_fc.data(), rows, h, 4 * h, g.fc_w, g.fc_b, d_ln2.data(),
-                   false);
-    UnpackStats(F(s[kStats2]), rows, mean, rstd);
-    LayerNormBackward(d_ln2.data(), F(s[kResidual]), mean.data(), rstd.data(), p.ln2_w, rows, h,
-                      d_x1.data(), g.ln2_w, g.ln2_b);
-    for (int64_t i = 0; i < rows * h; ++i) d_x1[i] += dy[i];
+    MW_RETURN_IF_ERROR(
+        AffineBackward(ctx, F(s[kGelu]), p.mlp_w, dy, rows, 4 * h, h, g.mlp_w, g.mlp_b, d_mlp));
+    MW_RETURN_IF_ERROR(kernels::GeluBackward(d, st, F(s[kFc]), d_mlp, d_mlp, rows * 4 * h));
+    MW_RETURN_IF_ERROR(
+        AffineBackward(ctx, F(s[kLn2]), p.fc_w, d_mlp, rows, h, 4 * h, g.fc_w, g.fc_b, d_small));
+    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, F(s[kResidual]), F(s[kStats2]),
+                                                  p.ln2_w, rows, h, d_x1, g.ln2_w, g.ln2_b));
+    MW_RETURN_IF_ERROR(AddInto(ctx, dy, d_x1, rows * h));
     // Attention: x1 = x + attn(ln1(x)) W + b.
-    AffineBackward(F(s[kAttn]), p.proj_w, d_x1.data(), rows, h, h, g.proj_w, g.proj_b,
-                   d_att.data(), false);
-    AttentionBackward(F(s[kQkv]), F(s[kProbs]), d_att.data(), batch, d_qkv.data());
-    AffineBackward(F(s[kLn1]), p.qkv_w, d_qkv.data(), rows, h, 3 * h, g.qkv_w, g.qkv_b,
-                   d_ln1.data(), false);
-    UnpackStats(F(s[kStats1]), rows, mean, rstd);
-    LayerNormBackward(d_ln1.data(), x.data_as<float>(), mean.data(), rstd.data(), p.ln1_w, rows,
-                      h, dx, g.ln1_w, g.ln1_b);
-    for (int64_t i = 0; i < rows * h; ++i) dx[i] += d_x1[i];
+    MW_RETURN_IF_ERROR(
+        AffineBackward(ctx, F(s[kAttn]), p.proj_w, d_x1, rows, h, h, g.proj_w, g.proj_b, d_small));
+    MW_RETURN_IF_ERROR(AttentionBackward(ctx, F(s[kQkv]), F(s[kProbs]), d_small, batch, d_qkv));
+    MW_RETURN_IF_ERROR(AffineBackward(ctx, F(s[kLn1]), p.qkv_w, d_qkv, rows, h, 3 * h, g.qkv_w,
+                                      g.qkv_b, d_small));
+    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, F(x), F(s[kStats1]), p.ln1_w,
+                                                  rows, h, dx, g.ln1_w, g.ln1_b));
+    MW_RETURN_IF_ERROR(AddInto(ctx, d_x1, dx, rows * h));
     return dx_t;
   }
 
@@ -310,57 +246,41 @@ class TransformerBlock final : public Layer {
   static absl::Status LoadGrads(LayerContext& ctx, G& g) {
     return Bind(g, [&](const char* n) { return ctx.Grad(n); });
   }
-  static void PackStats(const std::vector<float>& mean, const std::vector<float>& rstd, float* out) {
-    for (size_t r = 0; r < mean.size(); ++r) {
-      out[2 * r] = mean[r];
-      out[2 * r + 1] = rstd[r];
-    }
-  }
-  static void UnpackStats(const float* in, int64_t rows, std::vector<float>& mean,
-                          std::vector<float>& rstd) {
-    for (int64_t r = 0; r < rows; ++r) {
-      mean[r] = in[2 * r];
-      rstd[r] = in[2 * r + 1];
-    }
-  }
-
   // Per sequence b and head: scores = q k^T / sqrt(d), causal softmax into
   // probs, out = probs v. q, k, v are column slices of qkv [rows, 3h].
-  void Attention(const float* qkv, int64_t batch, float* probs, float* out) const {
+  absl::Status Attention(LayerContext& ctx, const float* qkv, int64_t batch, float* probs,
+                         float* out) const {
     const int64_t h = c_.hidden, s = c_.seq, d = h / c_.heads, ld = 3 * h;
     const float scale = 1.0f / std::sqrt(float(d));
+    Device& dev = ctx.device();
+    Stream& st = ctx.stream();
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t head = 0; head < c_.heads; ++head) {
         const float* q = qkv + b * s * ld + head * d;
-        const float* k = q + h;
-        const float* v = q + 2 * h;
-        float* pr = probs + (b * c_.heads + head) * s * s;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, d, scale, q, ld, k, ld, 0.0f,
-                    pr, s);
-        for (int64_t i = 0; i < s; ++i) {
-          float* row = pr + i * s;
-          float max = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j <= i; ++j) max = std::max(max, row[j]);
-          double sum = 0;
-          for (int64_t j = 0; j <= i; ++j) {
-            row[j] = std::exp(row[j] - max);
-            sum += row[j];
-          }
-          const float inv = static_cast<float>(1.0 / sum);
-          for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-          for (int64_t j = i + 1; j < s; ++j) row[j] = 0.0f;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, d, s, 1.0f, pr, s, v, ld, 0.0f,
-                    out + b * s * h + head * d, h);
+        MW_RETURN_IF_ERROR(kernels::Gemm(dev, st, false, true, s, s, d, scale, q, ld, q + h, ld,
+                                         0.0f, probs + (b * c_.heads + head) * s * s, s));
       }
     }
+    MW_RETURN_IF_ERROR(kernels::CausalSoftmaxForward(dev, st, probs, batch * c_.heads, s));
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t head = 0; head < c_.heads; ++head) {
+        const float* v = qkv + b * s * ld + head * d + 2 * h;
+        MW_RETURN_IF_ERROR(kernels::Gemm(dev, st, false, false, s, d, s, 1.0f,
+                                         probs + (b * c_.heads + head) * s * s, s, v, ld, 0.0f,
+                                         out + b * s * h + head * d, h));
+      }
+    }
+    return absl::OkStatus();
   }
 
-  void AttentionBackward(const float* qkv, const float* probs, const float* d_out, int64_t batch,
-                         float* d_qkv) const {
+  absl::Status AttentionBackward(LayerContext& ctx, const float* qkv, const float* probs,
+                                 const float* d_out, int64_t batch, float* d_qkv) const {
     const int64_t h = c_.hidden, s = c_.seq, d = h / c_.heads, ld = 3 * h;
     const float scale = 1.0f / std::sqrt(float(d));
-    std::vector<float> dp(s * s);
+    Device& dev = ctx.device();
+    Stream& st = ctx.stream();
+    MW_ASSIGN_OR_RETURN(Tensor dp_t, ctx.Workspace({s, s}));
+    float* dp = F(dp_t);
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t head = 0; head < c_.heads; ++head) {
         const float* q = qkv + b * s * ld + head * d;
@@ -371,26 +291,20 @@ class TransformerBlock final : public Layer {
         float* dv = dq + 2 * h;
         const float* pr = probs + (b * c_.heads + head) * s * s;
         const float* dout = d_out + b * s * h + head * d;
-        // dP = dOut V^T; dV = P^T dOut.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, d, 1.0f, dout, h, v, ld, 0.0f,
-                    dp.data(), s);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, d, s, 1.0f, pr, s, dout, h, 0.0f,
-                    dv, ld);
-        // dScores = P * (dP - rowsum(dP * P)), masked entries have P = 0.
-        for (int64_t i = 0; i < s; ++i) {
-          double dot = 0;
-          for (int64_t j = 0; j <= i; ++j) dot += double(dp[i * s + j]) * pr[i * s + j];
-          for (int64_t j = 0; j < s; ++j) {
-            dp[i * s + j] = pr[i * s + j] * (dp[i * s + j] - static_cast<float>(dot));
-          }
-        }
+        // dP = dOut V^T; dV = P^T dOut; dS = softmax backward of dP.
+        MW_RETURN_IF_ERROR(
+            kernels::Gemm(dev, st, false, true, s, s, d, 1.0f, dout, h, v, ld, 0.0f, dp, s));
+        MW_RETURN_IF_ERROR(
+            kernels::Gemm(dev, st, true, false, s, d, s, 1.0f, pr, s, dout, h, 0.0f, dv, ld));
+        MW_RETURN_IF_ERROR(kernels::CausalSoftmaxBackward(dev, st, pr, dp, 1, s));
         // dQ = dS K * scale; dK = dS^T Q * scale.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, d, s, scale, dp.data(), s, k, ld,
-                    0.0f, dq, ld);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, d, s, scale, dp.data(), s, q, ld,
-                    0.0f, dk, ld);
+        MW_RETURN_IF_ERROR(
+            kernels::Gemm(dev, st, false, false, s, d, s, scale, dp, s, k, ld, 0.0f, dq, ld));
+        MW_RETURN_IF_ERROR(
+            kernels::Gemm(dev, st, true, false, s, d, s, scale, dp, s, q, ld, 0.0f, dk, ld));
       }
     }
+    return absl::OkStatus();
   }
 
   const GptConfig c_;
@@ -431,15 +345,12 @@ class GptHead final : public Layer {
       MW_ASSIGN_OR_RETURN(const float* w, ctx.Param("ln_weight"));
       MW_ASSIGN_OR_RETURN(const float* b, ctx.Param("ln_bias"));
       MW_ASSIGN_OR_RETURN(const float* wte, ctx.SharedParam("embed.wte"));
-      std::vector<float> mean(rows), rstd(rows);
-      LayerNormForward(x.data_as<float>(), w, b, rows, h, z.data_as<float>(), mean.data(),
-                       rstd.data());
-      for (int64_t r = 0; r < rows; ++r) {
-        stats.data_as<float>()[2 * r] = mean[r];
-        stats.data_as<float>()[2 * r + 1] = rstd[r];
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, c_.vocab, h, 1.0f,
-                  z.data_as<float>(), h, wte, h, 0.0f, logits.data_as<float>(), c_.vocab);
+      MW_RETURN_IF_ERROR(kernels::LayerNormForward(ctx.device(), ctx.stream(), x.data_as<float>(),
+                                                   w, b, rows, h, z.data_as<float>(),
+                                                   stats.data_as<float>()));
+      MW_RETURN_IF_ERROR(kernels::Gemm(ctx.device(), ctx.stream(), false, true, rows, c_.vocab, h,
+                                       1.0f, z.data_as<float>(), h, wte, h, 0.0f,
+                                       logits.data_as<float>(), c_.vocab));
     }
     s.push_back(std::move(z));
     s.push_back(std::move(stats));
@@ -458,18 +369,16 @@ class GptHead final : public Layer {
     const float* z = ctx.saved()[0].data_as<float>();
     const float* stats = ctx.saved()[1].data_as<float>();
     const float* dl = grad_logits.data_as<float>();
-    std::vector<float> dz(rows * h), mean(rows), rstd(rows);
+    Device& d = ctx.device();
+    MW_ASSIGN_OR_RETURN(Tensor dz, ctx.Workspace({rows, h}));
     // logits = z wte^T: dz = dl wte; dwte += dl^T z.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, h, c_.vocab, 1.0f, dl, c_.vocab,
-                wte, h, 0.0f, dz.data(), h);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c_.vocab, h, rows, 1.0f, dl, c_.vocab, z,
-                h, 1.0f, dwte, h);
-    for (int64_t r = 0; r < rows; ++r) {
-      mean[r] = stats[2 * r];
-      rstd[r] = stats[2 * r + 1];
-    }
-    LayerNormBackward(dz.data(), x.data_as<float>(), mean.data(), rstd.data(), w, rows, h,
-                      dx.data_as<float>(), dw, db);
+    MW_RETURN_IF_ERROR(kernels::Gemm(d, ctx.stream(), false, false, rows, h, c_.vocab, 1.0f, dl,
+                                     c_.vocab, wte, h, 0.0f, dz.data_as<float>(), h));
+    MW_RETURN_IF_ERROR(kernels::Gemm(d, ctx.stream(), true, false, c_.vocab, h, rows, 1.0f, dl,
+                                     c_.vocab, z, h, 1.0f, dwte, h));
+    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, ctx.stream(), dz.data_as<float>(),
+                                                  x.data_as<float>(), stats, w, rows, h,
+                                                  dx.data_as<float>(), dw, db));
     return dx;
   }
 
@@ -573,28 +482,13 @@ absl::StatusOr<float> CrossEntropyLoss::Compute(LayerContext& ctx, const Tensor&
   }
   if (!ctx.computes()) return 0.0f;
   const int64_t rows = logits.shape()[0], vocab = logits.shape()[1];
-  const float* l = logits.data_as<float>();
-  float* dl = grad_logits.data_as<float>();
-  double loss = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float t = target.data_as<float>()[r];
-    if (!(t >= 0 && t < vocab) || t != std::floor(t)) {
-      return absl::InvalidArgumentError(absl::StrCat("cross-entropy loss: target ", r, " is ", t,
-                                                     "; expected an id in 0..", vocab - 1));
-    }
-    const float* row = l + r * vocab;
-    float max = row[0];
-    for (int64_t j = 1; j < vocab; ++j) max = std::max(max, row[j]);
-    double sum = 0;
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(row[j]) - max);
-    const double log_sum = std::log(sum) + max;
-    loss += log_sum - row[static_cast<int64_t>(t)];
-    for (int64_t j = 0; j < vocab; ++j) {
-      dl[r * vocab + j] = static_cast<float>(std::exp(double(row[j]) - log_sum) / rows);
-    }
-    dl[r * vocab + static_cast<int64_t>(t)] -= 1.0f / rows;
-  }
-  return static_cast<float>(loss / rows);
+  MW_RETURN_IF_ERROR(kernels::CheckIds(ctx.device(), ctx.stream(), target.data_as<float>(), rows,
+                                       vocab, "cross-entropy loss: target"));
+  MW_ASSIGN_OR_RETURN(const double sum,
+                      kernels::CrossEntropy(ctx.device(), ctx.stream(), logits.data_as<float>(),
+                                            target.data_as<float>(), rows, vocab, 1.0f / rows,
+                                            grad_logits.data_as<float>()));
+  return static_cast<float>(sum / rows);
 }
 
 }  // namespace memwall

@@ -1,5 +1,5 @@
 // GPT: a decoder-only transformer (GPT-2's layout) with real f32 compute on
-// the host. Token and position embeddings; pre-LayerNorm blocks (causal
+// host and cuda (kernels/nn.h). Token and position embeddings; pre-LayerNorm blocks (causal
 // multi-head self-attention, then an MLP with 4x hidden and GELU), each one
 // Layer with residuals inside; a final LayerNorm and an LM head tied to the
 // token embedding; cross-entropy loss.

@@ -1,12 +1,12 @@
 #include "models/layers.h"
 
-#include <cblas.h>
-
 #include <cmath>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/nn.h"
+#include "kernels/ops.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -22,8 +22,6 @@ absl::Status ExpectMatrix(const std::string& layer, const std::vector<int64_t>& 
   }
   return absl::OkStatus();
 }
-
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 
 }  // namespace
 
@@ -53,11 +51,9 @@ absl::StatusOr<Tensor> Linear::Forward(LayerContext& ctx, const Tensor& input) {
   MW_ASSIGN_OR_RETURN(const float* b, ctx.Param("bias"));
   const int64_t rows = shape[0];
   float* y = output.data_as<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t o = 0; o < out_; ++o) y[r * out_ + o] = b[o];
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, out_, in_, 1.0f,
-              input.data_as<float>(), in_, w, out_, 1.0f, y, out_);
+  MW_RETURN_IF_ERROR(kernels::BroadcastRows(ctx.device(), ctx.stream(), b, rows, out_, y));
+  MW_RETURN_IF_ERROR(kernels::Gemm(ctx.device(), ctx.stream(), false, false, rows, out_, in_, 1.0f,
+                                   input.data_as<float>(), in_, w, out_, 1.0f, y, out_));
   return output;
 }
 
@@ -72,13 +68,12 @@ absl::StatusOr<Tensor> Linear::Backward(LayerContext& ctx, const Tensor& input,
   const float* x = input.data_as<float>();
   const float* dy = grad_output.data_as<float>();
   // dW += x^T dy; db += sum over rows of dy; dx = dy W^T.
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in_, out_, rows, 1.0f, x, in_, dy, out_,
-              1.0f, dw, out_);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t o = 0; o < out_; ++o) db[o] += dy[r * out_ + o];
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, in_, out_, 1.0f, dy, out_, w, out_,
-              0.0f, grad_input.data_as<float>(), in_);
+  Device& d = ctx.device();
+  MW_RETURN_IF_ERROR(kernels::Gemm(d, ctx.stream(), true, false, in_, out_, rows, 1.0f, x, in_, dy,
+                                   out_, 1.0f, dw, out_));
+  MW_RETURN_IF_ERROR(kernels::ColumnSum(d, ctx.stream(), dy, rows, out_, db));
+  MW_RETURN_IF_ERROR(kernels::Gemm(d, ctx.stream(), false, true, rows, in_, out_, 1.0f, dy, out_,
+                                   w, out_, 0.0f, grad_input.data_as<float>(), in_));
   return grad_input;
 }
 
@@ -97,12 +92,8 @@ double Gelu::ForwardFlops(const std::vector<int64_t>& input) const {
 absl::StatusOr<Tensor> Gelu::Forward(LayerContext& ctx, const Tensor& input) {
   MW_ASSIGN_OR_RETURN(Tensor output, ctx.Activation(input.shape()));
   if (!ctx.computes()) return output;
-  const float* x = input.data_as<float>();
-  float* y = output.data_as<float>();
-  for (int64_t i = 0; i < input.numel(); ++i) {
-    const float u = kGeluC * (x[i] + 0.044715f * x[i] * x[i] * x[i]);
-    y[i] = 0.5f * x[i] * (1.0f + std::tanh(u));
-  }
+  MW_RETURN_IF_ERROR(kernels::GeluForward(ctx.device(), ctx.stream(), input.data_as<float>(),
+                                          output.data_as<float>(), input.numel()));
   return output;
 }
 
@@ -110,15 +101,9 @@ absl::StatusOr<Tensor> Gelu::Backward(LayerContext& ctx, const Tensor& input,
                                       const Tensor& grad_output) {
   MW_ASSIGN_OR_RETURN(Tensor grad_input, ctx.InputGradient(input.shape()));
   if (!ctx.computes()) return grad_input;
-  const float* x = input.data_as<float>();
-  const float* dy = grad_output.data_as<float>();
-  float* dx = grad_input.data_as<float>();
-  for (int64_t i = 0; i < input.numel(); ++i) {
-    const float u = kGeluC * (x[i] + 0.044715f * x[i] * x[i] * x[i]);
-    const float t = std::tanh(u);
-    const float du = kGeluC * (1.0f + 3.0f * 0.044715f * x[i] * x[i]);
-    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * x[i] * (1.0f - t * t) * du);
-  }
+  MW_RETURN_IF_ERROR(kernels::GeluBackward(ctx.device(), ctx.stream(), input.data_as<float>(),
+                                           grad_output.data_as<float>(),
+                                           grad_input.data_as<float>(), input.numel()));
   return grad_input;
 }
 
@@ -130,17 +115,17 @@ absl::StatusOr<float> MseLoss::Compute(LayerContext& ctx, const Tensor& output,
         "] differs from the output's [", absl::StrJoin(output.shape(), ", "), "]"));
   }
   if (!ctx.computes()) return 0.0f;
-  const float* y = output.data_as<float>();
-  const float* t = target.data_as<float>();
-  float* dy = grad_output.data_as<float>();
+  // e = y - t in grad_output; loss = 0.5 sum(e^2) / rows; dy = e / rows.
+  Device& d = ctx.device();
+  Stream& stream = ctx.stream();
+  const size_t n = output.numel();
   const float rows = float(output.shape()[0]);
-  double loss = 0;
-  for (int64_t i = 0; i < output.numel(); ++i) {
-    const float e = y[i] - t[i];
-    loss += 0.5 * double(e) * e;
-    dy[i] = e / rows;
-  }
-  return static_cast<float>(loss / rows);
+  float* e = grad_output.data_as<float>();
+  MW_RETURN_IF_ERROR(kernels::Copy(d, stream, e, output.data(), output.nbytes()));
+  MW_RETURN_IF_ERROR(kernels::Axpy(d, stream, -1.0f, target.data_as<float>(), e, n));
+  MW_ASSIGN_OR_RETURN(const double squares, kernels::SumOfSquares(d, stream, e, DType::kF32, n));
+  MW_RETURN_IF_ERROR(kernels::Scale(d, stream, e, DType::kF32, n, 1.0f / rows));
+  return static_cast<float>(0.5 * squares / rows);
 }
 
 std::vector<std::unique_ptr<Layer>> MakeMlp(const std::vector<int64_t>& widths) {

@@ -1,5 +1,6 @@
-// Basic layers with real compute on the host: Linear (OpenBLAS GEMM), GELU
-// (GPT-2's tanh approximation), and the mean-squared-error loss. Inputs are
+// Basic layers with real compute on host and cuda (kernels/nn.h: OpenBLAS
+// or cuBLAS GEMM, GELU kernels with CUDA twins): Linear, GELU (GPT-2's tanh
+// approximation), and the mean-squared-error loss. Inputs are
 // [rows, features] f32 tensors.
 #ifndef MEMWALL_MODELS_LAYERS_H_
 #define MEMWALL_MODELS_LAYERS_H_

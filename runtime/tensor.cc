@@ -1,6 +1,7 @@
 #include "runtime/tensor.h"
 
 #include <limits>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,35 @@ absl::StatusOr<Tensor> Tensor::Empty(Device& device, DType dtype,
   tensor.shape_ = std::move(shape);
   tensor.numel_ = numel;
   return tensor;
+}
+
+absl::StatusOr<Tensor> Tensor::FromHost(Device& device, absl::Span<const float> values,
+                                        std::vector<int64_t> shape, MemoryCategory category,
+                                        absl::string_view owner) {
+  MW_ASSIGN_OR_RETURN(Tensor tensor, Empty(device, DType::kF32, std::move(shape), category, owner));
+  if (!device.holds_bytes()) return tensor;
+  if (static_cast<int64_t>(values.size()) != tensor.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", owner, "': ", values.size(),
+                                                   " values for shape [",
+                                                   absl::StrJoin(tensor.shape(), ", "), "] (",
+                                                   tensor.numel(), " elements)"));
+  }
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
+  MW_RETURN_IF_ERROR(device.CopyAsync(tensor.data(), values.data(), tensor.nbytes(), *stream));
+  MW_RETURN_IF_ERROR(stream->Synchronize());
+  return tensor;
+}
+
+absl::StatusOr<std::vector<float>> Tensor::ToHost(Stream& stream) const {
+  if (dtype_ != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ToHost: tensor '", owner(), "' is ", DTypeName(dtype_), "; expected f32"));
+  }
+  if (device_ == nullptr || !device_->holds_bytes()) return std::vector<float>();
+  std::vector<float> values(numel_);
+  MW_RETURN_IF_ERROR(device_->CopyAsync(values.data(), data(), nbytes(), stream));
+  MW_RETURN_IF_ERROR(stream.Synchronize());
+  return values;
 }
 
 std::string Tensor::DebugString() const {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "absl/strings/string_view.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -31,6 +32,18 @@ class Tensor {
                                       std::vector<int64_t> shape,
                                       MemoryCategory category,
                                       absl::string_view owner);
+
+  // A tensor holding a copy of `values`, one f32 per element of `shape`;
+  // returns once the copy is done (on cuda, over a stream of its own). On
+  // meta the values are not kept and may be empty. kInvalidArgument naming
+  // the owner when the count differs from the shape's.
+  static absl::StatusOr<Tensor> FromHost(Device& device, absl::Span<const float> values,
+                                         std::vector<int64_t> shape, MemoryCategory category,
+                                         absl::string_view owner);
+  // The f32 contents copied to host memory, after the work queued so far on
+  // `stream` (which must be of this tensor's device). Empty on meta.
+  // kInvalidArgument for a tensor that is not f32.
+  absl::StatusOr<std::vector<float>> ToHost(Stream& stream) const;
 
   Device* device() const { return device_; }
   DType dtype() const { return dtype_; }

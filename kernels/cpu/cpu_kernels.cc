@@ -10,9 +10,9 @@ namespace memwall {
 namespace kernels {
 namespace cpu {
 
-namespace generic { extern const KernelTable kTable; }
-namespace avx2 { extern const KernelTable kTable; }
-namespace avx512 { extern const KernelTable kTable; }
+namespace generic { extern const KernelTable kTable; extern const NnKernelTable kNnTable; }
+namespace avx2 { extern const KernelTable kTable; extern const NnKernelTable kNnTable; }
+namespace avx512 { extern const KernelTable kTable; extern const NnKernelTable kNnTable; }
 
 const char* IsaName(Isa isa) {
   switch (isa) {
@@ -83,6 +83,18 @@ const KernelTable& Kernels(Isa isa) {
 }
 
 const KernelTable& Kernels() { return Kernels(SelectedIsa()); }
+
+const NnKernelTable& NnKernels(Isa isa) {
+  MW_CHECK(IsaSupported(isa));
+  switch (isa) {
+    case Isa::kGeneric: return generic::kNnTable;
+    case Isa::kAvx2: return avx2::kNnTable;
+    case Isa::kAvx512: return avx512::kNnTable;
+  }
+  return generic::kNnTable;
+}
+
+const NnKernelTable& NnKernels() { return NnKernels(SelectedIsa()); }
 
 }  // namespace cpu
 }  // namespace kernels

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/elementwise.h"
+#include "kernels/nn_math.h"
 #include "runtime/dtype.h"
 
 namespace memwall {
@@ -64,6 +65,50 @@ struct KernelTable {
 const KernelTable& Kernels(Isa isa);
 // The table of SelectedIsa().
 const KernelTable& Kernels();
+
+// The neural-network kernels. Matrices are row-major f32; the math and the
+// order of row reductions are kernels/nn_math.h's, so the ISAs agree bit for
+// bit here too. Token ids and targets are f32 holding integers; callers
+// check that they are in range.
+struct NnKernelTable {
+  // y[i] = GELU(x[i]).
+  void (*gelu_forward)(const float* x, float* y, size_t n);
+  // dx[i] = dy[i] * GELU'(x[i]); dx may be dy (in place).
+  void (*gelu_backward)(const float* x, const float* dy, float* dx, size_t n);
+  // Per row of x [rows, h]: y = (x - mean) * rstd * gamma + beta with
+  // rstd = 1 / sqrt(var + kLayerNormEps); stats [rows, 2] gets (mean, rstd).
+  void (*layer_norm_forward)(const float* x, const float* gamma, const float* beta,
+                             int64_t rows, int64_t h, float* y, float* stats);
+  // Writes dx; adds into dgamma and dbeta, rows in order.
+  void (*layer_norm_backward)(const float* dy, const float* x, const float* stats,
+                              const float* gamma, int64_t rows, int64_t h, float* dx,
+                              float* dgamma, float* dbeta);
+  // In place on `matrices` [s, s] score matrices: row i becomes the softmax
+  // of its first i + 1 entries, and 0 after them (a causal mask).
+  void (*causal_softmax_forward)(float* x, int64_t matrices, int64_t s);
+  // In place: d (the gradient of the probabilities) becomes the gradient of
+  // the scores, p * (d - sum_j d_j p_j), and 0 above the diagonal.
+  void (*causal_softmax_backward)(const float* probs, float* d, int64_t matrices, int64_t s);
+  // Per row r of logits [rows, vocab]: losses[r] = logsumexp(logits[r]) -
+  // logits[r][targets[r]]; dlogits[r] = (softmax(logits[r]) - onehot) * scale.
+  void (*cross_entropy)(const float* logits, const float* targets, int64_t rows,
+                        int64_t vocab, float scale, float* dlogits, float* losses);
+  // y[r][c] = b[c] for y [rows, cols].
+  void (*broadcast_rows)(const float* b, int64_t rows, int64_t cols, float* y);
+  // sum[c] += x[r][c], rows in order.
+  void (*column_sum)(const float* x, int64_t rows, int64_t cols, float* sum);
+  // out[r] = wte[ids[r]] + wpe[r % seq], rows of h.
+  void (*embedding_forward)(const float* ids, const float* wte, const float* wpe, int64_t rows,
+                            int64_t seq, int64_t h, float* out);
+  // dwte[ids[r]] += dout[r]; dwpe[r % seq] += dout[r]; rows in order.
+  void (*embedding_backward)(const float* ids, const float* dout, int64_t rows, int64_t seq,
+                             int64_t h, float* dwte, float* dwpe);
+};
+
+// REQUIRES: IsaSupported(isa).
+const NnKernelTable& NnKernels(Isa isa);
+// The table of SelectedIsa().
+const NnKernelTable& NnKernels();
 
 }  // namespace cpu
 }  // namespace kernels

@@ -1,3 +1,5 @@
-// The CPU kernels built for the generic ISA (see BUILD.bazel for its flags).
+// The CPU kernels, element-wise and neural-network, built for the generic ISA
+// (see BUILD.bazel for its flags).
 #define MW_CPU_ISA_NAMESPACE generic
 #include "kernels/cpu/cpu_kernels_impl.h"
+#include "kernels/cpu/nn_kernels_impl.h"

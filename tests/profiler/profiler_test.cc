@@ -155,9 +155,15 @@ TEST_CASE("a real gpt-tiny step: exact peak, attribution and reports", "[profile
   const PeakSnapshot peak = profiler.peak();
   CHECK(peak.bytes == device->allocator().stats().requested.peak);
   CHECK(Sum(peak.by_category) == peak.bytes);
-  // The peak falls inside the step, at the end of forward or in backward,
-  // where activations dominate gpt-tiny.
-  CHECK(ActivationBytesOf(peak.by_category) > ModelStateBytes(peak.by_category));
+  // The peak falls in backward (the saved activations plus the backward's
+  // workspace), where activations are gpt-tiny's largest category.
+  CHECK(std::find(peak.phase_path.begin(), peak.phase_path.end(), "backward") !=
+        peak.phase_path.end());
+  const int64_t activations = ActivationBytesOf(peak.by_category);
+  for (MemoryCategory c : kAllMemoryCategories) {
+    if (c != MemoryCategory::kActivation) CHECK(peak.by_category[static_cast<int>(c)] < activations);
+  }
+  CHECK(peak.by_category[static_cast<int>(MemoryCategory::kWorkspace)] > 0);
   std::vector<std::string> names;
   for (const PhaseRecord& p : profiler.phases()) names.push_back(p.name);
   CHECK(std::find(names.begin(), names.end(), "step 0") != names.end());

@@ -1,0 +1,79 @@
+// Math of the neural-network kernels (GELU, LayerNorm, softmax,
+// cross-entropy), shared by the CPU kernels and their CUDA twins.
+//
+// Like elementwise.h, everything is `__host__ __device__` and builds without
+// contraction on both sides, with IEEE division and square root. exp and
+// tanh are memwall's own (ExpF, TanhF) rather than the platform's, for two
+// reasons: glibc's expf does not vectorise without -ffast-math, and CUDA's
+// expf rounds differently from glibc's; with one polynomial both sides
+// compute the same bits, so a CPU kernel and its twin agree exactly.
+//
+// Row reductions (LayerNorm statistics, softmax sums) add in kRowLanes
+// float lanes: lane j takes elements j, j + kRowLanes, j + 2 * kRowLanes,
+// ... in order, and the lanes are combined pairwise (width 8, 4, 2, 1). The
+// CPU loops keep 16 independent accumulators (which vectorise); the CUDA
+// twins give lane j to warp lane j and combine with shuffles in the same
+// order. Only the cross-entropy's log (once per row) comes from the
+// platform, so the cross-entropy loss (not its gradient) may differ in the
+// last bit between host and device.
+#ifndef MEMWALL_KERNELS_NN_MATH_H_
+#define MEMWALL_KERNELS_NN_MATH_H_
+
+#include <cstdint>
+
+#include "runtime/dtype.h"
+
+namespace memwall {
+namespace kernels {
+
+constexpr int kRowLanes = 16;
+constexpr float kLayerNormEps = 1e-5f;
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluK = 0.044715f;
+
+// floor() for |y| < 2^31 from a truncating conversion (which vectorises on
+// every x86-64 ISA, unlike floorf on SSE2).
+MW_HD float FloorF(float y) {
+  const float t = static_cast<float>(static_cast<int32_t>(y));
+  return t > y ? t - 1.0f : t;
+}
+
+// e^x within 2 ulp for x in [-87.3, 88] (the test measures under 1 ulp);
+// saturates outside (to e^-87.33654, about 2^-126, below and e^88 above),
+// so it never returns inf or 0. Cephes' expf: x = n ln2 + r with
+// ln2 split in two, a degree-6 polynomial in r, then the exponent bits.
+MW_HD float ExpF(float x) {
+  x = x < -87.33654f ? -87.33654f : (x > 88.0f ? 88.0f : x);
+  const float n = FloorF(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * BitsFloat(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+}
+
+// tanh(u) = 1 - 2 / (e^{2u} + 1); absolute error below 2e-7.
+MW_HD float TanhF(float u) { return 1.0f - 2.0f / (ExpF(2.0f * u) + 1.0f); }
+
+// GELU, tanh approximation (GPT-2's): 0.5 x (1 + tanh(c (x + k x^3))).
+MW_HD float GeluElement(float x) {
+  const float u = kGeluC * (x + kGeluK * x * x * x);
+  return 0.5f * x * (1.0f + TanhF(u));
+}
+
+// dy * GELU'(x).
+MW_HD float GeluGradElement(float x, float dy) {
+  const float t = TanhF(kGeluC * (x + kGeluK * x * x * x));
+  const float du = kGeluC * (1.0f + 3.0f * kGeluK * x * x);
+  return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
+
+}  // namespace kernels
+}  // namespace memwall
+
+#endif  // MEMWALL_KERNELS_NN_MATH_H_
