@@ -20,8 +20,9 @@
 #include "runtime/units.h"
 
 ABSL_FLAG(std::string, backend, "",
-          "Device backend: host (host RAM posing as a device with an enforced capacity) or meta "
-          "(accounting only: no bytes, any size). Default: meta for profile, host otherwise.");
+          "Device backend: host (host RAM posing as a device with an enforced capacity), cuda "
+          "(train and profile: one GPU per rank, NCCL between ranks) or meta (accounting only: "
+          "no bytes, any size). Default: meta for profile, host otherwise.");
 ABSL_FLAG(std::string, device_memory, "256MiB",
           "Device capacity per rank, e.g. 256MiB, 32GiB or 32GB (binary and decimal units).");
 ABSL_FLAG(std::string, params, "8388608",
@@ -54,17 +55,20 @@ constexpr char kUsage[] = R"(break the memory wall of large-model training.
 
 usage:
   memwall train [--model gpt-tiny] [--config FILE] [--steps N] [--data FILE]
-                [--backend host|meta] [--device_memory SIZE] [--seed S]
+                [--backend host|cuda|meta] [--device_memory SIZE] [--seed S]
                 [--log_every N] [--simulate_ranks N] [--out DIR]
       Trains a GPT (byte-level text) with ZeRO sharding across the MPI ranks
       it was launched on, printing loss, tokens/s and peak device memory by
       category, then a summary. Out of memory writes the memory reports of
       that moment to DIR/rank<k>/ (default memwall-oom). On 2 ranks:
         memwall launch --ranks 2 -- memwall train --steps 100
-      With --backend meta it dry-runs the same schedule as rank 0 of
-      --simulate_ranks ranks: memory and traffic are real, nothing computes.
+      With --backend cuda each rank trains on a GPU (rank modulo the visible
+      GPUs; cuBLAS and memwall's CUDA kernels) and the ranks reduce over
+      NCCL; --device_memory caps the memwall allocator there. With --backend
+      meta it dry-runs the same schedule as rank 0 of --simulate_ranks
+      ranks: memory and traffic are real, nothing computes.
 
-  memwall profile [--model M] [--config FILE] [--backend meta|host]
+  memwall profile [--model M] [--config FILE] [--backend meta|host|cuda]
                   [--device_memory SIZE] [--out DIR] [--batch N] [--seq N]
                   [--image N] [--steps N] [--simulate_ranks N]
       Runs training steps under the memory profiler and writes profile.txt,

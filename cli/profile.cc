@@ -71,11 +71,11 @@ absl::Status RunProfile(const ProfileOptions& options) {
   const int64_t batch = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
   MW_ASSIGN_OR_RETURN(Model model, MakeModel(options, batch));
   MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
+                      UseDevice(session, options.backend, options.capacity_bytes));
   MpiCommunicator* world = session.world.get();
   Communicator* comm = session.comm;
   const std::string dir = absl::StrCat(options.out_dir, "/rank", comm->rank());
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
-                      CreateDevice({options.backend, world->rank(), options.capacity_bytes}));
   MemoryProfiler profiler(device->allocator());
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(
       std::move(model.layers), std::move(model.loss), config, *device, *comm, /*seed=*/1);

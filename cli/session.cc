@@ -3,6 +3,10 @@
 #include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
 
+#if MEMWALL_HAS_CUDA
+#include "runtime/cuda/nccl_communicator.h"
+#endif
+
 namespace memwall {
 
 const char kDefaultTrainConfig[] = R"({
@@ -26,10 +30,30 @@ absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks) {
       return absl::InvalidArgumentError(
           "--backend meta: run one process and set --simulate_ranks to the world it plays");
     }
-    MW_ASSIGN_OR_RETURN(ranks.simulated, SimulatedCommunicator::Create(0, simulate_ranks));
-    ranks.comm = ranks.simulated.get();
+    MW_ASSIGN_OR_RETURN(ranks.owned, SimulatedCommunicator::Create(0, simulate_ranks));
+    ranks.comm = ranks.owned.get();
   }
   return ranks;
+}
+
+absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
+                                                  int64_t capacity_bytes) {
+  const int rank = ranks.world->rank();
+  if (backend != Backend::kCuda) return CreateDevice({backend, rank, capacity_bytes});
+#if MEMWALL_HAS_CUDA
+  const int gpus = CudaDeviceCount();
+  if (gpus < 1) {
+    return absl::UnavailableError("--backend cuda: no usable GPU on this machine");
+  }
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
+                      CreateDevice({backend, rank % gpus, capacity_bytes}));
+  MW_ASSIGN_OR_RETURN(ranks.owned, NcclCommunicator::Create(*ranks.world, *device));
+  ranks.comm = ranks.owned.get();
+  return device;
+#else
+  return absl::UnimplementedError(
+      "--backend cuda: this build has no CUDA (it was built with --config=nocuda)");
+#endif
 }
 
 }  // namespace memwall

@@ -23,13 +23,19 @@ absl::StatusOr<Config> LoadConfigOrDefault(const std::string& path);
 
 // The MPI world (initialised), and the communicator to train with: the
 // world itself, or on meta a simulated world of `simulate_ranks` in which
-// this single process is rank 0.
+// this single process is rank 0, or on cuda (after UseDevice) NCCL over the
+// world's ranks.
 struct Ranks {
   std::unique_ptr<MpiCommunicator> world;
-  std::unique_ptr<Communicator> simulated;
+  std::unique_ptr<Communicator> owned;  // the simulated or NCCL communicator
   Communicator* comm = nullptr;
 };
 absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks);
+
+// The device this rank trains on: on cuda, GPU rank % (visible GPUs), and
+// the ranks then communicate over NCCL; on host and meta, device `rank`.
+absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
+                                                  int64_t capacity_bytes);
 
 }  // namespace memwall
 

@@ -48,11 +48,11 @@ absl::Status RunTrain(const TrainOptions& options) {
   MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(options.model));
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
+                      UseDevice(session, options.backend, options.capacity_bytes));
   MpiCommunicator* world = session.world.get();
   Communicator* comm = session.comm;
   const int rank = comm->rank(), ranks = comm->world_size();
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
-                      CreateDevice({options.backend, world->rank(), options.capacity_bytes}));
   MW_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Layer>> layers, MakeGpt(gpt));
   MemoryProfiler profiler(device->allocator());
   const std::string oom_dir = absl::StrCat(options.oom_dir, "/rank", rank);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: builds memwall with CUDA and runs the
 # tests that need a GPU (the cuda backend, the CUDA kernel twins against the
-# CPU kernels bit for bit, pinned copies, NCCL, and ZeRO on cuda + NCCL
-# against host + MPI), uncached and with their full output, then the CPU
-# kernel benchmark. Needs the Debian packages of tools/install_deps.sh
+# CPU kernels bit for bit, the NN kernels and cuBLAS GEMM against the CPU
+# ones, pinned copies, NCCL, ZeRO on cuda + NCCL against host + MPI, and
+# gpt-tiny trained on cuda against host), uncached and with their full
+# output, then `memwall train --backend cuda` and the CPU kernel benchmark. Needs the Debian packages of tools/install_deps.sh
 # (installed if missing and a package mirror is reachable) and the CUDA
 # toolkit under /usr/local/cuda. Exits non-zero if a GPU test failed or saw
 # no GPU.
@@ -20,5 +21,7 @@ if grep -h "^skipped: no GPU" bazel-testlogs/tests/cuda/*/test.log >/dev/null 2>
   rc=1
 fi
 grep -h "^memwall-tests:" bazel-testlogs/tests/cuda/*/test.log
+bazel run //cli:memwall -- train --backend cuda --device_memory 8GiB --steps 50 \
+  --log_every 25 2>/dev/null | tail -n 8 || rc=1
 bazel run //benchmarks:kernels_benchmark 2>/dev/null | tail -n 30
 exit $rc

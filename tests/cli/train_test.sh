@@ -81,6 +81,21 @@ else
   failed=$((failed + 1))
 fi
 
+# cuda: trains where a GPU is; elsewhere says why not (no GPU, or a build
+# without CUDA) instead of failing later.
+out=$("$memwall" train --backend cuda --steps 20 --log_every 20 2>&1)
+if nvidia-smi -L >/dev/null 2>&1; then
+  check "train on cuda" "$out" "ZeRO stage 2, 1 rank, cuda backend" "summary: 20 steps (0 skipped)"
+else
+  check "cuda without a GPU" "$out" "--backend cuda: "
+  if grep -qE "no usable GPU on this machine|this build has no CUDA" <<<"$out"; then
+    passed=$((passed + 1))
+  else
+    echo "FAILED: cuda without a GPU: $out" >&2
+    failed=$((failed + 1))
+  fi
+fi
+
 # Bad input names the flag or the file.
 out=$("$memwall" train --model gpt5 2>&1)
 check "unknown model" "$out" "model 'gpt5': expected one of gpt-tiny, gpt2-124m"
