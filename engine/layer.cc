@@ -60,14 +60,54 @@ absl::Status LayerContext::FlushGradients() {
   }
   MW_RETURN_IF_ERROR(stream_.Synchronize());
   grad_copies_.clear();
-  ReleaseWorkspace();
+  return ReleaseWorkspace();
+}
+
+absl::Status LayerContext::ReleaseWorkspace() {
+  // Kernels queued on the stream may still read these (and the layer's own
+  // scratch, freed as its Forward or Backward returned), and the engine's
+  // next allocations may feed another stream: wait first.
+  const absl::Status synced = stream_.Synchronize();
+  param_copies_.clear();
+  reads_.clear();
+  return synced;
+}
+
+absl::StatusOr<Tensor> LayerContext::Activation(std::vector<int64_t> shape) {
+  return Activation(std::move(shape), activation_dtype_);
+}
+
+absl::StatusOr<Tensor> LayerContext::Activation(std::vector<int64_t> shape, DType dtype) {
+  return Tensor::Empty(device_, dtype, std::move(shape), MemoryCategory::kActivation, layer_);
+}
+
+absl::StatusOr<float*> LayerContext::Stage(const Tensor& activation) {
+  if (activation.dtype() == DType::kF32) return activation.data_as<float>();
+  MW_ASSIGN_OR_RETURN(Tensor wide, Workspace(activation.shape()));
+  float* data = wide.data_as<float>();
+  staged_[&activation] = std::move(wide);
+  return data;
+}
+
+absl::Status LayerContext::Commit(const Tensor& activation) {
+  auto it = staged_.find(&activation);
+  if (it == staged_.end()) return absl::OkStatus();
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, stream_, it->second.data(), DType::kF32,
+                                   activation.data(), activation.dtype(), activation.numel()));
+  // The workspace is freed now, so the forward's peak holds one layer's
+  // f32 values only while they are needed; wait for the cast first.
+  MW_RETURN_IF_ERROR(stream_.Synchronize());
+  staged_.erase(it);
   return absl::OkStatus();
 }
 
-void LayerContext::ReleaseWorkspace() { param_copies_.clear(); }
-
-absl::StatusOr<Tensor> LayerContext::Activation(std::vector<int64_t> shape) {
-  return Tensor::Empty(device_, DType::kF32, std::move(shape), MemoryCategory::kActivation, layer_);
+absl::StatusOr<const float*> LayerContext::Read(const Tensor& tensor) {
+  if (tensor.dtype() == DType::kF32) return tensor.data_as<const float>();
+  MW_ASSIGN_OR_RETURN(Tensor wide, Workspace(tensor.shape()));
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, stream_, tensor.data(), tensor.dtype(), wide.data(),
+                                   DType::kF32, tensor.numel()));
+  reads_.push_back(std::move(wide));
+  return reads_.back().data_as<const float>();
 }
 
 absl::StatusOr<Tensor> LayerContext::InputGradient(std::vector<int64_t> shape) {

@@ -15,12 +15,18 @@
 // "<layer name>.grad" and live only until the previous layer's backward.
 //
 // Layers compute in f32 through kernels/nn.h, so the same layer code runs on
-// host, cuda and meta (meta allocates and accounts, computes nothing). With
-// bf16/f16 parameters (mixed precision) the context hands a layer f32 copies
-// of its parameters and f32 gradient buffers in workspace memory, and the
-// engine adds those gradients into the low-precision gradients after the
-// layer's backward (FlushGradients): bf16/f16 storage, f32 compute.
-// Activations stay f32.
+// host, cuda and meta (meta allocates and accounts exactly as the others do,
+// and computes nothing). Mixed precision (bf16/f16 parameters) is 16-bit
+// storage with f32 compute, for parameters and activations alike:
+// - the context hands a layer f32 copies of its parameters and f32 gradient
+//   buffers in workspace memory, and the engine adds those gradients into
+//   the low-precision gradients after the layer's backward (FlushGradients);
+// - activations are stored in the run's 16-bit dtype (activation_dtype());
+//   a layer computes each one in f32 (Stage) and rounds it into storage
+//   once its forward no longer needs the f32 values (Commit), and reads
+//   stored ones back as f32 (Read). Small per-row statistics stay f32.
+// Input gradients stay f32: they live only from one layer's backward to the
+// next.
 #ifndef MEMWALL_ENGINE_LAYER_H_
 #define MEMWALL_ENGINE_LAYER_H_
 
@@ -65,8 +71,24 @@ class LayerContext {
   // by full name; the layer lists it in SharedParameters().
   absl::StatusOr<const float*> SharedParam(absl::string_view full_name);
   absl::StatusOr<float*> SharedGrad(absl::string_view full_name);
-  // An f32 activation owned by the layer (counted by ActivationBytes).
+  // The dtype activations are stored in (the engine sets the parameters'
+  // dtype: f32, bf16 or f16).
+  DType activation_dtype() const { return activation_dtype_; }
+  void set_activation_dtype(DType dtype) { activation_dtype_ = dtype; }
+  // An activation owned by the layer (counted by ActivationBytes), in
+  // activation_dtype() or in `dtype`.
   absl::StatusOr<Tensor> Activation(std::vector<int64_t> shape);
+  absl::StatusOr<Tensor> Activation(std::vector<int64_t> shape, DType dtype);
+  // f32 memory to compute `activation` into: its own bytes when it is f32;
+  // otherwise an f32 workspace that Commit(activation) rounds (to nearest
+  // even) into it and frees. `activation` must stay at its address until
+  // then.
+  absl::StatusOr<float*> Stage(const Tensor& activation);
+  // A no-op for an activation that was not staged through a workspace.
+  absl::Status Commit(const Tensor& activation);
+  // `tensor`'s values as f32: its own bytes when it is f32, else an f32
+  // workspace copy valid until ReleaseWorkspace().
+  absl::StatusOr<const float*> Read(const Tensor& tensor);
   // An f32 input gradient, owned by "<layer>.grad".
   absl::StatusOr<Tensor> InputGradient(std::vector<int64_t> shape);
   // f32 scratch for one forward or backward (category workspace, owned by
@@ -80,8 +102,9 @@ class LayerContext {
   // call into the low-precision gradients (rounding once), then frees every
   // workspace. A no-op for f32 parameters.
   absl::Status FlushGradients();
-  // Engine side: frees the f32 parameter copies.
-  void ReleaseWorkspace();
+  // Engine side: waits for the stream, then frees the f32 parameter copies
+  // and the f32 copies Read made.
+  absl::Status ReleaseWorkspace();
 
  private:
   struct Widened {
@@ -96,8 +119,11 @@ class LayerContext {
   ShardedOptimizer& optimizer_;
   const std::string layer_;
   std::vector<Tensor> saved_;
+  DType activation_dtype_ = DType::kF32;
   std::map<std::string, Tensor> param_copies_;
   std::map<std::string, Widened> grad_copies_;
+  std::map<const Tensor*, Tensor> staged_;  // activation -> its f32 workspace
+  std::vector<Tensor> reads_;
 };
 
 class Layer {
@@ -115,12 +141,13 @@ class Layer {
   // kInvalidArgument (naming the layer) for an input shape it cannot take.
   virtual absl::StatusOr<std::vector<int64_t>> OutputShape(
       const std::vector<int64_t>& input) const = 0;
-  // Bytes this layer allocates in forward and keeps until its backward.
-  virtual int64_t ActivationBytes(const std::vector<int64_t>& input) const = 0;
+  // Bytes this layer allocates in forward and keeps until its backward,
+  // with activations stored in `dtype` (LayerContext::activation_dtype()).
+  virtual int64_t ActivationBytes(const std::vector<int64_t>& input, DType dtype) const = 0;
   // Multiply-adds count two FLOPs.
   virtual double ForwardFlops(const std::vector<int64_t>& input) const = 0;
   virtual absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& input) = 0;
-  // Adds the parameter gradients; returns the gradient of `input`.
+  // Adds the parameter gradients; returns the gradient of `input` (f32).
   virtual absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor& input,
                                           const Tensor& grad_output) = 0;
 

@@ -81,9 +81,13 @@ Trainer::Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<Los
       device_(device),
       stream_(std::move(stream)),
       optimizer_(std::move(optimizer)) {
+  // Activations are stored in the parameters' dtype (16-bit storage, f32
+  // compute; see engine/layer.h).
+  const DType activation_dtype = optimizer_->config().param_dtype();
   for (const auto& layer : layers_) {
     contexts_.push_back(
         std::make_unique<LayerContext>(device_, *stream_, *optimizer_, layer->name()));
+    contexts_.back()->set_activation_dtype(activation_dtype);
     std::set<int> groups;
     for (const ParameterDecl& d : layer->Parameters()) {
       groups.insert(optimizer_->GroupOf(absl::StrCat(layer->name(), ".", d.name)).value());
@@ -98,6 +102,7 @@ Trainer::Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<Los
     for (int g : groups_of_layer_[l]) first_user_[g] = l;
   }
   loss_context_ = std::make_unique<LayerContext>(device_, *stream_, *optimizer_, "loss");
+  loss_context_->set_activation_dtype(activation_dtype);
 }
 
 absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
@@ -116,7 +121,7 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
       if (gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
     }
     MW_ASSIGN_OR_RETURN(outputs[l], layers_[l]->Forward(*contexts_[l], input_of(l)));
-    contexts_[l]->ReleaseWorkspace();
+    MW_RETURN_IF_ERROR(contexts_[l]->ReleaseWorkspace());
     const std::vector<int> none;
     const std::vector<int>& next = l + 1 < n ? groups_of_layer_[l + 1] : none;
     for (auto it = gathered.begin(); it != gathered.end();) {
@@ -135,6 +140,7 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
   MW_ASSIGN_OR_RETURN(Tensor grad, loss_context_->InputGradient(outputs[n - 1].shape()));
   MW_ASSIGN_OR_RETURN(const float loss,
                       loss_->Compute(*loss_context_, outputs[n - 1], batch.target, grad));
+  MW_RETURN_IF_ERROR(loss_context_->ReleaseWorkspace());
   if (opt.loss_scale() != 1.0f) {
     MW_RETURN_IF_ERROR(kernels::Scale(device_, *stream_, grad.data(), DType::kF32, grad.numel(),
                                       opt.loss_scale()));

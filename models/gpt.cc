@@ -55,8 +55,8 @@ class GptEmbedding final : public Layer {
     }
     return std::vector<int64_t>{in[0] * c_.seq, c_.hidden};
   }
-  int64_t ActivationBytes(const std::vector<int64_t>& in) const override {
-    return in[0] * c_.seq * c_.hidden * 4;
+  int64_t ActivationBytes(const std::vector<int64_t>& in, DType dtype) const override {
+    return in[0] * c_.seq * c_.hidden * static_cast<int64_t>(DTypeSize(dtype));
   }
   double ForwardFlops(const std::vector<int64_t>& in) const override {
     return double(in[0]) * c_.seq * c_.hidden;
@@ -64,23 +64,23 @@ class GptEmbedding final : public Layer {
   absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& ids) override {
     MW_ASSIGN_OR_RETURN(std::vector<int64_t> shape, OutputShape(ids.shape()));
     MW_ASSIGN_OR_RETURN(Tensor out, ctx.Activation(shape));
-    if (!ctx.computes()) return out;
-    MW_RETURN_IF_ERROR(kernels::CheckIds(ctx.device(), ctx.stream(), ids.data_as<float>(),
-                                         ids.numel(), c_.vocab, "layer 'embed': token"));
+    MW_ASSIGN_OR_RETURN(const float* id, ctx.Read(ids));
+    MW_RETURN_IF_ERROR(kernels::CheckIds(ctx.device(), ctx.stream(), id, ids.numel(), c_.vocab,
+                                         "layer 'embed': token"));
     MW_ASSIGN_OR_RETURN(const float* wte, ctx.Param("wte"));
     MW_ASSIGN_OR_RETURN(const float* wpe, ctx.Param("wpe"));
-    MW_RETURN_IF_ERROR(kernels::EmbeddingForward(ctx.device(), ctx.stream(), ids.data_as<float>(),
-                                                 wte, wpe, shape[0], c_.seq, c_.hidden,
-                                                 out.data_as<float>()));
+    MW_ASSIGN_OR_RETURN(float* y, ctx.Stage(out));
+    MW_RETURN_IF_ERROR(kernels::EmbeddingForward(ctx.device(), ctx.stream(), id, wte, wpe,
+                                                 shape[0], c_.seq, c_.hidden, y));
+    MW_RETURN_IF_ERROR(ctx.Commit(out));
     return out;
   }
   absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor& ids,
                                   const Tensor& grad_output) override {
-    if (!ctx.computes()) return Tensor();
     MW_ASSIGN_OR_RETURN(float* dwte, ctx.Grad("wte"));
     MW_ASSIGN_OR_RETURN(float* dwpe, ctx.Grad("wpe"));
-    // Forward checked the ids.
-    MW_RETURN_IF_ERROR(kernels::EmbeddingBackward(ctx.device(), ctx.stream(), ids.data_as<float>(),
+    MW_ASSIGN_OR_RETURN(const float* id, ctx.Read(ids));  // forward checked them
+    MW_RETURN_IF_ERROR(kernels::EmbeddingBackward(ctx.device(), ctx.stream(), id,
                                                   grad_output.data_as<float>(), ids.numel(),
                                                   c_.seq, c_.hidden, dwte, dwpe));
     return Tensor();  // token ids have no gradient
@@ -91,11 +91,13 @@ class GptEmbedding final : public Layer {
 };
 
 // ---- A pre-LayerNorm transformer block. ----
-// Saved per row (f32): ln1 output (H), ln1 mean and rstd (2), qkv (3H),
+// Saved per row, in the activation dtype: ln1 output (H), qkv (3H), the
 // attention output before the projection (H), the residual after attention
-// (H), ln2 output (H), ln2 mean and rstd (2), MLP pre-activation (4H), GELU
-// output (4H); per sequence and head the causal softmax (seq x seq); and the
-// block's output (H). 16H + 4 floats per row plus heads * seq^2 per sequence.
+// (H), ln2 output (H), MLP pre-activation (4H), GELU output (4H), the block's
+// output (H); per sequence and head the causal softmax (seq x seq); and in
+// f32 the two LayerNorms' mean and rstd (4 floats per row). With 16-bit
+// activations: 32H + 16 bytes per row plus 2 heads seq^2 per sequence, under
+// Megatron's 34H + 5 heads seq (per row) for the same block with dropout.
 class TransformerBlock final : public Layer {
  public:
   TransformerBlock(std::string name, const GptConfig& c) : Layer(std::move(name)), c_(c) {}
@@ -124,9 +126,10 @@ class TransformerBlock final : public Layer {
     }
     return in;
   }
-  int64_t ActivationBytes(const std::vector<int64_t>& in) const override {
+  int64_t ActivationBytes(const std::vector<int64_t>& in, DType dtype) const override {
     const int64_t rows = in[0], batch = rows / c_.seq;
-    return 4 * (rows * (16 * c_.hidden + 4) + batch * c_.heads * c_.seq * c_.seq);
+    const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
+    return size * (rows * 16 * c_.hidden + batch * c_.heads * c_.seq * c_.seq) + 4 * rows * 4;
   }
   double ForwardFlops(const std::vector<int64_t>& in) const override {
     const double rows = in[0], h = c_.hidden;
@@ -139,34 +142,53 @@ class TransformerBlock final : public Layer {
     const int64_t rows = x.shape()[0], h = c_.hidden, batch = rows / c_.seq;
     std::vector<Tensor>& s = ctx.saved();
     s.clear();
-    // Allocation order matches Saved below.
-    for (const std::vector<int64_t>& shape :
-         std::vector<std::vector<int64_t>>{{rows, h}, {rows, 2}, {rows, 3 * h}, {rows, h},
-                                           {rows, h}, {rows, h}, {rows, 2}, {rows, 4 * h},
-                                           {rows, 4 * h}, {batch, c_.heads, c_.seq, c_.seq}}) {
-      MW_ASSIGN_OR_RETURN(Tensor t, ctx.Activation(shape));
+    // Allocation order matches Saved below; the statistics stay f32.
+    const DType act = ctx.activation_dtype(), f32 = DType::kF32;
+    for (const auto& [shape, dtype] : std::vector<std::pair<std::vector<int64_t>, DType>>{
+             {{rows, h}, act}, {{rows, 2}, f32}, {{rows, 3 * h}, act}, {{rows, h}, act},
+             {{rows, h}, act}, {{rows, h}, act}, {{rows, 2}, f32}, {{rows, 4 * h}, act},
+             {{rows, 4 * h}, act}, {{batch, c_.heads, c_.seq, c_.seq}, act}}) {
+      MW_ASSIGN_OR_RETURN(Tensor t, ctx.Activation(shape, dtype));
       s.push_back(std::move(t));
     }
     MW_ASSIGN_OR_RETURN(Tensor y, ctx.Activation({rows, h}));
-    if (!ctx.computes()) return y;
     P p{};
     MW_RETURN_IF_ERROR(Load(ctx, p));
     Device& d = ctx.device();
     Stream& st = ctx.stream();
-    float *ln1 = F(s[kLn1]), *st1 = F(s[kStats1]), *qkv = F(s[kQkv]), *att = F(s[kAttn]),
-          *x1 = F(s[kResidual]), *ln2 = F(s[kLn2]), *st2 = F(s[kStats2]), *fc = F(s[kFc]),
-          *gelu = F(s[kGelu]), *probs = F(s[kProbs]), *out = F(y);
-    const float* in = F(x);
-    MW_RETURN_IF_ERROR(kernels::LayerNormForward(d, st, in, p.ln1_w, p.ln1_b, rows, h, ln1, st1));
+    MW_ASSIGN_OR_RETURN(const float* in, ctx.Read(x));
+    // Each activation is computed in f32 and committed (rounded into its
+    // storage) after its last use in this forward.
+    MW_ASSIGN_OR_RETURN(float* ln1, ctx.Stage(s[kLn1]));
+    MW_ASSIGN_OR_RETURN(float* qkv, ctx.Stage(s[kQkv]));
+    MW_RETURN_IF_ERROR(
+        kernels::LayerNormForward(d, st, in, p.ln1_w, p.ln1_b, rows, h, ln1, F(s[kStats1])));
     MW_RETURN_IF_ERROR(Affine(ctx, ln1, p.qkv_w, p.qkv_b, rows, h, 3 * h, qkv));
+    MW_RETURN_IF_ERROR(ctx.Commit(s[kLn1]));
+    MW_ASSIGN_OR_RETURN(float* probs, ctx.Stage(s[kProbs]));
+    MW_ASSIGN_OR_RETURN(float* att, ctx.Stage(s[kAttn]));
     MW_RETURN_IF_ERROR(Attention(ctx, qkv, batch, probs, att));
+    MW_RETURN_IF_ERROR(ctx.Commit(s[kQkv]));
+    MW_RETURN_IF_ERROR(ctx.Commit(s[kProbs]));
+    MW_ASSIGN_OR_RETURN(float* x1, ctx.Stage(s[kResidual]));
     MW_RETURN_IF_ERROR(Affine(ctx, att, p.proj_w, p.proj_b, rows, h, h, x1));
+    MW_RETURN_IF_ERROR(ctx.Commit(s[kAttn]));
     MW_RETURN_IF_ERROR(AddInto(ctx, in, x1, rows * h));
-    MW_RETURN_IF_ERROR(kernels::LayerNormForward(d, st, x1, p.ln2_w, p.ln2_b, rows, h, ln2, st2));
+    MW_ASSIGN_OR_RETURN(float* ln2, ctx.Stage(s[kLn2]));
+    MW_RETURN_IF_ERROR(
+        kernels::LayerNormForward(d, st, x1, p.ln2_w, p.ln2_b, rows, h, ln2, F(s[kStats2])));
+    MW_ASSIGN_OR_RETURN(float* fc, ctx.Stage(s[kFc]));
     MW_RETURN_IF_ERROR(Affine(ctx, ln2, p.fc_w, p.fc_b, rows, h, 4 * h, fc));
+    MW_RETURN_IF_ERROR(ctx.Commit(s[kLn2]));
+    MW_ASSIGN_OR_RETURN(float* gelu, ctx.Stage(s[kGelu]));
     MW_RETURN_IF_ERROR(kernels::GeluForward(d, st, fc, gelu, rows * 4 * h));
+    MW_RETURN_IF_ERROR(ctx.Commit(s[kFc]));
+    MW_ASSIGN_OR_RETURN(float* out, ctx.Stage(y));
     MW_RETURN_IF_ERROR(Affine(ctx, gelu, p.mlp_w, p.mlp_b, rows, 4 * h, h, out));
+    MW_RETURN_IF_ERROR(ctx.Commit(s[kGelu]));
     MW_RETURN_IF_ERROR(AddInto(ctx, x1, out, rows * h));
+    MW_RETURN_IF_ERROR(ctx.Commit(s[kResidual]));
+    MW_RETURN_IF_ERROR(ctx.Commit(y));
     return y;
   }
 
@@ -174,7 +196,6 @@ class TransformerBlock final : public Layer {
                                   const Tensor& grad_output) override {
     const int64_t rows = x.shape()[0], h = c_.hidden, batch = rows / c_.seq;
     MW_ASSIGN_OR_RETURN(Tensor dx_t, ctx.InputGradient({rows, h}));
-    if (!ctx.computes()) return dx_t;
     P p{};
     MW_RETURN_IF_ERROR(Load(ctx, p));
     G g{};
@@ -190,23 +211,34 @@ class TransformerBlock final : public Layer {
     MW_ASSIGN_OR_RETURN(Tensor d_x1_t, ctx.Workspace({rows, h}));
     MW_ASSIGN_OR_RETURN(Tensor d_qkv_t, ctx.Workspace({rows, 3 * h}));
     float *d_mlp = F(d_big), *d_small = F(d_ln), *d_x1 = F(d_x1_t), *d_qkv = F(d_qkv_t);
+    // Saved activations as f32, each read back just before its first use.
+    auto read = [&](Saved i) { return ctx.Read(s[i]); };
     // MLP: out = x1 + gelu(fc(ln2(x1))) W + b.
+    MW_ASSIGN_OR_RETURN(const float* gelu, read(kGelu));
     MW_RETURN_IF_ERROR(
-        AffineBackward(ctx, F(s[kGelu]), p.mlp_w, dy, rows, 4 * h, h, g.mlp_w, g.mlp_b, d_mlp));
-    MW_RETURN_IF_ERROR(kernels::GeluBackward(d, st, F(s[kFc]), d_mlp, d_mlp, rows * 4 * h));
+        AffineBackward(ctx, gelu, p.mlp_w, dy, rows, 4 * h, h, g.mlp_w, g.mlp_b, d_mlp));
+    MW_ASSIGN_OR_RETURN(const float* fc, read(kFc));
+    MW_RETURN_IF_ERROR(kernels::GeluBackward(d, st, fc, d_mlp, d_mlp, rows * 4 * h));
+    MW_ASSIGN_OR_RETURN(const float* ln2, read(kLn2));
     MW_RETURN_IF_ERROR(
-        AffineBackward(ctx, F(s[kLn2]), p.fc_w, d_mlp, rows, h, 4 * h, g.fc_w, g.fc_b, d_small));
-    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, F(s[kResidual]), F(s[kStats2]),
-                                                  p.ln2_w, rows, h, d_x1, g.ln2_w, g.ln2_b));
+        AffineBackward(ctx, ln2, p.fc_w, d_mlp, rows, h, 4 * h, g.fc_w, g.fc_b, d_small));
+    MW_ASSIGN_OR_RETURN(const float* x1, read(kResidual));
+    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, x1, F(s[kStats2]), p.ln2_w, rows,
+                                                  h, d_x1, g.ln2_w, g.ln2_b));
     MW_RETURN_IF_ERROR(AddInto(ctx, dy, d_x1, rows * h));
     // Attention: x1 = x + attn(ln1(x)) W + b.
+    MW_ASSIGN_OR_RETURN(const float* att, read(kAttn));
     MW_RETURN_IF_ERROR(
-        AffineBackward(ctx, F(s[kAttn]), p.proj_w, d_x1, rows, h, h, g.proj_w, g.proj_b, d_small));
-    MW_RETURN_IF_ERROR(AttentionBackward(ctx, F(s[kQkv]), F(s[kProbs]), d_small, batch, d_qkv));
-    MW_RETURN_IF_ERROR(AffineBackward(ctx, F(s[kLn1]), p.qkv_w, d_qkv, rows, h, 3 * h, g.qkv_w,
-                                      g.qkv_b, d_small));
-    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, F(x), F(s[kStats1]), p.ln1_w,
-                                                  rows, h, dx, g.ln1_w, g.ln1_b));
+        AffineBackward(ctx, att, p.proj_w, d_x1, rows, h, h, g.proj_w, g.proj_b, d_small));
+    MW_ASSIGN_OR_RETURN(const float* qkv, read(kQkv));
+    MW_ASSIGN_OR_RETURN(const float* probs, read(kProbs));
+    MW_RETURN_IF_ERROR(AttentionBackward(ctx, qkv, probs, d_small, batch, d_qkv));
+    MW_ASSIGN_OR_RETURN(const float* ln1, read(kLn1));
+    MW_RETURN_IF_ERROR(AffineBackward(ctx, ln1, p.qkv_w, d_qkv, rows, h, 3 * h, g.qkv_w, g.qkv_b,
+                                      d_small));
+    MW_ASSIGN_OR_RETURN(const float* in, ctx.Read(x));
+    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, in, F(s[kStats1]), p.ln1_w, rows,
+                                                  h, dx, g.ln1_w, g.ln1_b));
     MW_RETURN_IF_ERROR(AddInto(ctx, d_x1, dx, rows * h));
     return dx_t;
   }
@@ -326,9 +358,10 @@ class GptHead final : public Layer {
     }
     return std::vector<int64_t>{in[0], c_.vocab};
   }
-  // The LayerNorm output and its stats, and the logits.
-  int64_t ActivationBytes(const std::vector<int64_t>& in) const override {
-    return 4 * in[0] * (c_.hidden + 2 + c_.vocab);
+  // The LayerNorm output and the logits in the activation dtype, the
+  // LayerNorm's mean and rstd in f32.
+  int64_t ActivationBytes(const std::vector<int64_t>& in, DType dtype) const override {
+    return static_cast<int64_t>(DTypeSize(dtype)) * in[0] * (c_.hidden + c_.vocab) + 4 * in[0] * 2;
   }
   double ForwardFlops(const std::vector<int64_t>& in) const override {
     return 2.0 * in[0] * c_.hidden * c_.vocab;
@@ -339,19 +372,20 @@ class GptHead final : public Layer {
     std::vector<Tensor>& s = ctx.saved();
     s.clear();
     MW_ASSIGN_OR_RETURN(Tensor z, ctx.Activation({rows, h}));
-    MW_ASSIGN_OR_RETURN(Tensor stats, ctx.Activation({rows, 2}));
+    MW_ASSIGN_OR_RETURN(Tensor stats, ctx.Activation({rows, 2}, DType::kF32));
     MW_ASSIGN_OR_RETURN(Tensor logits, ctx.Activation(shape));
-    if (ctx.computes()) {
-      MW_ASSIGN_OR_RETURN(const float* w, ctx.Param("ln_weight"));
-      MW_ASSIGN_OR_RETURN(const float* b, ctx.Param("ln_bias"));
-      MW_ASSIGN_OR_RETURN(const float* wte, ctx.SharedParam("embed.wte"));
-      MW_RETURN_IF_ERROR(kernels::LayerNormForward(ctx.device(), ctx.stream(), x.data_as<float>(),
-                                                   w, b, rows, h, z.data_as<float>(),
-                                                   stats.data_as<float>()));
-      MW_RETURN_IF_ERROR(kernels::Gemm(ctx.device(), ctx.stream(), false, true, rows, c_.vocab, h,
-                                       1.0f, z.data_as<float>(), h, wte, h, 0.0f,
-                                       logits.data_as<float>(), c_.vocab));
-    }
+    MW_ASSIGN_OR_RETURN(const float* w, ctx.Param("ln_weight"));
+    MW_ASSIGN_OR_RETURN(const float* b, ctx.Param("ln_bias"));
+    MW_ASSIGN_OR_RETURN(const float* wte, ctx.SharedParam("embed.wte"));
+    MW_ASSIGN_OR_RETURN(const float* in, ctx.Read(x));
+    MW_ASSIGN_OR_RETURN(float* zf, ctx.Stage(z));
+    MW_RETURN_IF_ERROR(kernels::LayerNormForward(ctx.device(), ctx.stream(), in, w, b, rows, h, zf,
+                                                 stats.data_as<float>()));
+    MW_ASSIGN_OR_RETURN(float* lf, ctx.Stage(logits));
+    MW_RETURN_IF_ERROR(kernels::Gemm(ctx.device(), ctx.stream(), false, true, rows, c_.vocab, h,
+                                     1.0f, zf, h, wte, h, 0.0f, lf, c_.vocab));
+    MW_RETURN_IF_ERROR(ctx.Commit(z));
+    MW_RETURN_IF_ERROR(ctx.Commit(logits));
     s.push_back(std::move(z));
     s.push_back(std::move(stats));
     return logits;
@@ -360,14 +394,14 @@ class GptHead final : public Layer {
                                   const Tensor& grad_logits) override {
     const int64_t rows = x.shape()[0], h = c_.hidden;
     MW_ASSIGN_OR_RETURN(Tensor dx, ctx.InputGradient({rows, h}));
-    if (!ctx.computes()) return dx;
     MW_ASSIGN_OR_RETURN(const float* w, ctx.Param("ln_weight"));
     MW_ASSIGN_OR_RETURN(float* dw, ctx.Grad("ln_weight"));
     MW_ASSIGN_OR_RETURN(float* db, ctx.Grad("ln_bias"));
     MW_ASSIGN_OR_RETURN(const float* wte, ctx.SharedParam("embed.wte"));
     MW_ASSIGN_OR_RETURN(float* dwte, ctx.SharedGrad("embed.wte"));
-    const float* z = ctx.saved()[0].data_as<float>();
+    MW_ASSIGN_OR_RETURN(const float* z, ctx.Read(ctx.saved()[0]));
     const float* stats = ctx.saved()[1].data_as<float>();
+    MW_ASSIGN_OR_RETURN(const float* in, ctx.Read(x));
     const float* dl = grad_logits.data_as<float>();
     Device& d = ctx.device();
     MW_ASSIGN_OR_RETURN(Tensor dz, ctx.Workspace({rows, h}));
@@ -376,9 +410,8 @@ class GptHead final : public Layer {
                                      c_.vocab, wte, h, 0.0f, dz.data_as<float>(), h));
     MW_RETURN_IF_ERROR(kernels::Gemm(d, ctx.stream(), true, false, c_.vocab, h, rows, 1.0f, dl,
                                      c_.vocab, z, h, 1.0f, dwte, h));
-    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, ctx.stream(), dz.data_as<float>(),
-                                                  x.data_as<float>(), stats, w, rows, h,
-                                                  dx.data_as<float>(), dw, db));
+    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, ctx.stream(), dz.data_as<float>(), in, stats,
+                                                  w, rows, h, dx.data_as<float>(), dw, db));
     return dx;
   }
 
@@ -480,14 +513,14 @@ absl::StatusOr<float> CrossEntropyLoss::Compute(LayerContext& ctx, const Tensor&
         "cross-entropy loss: expected one target id per row of the logits ",
         Shape(logits.shape()), ", got ", target.numel()));
   }
-  if (!ctx.computes()) return 0.0f;
   const int64_t rows = logits.shape()[0], vocab = logits.shape()[1];
-  MW_RETURN_IF_ERROR(kernels::CheckIds(ctx.device(), ctx.stream(), target.data_as<float>(), rows,
-                                       vocab, "cross-entropy loss: target"));
+  MW_ASSIGN_OR_RETURN(const float* t, ctx.Read(target));
+  MW_RETURN_IF_ERROR(
+      kernels::CheckIds(ctx.device(), ctx.stream(), t, rows, vocab, "cross-entropy loss: target"));
+  MW_ASSIGN_OR_RETURN(const float* l, ctx.Read(logits));
   MW_ASSIGN_OR_RETURN(const double sum,
-                      kernels::CrossEntropy(ctx.device(), ctx.stream(), logits.data_as<float>(),
-                                            target.data_as<float>(), rows, vocab, 1.0f / rows,
-                                            grad_logits.data_as<float>()));
+                      kernels::CrossEntropy(ctx.device(), ctx.stream(), l, t, rows, vocab,
+                                            1.0f / rows, grad_logits.data_as<float>()));
   return static_cast<float>(sum / rows);
 }
 

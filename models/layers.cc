@@ -35,8 +35,9 @@ absl::StatusOr<std::vector<int64_t>> Linear::OutputShape(const std::vector<int64
   return std::vector<int64_t>{input[0], out_};
 }
 
-int64_t Linear::ActivationBytes(const std::vector<int64_t>& input) const {
-  return Rows(input) * out_ * 4;  // the output, which the next layer reads in backward
+int64_t Linear::ActivationBytes(const std::vector<int64_t>& input, DType dtype) const {
+  // The output, which the next layer reads in backward.
+  return Rows(input) * out_ * static_cast<int64_t>(DTypeSize(dtype));
 }
 
 double Linear::ForwardFlops(const std::vector<int64_t>& input) const {
@@ -46,14 +47,15 @@ double Linear::ForwardFlops(const std::vector<int64_t>& input) const {
 absl::StatusOr<Tensor> Linear::Forward(LayerContext& ctx, const Tensor& input) {
   MW_ASSIGN_OR_RETURN(std::vector<int64_t> shape, OutputShape(input.shape()));
   MW_ASSIGN_OR_RETURN(Tensor output, ctx.Activation(shape));
-  if (!ctx.computes()) return output;
   MW_ASSIGN_OR_RETURN(const float* w, ctx.Param("weight"));
   MW_ASSIGN_OR_RETURN(const float* b, ctx.Param("bias"));
+  MW_ASSIGN_OR_RETURN(const float* x, ctx.Read(input));
+  MW_ASSIGN_OR_RETURN(float* y, ctx.Stage(output));
   const int64_t rows = shape[0];
-  float* y = output.data_as<float>();
   MW_RETURN_IF_ERROR(kernels::BroadcastRows(ctx.device(), ctx.stream(), b, rows, out_, y));
   MW_RETURN_IF_ERROR(kernels::Gemm(ctx.device(), ctx.stream(), false, false, rows, out_, in_, 1.0f,
-                                   input.data_as<float>(), in_, w, out_, 1.0f, y, out_));
+                                   x, in_, w, out_, 1.0f, y, out_));
+  MW_RETURN_IF_ERROR(ctx.Commit(output));
   return output;
 }
 
@@ -61,11 +63,10 @@ absl::StatusOr<Tensor> Linear::Backward(LayerContext& ctx, const Tensor& input,
                                         const Tensor& grad_output) {
   const int64_t rows = input.shape()[0];
   MW_ASSIGN_OR_RETURN(Tensor grad_input, ctx.InputGradient(input.shape()));
-  if (!ctx.computes()) return grad_input;
   MW_ASSIGN_OR_RETURN(const float* w, ctx.Param("weight"));
   MW_ASSIGN_OR_RETURN(float* dw, ctx.Grad("weight"));
   MW_ASSIGN_OR_RETURN(float* db, ctx.Grad("bias"));
-  const float* x = input.data_as<float>();
+  MW_ASSIGN_OR_RETURN(const float* x, ctx.Read(input));
   const float* dy = grad_output.data_as<float>();
   // dW += x^T dy; db += sum over rows of dy; dx = dy W^T.
   Device& d = ctx.device();
@@ -77,10 +78,11 @@ absl::StatusOr<Tensor> Linear::Backward(LayerContext& ctx, const Tensor& input,
   return grad_input;
 }
 
-int64_t Gelu::ActivationBytes(const std::vector<int64_t>& input) const {
+int64_t Gelu::ActivationBytes(const std::vector<int64_t>& input, DType dtype) const {
   int64_t n = 1;
   for (int64_t d : input) n *= d;
-  return n * 4;  // the output; backward recomputes from the input it is given
+  // The output; backward recomputes from the input it is given.
+  return n * static_cast<int64_t>(DTypeSize(dtype));
 }
 
 double Gelu::ForwardFlops(const std::vector<int64_t>& input) const {
@@ -91,17 +93,18 @@ double Gelu::ForwardFlops(const std::vector<int64_t>& input) const {
 
 absl::StatusOr<Tensor> Gelu::Forward(LayerContext& ctx, const Tensor& input) {
   MW_ASSIGN_OR_RETURN(Tensor output, ctx.Activation(input.shape()));
-  if (!ctx.computes()) return output;
-  MW_RETURN_IF_ERROR(kernels::GeluForward(ctx.device(), ctx.stream(), input.data_as<float>(),
-                                          output.data_as<float>(), input.numel()));
+  MW_ASSIGN_OR_RETURN(const float* x, ctx.Read(input));
+  MW_ASSIGN_OR_RETURN(float* y, ctx.Stage(output));
+  MW_RETURN_IF_ERROR(kernels::GeluForward(ctx.device(), ctx.stream(), x, y, input.numel()));
+  MW_RETURN_IF_ERROR(ctx.Commit(output));
   return output;
 }
 
 absl::StatusOr<Tensor> Gelu::Backward(LayerContext& ctx, const Tensor& input,
                                       const Tensor& grad_output) {
   MW_ASSIGN_OR_RETURN(Tensor grad_input, ctx.InputGradient(input.shape()));
-  if (!ctx.computes()) return grad_input;
-  MW_RETURN_IF_ERROR(kernels::GeluBackward(ctx.device(), ctx.stream(), input.data_as<float>(),
+  MW_ASSIGN_OR_RETURN(const float* x, ctx.Read(input));
+  MW_RETURN_IF_ERROR(kernels::GeluBackward(ctx.device(), ctx.stream(), x,
                                            grad_output.data_as<float>(),
                                            grad_input.data_as<float>(), input.numel()));
   return grad_input;
@@ -114,14 +117,14 @@ absl::StatusOr<float> MseLoss::Compute(LayerContext& ctx, const Tensor& output,
         "mse loss: the target's shape [", absl::StrJoin(target.shape(), ", "),
         "] differs from the output's [", absl::StrJoin(output.shape(), ", "), "]"));
   }
-  if (!ctx.computes()) return 0.0f;
   // e = y - t in grad_output; loss = 0.5 sum(e^2) / rows; dy = e / rows.
   Device& d = ctx.device();
   Stream& stream = ctx.stream();
   const size_t n = output.numel();
   const float rows = float(output.shape()[0]);
   float* e = grad_output.data_as<float>();
-  MW_RETURN_IF_ERROR(kernels::Copy(d, stream, e, output.data(), output.nbytes()));
+  MW_ASSIGN_OR_RETURN(const float* y, ctx.Read(output));
+  MW_RETURN_IF_ERROR(kernels::Copy(d, stream, e, y, n * sizeof(float)));
   MW_RETURN_IF_ERROR(kernels::Axpy(d, stream, -1.0f, target.data_as<float>(), e, n));
   MW_ASSIGN_OR_RETURN(const double squares, kernels::SumOfSquares(d, stream, e, DType::kF32, n));
   MW_RETURN_IF_ERROR(kernels::Scale(d, stream, e, DType::kF32, n, 1.0f / rows));

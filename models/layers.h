@@ -19,7 +19,7 @@ class Linear final : public Layer {
   Linear(std::string name, int64_t in, int64_t out) : Layer(std::move(name)), in_(in), out_(out) {}
   std::vector<ParameterDecl> Parameters() const override;
   absl::StatusOr<std::vector<int64_t>> OutputShape(const std::vector<int64_t>& input) const override;
-  int64_t ActivationBytes(const std::vector<int64_t>& input) const override;
+  int64_t ActivationBytes(const std::vector<int64_t>& input, DType dtype) const override;
   double ForwardFlops(const std::vector<int64_t>& input) const override;
   absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& input) override;
   absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor& input,
@@ -37,7 +37,7 @@ class Gelu final : public Layer {
   absl::StatusOr<std::vector<int64_t>> OutputShape(const std::vector<int64_t>& input) const override {
     return input;
   }
-  int64_t ActivationBytes(const std::vector<int64_t>& input) const override;
+  int64_t ActivationBytes(const std::vector<int64_t>& input, DType dtype) const override;
   double ForwardFlops(const std::vector<int64_t>& input) const override;
   absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& input) override;
   absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor& input,

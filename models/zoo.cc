@@ -16,7 +16,7 @@ using Shape = std::vector<int64_t>;
 // What a shape-only layer computes from its input shape.
 struct ShapeRule {
   Shape output;
-  int64_t saved_elements = 0;  // f32 elements kept for backward, besides the output
+  int64_t saved_elements = 0;  // elements kept for backward, besides the output
   double flops = 0;
 };
 
@@ -31,10 +31,10 @@ class ShapeLayer final : public Layer {
     MW_ASSIGN_OR_RETURN(ShapeRule r, rule_(in));
     return r.output;
   }
-  int64_t ActivationBytes(const Shape& in) const override {
+  int64_t ActivationBytes(const Shape& in, DType dtype) const override {
     const absl::StatusOr<ShapeRule> r = rule_(in);
     if (!r.ok()) return 0;
-    return 4 * (r->saved_elements + NumElements(r->output));
+    return static_cast<int64_t>(DTypeSize(dtype)) * (r->saved_elements + NumElements(r->output));
   }
   double ForwardFlops(const Shape& in) const override {
     const absl::StatusOr<ShapeRule> r = rule_(in);

@@ -192,9 +192,14 @@ TEST_CASE("the loss falls", "[trainer]") {
 }
 
 TEST_CASE("each layer's activation bytes equal what the allocator records", "[trainer][memory]") {
-  for (Backend backend : {Backend::kHost, Backend::kMeta}) {
-    INFO(BackendName(backend));
-    Run run = Start(Options(3, false), nullptr, backend);
+  for (const auto& [backend, dtype] : std::vector<std::pair<Backend, DType>>{
+           {Backend::kHost, DType::kF32}, {Backend::kMeta, DType::kF32},
+           {Backend::kHost, DType::kBF16}, {Backend::kMeta, DType::kF16}}) {
+    INFO(BackendName(backend) << ", " << DTypeName(dtype) << " activations");
+    ShardingOptions options = Options(3, false);
+    options.bf16 = dtype == DType::kBF16;
+    options.fp16 = dtype == DType::kF16;
+    Run run = Start(options, nullptr, backend);
     testing::OwnerPeaks peaks;
     run.device->allocator().AddListener(&peaks);
     const int64_t rows = 24;
@@ -204,7 +209,7 @@ TEST_CASE("each layer's activation bytes equal what the allocator records", "[tr
     std::vector<int64_t> shape = {rows, kIn};
     for (const auto& layer : run.trainer->layers()) {
       INFO(layer->name());
-      CHECK(peaks.peak[layer->name()] == layer->ActivationBytes(shape));
+      CHECK(peaks.peak[layer->name()] == layer->ActivationBytes(shape, dtype));
       CHECK(peaks.current[layer->name()] == 0);  // freed after its backward
       shape = layer->OutputShape(shape).value();
     }
@@ -231,7 +236,7 @@ TEST_CASE("meta runs the real schedule at a size this machine could not hold", "
   int64_t activations = 0;
   std::vector<int64_t> shape = {rows, 4096};
   for (const auto& layer : (*trainer)->layers()) {
-    activations += layer->ActivationBytes(shape);
+    activations += layer->ActivationBytes(shape, DType::kF32);
     shape = layer->OutputShape(shape).value();
   }
   CHECK(s.by_category[int(MemoryCategory::kActivation)].peak >= activations);

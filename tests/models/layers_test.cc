@@ -130,7 +130,8 @@ TEST_CASE("layers reject inputs of the wrong shape by name", "[layers]") {
   CHECK(shape.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(shape.status().message()) ==
         "layer 'block0.fc1': expected an input of shape [rows, 16], got [4, 15]");
-  CHECK(linear.ActivationBytes({4, 16}) == 4 * 8 * 4);
+  CHECK(linear.ActivationBytes({4, 16}, DType::kF32) == 4 * 8 * 4);
+  CHECK(linear.ActivationBytes({4, 16}, DType::kBF16) == 4 * 8 * 2);
   CHECK(linear.ForwardFlops({4, 16}) == 2.0 * 4 * 16 * 8);
 }
 

@@ -53,8 +53,9 @@ TEST_CASE("meta runs a ResNet-50 step with every layer's activations exact", "[z
   int64_t total = 0;
   for (const auto& layer : trainer->layers()) {
     INFO(layer->name());
-    CHECK(peaks.peak[layer->name()] == layer->ActivationBytes(shape));
-    total += layer->ActivationBytes(shape);
+    const DType dtype = trainer->optimizer().config().param_dtype();
+    CHECK(peaks.peak[layer->name()] == layer->ActivationBytes(shape, dtype));
+    total += layer->ActivationBytes(shape, dtype);
     shape = layer->OutputShape(shape).value();
   }
   CHECK(shape == std::vector<int64_t>{batch, 1000});
