@@ -1,5 +1,6 @@
-// CPU kernel throughput per ISA, against the generic x86-64 build measured
-// in the same run: does the run-time ISA choice pay?
+// CPU kernel throughput per ISA (the optimizer's element-wise kernels and
+// the layers' NN kernels), against the generic x86-64 build measured in the
+// same run: does the run-time ISA choice pay?
 //
 //   bazel run //benchmarks:kernels_benchmark [-- --elements 16777216 --repeats 5]
 //
@@ -16,6 +17,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/elementwise.h"
+#include "kernels/nn_math.h"
 
 namespace memwall::kernels::cpu {
 namespace {
@@ -34,7 +36,7 @@ double BestSeconds(int repeats, const std::function<void()>& fn) {
 struct Case {
   std::string name;
   double bytes_per_element;
-  std::function<void(const KernelTable&)> run;
+  std::function<void(Isa)> run;
 };
 
 int Main(int argc, char** argv) {
@@ -58,34 +60,79 @@ int Main(int argc, char** argv) {
   double sink = 0;
   const std::vector<Case> cases = {
       {"adamw (f32 p,g,m,v)", 28,
-       [&](const KernelTable& k) {
+       [&](Isa isa) {
+         const KernelTable& k = Kernels(isa);
          k.adam(constants, p.data(), g.data(), m.data(), v.data(), nullptr, DType::kF32, n);
        }},
       {"adamw + bf16 copy", 30,
-       [&](const KernelTable& k) {
+       [&](Isa isa) {
+         const KernelTable& k = Kernels(isa);
          k.adam(constants, p.data(), g.data(), m.data(), v.data(), low.data(), DType::kBF16, n);
        }},
       {"cast f32->bf16", 6,
-       [&](const KernelTable& k) { k.cast(p.data(), DType::kF32, low.data(), DType::kBF16, n); }},
+       [&](Isa isa) {
+         const KernelTable& k = Kernels(isa); k.cast(p.data(), DType::kF32, low.data(), DType::kBF16, n); }},
       {"cast f32->f16", 6,
-       [&](const KernelTable& k) { k.cast(p.data(), DType::kF32, low.data(), DType::kF16, n); }},
+       [&](Isa isa) {
+         const KernelTable& k = Kernels(isa); k.cast(p.data(), DType::kF32, low.data(), DType::kF16, n); }},
       {"cast f16->f32", 6,
-       [&](const KernelTable& k) { k.cast(low.data(), DType::kF16, y.data(), DType::kF32, n); }},
-      {"axpy f32", 12, [&](const KernelTable& k) { k.axpy(1e-3f, g.data(), y.data(), n); }},
+       [&](Isa isa) {
+         const KernelTable& k = Kernels(isa); k.cast(low.data(), DType::kF16, y.data(), DType::kF32, n); }},
+      {"axpy f32", 12, [&](Isa isa) {
+         const KernelTable& k = Kernels(isa); k.axpy(1e-3f, g.data(), y.data(), n); }},
       {"sum of squares f32", 4,
-       [&](const KernelTable& k) { sink += k.sum_of_squares(g.data(), DType::kF32, n); }},
+       [&](Isa isa) {
+         const KernelTable& k = Kernels(isa); sink += k.sum_of_squares(g.data(), DType::kF32, n); }},
       {"has inf/nan f32", 4,
-       [&](const KernelTable& k) { sink += k.has_inf_or_nan(g.data(), DType::kF32, n); }},
+       [&](Isa isa) {
+         const KernelTable& k = Kernels(isa); sink += k.has_inf_or_nan(g.data(), DType::kF32, n); }},
+  };
+  // NN kernels on GPT-2-sized rows: hidden 768, 1024-token causal attention,
+  // vocabulary 50257; each case covers about n elements.
+  const int64_t h = 768, seq = 1024, vocab = 50257;
+  const int64_t rows = std::max<int64_t>(1, n / h), matrices = std::max<int64_t>(1, n / (seq * seq));
+  const int64_t ce_rows = std::max<int64_t>(1, n / vocab);
+  std::vector<float> gamma(h, 1.1f), beta(h, 0.1f), dgamma(h), dbeta(h), stats(2 * rows);
+  std::vector<float> scores(matrices * seq * seq), targets(ce_rows), losses(ce_rows);
+  for (size_t i = 0; i < n; ++i) g[i] = 0.001f * float(i % 1999) - 1.0f;
+  for (size_t i = 0; i < scores.size(); ++i) scores[i] = 0.01f * float(i % 977);
+  for (int64_t r = 0; r < ce_rows; ++r) targets[r] = float((r * 31) % vocab);
+  const std::vector<Case> nn_cases = {
+      {"gelu forward", 8,
+       [&](Isa isa) { NnKernels(isa).gelu_forward(g.data(), y.data(), n); }},
+      {"gelu backward", 12,
+       [&](Isa isa) { NnKernels(isa).gelu_backward(g.data(), p.data(), y.data(), n); }},
+      {"layernorm fwd h=768", 8,
+       [&](Isa isa) {
+         NnKernels(isa).layer_norm_forward(g.data(), gamma.data(), beta.data(), rows, h, y.data(),
+                                           stats.data());
+       }},
+      {"layernorm bwd h=768", 12,
+       [&](Isa isa) {
+         NnKernels(isa).layer_norm_backward(p.data(), g.data(), stats.data(), gamma.data(), rows,
+                                            h, y.data(), dgamma.data(), dbeta.data());
+       }},
+      {"causal softmax s=1024", 8,
+       [&](Isa isa) {
+         std::vector<float> x = scores;
+         NnKernels(isa).causal_softmax_forward(x.data(), matrices, seq);
+       }},
+      {"cross-entropy V=50257", 8,
+       [&](Isa isa) {
+         NnKernels(isa).cross_entropy(g.data(), targets.data(), ce_rows, vocab, 1.0f / ce_rows,
+                                      y.data(), losses.data());
+       }},
   };
   std::printf("kernels_benchmark: %zu elements, best of %d, one thread; this CPU selects %s\n", n,
               repeats, IsaName(SelectedIsa()));
   std::printf("%-22s %-8s %10s %10s %9s\n", "kernel", "isa", "ms", "GB/s", "vs generic");
-  for (const Case& c : cases) {
+  std::vector<Case> all = cases;
+  all.insert(all.end(), nn_cases.begin(), nn_cases.end());
+  for (const Case& c : all) {
     double generic_seconds = 0;
     for (Isa isa : SupportedIsas()) {
-      const KernelTable& k = Kernels(isa);
-      c.run(k);  // warm up: page in, fill caches
-      const double seconds = BestSeconds(repeats, [&] { c.run(k); });
+      c.run(isa);  // warm up: page in, fill caches
+      const double seconds = BestSeconds(repeats, [&] { c.run(isa); });
       if (isa == Isa::kGeneric) generic_seconds = seconds;
       std::printf("%-22s %-8s %10.3f %10.2f %8.2fx\n", c.name.c_str(), IsaName(isa), seconds * 1e3,
                   c.bytes_per_element * n / seconds / 1e9, generic_seconds / seconds);

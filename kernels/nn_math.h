@@ -31,20 +31,17 @@ constexpr float kLayerNormEps = 1e-5f;
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluK = 0.044715f;
 
-// floor() for |y| < 2^31 from a truncating conversion (which vectorises on
-// every x86-64 ISA, unlike floorf on SSE2).
-MW_HD float FloorF(float y) {
-  const float t = static_cast<float>(static_cast<int32_t>(y));
-  return t > y ? t - 1.0f : t;
-}
-
 // e^x within 2 ulp for x in [-87.3, 88] (the test measures under 1 ulp);
 // saturates outside (to e^-87.33654, about 2^-126, below and e^88 above),
-// so it never returns inf or 0. Cephes' expf: x = n ln2 + r with
-// ln2 split in two, a degree-6 polynomial in r, then the exponent bits.
+// so it never returns inf or 0. Cephes' expf: x = n ln2 + r with ln2 split
+// in two, a degree-6 polynomial in r, then the exponent bits. n is x / ln2
+// rounded to nearest by adding and subtracting 1.5 * 2^23 (exact IEEE
+// steps, with no select, which would stop GCC vectorising the loops).
 MW_HD float ExpF(float x) {
-  x = x < -87.33654f ? -87.33654f : (x > 88.0f ? 88.0f : x);
-  const float n = FloorF(x * 1.44269504088896341f + 0.5f);
+  x = x < -87.33654f ? -87.33654f : x;
+  x = x > 88.0f ? 88.0f : x;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
   float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;

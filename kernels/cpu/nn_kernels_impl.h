@@ -29,9 +29,18 @@ inline float LaneSum(int64_t n, F f) {
   return lanes[0];
 }
 
+// The largest of x[0 .. n), n >= 1. A maximum is exact in any order, so the
+// lanes (which vectorise) give what one running maximum would.
 inline float RowMax(const float* x, int64_t n) {
-  float max = x[0];
-  for (int64_t j = 1; j < n; ++j) max = x[j] > max ? x[j] : max;
+  float lanes[kRowLanes];
+  for (int j = 0; j < kRowLanes; ++j) lanes[j] = x[0];
+  int64_t i = 0;
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    for (int j = 0; j < kRowLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  }
+  for (int j = 0; i + j < n; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  float max = lanes[0];
+  for (int j = 1; j < kRowLanes; ++j) max = lanes[j] > max ? lanes[j] : max;
   return max;
 }
 
