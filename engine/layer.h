@@ -37,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/optional.h"
 #include "runtime/device.h"
 #include "runtime/tensor.h"
 #include "sharding/sharded_optimizer.h"
@@ -95,8 +96,13 @@ class LayerContext {
   // "<layer>.workspace"; not counted by ActivationBytes).
   absl::StatusOr<Tensor> Workspace(std::vector<int64_t> shape);
   // Tensors kept from forward for backward; the engine clears them after
-  // the layer's backward.
+  // the layer's backward (or, when the recomputation plan drops them, after
+  // the forward).
   std::vector<Tensor>& saved() { return saved_; }
+  // Whether this forward and backward run in selective-recomputation mode
+  // (see Layer::Selective); set by the engine, only for layers offering it.
+  bool selective() const { return selective_; }
+  void set_selective(bool selective) { selective_ = selective; }
 
   // Engine side: adds the f32 gradient workspaces handed out since the last
   // call into the low-precision gradients (rounding once), then frees every
@@ -120,6 +126,7 @@ class LayerContext {
   const std::string layer_;
   std::vector<Tensor> saved_;
   DType activation_dtype_ = DType::kF32;
+  bool selective_ = false;
   std::map<std::string, Tensor> param_copies_;
   std::map<std::string, Widened> grad_copies_;
   std::map<const Tensor*, Tensor> staged_;  // activation -> its f32 workspace
@@ -143,7 +150,30 @@ class Layer {
       const std::vector<int64_t>& input) const = 0;
   // Bytes this layer allocates in forward and keeps until its backward,
   // with activations stored in `dtype` (LayerContext::activation_dtype()).
+  // They include its output (stored in `dtype`), which the next layer reads.
   virtual int64_t ActivationBytes(const std::vector<int64_t>& input, DType dtype) const = 0;
+  // Bytes of the input gradient its backward allocates (category
+  // activation, owner "<layer>.grad", f32): the input's size in f32, or 0
+  // for a layer whose input has no gradient (token ids).
+  virtual int64_t InputGradientBytes(const std::vector<int64_t>& input) const {
+    int64_t n = 1;
+    for (int64_t d : input) n *= d;
+    return 4 * n;
+  }
+  // Selective recomputation (Korthikanti et al. 2022): a layer that can keep
+  // less in forward and recompute the rest at the start of its backward
+  // says how, in this mode: the bytes it keeps from forward to backward
+  // (like ActivationBytes, output included), the activation bytes it
+  // allocates again at the start of backward, and the FLOPs that costs.
+  struct SelectiveProfile {
+    int64_t saved_bytes = 0;
+    int64_t recomputed_bytes = 0;
+    double extra_flops = 0;
+  };
+  virtual absl::optional<SelectiveProfile> Selective(const std::vector<int64_t>& input,
+                                                     DType dtype) const {
+    return absl::nullopt;
+  }
   // Multiply-adds count two FLOPs.
   virtual double ForwardFlops(const std::vector<int64_t>& input) const = 0;
   virtual absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& input) = 0;

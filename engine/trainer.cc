@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "checkpointing/chain.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
 
@@ -103,6 +104,32 @@ Trainer::Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<Los
   }
   loss_context_ = std::make_unique<LayerContext>(device_, *stream_, *optimizer_, "loss");
   loss_context_->set_activation_dtype(activation_dtype);
+  // No recomputation until a plan is set.
+  for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
+    plan_.segments.push_back({l, l + 1, SegmentMode::kKeep});
+    segment_of_.push_back(l);
+  }
+  plan_.planner = "none";
+}
+
+absl::StatusOr<Chain> Trainer::ChainFor(const std::vector<int64_t>& input) const {
+  return ChainOf(layers_, input, optimizer_->config().param_dtype());
+}
+
+absl::Status Trainer::SetRecomputationPlan(const Plan& plan, const Chain& chain) {
+  if (chain.layers.size() != layers_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("recomputation plan '", plan.planner, "': for ",
+                                                   chain.layers.size(), " layers; the model has ",
+                                                   layers_.size()));
+  }
+  MW_RETURN_IF_ERROR(ValidatePlan(chain, plan));
+  std::vector<int> segment_of(layers_.size());
+  for (size_t k = 0; k < plan.segments.size(); ++k) {
+    for (int l = plan.segments[k].begin; l < plan.segments[k].end; ++l) segment_of[l] = k;
+  }
+  plan_ = plan;
+  segment_of_ = std::move(segment_of);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
@@ -120,8 +147,16 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
     for (int g : groups_of_layer_[l]) {
       if (gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
     }
+    const Segment& segment = plan_.segments[segment_of_[l]];
+    contexts_[l]->set_selective(segment.mode == SegmentMode::kSelective);
     MW_ASSIGN_OR_RETURN(outputs[l], layers_[l]->Forward(*contexts_[l], input_of(l)));
     MW_RETURN_IF_ERROR(contexts_[l]->ReleaseWorkspace());
+    if (segment.mode == SegmentMode::kRecompute) {
+      // Keep only the segment's last output: this layer's saved tensors,
+      // and the previous output once this layer has read it, go now.
+      contexts_[l]->saved().clear();
+      if (l > segment.begin) outputs[l - 1] = Tensor();
+    }
     const std::vector<int> none;
     const std::vector<int>& next = l + 1 < n ? groups_of_layer_[l + 1] : none;
     for (auto it = gathered.begin(); it != gathered.end();) {
@@ -147,18 +182,31 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
   }
 
   // Backward: a group is gathered and its gradients acquired when backward
-  // first reaches a layer that reads it, and reduced and released after the
-  // first layer (in forward order) that reads it.
+  // first reaches a layer that reads it (gathered earlier if a recomputed
+  // segment reads it), and reduced and released after the first layer (in
+  // forward order) that reads it.
   loss_phase.reset();
-  std::set<int> open;
+  std::set<int> acquired;  // `gathered` is empty again: forward released all
   ScopedPhase backward(profiler_, "backward");
   for (int l = n - 1; l >= 0; --l) {
+    const Segment& segment = plan_.segments[segment_of_[l]];
+    if (segment.mode == SegmentMode::kRecompute && l == segment.end - 1) {
+      // The segment's forward again, from its input, keeping everything.
+      ScopedPhase recompute(profiler_, absl::StrCat("recompute ", layers_[segment.begin]->name(),
+                                                    "..", layers_[l]->name()));
+      outputs[l] = Tensor();  // the checkpoint: recomputed with the rest
+      for (int j = segment.begin; j < segment.end; ++j) {
+        for (int g : groups_of_layer_[j]) {
+          if (gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
+        }
+        MW_ASSIGN_OR_RETURN(outputs[j], layers_[j]->Forward(*contexts_[j], input_of(j)));
+        MW_RETURN_IF_ERROR(contexts_[j]->ReleaseWorkspace());
+      }
+    }
     ScopedPhase layer(profiler_, layers_[l]->name());
     for (int g : groups_of_layer_[l]) {
-      if (open.insert(g).second) {
-        MW_RETURN_IF_ERROR(opt.GatherParameters(g));
-        MW_RETURN_IF_ERROR(opt.AcquireGradients(g));
-      }
+      if (gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
+      if (acquired.insert(g).second) MW_RETURN_IF_ERROR(opt.AcquireGradients(g));
     }
     MW_ASSIGN_OR_RETURN(Tensor grad_input,
                         layers_[l]->Backward(*contexts_[l], input_of(l), grad));
@@ -170,7 +218,8 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
       if (first_user_[g] != l) continue;
       MW_RETURN_IF_ERROR(opt.ReduceGradients(g));
       MW_RETURN_IF_ERROR(opt.ReleaseParameters(g));
-      open.erase(g);
+      gathered.erase(g);
+      acquired.erase(g);
     }
   }
   return loss;

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "checkpointing/plan.h"
 #include "engine/layer.h"
 #include "profiler/memory_profiler.h"
 #include "runtime/communicator.h"
@@ -71,6 +72,17 @@ class Trainer {
     optimizer_->set_profiler(profiler);
   }
 
+  // The recomputation chain of this model for micro-batches whose first
+  // input has shape `input` (activations in the run's dtype).
+  absl::StatusOr<Chain> ChainFor(const std::vector<int64_t>& input) const;
+  // Follow `plan` (made for `chain`, which must be ChainFor's) from the
+  // next step on: see checkpointing/plan.h for what each segment mode does.
+  // Gradients and losses are bit for bit those of the run without
+  // recomputation (the same kernels on the same inputs in the same order).
+  // kInvalidArgument when the plan does not fit the model.
+  absl::Status SetRecomputationPlan(const Plan& plan, const Chain& chain);
+  const Plan& recomputation_plan() const { return plan_; }
+
   ShardedOptimizer& optimizer() { return *optimizer_; }
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 
@@ -94,6 +106,8 @@ class Trainer {
   std::vector<int> first_user_;
   MemoryProfiler* profiler_ = nullptr;
   int64_t steps_ = 0;
+  Plan plan_;                    // the recomputation plan
+  std::vector<int> segment_of_;  // each layer's segment in plan_
 };
 
 }  // namespace memwall

@@ -61,6 +61,8 @@ class GptEmbedding final : public Layer {
   double ForwardFlops(const std::vector<int64_t>& in) const override {
     return double(in[0]) * c_.seq * c_.hidden;
   }
+  // Token ids have no gradient.
+  int64_t InputGradientBytes(const std::vector<int64_t>&) const override { return 0; }
   absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& ids) override {
     MW_ASSIGN_OR_RETURN(std::vector<int64_t> shape, OutputShape(ids.shape()));
     MW_ASSIGN_OR_RETURN(Tensor out, ctx.Activation(shape));
@@ -134,7 +136,21 @@ class TransformerBlock final : public Layer {
   double ForwardFlops(const std::vector<int64_t>& in) const override {
     const double rows = in[0], h = c_.hidden;
     // QKV, projection, MLP (2 x 4h^2) matmuls, and scores + values.
-    return 2.0 * rows * (3 * h * h + h * h + 8 * h * h) + 4.0 * rows * c_.seq * h;
+    return 2.0 * rows * (3 * h * h + h * h + 8 * h * h) + AttentionCoreFlops(rows);
+  }
+  // Selective mode keeps neither the softmax nor the attention output (the
+  // "attention core" of Korthikanti et al.) and recomputes both from the
+  // kept qkv at the start of backward.
+  absl::optional<SelectiveProfile> Selective(const std::vector<int64_t>& in,
+                                             DType dtype) const override {
+    const int64_t rows = in[0], batch = rows / c_.seq;
+    const int64_t core = static_cast<int64_t>(DTypeSize(dtype)) *
+                         (rows * c_.hidden + batch * c_.heads * c_.seq * c_.seq);
+    SelectiveProfile p;
+    p.saved_bytes = ActivationBytes(in, dtype) - core;
+    p.recomputed_bytes = core;
+    p.extra_flops = AttentionCoreFlops(double(rows));
+    return p;
   }
 
   absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& x) override {
@@ -142,12 +158,14 @@ class TransformerBlock final : public Layer {
     const int64_t rows = x.shape()[0], h = c_.hidden, batch = rows / c_.seq;
     std::vector<Tensor>& s = ctx.saved();
     s.clear();
-    // Allocation order matches Saved below; the statistics stay f32.
-    const DType act = ctx.activation_dtype(), f32 = DType::kF32;
-    for (const auto& [shape, dtype] : std::vector<std::pair<std::vector<int64_t>, DType>>{
-             {{rows, h}, act}, {{rows, 2}, f32}, {{rows, 3 * h}, act}, {{rows, h}, act},
-             {{rows, h}, act}, {{rows, h}, act}, {{rows, 2}, f32}, {{rows, 4 * h}, act},
-             {{rows, 4 * h}, act}, {{batch, c_.heads, c_.seq, c_.seq}, act}}) {
+    // Allocation order matches Saved below; the statistics stay f32. In
+    // selective mode the attention core is not kept (empty placeholders).
+    for (const auto& [shape, dtype] : SavedShapes(rows, ctx.activation_dtype())) {
+      const int i = static_cast<int>(s.size());
+      if (ctx.selective() && (i == kAttn || i == kProbs)) {
+        s.emplace_back();
+        continue;
+      }
       MW_ASSIGN_OR_RETURN(Tensor t, ctx.Activation(shape, dtype));
       s.push_back(std::move(t));
     }
@@ -165,10 +183,24 @@ class TransformerBlock final : public Layer {
         kernels::LayerNormForward(d, st, in, p.ln1_w, p.ln1_b, rows, h, ln1, F(s[kStats1])));
     MW_RETURN_IF_ERROR(Affine(ctx, ln1, p.qkv_w, p.qkv_b, rows, h, 3 * h, qkv));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kLn1]));
-    MW_ASSIGN_OR_RETURN(float* probs, ctx.Stage(s[kProbs]));
-    MW_ASSIGN_OR_RETURN(float* att, ctx.Stage(s[kAttn]));
-    MW_RETURN_IF_ERROR(Attention(ctx, qkv, batch, probs, att));
+    // Attention reads qkv as stored (rounded to the activation dtype), as a
+    // recomputation in backward will: both give the same bits.
     MW_RETURN_IF_ERROR(ctx.Commit(s[kQkv]));
+    MW_ASSIGN_OR_RETURN(const float* qkv_kept, ctx.Read(s[kQkv]));
+    // In selective mode the softmax and attention output live in workspace
+    // for this forward only.
+    Tensor probs_ws, att_ws;
+    float *probs, *att;
+    if (ctx.selective()) {
+      MW_ASSIGN_OR_RETURN(probs_ws, ctx.Workspace({batch, c_.heads, c_.seq, c_.seq}));
+      MW_ASSIGN_OR_RETURN(att_ws, ctx.Workspace({rows, h}));
+      probs = F(probs_ws);
+      att = F(att_ws);
+    } else {
+      MW_ASSIGN_OR_RETURN(probs, ctx.Stage(s[kProbs]));
+      MW_ASSIGN_OR_RETURN(att, ctx.Stage(s[kAttn]));
+    }
+    MW_RETURN_IF_ERROR(Attention(ctx, qkv_kept, batch, probs, att));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kProbs]));
     MW_ASSIGN_OR_RETURN(float* x1, ctx.Stage(s[kResidual]));
     MW_RETURN_IF_ERROR(Affine(ctx, att, p.proj_w, p.proj_b, rows, h, h, x1));
@@ -201,6 +233,7 @@ class TransformerBlock final : public Layer {
     G g{};
     MW_RETURN_IF_ERROR(LoadGrads(ctx, g));
     std::vector<Tensor>& s = ctx.saved();
+    if (ctx.selective()) MW_RETURN_IF_ERROR(RecomputeAttentionCore(ctx, rows));
     Device& d = ctx.device();
     Stream& st = ctx.stream();
     const float* dy = F(grad_output);
@@ -245,6 +278,31 @@ class TransformerBlock final : public Layer {
 
  private:
   enum Saved { kLn1, kStats1, kQkv, kAttn, kResidual, kLn2, kStats2, kFc, kGelu, kProbs };
+  // The shapes and dtypes of Saved, in order.
+  std::vector<std::pair<std::vector<int64_t>, DType>> SavedShapes(int64_t rows, DType act) const {
+    const int64_t h = c_.hidden, batch = rows / c_.seq;
+    const DType f32 = DType::kF32;
+    return {{{rows, h}, act},     {{rows, 2}, f32},     {{rows, 3 * h}, act}, {{rows, h}, act},
+            {{rows, h}, act},     {{rows, h}, act},     {{rows, 2}, f32},     {{rows, 4 * h}, act},
+            {{rows, 4 * h}, act}, {{batch, c_.heads, c_.seq, c_.seq}, act}};
+  }
+  // Scores and values: 2 s^2 d FLOPs each per sequence and head.
+  double AttentionCoreFlops(double rows) const { return 4.0 * rows * c_.seq * c_.hidden; }
+
+  // Selective mode, start of backward: the softmax and the attention output
+  // again, from the kept qkv, stored as forward would have stored them.
+  absl::Status RecomputeAttentionCore(LayerContext& ctx, int64_t rows) {
+    std::vector<Tensor>& s = ctx.saved();
+    const auto shapes = SavedShapes(rows, ctx.activation_dtype());
+    MW_ASSIGN_OR_RETURN(s[kAttn], ctx.Activation(shapes[kAttn].first));
+    MW_ASSIGN_OR_RETURN(s[kProbs], ctx.Activation(shapes[kProbs].first));
+    MW_ASSIGN_OR_RETURN(const float* qkv, ctx.Read(s[kQkv]));
+    MW_ASSIGN_OR_RETURN(float* att, ctx.Stage(s[kAttn]));
+    MW_ASSIGN_OR_RETURN(float* probs, ctx.Stage(s[kProbs]));
+    MW_RETURN_IF_ERROR(Attention(ctx, qkv, rows / c_.seq, probs, att));
+    MW_RETURN_IF_ERROR(ctx.Commit(s[kAttn]));
+    return ctx.Commit(s[kProbs]);
+  }
   struct P {
     const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b,
         *mlp_w, *mlp_b;

@@ -1,0 +1,107 @@
+// Activation recomputation: the chain a planner sees, the plans it returns,
+// and the exact memory model both share.
+//
+// A model is a chain of n layers. Layer l keeps, from its forward to its
+// backward, `saved` bytes plus its `output` (which the next layer reads);
+// its backward allocates an input gradient of `grad_input` bytes that lives
+// until the previous layer's backward has run. A plan cuts the chain into
+// segments, each in one mode:
+//   keep       the segment's layers keep everything (no recomputation);
+//   recompute  forward keeps only the segment's last output (the input of
+//              the next segment: a checkpoint); each layer's saved bytes and
+//              the outputs inside the segment are freed as soon as the next
+//              layer has read them. Backward, on reaching the segment, frees
+//              that checkpoint and runs the segment's forward again from its
+//              input (the previous segment's last output), keeping
+//              everything, then runs its backwards: one extra forward;
+//   selective  one layer that offers it (Layer::Selective) keeps less and
+//              recomputes the rest at the start of its backward.
+// PredictPeak() replays the engine's allocation order (engine/trainer.cc)
+// over these byte counts, so the peak it predicts is the activation peak the
+// allocator records for a real step, to the byte (a test checks it).
+#ifndef MEMWALL_CHECKPOINTING_PLAN_H_
+#define MEMWALL_CHECKPOINTING_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace memwall {
+
+struct ChainLayer {
+  std::string name;
+  int64_t output = 0;       // bytes of its output (kept until its backward)
+  int64_t saved = 0;        // bytes it keeps besides its output
+  int64_t grad_input = 0;   // bytes of the input gradient its backward allocates
+  double forward_flops = 0;
+  // Selective mode, when the layer offers it: bytes kept besides the output,
+  // bytes allocated again at the start of backward, and their FLOPs.
+  bool has_selective = false;
+  int64_t selective_saved = 0;
+  int64_t selective_recomputed = 0;
+  double selective_flops = 0;
+};
+
+struct Chain {
+  std::vector<ChainLayer> layers;
+  // The loss's gradient of the last output, allocated after forward.
+  int64_t loss_grad = 0;
+};
+
+enum class SegmentMode { kKeep, kRecompute, kSelective };
+
+// "keep", "recompute", "selective".
+const char* SegmentModeName(SegmentMode mode);
+
+struct Segment {
+  int begin = 0;  // first layer
+  int end = 0;    // one past the last layer
+  SegmentMode mode = SegmentMode::kKeep;
+};
+
+struct Plan {
+  std::string planner;  // which planner made it ("none", "sqrt", ...)
+  std::vector<Segment> segments;  // in order, covering every layer once
+  int64_t predicted_peak = 0;     // activation bytes, see PredictPeak
+  double extra_flops = 0;         // recomputation's forward FLOPs
+};
+
+// A plan's segment per layer: the plan for the engine, by layer index.
+// kInvalidArgument unless the segments are non-empty, in order, cover
+// [0, n) exactly, and selective segments are single layers that offer it.
+absl::Status ValidatePlan(const Chain& chain, const Plan& plan);
+
+// What one segment contributes to the memory timeline, relative to the
+// bytes `held` before it (by earlier segments) — see the file comment:
+//   forward_peak: the most its forward holds at once;
+//   held: what it keeps once its forward is done;
+//   backward_peak: the most held during its backward (recomputation
+//     included), counting the gradient of its last output flowing in.
+// The step's activation peak is the largest of held-before + forward_peak
+// and held-before + backward_peak over the segments, and of all held + the
+// loss gradient.
+struct SegmentTerms {
+  int64_t forward_peak = 0;
+  int64_t held = 0;
+  int64_t backward_peak = 0;
+  double extra_flops = 0;
+};
+SegmentTerms TermsOf(const Chain& chain, const Segment& segment);
+
+// The activation peak of one training micro-batch under `plan` (which
+// must be valid), and its extra FLOPs.
+struct Prediction {
+  int64_t peak = 0;
+  double extra_flops = 0;
+};
+Prediction PredictPeak(const Chain& chain, const Plan& plan);
+
+// "none: 12 layers kept; peak 1.50 MiB" style one-liners, and the segment
+// list ("[0,4) recompute, [4,5) keep, ...").
+std::string PlanSummary(const Chain& chain, const Plan& plan);
+
+}  // namespace memwall
+
+#endif  // MEMWALL_CHECKPOINTING_PLAN_H_

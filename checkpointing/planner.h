@@ -1,0 +1,63 @@
+// Recomputation planners (checkpointing/plan.h for the plans and the memory
+// model). All return a valid Plan with its predicted activation peak and
+// extra forward FLOPs:
+//   none          keep everything;
+//   full          recompute every layer from its input (Megatron's "full");
+//   uniform:K     segments of K layers, each recomputed from its input;
+//   sqrt          uniform with K = ceil(sqrt(n)) (Chen et al. 2016: about
+//                 sqrt(n) checkpoints, one extra forward);
+//   selective     selective mode on every layer that offers it (Korthikanti
+//                 et al. 2022), the others kept;
+//   optimal       the least extra FLOPs whose predicted peak fits a budget,
+//                 by dynamic programming over the chain (Beaumont et al.,
+//                 "Optimal checkpointing for heterogeneous chains"), over
+//                 every plan of plan.h's form: segments recomputed once
+//                 from a kept input, kept layers, and (unless disabled)
+//                 selective layers mixed in.
+#ifndef MEMWALL_CHECKPOINTING_PLANNER_H_
+#define MEMWALL_CHECKPOINTING_PLANNER_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "checkpointing/plan.h"
+
+namespace memwall {
+
+struct PlannerOptions {
+  // The activation budget in bytes; 0 = none. `optimal` needs one; the
+  // other planners report kResourceExhausted when their plan exceeds it.
+  int64_t budget = 0;
+  // optimal: whether it may use selective mode.
+  bool allow_selective = true;
+  // optimal: the budget is discretised into this many steps (bytes held
+  // are rounded up to budget / resolution, so plans stay within budget);
+  // 0 solves exactly (fine for short chains: the search is over exact
+  // byte counts).
+  int resolution = 4096;
+};
+
+Plan NoRecomputation(const Chain& chain);
+Plan FullRecomputation(const Chain& chain);
+// REQUIRES: k >= 1.
+Plan UniformRecomputation(const Chain& chain, int k);
+Plan SqrtRecomputation(const Chain& chain);
+Plan SelectiveRecomputation(const Chain& chain);
+
+// Errors: kInvalidArgument for a budget <= 0; kResourceExhausted when no
+// plan fits, naming the smallest budget that does.
+absl::StatusOr<Plan> OptimalRecomputation(const Chain& chain, const PlannerOptions& options);
+
+// The plan with the smallest activation peak (ties: least extra FLOPs),
+// found by the same dynamic programming with the peak as its objective.
+Plan MinimumPeakPlan(const Chain& chain, const PlannerOptions& options);
+
+// A planner by name: "none", "full", "uniform:K", "sqrt", "selective",
+// "optimal". kInvalidArgument names an unknown planner or a bad K.
+absl::StatusOr<Plan> MakePlan(const Chain& chain, absl::string_view planner,
+                              const PlannerOptions& options);
+
+}  // namespace memwall
+
+#endif  // MEMWALL_CHECKPOINTING_PLANNER_H_

@@ -1,0 +1,202 @@
+// The recomputation planners on synthetic chains: `optimal` against an
+// exhaustive search over every plan, the fixed planners' shapes, and the
+// errors for budgets no plan meets.
+#include "checkpointing/planner.h"
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "runtime/units.h"
+
+namespace memwall {
+namespace {
+
+// A heterogeneous chain: sizes and costs vary by a factor of about 10, some
+// layers offer selective mode, some have no input gradient.
+Chain RandomChain(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int64_t> bytes(100, 1000);
+  std::uniform_int_distribution<int> flops(1, 20);
+  Chain c;
+  for (int l = 0; l < n; ++l) {
+    ChainLayer layer;
+    layer.name = "l" + std::to_string(l);
+    layer.output = bytes(rng);
+    layer.saved = 3 * bytes(rng);
+    layer.grad_input = l == 0 ? 0 : bytes(rng);
+    layer.forward_flops = flops(rng);
+    if (rng() % 3 == 0) {
+      layer.has_selective = true;
+      layer.selective_recomputed = layer.saved / 2 + rng() % 100;
+      layer.selective_saved = layer.saved - layer.selective_recomputed;
+      layer.selective_flops = std::max(1, flops(rng) / 4);
+    }
+    c.layers.push_back(layer);
+  }
+  c.loss_grad = bytes(rng);
+  return c;
+}
+
+// Every plan of plan.h's form, by brute force: the least extra FLOPs whose
+// peak fits, or -1.
+double Exhaustive(const Chain& chain, int64_t budget, int64_t* min_peak) {
+  const int n = static_cast<int>(chain.layers.size());
+  double best = -1;
+  *min_peak = INT64_MAX;
+  Plan plan;
+  std::function<void(int)> walk = [&](int i) {
+    if (i == n) {
+      const Prediction p = PredictPeak(chain, plan);
+      *min_peak = std::min(*min_peak, p.peak);
+      if (p.peak <= budget && (best < 0 || p.extra_flops < best)) best = p.extra_flops;
+      return;
+    }
+    auto take = [&](Segment s) {
+      plan.segments.push_back(s);
+      walk(s.end);
+      plan.segments.pop_back();
+    };
+    take({i, i + 1, SegmentMode::kKeep});
+    if (chain.layers[i].has_selective) take({i, i + 1, SegmentMode::kSelective});
+    for (int j = i + 1; j <= n; ++j) take({i, j, SegmentMode::kRecompute});
+  };
+  walk(0);
+  return best;
+}
+
+TEST_CASE("optimal equals exhaustive search on random heterogeneous chains", "[planner]") {
+  PlannerOptions exact;
+  exact.resolution = 0;
+  int checked = 0, infeasible = 0;
+  for (uint32_t seed = 1; seed <= 60; ++seed) {
+    const int n = 3 + seed % 8;  // 3..10 layers
+    const Chain chain = RandomChain(n, seed);
+    const int64_t none = NoRecomputation(chain).predicted_peak;
+    int64_t min_peak = 0;
+    Exhaustive(chain, 0, &min_peak);
+    CHECK(MinimumPeakPlan(chain, exact).predicted_peak == min_peak);
+    for (int step = 0; step <= 4; ++step) {
+      // Budgets from just below the least peak to everything kept.
+      const int64_t budget = min_peak - 1 + (none - min_peak + 1) * step / 4;
+      exact.budget = budget;
+      INFO("seed " << seed << ", n " << n << ", budget " << budget);
+      int64_t ignored = 0;
+      const double want = Exhaustive(chain, budget, &ignored);
+      const absl::StatusOr<Plan> got = OptimalRecomputation(chain, exact);
+      if (want < 0) {
+        CHECK(got.status().code() == absl::StatusCode::kResourceExhausted);
+        ++infeasible;
+        continue;
+      }
+      REQUIRE(got.ok());
+      CHECK(got->extra_flops == want);
+      CHECK(got->predicted_peak <= budget);
+      CHECK(ValidatePlan(chain, *got).ok());
+      ++checked;
+    }
+  }
+  CHECK(checked >= 200);
+  CHECK(infeasible >= 60);  // the budget just below the least peak, every seed
+}
+
+TEST_CASE("the discretised optimal stays within budget and near the exact one", "[planner]") {
+  for (uint32_t seed = 100; seed < 120; ++seed) {
+    const Chain chain = RandomChain(10, seed);
+    PlannerOptions exact, coarse;
+    exact.resolution = 0;
+    coarse.resolution = 64;
+    const int64_t none = NoRecomputation(chain).predicted_peak;
+    exact.budget = coarse.budget = none * 3 / 4;
+    const auto a = OptimalRecomputation(chain, exact);
+    const auto b = OptimalRecomputation(chain, coarse);
+    if (!a.ok()) continue;
+    REQUIRE(b.ok());
+    CHECK(b->predicted_peak <= coarse.budget);
+    CHECK(b->extra_flops >= a->extra_flops);
+  }
+}
+
+TEST_CASE("optimal is never worse than full, uniform or sqrt at their own peaks", "[planner]") {
+  for (uint32_t seed = 200; seed < 230; ++seed) {
+    const Chain chain = RandomChain(24, seed);
+    for (const Plan& fixed :
+         {FullRecomputation(chain), SqrtRecomputation(chain), UniformRecomputation(chain, 3),
+          UniformRecomputation(chain, 6), SelectiveRecomputation(chain)}) {
+      PlannerOptions o;
+      o.budget = fixed.predicted_peak;
+      const absl::StatusOr<Plan> best = OptimalRecomputation(chain, o);
+      REQUIRE(best.ok());
+      INFO(fixed.planner);
+      CHECK(best->extra_flops <= fixed.extra_flops);
+      CHECK(best->predicted_peak <= fixed.predicted_peak);
+    }
+  }
+}
+
+TEST_CASE("the fixed planners cut the chain as documented", "[planner]") {
+  const Chain chain = RandomChain(10, 7);
+  const Plan none = NoRecomputation(chain), full = FullRecomputation(chain),
+             sqrt = SqrtRecomputation(chain), uniform = UniformRecomputation(chain, 4),
+             selective = SelectiveRecomputation(chain);
+  CHECK(none.extra_flops == 0);
+  CHECK(none.segments.size() == 10);
+  double forward = 0;
+  for (const ChainLayer& l : chain.layers) forward += l.forward_flops;
+  CHECK(full.extra_flops == forward);  // one extra forward
+  CHECK(sqrt.extra_flops == forward);
+  REQUIRE(sqrt.segments.size() == 3);  // ceil(sqrt(10)) = 4 layers per segment
+  CHECK(sqrt.segments[2].begin == 8);
+  CHECK(sqrt.segments[2].end == 10);
+  CHECK(uniform.segments.size() == 3);
+  CHECK(sqrt.predicted_peak < none.predicted_peak);
+  CHECK(full.predicted_peak < none.predicted_peak);
+  for (const Segment& s : selective.segments) {
+    CHECK(s.mode == (chain.layers[s.begin].has_selective ? SegmentMode::kSelective
+                                                          : SegmentMode::kKeep));
+  }
+  // Keeping everything: the peak is all of forward plus the loss gradient,
+  // or a backward moment above it.
+  int64_t all = chain.loss_grad;
+  for (const ChainLayer& l : chain.layers) all += l.saved + l.output;
+  CHECK(none.predicted_peak >= all);
+}
+
+TEST_CASE("budgets no plan meets name the smallest feasible one", "[planner][errors]") {
+  const Chain chain = RandomChain(8, 3);
+  PlannerOptions o;
+  o.resolution = 0;
+  const int64_t least = MinimumPeakPlan(chain, o).predicted_peak;
+  o.budget = least;
+  CHECK(OptimalRecomputation(chain, o).ok());
+  o.budget = least - 1;
+  const absl::Status too_small = OptimalRecomputation(chain, o).status();
+  CHECK(too_small.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(too_small.message()),
+             Catch::StartsWith("recomputation plan 'optimal': no plan fits the activation budget"));
+  CHECK_THAT(std::string(too_small.message()),
+             Catch::EndsWith("the smallest feasible budget is " + FormatBytes(least) + " (" +
+                             std::to_string(least) + " bytes)"));
+
+  o.budget = NoRecomputation(chain).predicted_peak - 1;
+  const absl::Status none = MakePlan(chain, "none", o).status();
+  CHECK(none.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(none.message()), Catch::StartsWith("recomputation plan 'none': its activation peak"));
+
+  o.budget = 0;
+  CHECK(OptimalRecomputation(chain, o).status().message() ==
+        "recomputation plan 'optimal': needs an activation budget > 0 bytes, got 0");
+  CHECK(MakePlan(chain, "uniform:0", o).status().message() ==
+        "recomputation planner 'uniform:0': expected uniform:K with K >= 1 layers");
+  CHECK(MakePlan(chain, "rotor", o).status().message() ==
+        "recomputation planner 'rotor': expected none, full, uniform:K, sqrt, selective or optimal");
+  Plan bad = NoRecomputation(chain);
+  bad.segments.pop_back();
+  CHECK(ValidatePlan(chain, bad).message() == "plan 'none': covers layers 0..6 of 0..7");
+}
+
+}  // namespace
+}  // namespace memwall
