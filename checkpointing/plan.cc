@@ -120,10 +120,21 @@ Prediction PredictPeak(const Chain& chain, const Plan& plan) {
 
 std::string PlanSummary(const Chain& chain, const Plan& plan) {
   int counts[3] = {0, 0, 0};
+  for (const Segment& s : plan.segments) counts[static_cast<int>(s.mode)] += s.end - s.begin;
+  // Runs of single-layer segments in one mode print as one range.
   std::vector<std::string> parts;
-  for (const Segment& s : plan.segments) {
-    counts[static_cast<int>(s.mode)] += s.end - s.begin;
-    parts.push_back(absl::StrCat("[", s.begin, ",", s.end, ") ", SegmentModeName(s.mode)));
+  for (size_t k = 0; k < plan.segments.size();) {
+    const Segment& s = plan.segments[k];
+    size_t run = k + 1;
+    while (s.end - s.begin == 1 && run < plan.segments.size() &&
+           plan.segments[run].mode == s.mode &&
+           plan.segments[run].end - plan.segments[run].begin == 1) {
+      ++run;
+    }
+    const int end = plan.segments[run - 1].end;
+    parts.push_back(absl::StrCat("[", s.begin, ",", end, ") ", SegmentModeName(s.mode),
+                                 run - k > 1 && s.mode != SegmentMode::kKeep ? " per layer" : ""));
+    k = run;
   }
   double forward = 0;
   for (const ChainLayer& l : chain.layers) forward += l.forward_flops;

@@ -62,6 +62,12 @@ usage:
       category, then a summary. Out of memory writes the memory reports of
       that moment to DIR/rank<k>/ (default memwall-oom). On 2 ranks:
         memwall launch --ranks 2 -- memwall train --steps 100
+      The config's activation_checkpointing.planner (none, full,
+      uniform:K, sqrt, selective, optimal; engine/config.h) picks which
+      activations are recomputed in backward; optimal fits the least
+      recomputation into budget_bytes, or into the device memory left by
+      the rest of a step (measured by a dry run on meta). The plan and its
+      predicted activation peak are printed.
       With --backend cuda each rank trains on a GPU (rank modulo the visible
       GPUs; cuBLAS and memwall's CUDA kernels) and the ranks reduce over
       NCCL; --device_memory caps the memwall allocator there. With --backend

@@ -81,6 +81,22 @@ absl::Status RunProfile(const ProfileOptions& options) {
       std::move(model.layers), std::move(model.loss), config, *device, *comm, /*seed=*/1);
   MW_RETURN_IF_ERROR(ReportOutOfMemory(trainer.status(), profiler, dir));
   (*trainer)->set_profiler(&profiler);
+  // The recomputation plan of the config; optimal's derived budget comes
+  // from a dry run of a fresh copy of the model.
+  MW_ASSIGN_OR_RETURN(
+      const Plan plan,
+      ApplyRecomputation(**trainer, config.activation_checkpointing, model.input,
+                         device->allocator().capacity(),
+                         [&]() -> absl::StatusOr<AllocatorStats> {
+                           MW_ASSIGN_OR_RETURN(Model copy, MakeModel(options, batch));
+                           return DryRunStep(std::move(copy.layers), std::move(copy.loss), config,
+                                             comm->rank(), comm->world_size(), copy.input,
+                                             copy.target);
+                         }));
+  if (plan.planner != "none" && comm->rank() == 0) {
+    MW_ASSIGN_OR_RETURN(const Chain chain, (*trainer)->ChainFor(model.input));
+    std::printf("activation recomputation: %s\n", PlanSummary(chain, plan).c_str());
+  }
   for (int64_t step = 0; step < options.steps; ++step) {
     std::vector<Batch> batches;
     for (int u = 0; u < config.gradient_accumulation_steps; ++u) {

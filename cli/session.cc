@@ -1,7 +1,10 @@
 #include "cli/session.h"
 
+#include "absl/strings/str_cat.h"
+#include "checkpointing/planner.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
+#include "runtime/units.h"
 
 #if MEMWALL_HAS_CUDA
 #include "runtime/cuda/nccl_communicator.h"
@@ -54,6 +57,67 @@ absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
   return absl::UnimplementedError(
       "--backend cuda: this build has no CUDA (it was built with --config=nocuda)");
 #endif
+}
+
+absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> layers,
+                                          std::unique_ptr<LossFunction> loss, const Config& config,
+                                          int rank, int world_size,
+                                          const std::vector<int64_t>& input,
+                                          const std::vector<int64_t>& target) {
+  // Room for any model: meta holds no bytes.
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> meta,
+                      CreateDevice({Backend::kMeta, 0, int64_t{1} << 60}));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedCommunicator> comm,
+                      SimulatedCommunicator::Create(rank, world_size));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(std::move(layers), std::move(loss), config, *meta, *comm,
+                                      /*seed=*/1));
+  MW_ASSIGN_OR_RETURN(Chain chain, trainer->ChainFor(input));
+  MW_RETURN_IF_ERROR(trainer->SetRecomputationPlan(FullRecomputation(chain), chain));
+  std::vector<Batch> batches;
+  for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
+    Batch b;
+    MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(*meta, DType::kF32, input, MemoryCategory::kOther,
+                                               "data.input"));
+    MW_ASSIGN_OR_RETURN(b.target, Tensor::Empty(*meta, DType::kF32, target,
+                                                MemoryCategory::kOther, "data.target"));
+    batches.push_back(std::move(b));
+  }
+  MW_RETURN_IF_ERROR(trainer->TrainStep(batches).status());
+  return meta->allocator().stats();
+}
+
+absl::StatusOr<Plan> ApplyRecomputation(
+    Trainer& trainer, const RecomputeConfig& config, const std::vector<int64_t>& input,
+    int64_t capacity, const std::function<absl::StatusOr<AllocatorStats>()>& dry_run) {
+  MW_ASSIGN_OR_RETURN(Chain chain, trainer.ChainFor(input));
+  std::string planner = config.planner;
+  if (config.number_checkpoints > 0) {
+    const int64_t n = static_cast<int64_t>(chain.layers.size());
+    planner = absl::StrCat("uniform:", (n + config.number_checkpoints - 1) / config.number_checkpoints);
+  }
+  PlannerOptions options;
+  options.budget = config.budget_bytes;
+  options.resolution = config.resolution;
+  options.allow_selective = config.selective;
+  if (planner == "optimal" && options.budget == 0) {
+    MW_ASSIGN_OR_RETURN(const AllocatorStats stats, dry_run());
+    int64_t rest = 0;
+    for (MemoryCategory c : kAllMemoryCategories) {
+      if (c == MemoryCategory::kActivation || c == MemoryCategory::kCheckpointedActivation) continue;
+      rest += stats.by_category[static_cast<int>(c)].peak;
+    }
+    options.budget = capacity - capacity / 20 - rest;
+    if (options.budget <= 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "activation_checkpointing: no room for activations: the device holds ",
+          FormatBytes(capacity), " and the rest of a step needs ", FormatBytes(rest),
+          " plus a 5% margin"));
+    }
+  }
+  MW_ASSIGN_OR_RETURN(Plan plan, MakePlan(chain, planner, options));
+  MW_RETURN_IF_ERROR(trainer.SetRecomputationPlan(plan, chain));
+  return plan;
 }
 
 }  // namespace memwall

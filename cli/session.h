@@ -3,11 +3,15 @@
 #ifndef MEMWALL_CLI_SESSION_H_
 #define MEMWALL_CLI_SESSION_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "checkpointing/plan.h"
 #include "engine/config.h"
+#include "engine/layer.h"
+#include "engine/trainer.h"
 #include "runtime/communicator.h"
 #include "runtime/device.h"
 #include "runtime/mpi_communicator.h"
@@ -36,6 +40,26 @@ absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks);
 // the ranks then communicate over NCCL; on host and meta, device `rank`.
 absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
                                                   int64_t capacity_bytes);
+
+// One training step of `layers` on a meta device playing rank `rank` of
+// `world_size`, every layer recomputed (the least activation memory a
+// fixed plan gives), micro-batches of shapes `input` and `target`: the
+// allocator's books afterwards.
+absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> layers,
+                                          std::unique_ptr<LossFunction> loss, const Config& config,
+                                          int rank, int world_size,
+                                          const std::vector<int64_t>& input,
+                                          const std::vector<int64_t>& target);
+
+// Sets `trainer`'s recomputation plan from config.activation_checkpointing
+// for micro-batches whose first input has shape `input`, and returns it.
+// For `optimal` without budget_bytes the budget is the device's `capacity`
+// less what the rest of a step holds (each category but activations at its
+// own peak in `dry_run`'s books, so never less than at any one moment),
+// less 5% for the caching allocator's rounding and fragmentation.
+absl::StatusOr<Plan> ApplyRecomputation(
+    Trainer& trainer, const RecomputeConfig& config, const std::vector<int64_t>& input,
+    int64_t capacity, const std::function<absl::StatusOr<AllocatorStats>()>& dry_run);
 
 }  // namespace memwall
 

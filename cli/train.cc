@@ -62,12 +62,24 @@ absl::Status RunTrain(const TrainOptions& options) {
   MW_RETURN_IF_ERROR(ReportOutOfMemory(created.status(), profiler, oom_dir));
   std::unique_ptr<Trainer> trainer = std::move(created).value();
   trainer->set_profiler(&profiler);
+  const int64_t micro = config.train_micro_batch_size_per_gpu;
+  const std::vector<int64_t> input = {micro, gpt.seq}, target = {micro * gpt.seq};
+  MW_ASSIGN_OR_RETURN(
+      const Plan plan,
+      ApplyRecomputation(*trainer, config.activation_checkpointing, input,
+                         device->allocator().capacity(),
+                         [&]() -> absl::StatusOr<AllocatorStats> {
+                           MW_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Layer>> copy,
+                                               MakeGpt(gpt));
+                           return DryRunStep(std::move(copy),
+                                             std::make_unique<CrossEntropyLoss>(), config, rank,
+                                             ranks, input, target);
+                         }));
   ByteCorpus corpus = ByteCorpus::Synthetic(1 << 20, /*seed=*/1234);
   if (!options.data_path.empty()) {
     MW_ASSIGN_OR_RETURN(corpus, ByteCorpus::FromFile(options.data_path, gpt.seq + 1));
   }
 
-  const int64_t micro = config.train_micro_batch_size_per_gpu;
   const int accumulation = config.gradient_accumulation_steps;
   const int64_t tokens_per_step = micro * accumulation * gpt.seq * ranks;
   const bool computes = device->holds_bytes();
@@ -84,6 +96,10 @@ absl::Status RunTrain(const TrainOptions& options) {
                 static_cast<long long>(corpus.size()), static_cast<long long>(tokens_per_step),
                 static_cast<long long>(micro), accumulation, static_cast<long long>(gpt.seq),
                 ranks);
+    if (plan.planner != "none") {
+      MW_ASSIGN_OR_RETURN(const Chain chain, trainer->ChainFor(input));
+      std::printf("activation recomputation: %s\n", PlanSummary(chain, plan).c_str());
+    }
     std::fflush(stdout);
   }
 

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
@@ -193,6 +195,51 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
   return r.Finish();
 }
 
+absl::Status ReadRecompute(const Json& value, RecomputeConfig& out) {
+  MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(value, "activation_checkpointing"));
+  if (const Json* v = r.Find("planner")) {
+    const std::string expected =
+        "one of \"none\", \"full\", \"uniform:K\" (K >= 1), \"sqrt\", \"selective\", "
+        "\"optimal\"";
+    if (!v->is_string()) return r.Error("planner", expected, *v);
+    const std::string name = v->get<std::string>();
+    int k = 0;
+    const bool uniform = absl::StartsWith(name, "uniform:") &&
+                         absl::SimpleAtoi(absl::string_view(name).substr(8), &k) && k >= 1;
+    if (!uniform && name != "none" && name != "full" && name != "sqrt" && name != "selective" &&
+        name != "optimal") {
+      return r.Error("planner", expected, *v);
+    }
+    out.planner = name;
+  }
+  MW_RETURN_IF_ERROR(r.Int("budget_bytes", 0, INT64_MAX, out.budget_bytes));
+  MW_RETURN_IF_ERROR(r.Int32("resolution", 0, 1000000, out.resolution));
+  MW_RETURN_IF_ERROR(r.Bool("selective", out.selective));
+  MW_RETURN_IF_ERROR(r.Int("number_checkpoints", 1, INT64_MAX, out.number_checkpoints));
+  if (out.number_checkpoints > 0 && r.Find("planner") != nullptr) {
+    return absl::InvalidArgumentError(
+        "activation_checkpointing.number_checkpoints: expected no planner with it (it asks for "
+        "uniform segments), got planner \"" + out.planner + "\"");
+  }
+  bool partition = false, cpu = false, ignored = false;
+  MW_RETURN_IF_ERROR(r.Bool("partition_activations", partition));
+  if (partition) {
+    return r.Error("partition_activations",
+                   "false (memwall has no tensor parallelism to partition activations across)",
+                   true);
+  }
+  MW_RETURN_IF_ERROR(r.Bool("cpu_checkpointing", cpu));
+  if (cpu) {
+    return r.Error("cpu_checkpointing", "false (activation offload to host is not built yet)",
+                   true);
+  }
+  for (const char* key : {"contiguous_memory_optimization", "synchronize_checkpoint_boundary",
+                          "profile"}) {
+    MW_RETURN_IF_ERROR(r.Bool(key, ignored));
+  }
+  return r.Finish();
+}
+
 }  // namespace
 
 absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
@@ -221,6 +268,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
     MW_RETURN_IF_ERROR(b.Finish());
   }
   if (const Json* v = r.Find("zero_optimization")) MW_RETURN_IF_ERROR(ReadZero(*v, config.zero));
+  if (const Json* v = r.Find("activation_checkpointing")) {
+    MW_RETURN_IF_ERROR(ReadRecompute(*v, config.activation_checkpointing));
+  }
   MW_RETURN_IF_ERROR(r.Finish());
   if (config.fp16 && config.bf16) {
     return absl::InvalidArgumentError(

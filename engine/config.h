@@ -26,6 +26,26 @@
 //   zero_optimization.overlap_comm            bool: collectives overlap compute (false)
 //   zero_optimization.stage3_prefetch_bucket_size  elements prefetched ahead (5e7)
 //   zero_optimization.stage3_max_live_parameters   elements gathered at most (1e9)
+//   activation_checkpointing.planner  "none" | "full" | "uniform:K" | "sqrt" |
+//                                     "selective" | "optimal"      ("none")
+//                                     (checkpointing/planner.h)
+//   activation_checkpointing.budget_bytes   int >= 0; optimal's activation
+//                                     budget, 0 = the device capacity less
+//                                     the rest of a step (cli/session.h) (0)
+//   activation_checkpointing.resolution     int 0..1000000: optimal's budget
+//                                     steps, 0 = exact               (4096)
+//   activation_checkpointing.selective      bool: optimal may mix in
+//                                     selective layers               (true)
+//   activation_checkpointing.number_checkpoints  int >= 1 (DeepSpeed): with
+//                                     no planner, uniform segments, this many
+//   activation_checkpointing.partition_activations  false only (memwall has
+//                                     no tensor parallelism)
+//   activation_checkpointing.cpu_checkpointing      false only (activation
+//                                     offload is not built yet)
+//   activation_checkpointing.contiguous_memory_optimization,
+//   activation_checkpointing.synchronize_checkpoint_boundary,
+//   activation_checkpointing.profile  bool, accepted for DeepSpeed configs;
+//                                     no effect in memwall
 // Sizes in elements accept JSON numbers such as 5e8 if they are whole.
 // As in DeepSpeed, "Adam" applies decoupled weight decay (AdamW) unless
 // adam_w_mode is false; fp16 and bf16 cannot both be enabled.
@@ -42,10 +62,20 @@
 
 namespace memwall {
 
+// activation_checkpointing: which recomputation plan to train with.
+struct RecomputeConfig {
+  std::string planner = "none";
+  int64_t budget_bytes = 0;
+  int resolution = 4096;
+  bool selective = true;
+  int64_t number_checkpoints = 0;  // 0: not given
+};
+
 // The engine's configuration: the sharding options (sharding/options.h,
 // which the JSON keys above fill) plus the engine's own keys.
 struct Config : ShardingOptions {
   int64_t train_micro_batch_size_per_gpu = 1;
+  RecomputeConfig activation_checkpointing;
 };
 
 // Parses a config from JSON text. Errors are kInvalidArgument and name the

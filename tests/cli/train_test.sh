@@ -68,6 +68,25 @@ else
   failed=$((failed + 1))
 fi
 
+# The same model and memory with the optimal recomputation planner: the
+# micro-batch of 8 now fits, and the plan is printed.
+cat > "$tmp/optimal.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
+ "zero_optimization": {"stage": 3, "reduce_bucket_size": 50000000},
+ "activation_checkpointing": {"planner": "optimal"}}
+JSON
+out=$("$memwall" train --backend meta --model gpt2-1.5b --simulate-ranks 64 --device-memory 32GiB \
+      --steps 1 --config "$tmp/optimal.json" 2>&1)
+check "optimal recomputation fits" "$out" "activation recomputation: optimal:" \
+  "summary: 1 steps (0 skipped)"
+
+# Recomputation on 2 real ranks: the loss still falls, the plan is printed.
+echo '{"train_micro_batch_size_per_gpu": 8, "activation_checkpointing": {"planner": "sqrt"}}' \
+  > "$tmp/sqrt.json"
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/sqrt.json" --steps 20 --log_every 20 2>&1)
+check "sqrt recomputation on 2 ranks" "$out" "activation recomputation: sqrt: 0 layers kept, 4 recomputed" \
+  "summary: 20 steps (0 skipped)"
+
 # `memwall profile` on 2 real ranks: per-rank reports and the spread.
 out=$("$mpirun_sh" 2 "$memwall" profile --backend host --model gpt-tiny --config "$tmp/zero3.json" \
       --out "$tmp/prof" 2>&1)

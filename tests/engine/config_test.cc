@@ -108,6 +108,49 @@ TEST_CASE("bad configs name the key path and what was expected", "[config]") {
   CHECK_THAT(Error("{\"fp16\": {"), Catch::StartsWith("config: not valid JSON: "));
 }
 
+TEST_CASE("activation_checkpointing: DeepSpeed's keys and memwall's planner", "[config]") {
+  auto config = ParseConfig(R"({"activation_checkpointing": {
+    "planner": "optimal", "budget_bytes": 8589934592, "resolution": 0, "selective": false,
+    "partition_activations": false, "cpu_checkpointing": false,
+    "contiguous_memory_optimization": true, "synchronize_checkpoint_boundary": false,
+    "profile": true}})");
+  REQUIRE(config.ok());
+  const RecomputeConfig& r = config->activation_checkpointing;
+  CHECK(r.planner == "optimal");
+  CHECK(r.budget_bytes == 8589934592);
+  CHECK(r.resolution == 0);
+  CHECK_FALSE(r.selective);
+  CHECK(r.number_checkpoints == 0);
+  auto defaults = ParseConfig("{}");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->activation_checkpointing.planner == "none");
+  CHECK(defaults->activation_checkpointing.resolution == 4096);
+  CHECK(defaults->activation_checkpointing.selective);
+  auto uniform = ParseConfig(R"({"activation_checkpointing": {"planner": "uniform:3"}})");
+  REQUIRE(uniform.ok());
+  CHECK(uniform->activation_checkpointing.planner == "uniform:3");
+  auto counted = ParseConfig(R"({"activation_checkpointing": {"number_checkpoints": 4}})");
+  REQUIRE(counted.ok());
+  CHECK(counted->activation_checkpointing.number_checkpoints == 4);
+
+  CHECK(Error(R"({"activation_checkpointing": {"planner": "uniform:0"}})") ==
+        "activation_checkpointing.planner: expected one of \"none\", \"full\", \"uniform:K\" "
+        "(K >= 1), \"sqrt\", \"selective\", \"optimal\", got \"uniform:0\"");
+  CHECK(Error(R"({"activation_checkpointing": {"budget_bytes": -1}})") ==
+        "activation_checkpointing.budget_bytes: expected an integer >= 0, got -1");
+  CHECK(Error(R"({"activation_checkpointing": {"cpu_checkpointing": true}})") ==
+        "activation_checkpointing.cpu_checkpointing: expected false (activation offload to host "
+        "is not built yet), got true");
+  CHECK(Error(R"({"activation_checkpointing": {"partition_activations": true}})") ==
+        "activation_checkpointing.partition_activations: expected false (memwall has no tensor "
+        "parallelism to partition activations across), got true");
+  CHECK(Error(R"({"activation_checkpointing": {"planner": "sqrt", "number_checkpoints": 2}})") ==
+        "activation_checkpointing.number_checkpoints: expected no planner with it (it asks for "
+        "uniform segments), got planner \"sqrt\"");
+  CHECK_THAT(Error(R"({"activation_checkpointing": {"checkpoint_in_cpu": true}})"),
+             Catch::StartsWith("activation_checkpointing.checkpoint_in_cpu: unknown key"));
+}
+
 TEST_CASE("config files: errors name the file", "[config]") {
   const char* dir = std::getenv("TEST_TMPDIR");
   const std::string path = std::string(dir ? dir : "/tmp") + "/memwall_config_test.json";
