@@ -54,11 +54,14 @@ std::vector<std::vector<Option>> Options(const Chain& chain, bool allow_selectiv
 }
 
 // The dynamic programme both planners run. A state is a prefix of the chain
-// cut into segments, summarised by the bytes its segments hold after their
-// forward (rounded up to `quantum`) and a cost pair compared
-// lexicographically; for each position and held amount only the cheapest
-// state survives, and states held-and-cost dominated by another are
-// dropped.
+// cut into segments, summarised by the exact bytes its segments hold after
+// their forward and a cost pair compared lexicographically. States are
+// bucketed by held bytes (`quantum` wide; 1 = exact): each position keeps
+// the cheapest state per bucket (ties: the one holding less), and drops
+// states that hold more and cost no less than another. Feasibility is
+// always checked on exact bytes, so every plan found fits; with buckets
+// wider than a byte the search may miss a cheaper plan whose state shared a
+// bucket with a cheaper-so-far one (the tests bound this against exact).
 struct Cost {
   double first = 0;
   double second = 0;
@@ -79,18 +82,21 @@ class Frontier {
  public:
   explicit Frontier(int64_t quantum) : quantum_(quantum) {}
   void Offer(const State& s) {
-    auto it = states_.find(s.held);
-    if (it == states_.end() || s.cost < it->second.cost) states_[s.held] = s;
+    const int64_t bucket = s.held / quantum_;
+    auto it = states_.find(bucket);
+    if (it == states_.end() || s.cost < it->second.cost ||
+        (!(it->second.cost < s.cost) && s.held < it->second.held)) {
+      states_[bucket] = s;
+    }
   }
   // By held bytes ascending, each cheaper than every state holding less.
   std::vector<State> Pareto() const {
     std::vector<State> out;
-    for (const auto& [held, s] : states_) {
+    for (const auto& [bucket, s] : states_) {
       if (out.empty() || s.cost < out.back().cost) out.push_back(s);
     }
     return out;
   }
-  int64_t RoundUp(int64_t bytes) const { return (bytes + quantum_ - 1) / quantum_ * quantum_; }
 
  private:
   const int64_t quantum_;
@@ -118,7 +124,7 @@ std::vector<Segment> Solve(const Chain& chain, bool allow_selective, int64_t qua
         Cost cost;
         if (!step(s, op.terms, cost)) continue;
         State next;
-        next.held = frontiers[op.segment.end].RoundUp(s.held + op.terms.held);
+        next.held = s.held + op.terms.held;
         next.cost = cost;
         next.from = i;
         next.index = e;
@@ -243,8 +249,8 @@ absl::StatusOr<Plan> OptimalRecomputation(const Chain& chain, const PlannerOptio
         return s.held + chain.loss_grad <= budget;
       });
   if (!segments.empty()) return Finish(chain, "optimal", segments);
-  // The discretised search rounds held bytes up; the exact least-peak plan
-  // may still fit.
+  // The bucketed search may miss every plan that fits a budget this tight;
+  // the least-peak plan may still fit.
   Plan least = MinimumPeakPlan(chain, options);
   if (least.predicted_peak <= budget) return least;
   Plan none;

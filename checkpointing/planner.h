@@ -31,10 +31,11 @@ struct PlannerOptions {
   int64_t budget = 0;
   // optimal: whether it may use selective mode.
   bool allow_selective = true;
-  // optimal: the budget is discretised into this many steps (bytes held
-  // are rounded up to budget / resolution, so plans stay within budget);
-  // 0 solves exactly (fine for short chains: the search is over exact
-  // byte counts).
+  // optimal: the budget is discretised into this many steps: partial plans
+  // are compared within buckets of budget / resolution bytes, which bounds
+  // the search's size (plans are still checked on exact bytes, so they fit;
+  // they may cost slightly more than the exact optimum). 0 searches exactly
+  // (fine for short chains).
   int resolution = 4096;
 };
 
