@@ -15,6 +15,7 @@ const char* SegmentModeName(SegmentMode mode) {
     case SegmentMode::kKeep: return "keep";
     case SegmentMode::kRecompute: return "recompute";
     case SegmentMode::kSelective: return "selective";
+    case SegmentMode::kOffload: return "offload";
   }
   return "unknown";
 }
@@ -35,6 +36,11 @@ absl::Status ValidatePlan(const Chain& chain, const Plan& plan) {
           "plan '", plan.planner, "': segment ", k, " is selective; expected a single layer "
           "that offers selective recomputation (layer '", chain.layers[s.begin].name, "'",
           chain.layers[s.begin].has_selective ? "" : " does not", ")"));
+    }
+    if (s.mode == SegmentMode::kOffload && s.begin == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan '", plan.planner, "': segment ", k,
+          " offloads its input, which at layer 0 is the batch, not an activation"));
     }
     next = s.end;
   }
@@ -65,6 +71,7 @@ SegmentTerms TermsOf(const Chain& chain, const Segment& seg) {
       t.extra_flops = layers[seg.begin].selective_flops;
       break;
     case SegmentMode::kRecompute:
+    case SegmentMode::kOffload:
       for (int l = seg.begin; l < seg.end; ++l) {
         cur += kept(l);
         peak = std::max(peak, cur);
@@ -76,11 +83,16 @@ SegmentTerms TermsOf(const Chain& chain, const Segment& seg) {
   }
   t.forward_peak = peak;
   t.held = cur;
+  const int64_t moved = seg.mode == SegmentMode::kOffload ? layers[seg.begin - 1].output : 0;
+  t.held -= moved;  // the input, now on host
+  t.extra_flops += 2.0 * moved * chain.offload_flops_per_byte;
 
   // Backward: the segment's bytes plus the gradient of its last output.
   cur = t.held + grad_in;
   peak = cur;
-  if (seg.mode == SegmentMode::kRecompute) {
+  cur += moved;  // offload: the input comes back first
+  peak = std::max(peak, cur);
+  if (seg.mode == SegmentMode::kRecompute || seg.mode == SegmentMode::kOffload) {
     cur -= layers[seg.end - 1].output;  // the checkpoint, recomputed with the rest
     for (int l = seg.begin; l < seg.end; ++l) cur += kept(l);
     peak = std::max(peak, cur);
@@ -109,6 +121,7 @@ Prediction PredictPeak(const Chain& chain, const Plan& plan) {
     p.peak = std::max(p.peak, held + terms.back().forward_peak);
     held += terms.back().held;
     p.extra_flops += terms.back().extra_flops;
+    if (s.mode == SegmentMode::kOffload) p.offloaded_bytes += chain.layers[s.begin - 1].output;
   }
   p.peak = std::max(p.peak, held + chain.loss_grad);
   for (size_t k = terms.size(); k-- > 0;) {
@@ -119,7 +132,7 @@ Prediction PredictPeak(const Chain& chain, const Plan& plan) {
 }
 
 std::string PlanSummary(const Chain& chain, const Plan& plan) {
-  int counts[3] = {0, 0, 0};
+  int counts[4] = {0, 0, 0, 0};
   for (const Segment& s : plan.segments) counts[static_cast<int>(s.mode)] += s.end - s.begin;
   // Runs of single-layer segments in one mode print as one range.
   std::vector<std::string> parts;
@@ -139,7 +152,11 @@ std::string PlanSummary(const Chain& chain, const Plan& plan) {
   double forward = 0;
   for (const ChainLayer& l : chain.layers) forward += l.forward_flops;
   return absl::StrCat(plan.planner, ": ", counts[0], " layers kept, ", counts[1],
-                      " recomputed, ", counts[2], " selective in ", plan.segments.size(),
+                      " recomputed, ", counts[2], " selective",
+                      counts[3] > 0 ? absl::StrCat(", ", counts[3], " recomputed with their input on host (",
+                                                   FormatBytes(plan.offloaded_bytes), ")")
+                                    : "",
+                      " in ", plan.segments.size(),
                       " segments; activation peak ", FormatBytes(plan.predicted_peak),
                       ", extra forward FLOPs ",
                       forward > 0 ? absl::StrFormat("%.1f%%", 100.0 * plan.extra_flops / forward)

@@ -15,7 +15,13 @@
 //              input (the previous segment's last output), keeping
 //              everything, then runs its backwards: one extra forward;
 //   selective  one layer that offers it (Layer::Selective) keeps less and
-//              recomputes the rest at the start of its backward.
+//              recomputes the rest at the start of its backward;
+//   offload    recompute, and the segment's input (the previous layer's
+//              output) waits in pinned host memory from the end of the
+//              segment's forward until its backward, which copies it back
+//              first. Not for a segment starting at layer 0 (the model's
+//              input is the batch, not an activation). Its cost adds the
+//              copies, priced as FLOPs (Chain::offload_flops_per_byte).
 // PredictPeak() replays the engine's allocation order (engine/trainer.cc)
 // over these byte counts, so the peak it predicts is the activation peak the
 // allocator records for a real step, to the byte (a test checks it).
@@ -48,11 +54,15 @@ struct Chain {
   std::vector<ChainLayer> layers;
   // The loss's gradient of the last output, allocated after forward.
   int64_t loss_grad = 0;
+  // What moving one byte between device and host costs, in forward FLOPs
+  // (the device's FLOP rate over the host link's bandwidth): offload's
+  // price per byte each way.
+  double offload_flops_per_byte = 0;
 };
 
-enum class SegmentMode { kKeep, kRecompute, kSelective };
+enum class SegmentMode { kKeep, kRecompute, kSelective, kOffload };
 
-// "keep", "recompute", "selective".
+// "keep", "recompute", "selective", "offload".
 const char* SegmentModeName(SegmentMode mode);
 
 struct Segment {
@@ -65,18 +75,21 @@ struct Plan {
   std::string planner;  // which planner made it ("none", "sqrt", ...)
   std::vector<Segment> segments;  // in order, covering every layer once
   int64_t predicted_peak = 0;     // activation bytes, see PredictPeak
-  double extra_flops = 0;         // recomputation's forward FLOPs
+  double extra_flops = 0;         // recomputation's forward FLOPs (and
+                                  // offload's copies, priced as FLOPs)
+  int64_t offloaded_bytes = 0;    // pinned host bytes offload holds at most
 };
 
-// A plan's segment per layer: the plan for the engine, by layer index.
 // kInvalidArgument unless the segments are non-empty, in order, cover
-// [0, n) exactly, and selective segments are single layers that offer it.
+// [0, n) exactly, selective segments are single layers that offer it, and
+// no offload segment starts at layer 0.
 absl::Status ValidatePlan(const Chain& chain, const Plan& plan);
 
 // What one segment contributes to the memory timeline, relative to the
 // bytes `held` before it (by earlier segments) — see the file comment:
 //   forward_peak: the most its forward holds at once;
-//   held: what it keeps once its forward is done;
+//   held: what it keeps once its forward is done (less, for offload, the
+//     input it moved to host: this may be negative);
 //   backward_peak: the most held during its backward (recomputation
 //     included), counting the gradient of its last output flowing in.
 // The step's activation peak is the largest of held-before + forward_peak
@@ -95,6 +108,7 @@ SegmentTerms TermsOf(const Chain& chain, const Segment& segment);
 struct Prediction {
   int64_t peak = 0;
   double extra_flops = 0;
+  int64_t offloaded_bytes = 0;
 };
 Prediction PredictPeak(const Chain& chain, const Plan& plan);
 

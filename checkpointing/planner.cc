@@ -23,6 +23,7 @@ Plan Finish(const Chain& chain, std::string name, std::vector<Segment> segments)
   const Prediction p = PredictPeak(chain, plan);
   plan.predicted_peak = p.peak;
   plan.extra_flops = p.extra_flops;
+  plan.offloaded_bytes = p.offloaded_bytes;
   return plan;
 }
 
@@ -35,10 +36,11 @@ struct Option {
 };
 
 // Every segment starting at each layer: the layer kept, recomputed alone
-// or with the following layers, or selective. A kept run of several layers
-// is the same as the layers kept one by one, so only single kept layers are
-// offered.
-std::vector<std::vector<Option>> Options(const Chain& chain, bool allow_selective) {
+// or with the following layers (with its input offloaded too, if allowed),
+// or selective. A kept run of several layers is the same as the layers
+// kept one by one, so only single kept layers are offered.
+std::vector<std::vector<Option>> Options(const Chain& chain, bool allow_selective,
+                                         bool allow_offload) {
   const int n = Layers(chain);
   std::vector<std::vector<Option>> options(n);
   for (int i = 0; i < n; ++i) {
@@ -49,6 +51,9 @@ std::vector<std::vector<Option>> Options(const Chain& chain, bool allow_selectiv
     add(i + 1, SegmentMode::kKeep);
     if (allow_selective && chain.layers[i].has_selective) add(i + 1, SegmentMode::kSelective);
     for (int j = i + 1; j <= n; ++j) add(j, SegmentMode::kRecompute);
+    if (allow_offload && i > 0) {
+      for (int j = i + 1; j <= n; ++j) add(j, SegmentMode::kOffload);
+    }
   }
   return options;
 }
@@ -108,10 +113,11 @@ class Frontier {
 // `final_cost(state, cost)` scores a complete plan, or returns false when
 // it is infeasible. Returns the best plan's segments, empty if none.
 template <typename Step, typename Final>
-std::vector<Segment> Solve(const Chain& chain, bool allow_selective, int64_t quantum, Step step,
-                           Final final_cost) {
+std::vector<Segment> Solve(const Chain& chain, const PlannerOptions& planner, int64_t quantum,
+                           Step step, Final final_cost) {
   const int n = Layers(chain);
-  const std::vector<std::vector<Option>> options = Options(chain, allow_selective);
+  const std::vector<std::vector<Option>> options =
+      Options(chain, planner.allow_selective, planner.allow_offload);
   std::vector<Frontier> frontiers(n + 1, Frontier(quantum));
   std::vector<std::vector<State>> pareto(n + 1);
   frontiers[0].Offer(State{});
@@ -217,7 +223,7 @@ Plan MinimumPeakPlan(const Chain& chain, const PlannerOptions& options) {
   // Cost: (the largest peak so far, extra FLOPs).
   const int64_t scale = NoRecomputation(chain).predicted_peak;
   const std::vector<Segment> segments = Solve(
-      chain, options.allow_selective, Quantum(scale, options.resolution),
+      chain, options, Quantum(scale, options.resolution),
       [](const State& s, const SegmentTerms& t, Cost& cost) {
         const double peak = double(s.held + std::max(t.forward_peak, t.backward_peak));
         cost = {std::max(s.cost.first, peak), s.cost.second + t.extra_flops};
@@ -238,7 +244,7 @@ absl::StatusOr<Plan> OptimalRecomputation(const Chain& chain, const PlannerOptio
   }
   const int64_t budget = options.budget;
   const std::vector<Segment> segments = Solve(
-      chain, options.allow_selective, Quantum(budget, options.resolution),
+      chain, options, Quantum(budget, options.resolution),
       [budget](const State& s, const SegmentTerms& t, Cost& cost) {
         if (s.held + std::max(t.forward_peak, t.backward_peak) > budget) return false;
         cost = {s.cost.first + t.extra_flops, 0};

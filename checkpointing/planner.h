@@ -12,8 +12,9 @@
 //                 by dynamic programming over the chain (Beaumont et al.,
 //                 "Optimal checkpointing for heterogeneous chains"), over
 //                 every plan of plan.h's form: segments recomputed once
-//                 from a kept input, kept layers, and (unless disabled)
-//                 selective layers mixed in.
+//                 from a kept input, kept layers, (unless disabled)
+//                 selective layers mixed in, and (if enabled) segments
+//                 whose input waits on host.
 #ifndef MEMWALL_CHECKPOINTING_PLANNER_H_
 #define MEMWALL_CHECKPOINTING_PLANNER_H_
 
@@ -29,8 +30,10 @@ struct PlannerOptions {
   // The activation budget in bytes; 0 = none. `optimal` needs one; the
   // other planners report kResourceExhausted when their plan exceeds it.
   int64_t budget = 0;
-  // optimal: whether it may use selective mode.
+  // optimal: whether it may use selective mode, and offload (its price per
+  // byte is the chain's offload_flops_per_byte).
   bool allow_selective = true;
+  bool allow_offload = false;
   // optimal: the budget is discretised into this many steps: partial plans
   // are compared within buckets of budget / resolution bytes, which bounds
   // the search's size (plans are still checked on exact bytes, so they fit;

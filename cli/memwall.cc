@@ -25,6 +25,10 @@ ABSL_FLAG(std::string, backend, "",
           "no bytes, any size). Default: meta for profile, host otherwise.");
 ABSL_FLAG(std::string, device_memory, "256MiB",
           "Device capacity per rank, e.g. 256MiB, 32GiB or 32GB (binary and decimal units).");
+ABSL_FLAG(std::string, pinned_memory, "0",
+          "train, profile: pinned host memory per rank for activation offload "
+          "(activation_checkpointing.offload); 0 = none, or as much as --device_memory when the "
+          "config allows offload.");
 ABSL_FLAG(std::string, params, "8388608",
           "demo: parameters of the toy model (a count; 1e9 style is accepted).");
 ABSL_FLAG(std::string, model, "gpt-tiny",
@@ -56,6 +60,7 @@ constexpr char kUsage[] = R"(break the memory wall of large-model training.
 usage:
   memwall train [--model gpt-tiny] [--config FILE] [--steps N] [--data FILE]
                 [--backend host|cuda|meta] [--device_memory SIZE] [--seed S]
+                [--pinned_memory SIZE]
                 [--log_every N] [--simulate_ranks N] [--out DIR]
       Trains a GPT (byte-level text) with ZeRO sharding across the MPI ranks
       it was launched on, printing loss, tokens/s and peak device memory by
@@ -66,8 +71,10 @@ usage:
       uniform:K, sqrt, selective, optimal; engine/config.h) picks which
       activations are recomputed in backward; optimal fits the least
       recomputation into budget_bytes, or into the device memory left by
-      the rest of a step (measured by a dry run on meta). The plan and its
-      predicted activation peak are printed.
+      the rest of a step (measured by a dry run on meta), and with
+      "offload": true may also keep segment inputs in pinned host memory
+      (--pinned_memory). The plan and its predicted activation peak are
+      printed.
       With --backend cuda each rank trains on a GPU (rank modulo the visible
       GPUs; cuBLAS and memwall's CUDA kernels) and the ranks reduce over
       NCCL; --device_memory caps the memwall allocator there. With --backend
@@ -75,7 +82,8 @@ usage:
       ranks: memory and traffic are real, nothing computes.
 
   memwall profile [--model M] [--config FILE] [--backend meta|host|cuda]
-                  [--device_memory SIZE] [--out DIR] [--batch N] [--seq N]
+                  [--device_memory SIZE] [--pinned_memory SIZE] [--out DIR]
+                  [--batch N] [--seq N]
                   [--image N] [--steps N] [--simulate_ranks N]
       Runs training steps under the memory profiler and writes profile.txt,
       profile.json (schema memwall.profile/1), trace.json (Perfetto) and
@@ -153,6 +161,9 @@ absl::Status ReadModelFlags(memwall::Backend fallback, Options& options) {
   auto capacity = MemoryFlag();
   if (!capacity.ok()) return capacity.status();
   options.capacity_bytes = *capacity;
+  auto pinned = memwall::ParseBytes(absl::GetFlag(FLAGS_pinned_memory), "--pinned_memory");
+  if (!pinned.ok()) return pinned.status();
+  options.pinned_bytes = *pinned;
   options.model = absl::GetFlag(FLAGS_model);
   options.config_path = absl::GetFlag(FLAGS_config);
   options.simulate_ranks = absl::GetFlag(FLAGS_simulate_ranks);

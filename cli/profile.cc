@@ -72,7 +72,9 @@ absl::Status RunProfile(const ProfileOptions& options) {
   MW_ASSIGN_OR_RETURN(Model model, MakeModel(options, batch));
   MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks));
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
-                      UseDevice(session, options.backend, options.capacity_bytes));
+                      UseDevice(session, options.backend, options.capacity_bytes,
+                                PinnedBytes(options.pinned_bytes, options.capacity_bytes,
+                                            config.activation_checkpointing)));
   MpiCommunicator* world = session.world.get();
   Communicator* comm = session.comm;
   const std::string dir = absl::StrCat(options.out_dir, "/rank", comm->rank());

@@ -19,6 +19,9 @@ struct ProfileOptions {
   std::string config_path;  // empty: the built-in training config
   Backend backend = Backend::kMeta;
   int64_t capacity_bytes = int64_t{32} << 30;
+  // The pinned host pool (activation offload); 0: none, or as much as
+  // capacity_bytes when the config allows offload.
+  int64_t pinned_bytes = 0;
   std::string out_dir = "memwall-profile";
   int64_t batch = 0;  // 0: the config's micro-batch size
   int64_t seq = 0;    // transformers; 0: the model's own

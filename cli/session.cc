@@ -40,16 +40,18 @@ absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks) {
 }
 
 absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
-                                                  int64_t capacity_bytes) {
+                                                  int64_t capacity_bytes, int64_t pinned_bytes) {
   const int rank = ranks.world->rank();
-  if (backend != Backend::kCuda) return CreateDevice({backend, rank, capacity_bytes});
+  DeviceOptions options{backend, rank, capacity_bytes};
+  options.pinned_capacity_bytes = pinned_bytes;
+  if (backend != Backend::kCuda) return CreateDevice(options);
 #if MEMWALL_HAS_CUDA
   const int gpus = CudaDeviceCount();
   if (gpus < 1) {
     return absl::UnavailableError("--backend cuda: no usable GPU on this machine");
   }
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
-                      CreateDevice({backend, rank % gpus, capacity_bytes}));
+  options.ordinal = rank % gpus;
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(options));
   MW_ASSIGN_OR_RETURN(ranks.owned, NcclCommunicator::Create(*ranks.world, *device));
   ranks.comm = ranks.owned.get();
   return device;
@@ -57,6 +59,11 @@ absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
   return absl::UnimplementedError(
       "--backend cuda: this build has no CUDA (it was built with --config=nocuda)");
 #endif
+}
+
+int64_t PinnedBytes(int64_t flag, int64_t capacity, const RecomputeConfig& config) {
+  if (flag > 0) return flag;
+  return config.offload ? capacity : 0;
 }
 
 absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> layers,
@@ -91,6 +98,7 @@ absl::StatusOr<Plan> ApplyRecomputation(
     Trainer& trainer, const RecomputeConfig& config, const std::vector<int64_t>& input,
     int64_t capacity, const std::function<absl::StatusOr<AllocatorStats>()>& dry_run) {
   MW_ASSIGN_OR_RETURN(Chain chain, trainer.ChainFor(input));
+  chain.offload_flops_per_byte = config.offload_flops_per_byte;
   std::string planner = config.planner;
   if (config.number_checkpoints > 0) {
     const int64_t n = static_cast<int64_t>(chain.layers.size());
@@ -100,6 +108,7 @@ absl::StatusOr<Plan> ApplyRecomputation(
   options.budget = config.budget_bytes;
   options.resolution = config.resolution;
   options.allow_selective = config.selective;
+  options.allow_offload = config.offload;
   if (planner == "optimal" && options.budget == 0) {
     MW_ASSIGN_OR_RETURN(const AllocatorStats stats, dry_run());
     int64_t rest = 0;

@@ -38,8 +38,13 @@ absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks);
 
 // The device this rank trains on: on cuda, GPU rank % (visible GPUs), and
 // the ranks then communicate over NCCL; on host and meta, device `rank`.
+// `pinned_bytes` sizes its pinned host pool (0: none).
 absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
-                                                  int64_t capacity_bytes);
+                                                  int64_t capacity_bytes, int64_t pinned_bytes);
+
+// The pinned pool for --pinned_memory `flag`: the flag when given (> 0),
+// else as much as the device when `config` allows offload, else none.
+int64_t PinnedBytes(int64_t flag, int64_t capacity, const RecomputeConfig& config);
 
 // One training step of `layers` on a meta device playing rank `rank` of
 // `world_size`, every layer recomputed (the least activation memory a
@@ -56,7 +61,8 @@ absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> la
 // For `optimal` without budget_bytes the budget is the device's `capacity`
 // less what the rest of a step holds (each category but activations at its
 // own peak in `dry_run`'s books, so never less than at any one moment),
-// less 5% for the caching allocator's rounding and fragmentation.
+// less 5% for the caching allocator's rounding and fragmentation. With
+// `offload`, segment inputs may wait in the device's pinned pool.
 absl::StatusOr<Plan> ApplyRecomputation(
     Trainer& trainer, const RecomputeConfig& config, const std::vector<int64_t>& input,
     int64_t capacity, const std::function<absl::StatusOr<AllocatorStats>()>& dry_run);

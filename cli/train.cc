@@ -49,7 +49,9 @@ absl::Status RunTrain(const TrainOptions& options) {
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks));
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
-                      UseDevice(session, options.backend, options.capacity_bytes));
+                      UseDevice(session, options.backend, options.capacity_bytes,
+                                PinnedBytes(options.pinned_bytes, options.capacity_bytes,
+                                            config.activation_checkpointing)));
   MpiCommunicator* world = session.world.get();
   Communicator* comm = session.comm;
   const int rank = comm->rank(), ranks = comm->world_size();

@@ -19,6 +19,9 @@ struct TrainOptions {
   std::string config_path;
   Backend backend = Backend::kHost;
   int64_t capacity_bytes = int64_t{1} << 30;
+  // The pinned host pool (activation offload); 0: none, or as much as
+  // capacity_bytes when the config allows offload.
+  int64_t pinned_bytes = 0;
   int64_t steps = 100;
   // A text file; empty means the built-in synthetic corpus.
   std::string data_path;

@@ -228,11 +228,11 @@ absl::Status ReadRecompute(const Json& value, RecomputeConfig& out) {
                    "false (memwall has no tensor parallelism to partition activations across)",
                    true);
   }
+  MW_RETURN_IF_ERROR(r.Bool("offload", out.offload));
   MW_RETURN_IF_ERROR(r.Bool("cpu_checkpointing", cpu));
-  if (cpu) {
-    return r.Error("cpu_checkpointing", "false (activation offload to host is not built yet)",
-                   true);
-  }
+  if (cpu) out.offload = true;
+  MW_RETURN_IF_ERROR(r.Float("offload_flops_per_byte", 0, 1e30, true, "a number > 0",
+                             out.offload_flops_per_byte));
   for (const char* key : {"contiguous_memory_optimization", "synchronize_checkpoint_boundary",
                           "profile"}) {
     MW_RETURN_IF_ERROR(r.Bool(key, ignored));

@@ -36,12 +36,17 @@
 //                                     steps, 0 = exact               (4096)
 //   activation_checkpointing.selective      bool: optimal may mix in
 //                                     selective layers               (true)
+//   activation_checkpointing.offload        bool: optimal may keep segment
+//                                     inputs in pinned host memory  (false)
+//   activation_checkpointing.cpu_checkpointing      bool (DeepSpeed): the
+//                                     same as offload               (false)
+//   activation_checkpointing.offload_flops_per_byte number > 0: a byte moved
+//                                     each way, priced in FLOPs (12500: an
+//                                     A100's 312 TFLOP/s over 25 GB/s PCIe)
 //   activation_checkpointing.number_checkpoints  int >= 1 (DeepSpeed): with
 //                                     no planner, uniform segments, this many
 //   activation_checkpointing.partition_activations  false only (memwall has
 //                                     no tensor parallelism)
-//   activation_checkpointing.cpu_checkpointing      false only (activation
-//                                     offload is not built yet)
 //   activation_checkpointing.contiguous_memory_optimization,
 //   activation_checkpointing.synchronize_checkpoint_boundary,
 //   activation_checkpointing.profile  bool, accepted for DeepSpeed configs;
@@ -68,6 +73,8 @@ struct RecomputeConfig {
   int64_t budget_bytes = 0;
   int resolution = 4096;
   bool selective = true;
+  bool offload = false;
+  float offload_flops_per_byte = 12500;
   int64_t number_checkpoints = 0;  // 0: not given
 };
 

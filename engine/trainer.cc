@@ -1,8 +1,9 @@
 #include "engine/trainer.h"
 
 #include <algorithm>
-#include <random>
+#include <map>
 #include <memory>
+#include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -123,6 +124,14 @@ absl::Status Trainer::SetRecomputationPlan(const Plan& plan, const Chain& chain)
                                                    layers_.size()));
   }
   MW_RETURN_IF_ERROR(ValidatePlan(chain, plan));
+  for (const Segment& s : plan.segments) {
+    if (s.mode == SegmentMode::kOffload && device_.pinned_allocator() == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "recomputation plan '", plan.planner, "': segment [", s.begin, ", ", s.end,
+          ") offloads its input to pinned host memory, but ", device_.name(),
+          " has no pinned pool (DeviceOptions::pinned_capacity_bytes)"));
+    }
+  }
   std::vector<int> segment_of(layers_.size());
   for (size_t k = 0; k < plan.segments.size(); ++k) {
     for (int l = plan.segments[k].begin; l < plan.segments[k].end; ++l) segment_of[l] = k;
@@ -137,6 +146,36 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
   const int n = static_cast<int>(layers_.size());
   std::vector<Tensor> outputs(n);
   auto input_of = [&](int l) -> const Tensor& { return l == 0 ? batch.input : outputs[l - 1]; };
+  // Offload: outputs[l] waits in the pinned pool (checkpointed activation,
+  // owner "<owner>.offloaded") and comes back under its own owner.
+  struct Offloaded {
+    DeviceBuffer host;
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::string owner;
+  };
+  std::map<int, Offloaded> offloaded;
+  auto offload = [&](int l) -> absl::Status {
+    Tensor& t = outputs[l];
+    MW_ASSIGN_OR_RETURN(DeviceBuffer host,
+                        device_.AllocatePinned(t.nbytes(), MemoryCategory::kCheckpointedActivation,
+                                               absl::StrCat(t.owner(), ".offloaded")));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(host.data(), t.data(), t.nbytes(), *stream_));
+    MW_RETURN_IF_ERROR(stream_->Synchronize());
+    offloaded[l] = Offloaded{std::move(host), t.dtype(), t.shape(), t.owner()};
+    t = Tensor();
+    return absl::OkStatus();
+  };
+  auto fetch = [&](int l) -> absl::Status {
+    Offloaded& o = offloaded.at(l);
+    MW_ASSIGN_OR_RETURN(outputs[l], Tensor::Empty(device_, o.dtype, o.shape,
+                                                  MemoryCategory::kActivation, o.owner));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(outputs[l].data(), o.host.data(), outputs[l].nbytes(),
+                                         *stream_));
+    MW_RETURN_IF_ERROR(stream_->Synchronize());
+    offloaded.erase(l);
+    return absl::OkStatus();
+  };
 
   // Forward: a layer's groups are gathered before it runs and released
   // once the next layer does not read them.
@@ -151,11 +190,14 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
     contexts_[l]->set_selective(segment.mode == SegmentMode::kSelective);
     MW_ASSIGN_OR_RETURN(outputs[l], layers_[l]->Forward(*contexts_[l], input_of(l)));
     MW_RETURN_IF_ERROR(contexts_[l]->ReleaseWorkspace());
-    if (segment.mode == SegmentMode::kRecompute) {
+    if (segment.mode == SegmentMode::kRecompute || segment.mode == SegmentMode::kOffload) {
       // Keep only the segment's last output: this layer's saved tensors,
       // and the previous output once this layer has read it, go now.
       contexts_[l]->saved().clear();
       if (l > segment.begin) outputs[l - 1] = Tensor();
+    }
+    if (segment.mode == SegmentMode::kOffload && l == segment.end - 1) {
+      MW_RETURN_IF_ERROR(offload(segment.begin - 1));  // the segment's input
     }
     const std::vector<int> none;
     const std::vector<int>& next = l + 1 < n ? groups_of_layer_[l + 1] : none;
@@ -190,10 +232,13 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
   ScopedPhase backward(profiler_, "backward");
   for (int l = n - 1; l >= 0; --l) {
     const Segment& segment = plan_.segments[segment_of_[l]];
-    if (segment.mode == SegmentMode::kRecompute && l == segment.end - 1) {
+    const bool recomputed =
+        segment.mode == SegmentMode::kRecompute || segment.mode == SegmentMode::kOffload;
+    if (recomputed && l == segment.end - 1) {
       // The segment's forward again, from its input, keeping everything.
       ScopedPhase recompute(profiler_, absl::StrCat("recompute ", layers_[segment.begin]->name(),
                                                     "..", layers_[l]->name()));
+      if (segment.mode == SegmentMode::kOffload) MW_RETURN_IF_ERROR(fetch(segment.begin - 1));
       outputs[l] = Tensor();  // the checkpoint: recomputed with the rest
       for (int j = segment.begin; j < segment.end; ++j) {
         for (int g : groups_of_layer_[j]) {

@@ -38,21 +38,19 @@ Chain RandomChain(int n, uint32_t seed) {
     c.layers.push_back(layer);
   }
   c.loss_grad = bytes(rng);
+  c.offload_flops_per_byte = 0.01;  // moving a 500-byte input costs 10 FLOPs
   return c;
 }
 
-// Every plan of plan.h's form, by brute force: the least extra FLOPs whose
-// peak fits, or -1.
-double Exhaustive(const Chain& chain, int64_t budget, int64_t* min_peak) {
+// Every plan of plan.h's form, by brute force: each plan's (peak, extra
+// FLOPs).
+std::vector<Prediction> AllPlans(const Chain& chain, bool offload) {
   const int n = static_cast<int>(chain.layers.size());
-  double best = -1;
-  *min_peak = INT64_MAX;
+  std::vector<Prediction> all;
   Plan plan;
   std::function<void(int)> walk = [&](int i) {
     if (i == n) {
-      const Prediction p = PredictPeak(chain, plan);
-      *min_peak = std::min(*min_peak, p.peak);
-      if (p.peak <= budget && (best < 0 || p.extra_flops < best)) best = p.extra_flops;
+      all.push_back(PredictPeak(chain, plan));
       return;
     }
     auto take = [&](Segment s) {
@@ -63,29 +61,49 @@ double Exhaustive(const Chain& chain, int64_t budget, int64_t* min_peak) {
     take({i, i + 1, SegmentMode::kKeep});
     if (chain.layers[i].has_selective) take({i, i + 1, SegmentMode::kSelective});
     for (int j = i + 1; j <= n; ++j) take({i, j, SegmentMode::kRecompute});
+    if (offload && i > 0) {
+      for (int j = i + 1; j <= n; ++j) take({i, j, SegmentMode::kOffload});
+    }
   };
   walk(0);
+  return all;
+}
+
+// The least extra FLOPs among plans whose peak fits, or -1.
+double Cheapest(const std::vector<Prediction>& all, int64_t budget) {
+  double best = -1;
+  for (const Prediction& p : all) {
+    if (p.peak <= budget && (best < 0 || p.extra_flops < best)) best = p.extra_flops;
+  }
   return best;
 }
 
+int64_t LeastPeak(const std::vector<Prediction>& all) {
+  int64_t least = INT64_MAX;
+  for (const Prediction& p : all) least = std::min(least, p.peak);
+  return least;
+}
+
 TEST_CASE("optimal equals exhaustive search on random heterogeneous chains", "[planner]") {
-  PlannerOptions exact;
-  exact.resolution = 0;
   int checked = 0, infeasible = 0;
   for (uint32_t seed = 1; seed <= 60; ++seed) {
-    const int n = 3 + seed % 8;  // 3..10 layers
+    // Offload widens the search: shorter chains for the seeds that allow it.
+    const bool offload = seed % 2 == 0;
+    const int n = offload ? 3 + seed % 6 : 3 + seed % 8;  // up to 8 or 10 layers
     const Chain chain = RandomChain(n, seed);
+    PlannerOptions exact;
+    exact.resolution = 0;
+    exact.allow_offload = offload;
+    const std::vector<Prediction> all = AllPlans(chain, offload);
     const int64_t none = NoRecomputation(chain).predicted_peak;
-    int64_t min_peak = 0;
-    Exhaustive(chain, 0, &min_peak);
+    const int64_t min_peak = LeastPeak(all);
     CHECK(MinimumPeakPlan(chain, exact).predicted_peak == min_peak);
     for (int step = 0; step <= 4; ++step) {
       // Budgets from just below the least peak to everything kept.
       const int64_t budget = min_peak - 1 + (none - min_peak + 1) * step / 4;
       exact.budget = budget;
-      INFO("seed " << seed << ", n " << n << ", budget " << budget);
-      int64_t ignored = 0;
-      const double want = Exhaustive(chain, budget, &ignored);
+      INFO("seed " << seed << ", n " << n << ", offload " << offload << ", budget " << budget);
+      const double want = Cheapest(all, budget);
       const absl::StatusOr<Plan> got = OptimalRecomputation(chain, exact);
       if (want < 0) {
         CHECK(got.status().code() == absl::StatusCode::kResourceExhausted);
@@ -93,7 +111,7 @@ TEST_CASE("optimal equals exhaustive search on random heterogeneous chains", "[p
         continue;
       }
       REQUIRE(got.ok());
-      CHECK(got->extra_flops == want);
+      CHECK(got->extra_flops == Approx(want).epsilon(1e-12));
       CHECK(got->predicted_peak <= budget);
       CHECK(ValidatePlan(chain, *got).ok());
       ++checked;
@@ -101,6 +119,28 @@ TEST_CASE("optimal equals exhaustive search on random heterogeneous chains", "[p
   }
   CHECK(checked >= 200);
   CHECK(infeasible >= 60);  // the budget just below the least peak, every seed
+}
+
+TEST_CASE("offload moves a segment's input to host and prices the copies", "[planner]") {
+  Chain chain = RandomChain(6, 5);
+  Plan recompute, offload;
+  recompute.segments = offload.segments = {{0, 2, SegmentMode::kRecompute},
+                                           {2, 4, SegmentMode::kRecompute},
+                                           {4, 6, SegmentMode::kRecompute}};
+  offload.segments[1].mode = SegmentMode::kOffload;
+  const SegmentTerms r = TermsOf(chain, recompute.segments[1]);
+  const SegmentTerms o = TermsOf(chain, offload.segments[1]);
+  const int64_t input = chain.layers[1].output;
+  CHECK(o.held == r.held - input);
+  CHECK(o.forward_peak == r.forward_peak);
+  CHECK(o.backward_peak == r.backward_peak);
+  CHECK(o.extra_flops == r.extra_flops + 2 * input * chain.offload_flops_per_byte);
+  CHECK(PredictPeak(chain, offload).offloaded_bytes == input);
+  Plan bad = offload;
+  bad.segments[0].mode = SegmentMode::kOffload;
+  CHECK(ValidatePlan(chain, bad).message() ==
+        "plan '': segment 0 offloads its input, which at layer 0 is the batch, not an "
+        "activation");
 }
 
 TEST_CASE("the discretised optimal stays within budget and near the exact one", "[planner]") {

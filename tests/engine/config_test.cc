@@ -138,9 +138,14 @@ TEST_CASE("activation_checkpointing: DeepSpeed's keys and memwall's planner", "[
         "(K >= 1), \"sqrt\", \"selective\", \"optimal\", got \"uniform:0\"");
   CHECK(Error(R"({"activation_checkpointing": {"budget_bytes": -1}})") ==
         "activation_checkpointing.budget_bytes: expected an integer >= 0, got -1");
-  CHECK(Error(R"({"activation_checkpointing": {"cpu_checkpointing": true}})") ==
-        "activation_checkpointing.cpu_checkpointing: expected false (activation offload to host "
-        "is not built yet), got true");
+  auto offload = ParseConfig(
+      R"({"activation_checkpointing": {"cpu_checkpointing": true, "offload_flops_per_byte": 4e4}})");
+  REQUIRE(offload.ok());
+  CHECK(offload->activation_checkpointing.offload);
+  CHECK(offload->activation_checkpointing.offload_flops_per_byte == 4e4f);
+  CHECK_FALSE(defaults->activation_checkpointing.offload);
+  CHECK(Error(R"({"activation_checkpointing": {"offload_flops_per_byte": 0}})") ==
+        "activation_checkpointing.offload_flops_per_byte: expected a number > 0, got 0");
   CHECK(Error(R"({"activation_checkpointing": {"partition_activations": true}})") ==
         "activation_checkpointing.partition_activations: expected false (memwall has no tensor "
         "parallelism to partition activations across), got true");

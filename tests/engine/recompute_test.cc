@@ -32,7 +32,10 @@ struct Result {
   Plan plan;
 };
 
-const char* const kPlanners[] = {"none", "full", "uniform:2", "sqrt", "selective", "optimal"};
+// "least+offload": the least-peak plan with offload allowed (it moves
+// segment inputs to the pinned pool).
+const char* const kPlanners[] = {"none",      "full",    "uniform:2",    "sqrt",
+                                 "selective", "optimal", "least+offload"};
 
 // A batch for `rank`: MLP regression rows or GPT token windows.
 Batch MakeBatch(Device& device, Model model, const GptConfig& c, int rank, int step) {
@@ -64,7 +67,9 @@ Batch MakeBatch(Device& device, Model model, const GptConfig& c, int rank, int s
 
 Result Train(Model model, const std::string& planner, int stage, bool bf16) {
   const GptConfig c = ParseGptModel("gpt-tiny:layers=4").value();
-  auto device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
+  DeviceOptions device_options{Backend::kHost, 0, 256 * kMiB};
+  device_options.pinned_capacity_bytes = 64 * kMiB;
+  auto device = CreateDevice(device_options).value();
   ShardingOptions options;
   options.zero.stage = stage;
   options.zero.reduce_bucket_size = model == Model::kMlp ? 2000 : 20000;
@@ -91,7 +96,16 @@ Result Train(Model model, const std::string& planner, int stage, bool bf16) {
     const int64_t least = MinimumPeakPlan(chain, po).predicted_peak;
     po.budget = (least + NoRecomputation(chain).predicted_peak) / 2;
   }
-  r.plan = MakePlan(chain, planner, po).value();
+  if (planner == "least+offload") {
+    r.chain.offload_flops_per_byte = 1e-3;
+    po.allow_offload = true;
+    r.plan = MinimumPeakPlan(chain, po);
+    int offloads = 0;
+    for (const Segment& s : r.plan.segments) offloads += s.mode == SegmentMode::kOffload;
+    CHECK(offloads > 0);
+  } else {
+    r.plan = MakePlan(chain, planner, po).value();
+  }
   REQUIRE(trainer->SetRecomputationPlan(r.plan, chain).ok());
   for (int step = 0; step < 3; ++step) {
     std::vector<Batch> batches;
@@ -104,6 +118,11 @@ Result Train(Model model, const std::string& planner, int stage, bool bf16) {
   }
   r.activation_peak =
       device->allocator().stats().by_category[static_cast<int>(MemoryCategory::kActivation)].peak;
+  // What offload held in the pinned pool at most.
+  CHECK(device->pinned_allocator()
+            ->stats()
+            .by_category[static_cast<int>(MemoryCategory::kCheckpointedActivation)]
+            .peak == r.plan.offloaded_bytes);
   for (const auto& layer : trainer->layers()) {
     for (const ParameterDecl& d : layer->Parameters()) {
       int64_t numel = 1;
@@ -143,6 +162,7 @@ TEST_CASE("every plan trains bit for bit like no recomputation, at its predicted
           const std::string p = planner;
           CHECK(r.activation_peak <= reference.activation_peak);
           const bool saves = p == "uniform:2" || p == "sqrt" || p == "optimal" ||
+                             p == "least+offload" ||
                              (model == Model::kGpt && (p == "full" || p == "selective"));
           if (saves) CHECK(r.activation_peak < reference.activation_peak);
         }
@@ -156,7 +176,9 @@ TEST_CASE("meta: GPT-2 1.5B's activation peak under each plan is the predicted o
   if (World().world_size() != 1) return;  // one process plays rank 0 of 64
   for (const char* planner : kPlanners) {
     INFO(planner);
-    auto device = CreateDevice({Backend::kMeta, 0, 4096 * kGiB}).value();
+    DeviceOptions device_options{Backend::kMeta, 0, 4096 * kGiB};
+    device_options.pinned_capacity_bytes = 4096 * kGiB;
+    auto device = CreateDevice(device_options).value();
     auto comm = SimulatedCommunicator::Create(0, 64).value();
     const GptConfig c = GptPreset("gpt2-1.5b").value();
     ShardingOptions options;
@@ -167,10 +189,17 @@ TEST_CASE("meta: GPT-2 1.5B's activation peak under each plan is the predicted o
                                    options, *device, *comm, 1)
                        .value();
     const int64_t batch = 4;
-    const Chain chain = trainer->ChainFor({batch, c.seq}).value();
+    Chain chain = trainer->ChainFor({batch, c.seq}).value();
     PlannerOptions po;
     po.budget = std::string(planner) == "optimal" ? 8 * kGiB : 0;
-    const Plan plan = MakePlan(chain, planner, po).value();
+    Plan plan;
+    if (std::string(planner) == "least+offload") {
+      chain.offload_flops_per_byte = 1e-3;
+      po.allow_offload = true;
+      plan = MinimumPeakPlan(chain, po);
+    } else {
+      plan = MakePlan(chain, planner, po).value();
+    }
     REQUIRE(trainer->SetRecomputationPlan(plan, chain).ok());
     Batch b;
     b.input = Tensor::Empty(*device, DType::kF32, {batch, c.seq}, MemoryCategory::kOther, "data").value();
