@@ -26,9 +26,10 @@ ABSL_FLAG(std::string, backend, "",
 ABSL_FLAG(std::string, device_memory, "256MiB",
           "Device capacity per rank, e.g. 256MiB, 32GiB or 32GB (binary and decimal units).");
 ABSL_FLAG(std::string, pinned_memory, "0",
-          "train, profile: pinned host memory per rank for activation offload "
-          "(activation_checkpointing.offload); 0 = none, or as much as --device_memory when the "
-          "config allows offload.");
+          "train, profile: pinned host memory per rank for offloaded optimizer states "
+          "(zero_optimization.offload_optimizer) and activations "
+          "(activation_checkpointing.offload); 0 = 64GiB with optimizer offload, as much as "
+          "--device_memory with activation offload, none otherwise.");
 ABSL_FLAG(std::string, params, "8388608",
           "demo: parameters of the toy model (a count; 1e9 style is accepted).");
 ABSL_FLAG(std::string, model, "gpt-tiny",
@@ -75,6 +76,9 @@ usage:
       "offload": true may also keep segment inputs in pinned host memory
       (--pinned_memory). The plan and its predicted activation peak are
       printed.
+      With zero_optimization.offload_optimizer {"device": "cpu"} (stages
+      1-3, optional "ratio") the optimizer states live in pinned host memory
+      and the update of that part runs on the CPU (ZeRO-Offload).
       With --backend cuda each rank trains on a GPU (rank modulo the visible
       GPUs; cuBLAS and memwall's CUDA kernels) and the ranks reduce over
       NCCL; --device_memory caps the memwall allocator there. With --backend

@@ -74,7 +74,7 @@ absl::Status RunProfile(const ProfileOptions& options) {
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
                       UseDevice(session, options.backend, options.capacity_bytes,
                                 PinnedBytes(options.pinned_bytes, options.capacity_bytes,
-                                            config.activation_checkpointing)));
+                                            config)));
   MpiCommunicator* world = session.world.get();
   Communicator* comm = session.comm;
   const std::string dir = absl::StrCat(options.out_dir, "/rank", comm->rank());

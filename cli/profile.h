@@ -19,8 +19,8 @@ struct ProfileOptions {
   std::string config_path;  // empty: the built-in training config
   Backend backend = Backend::kMeta;
   int64_t capacity_bytes = int64_t{32} << 30;
-  // The pinned host pool (activation offload); 0: none, or as much as
-  // capacity_bytes when the config allows offload.
+  // The pinned host pool (offloaded optimizer states and activations); 0:
+  // what PinnedBytes (cli/session.h) derives from the config.
   int64_t pinned_bytes = 0;
   std::string out_dir = "memwall-profile";
   int64_t batch = 0;  // 0: the config's micro-batch size

@@ -61,9 +61,10 @@ absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
 #endif
 }
 
-int64_t PinnedBytes(int64_t flag, int64_t capacity, const RecomputeConfig& config) {
+int64_t PinnedBytes(int64_t flag, int64_t capacity, const Config& config) {
   if (flag > 0) return flag;
-  return config.offload ? capacity : 0;
+  if (config.zero.offload_optimizer_ratio > 0) return int64_t{64} << 30;
+  return config.activation_checkpointing.offload ? capacity : 0;
 }
 
 absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> layers,

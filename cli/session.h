@@ -42,9 +42,11 @@ absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks);
 absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
                                                   int64_t capacity_bytes, int64_t pinned_bytes);
 
-// The pinned pool for --pinned_memory `flag`: the flag when given (> 0),
-// else as much as the device when `config` allows offload, else none.
-int64_t PinnedBytes(int64_t flag, int64_t capacity, const RecomputeConfig& config);
+// The pinned pool for --pinned_memory `flag`: the flag when given (> 0);
+// else, when `config` offloads optimizer states, 64 GiB (a limit: the pool
+// takes host memory as it is used); else as much as the device when
+// activation offload is allowed; else none.
+int64_t PinnedBytes(int64_t flag, int64_t capacity, const Config& config);
 
 // One training step of `layers` on a meta device playing rank `rank` of
 // `world_size`, every layer recomputed (the least activation memory a

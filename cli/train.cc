@@ -51,7 +51,7 @@ absl::Status RunTrain(const TrainOptions& options) {
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
                       UseDevice(session, options.backend, options.capacity_bytes,
                                 PinnedBytes(options.pinned_bytes, options.capacity_bytes,
-                                            config.activation_checkpointing)));
+                                            config)));
   MpiCommunicator* world = session.world.get();
   Communicator* comm = session.comm;
   const int rank = comm->rank(), ranks = comm->world_size();

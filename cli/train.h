@@ -19,8 +19,8 @@ struct TrainOptions {
   std::string config_path;
   Backend backend = Backend::kHost;
   int64_t capacity_bytes = int64_t{1} << 30;
-  // The pinned host pool (activation offload); 0: none, or as much as
-  // capacity_bytes when the config allows offload.
+  // The pinned host pool (offloaded optimizer states and activations); 0:
+  // what PinnedBytes (cli/session.h) derives from the config.
   int64_t pinned_bytes = 0;
   int64_t steps = 100;
   // A text file; empty means the built-in synthetic corpus.

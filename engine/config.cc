@@ -192,6 +192,41 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
       r.Int("stage3_prefetch_bucket_size", 0, INT64_MAX, out.stage3_prefetch_bucket_size));
   MW_RETURN_IF_ERROR(
       r.Int("stage3_max_live_parameters", 0, INT64_MAX, out.stage3_max_live_parameters));
+  if (const Json* v = r.Find("offload_optimizer")) {
+    MW_ASSIGN_OR_RETURN(ObjectReader o,
+                        ObjectReader::Open(*v, "zero_optimization.offload_optimizer"));
+    if (const Json* device = o.Find("device")) {
+      const bool known = device->is_string() && (device->get<std::string>() == "none" ||
+                                                 device->get<std::string>() == "cpu");
+      if (!known) {
+        return o.Error("device", "\"none\" or \"cpu\" (the NVMe tier is not built yet)", *device);
+      }
+      float ratio = 1.0f;
+      MW_RETURN_IF_ERROR(o.Float("ratio", 0, 1, false, "a number in [0, 1]", ratio));
+      out.offload_optimizer_ratio = device->get<std::string>() == "cpu" ? ratio : 0.0f;
+    } else {
+      float ignored = 0;
+      MW_RETURN_IF_ERROR(o.Float("ratio", 0, 1, false, "a number in [0, 1]", ignored));
+    }
+    bool pin = true;
+    MW_RETURN_IF_ERROR(o.Bool("pin_memory", pin));  // memwall always pins
+    MW_RETURN_IF_ERROR(o.Finish());
+  }
+  if (const Json* v = r.Find("offload_param")) {
+    MW_ASSIGN_OR_RETURN(ObjectReader o, ObjectReader::Open(*v, "zero_optimization.offload_param"));
+    if (const Json* device = o.Find("device")) {
+      if (!device->is_string() || device->get<std::string>() != "none") {
+        return o.Error("device", "\"none\" (parameter paging is not built yet)", *device);
+      }
+    }
+    bool pin = true;
+    MW_RETURN_IF_ERROR(o.Bool("pin_memory", pin));
+    MW_RETURN_IF_ERROR(o.Finish());
+  }
+  if (out.offload_optimizer_ratio > 0 && out.stage == 0) {
+    return absl::InvalidArgumentError(
+        "zero_optimization.offload_optimizer: expected stage 1, 2 or 3 with it, got stage 0");
+  }
   return r.Finish();
 }
 

@@ -50,6 +50,11 @@ struct ZeroConfig {
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   // Stage 3: prefetching stops while gathered groups hold this many elements.
   int64_t stage3_max_live_parameters = 1'000'000'000;
+  // ZeRO-Offload (stages 1-3): this fraction of each shard keeps its f32
+  // master weights and optimizer states in the device's pinned host pool
+  // and is updated on the CPU; the rest stays on the device (DeepSpeed's
+  // ZeRO-Offload++ "ratio"). 0 = no offload, 1 = all of it.
+  float offload_optimizer_ratio = 0.0f;
 };
 
 struct ShardingOptions {

@@ -1,10 +1,13 @@
 #include "sharding/sharded_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
 
@@ -32,6 +35,20 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
   if (device.backend() == Backend::kCuda && comm.kind() == "mpi") {
     return absl::InvalidArgumentError(
         "ShardedOptimizer: a cuda device needs the NCCL communicator (MPI works on host memory)");
+  }
+  const float ratio = config.zero.offload_optimizer_ratio;
+  if (!(ratio >= 0.0f && ratio <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ShardedOptimizer: offload_optimizer ratio: expected a number in [0, 1], got ", ratio));
+  }
+  if (ratio > 0 && config.zero.stage == 0) {
+    return absl::InvalidArgumentError(
+        "ShardedOptimizer: offload_optimizer needs ZeRO stage 1, 2 or 3 (got stage 0)");
+  }
+  if (ratio > 0 && device.pinned_allocator() == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ShardedOptimizer: offload_optimizer keeps optimizer states in pinned host memory, but ",
+        device.name(), " has no pinned pool (DeviceOptions::pinned_capacity_bytes)"));
   }
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> comm_stream, config.zero.overlap_comm
@@ -99,9 +116,14 @@ int64_t ShardedOptimizer::update_begin(const FlatGroup& g) const {
   return stage() == 0 ? 0 : g.shard_begin(comm_.rank());
 }
 
+int64_t ShardedOptimizer::host_numel(const FlatGroup& g) const {
+  const int64_t n = update_numel(g);
+  return std::min<int64_t>(n, std::llround(double(config_.zero.offload_optimizer_ratio) * n));
+}
+
 absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group) {
   const DType dtype = config_.param_dtype();
-  const int64_t n = update_numel(flat);
+  const int64_t k = host_numel(flat), n = update_numel(flat) - k;  // host, device parts
   MW_ASSIGN_OR_RETURN(group.params,
                       device_.Allocate((stage() == 3 ? flat.shard_numel : flat.padded_numel) *
                                            DTypeSize(dtype),
@@ -110,19 +132,35 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
       group.grads,
       device_.Allocate((stage() <= 1 ? flat.padded_numel : flat.shard_numel) * DTypeSize(dtype),
                        MemoryCategory::kGradient, absl::StrCat(flat.name, ".grad")));
-  if (mixed()) {
+  const bool adam = config_.optimizer.type == OptimizerType::kAdam;
+  const bool momentum = adam || config_.optimizer.momentum > 0;
+  const char* first = adam ? ".exp_avg" : ".momentum";
+  if (mixed() && n > 0) {
     MW_ASSIGN_OR_RETURN(group.master, device_.Allocate(n * 4, MemoryCategory::kOptimizerState,
                                                        absl::StrCat(flat.name, ".master")));
   }
-  const bool adam = config_.optimizer.type == OptimizerType::kAdam;
-  if (adam || config_.optimizer.momentum > 0) {
-    MW_ASSIGN_OR_RETURN(group.exp_avg,
-                        device_.Allocate(n * 4, MemoryCategory::kOptimizerState,
-                                         absl::StrCat(flat.name, adam ? ".exp_avg" : ".momentum")));
+  if (momentum && n > 0) {
+    MW_ASSIGN_OR_RETURN(group.exp_avg, device_.Allocate(n * 4, MemoryCategory::kOptimizerState,
+                                                        absl::StrCat(flat.name, first)));
   }
-  if (adam) {
+  if (adam && n > 0) {
     MW_ASSIGN_OR_RETURN(group.exp_avg_sq, device_.Allocate(n * 4, MemoryCategory::kOptimizerState,
                                                            absl::StrCat(flat.name, ".exp_avg_sq")));
+  }
+  if (k == 0) return absl::OkStatus();
+  // Offload: the host part (an f32 master copy even in f32 runs).
+  MW_ASSIGN_OR_RETURN(group.host_master,
+                      device_.AllocatePinned(k * 4, MemoryCategory::kOptimizerState,
+                                             absl::StrCat(flat.name, ".master")));
+  if (momentum) {
+    MW_ASSIGN_OR_RETURN(group.host_exp_avg,
+                        device_.AllocatePinned(k * 4, MemoryCategory::kOptimizerState,
+                                               absl::StrCat(flat.name, first)));
+  }
+  if (adam) {
+    MW_ASSIGN_OR_RETURN(group.host_exp_avg_sq,
+                        device_.AllocatePinned(k * 4, MemoryCategory::kOptimizerState,
+                                               absl::StrCat(flat.name, ".exp_avg_sq")));
   }
   return absl::OkStatus();
 }
@@ -154,16 +192,30 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
   } else {
     MW_RETURN_IF_ERROR(upload(0, flat.padded_numel, group.params.data(), dtype));
   }
-  if (mixed()) {
-    MW_RETURN_IF_ERROR(
-        upload(update_begin(flat), update_numel(flat), group.master.data(), DType::kF32));
+  const int64_t k = host_numel(flat), n = update_numel(flat) - k;
+  if (mixed() && n > 0) {
+    MW_RETURN_IF_ERROR(upload(update_begin(flat) + k, n, group.master.data(), DType::kF32));
   }
   const int64_t grads = stage() <= 1 ? flat.padded_numel : flat.shard_numel;
   MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, group.grads.data(), dtype, grads, 0.0f));
   for (DeviceBuffer* state : {&group.exp_avg, &group.exp_avg_sq}) {
     if (state->empty()) continue;
-    MW_RETURN_IF_ERROR(
-        kernels::Fill(device_, *stream_, state->data(), DType::kF32, update_numel(flat), 0.0f));
+    MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, state->data(), DType::kF32, n, 0.0f));
+  }
+  if (k > 0) {
+    // Pinned memory is the CPU's: written directly.
+    auto* master = static_cast<float*>(group.host_master.data());
+    std::fill(master, master + k, 0.0f);
+    const int64_t begin = update_begin(flat);
+    for (int p : flat.parameters) {
+      const ParameterPlacement& place = layout_.placements[p];
+      const int64_t lo = std::max(place.offset, begin);
+      const int64_t hi = std::min(place.offset + place.numel, begin + k);
+      for (int64_t i = lo; i < hi; ++i) master[i - begin] = initial_[p][i - place.offset];
+    }
+    for (DeviceBuffer* state : {&group.host_exp_avg, &group.host_exp_avg_sq}) {
+      if (!state->empty()) std::memset(state->data(), 0, k * 4);
+    }
   }
   return stream_->Synchronize();
 }
@@ -420,10 +472,41 @@ void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
   return group.grads.data();
 }
 
+namespace {
+
+kernels::AdamParams AdamFor(const OptimizerConfig& o, int64_t step, float grad_scale) {
+  kernels::AdamParams adam;
+  adam.lr = o.lr;
+  adam.beta1 = o.beta1;
+  adam.beta2 = o.beta2;
+  adam.eps = o.eps;
+  adam.weight_decay = o.weight_decay;
+  adam.adamw = o.adamw;
+  adam.step = step;
+  adam.grad_scale = grad_scale;
+  return adam;
+}
+
+kernels::SgdParams SgdFor(const OptimizerConfig& o, float grad_scale) {
+  kernels::SgdParams sgd;
+  sgd.lr = o.lr;
+  sgd.momentum = o.momentum;
+  sgd.weight_decay = o.weight_decay;
+  sgd.grad_scale = grad_scale;
+  return sgd;
+}
+
+}  // namespace
+
 absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale) {
   const DType dtype = config_.param_dtype();
-  const int64_t n = update_numel(flat), begin = update_begin(flat);
-  const void* grads = UpdateGradients(flat, group);
+  const int64_t k = host_numel(flat), n = update_numel(flat) - k, begin = update_begin(flat);
+  if (k > 0) MW_RETURN_IF_ERROR(ApplyHostUpdate(flat, group, grad_scale));
+  if (n == 0) return absl::OkStatus();
+  // The device part: elements [k, k + n) of the update range.
+  const void* grads = device_.holds_bytes()
+                          ? static_cast<const char*>(UpdateGradients(flat, group)) + k * DTypeSize(dtype)
+                          : nullptr;
   DeviceBuffer grads32;
   if (dtype != DType::kF32) {
     MW_ASSIGN_OR_RETURN(grads32, device_.Allocate(n * 4, MemoryCategory::kWorkspace,
@@ -435,36 +518,71 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
   // pass (mixed precision only).
   char* params_at = device_.holds_bytes()
                         ? (stage() == 3 ? static_cast<char*>(group.params.data())
-                                        : At(group.params, begin, dtype))
+                                        : At(group.params, begin, dtype)) +
+                              k * DTypeSize(dtype)
                         : nullptr;
   float* weights = mixed() ? static_cast<float*>(group.master.data())
                            : reinterpret_cast<float*>(params_at);
   void* low = mixed() ? params_at : nullptr;
   const OptimizerConfig& o = config_.optimizer;
   if (o.type == OptimizerType::kAdam) {
-    kernels::AdamParams adam;
-    adam.lr = o.lr;
-    adam.beta1 = o.beta1;
-    adam.beta2 = o.beta2;
-    adam.eps = o.eps;
-    adam.weight_decay = o.weight_decay;
-    adam.adamw = o.adamw;
-    adam.step = steps_applied_ + 1;
-    adam.grad_scale = grad_scale;
     MW_RETURN_IF_ERROR(kernels::AdamUpdate(
-        device_, *comm_stream_, adam, weights, static_cast<const float*>(grads),
-        static_cast<float*>(group.exp_avg.data()), static_cast<float*>(group.exp_avg_sq.data()),
-        low, dtype, n));
+        device_, *comm_stream_, AdamFor(o, steps_applied_ + 1, grad_scale), weights,
+        static_cast<const float*>(grads), static_cast<float*>(group.exp_avg.data()),
+        static_cast<float*>(group.exp_avg_sq.data()), low, dtype, n));
   } else {
-    kernels::SgdParams sgd;
-    sgd.lr = o.lr;
-    sgd.momentum = o.momentum;
-    sgd.weight_decay = o.weight_decay;
-    sgd.grad_scale = grad_scale;
-    MW_RETURN_IF_ERROR(kernels::SgdUpdate(device_, *comm_stream_, sgd, weights,
+    MW_RETURN_IF_ERROR(kernels::SgdUpdate(device_, *comm_stream_, SgdFor(o, grad_scale), weights,
                                           static_cast<const float*>(grads),
                                           static_cast<float*>(group.exp_avg.data()), low, dtype, n));
   }
+  return comm_stream_->Synchronize();
+}
+
+absl::Status ShardedOptimizer::ApplyHostUpdate(const FlatGroup& flat, Group& group,
+                                               float grad_scale) {
+  const DType dtype = config_.param_dtype();
+  const size_t size = DTypeSize(dtype);
+  const int64_t k = host_numel(flat), begin = update_begin(flat);
+  // Pinned staging: the reduced gradients as they come off the device (in
+  // f32 too, for mixed precision) and the refreshed parameters going back.
+  MW_ASSIGN_OR_RETURN(DeviceBuffer staged,
+                      device_.AllocatePinned(k * size, MemoryCategory::kWorkspace,
+                                             absl::StrCat(flat.name, ".grad_host")));
+  DeviceBuffer grads32, low;
+  if (mixed()) {
+    MW_ASSIGN_OR_RETURN(grads32, device_.AllocatePinned(k * 4, MemoryCategory::kWorkspace,
+                                                        absl::StrCat(flat.name, ".grad_host_f32")));
+    MW_ASSIGN_OR_RETURN(low, device_.AllocatePinned(k * size, MemoryCategory::kWorkspace,
+                                                    absl::StrCat(flat.name, ".params_host")));
+  }
+  if (!device_.holds_bytes()) return absl::OkStatus();  // meta: accounting only
+  MW_RETURN_IF_ERROR(
+      device_.CopyAsync(staged.data(), UpdateGradients(flat, group), k * size, *comm_stream_));
+  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
+  const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
+  float* g = static_cast<float*>(staged.data());
+  if (mixed()) {
+    cpu.cast(staged.data(), dtype, grads32.data(), DType::kF32, k);
+    g = static_cast<float*>(grads32.data());
+  }
+  auto* master = static_cast<float*>(group.host_master.data());
+  const OptimizerConfig& o = config_.optimizer;
+  if (o.type == OptimizerType::kAdam) {
+    const kernels::AdamParams adam = AdamFor(o, steps_applied_ + 1, grad_scale);
+    MW_RETURN_IF_ERROR(kernels::ValidateAdamParams(adam));
+    kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(adam), master, g,
+                               static_cast<float*>(group.host_exp_avg.data()),
+                               static_cast<float*>(group.host_exp_avg_sq.data()),
+                               mixed() ? low.data() : nullptr, dtype, k,
+                               kernels::cpu::CpuThreads());
+  } else {
+    cpu.sgd(SgdFor(o, grad_scale), master, g, static_cast<float*>(group.host_exp_avg.data()),
+            mixed() ? low.data() : nullptr, dtype, k);
+  }
+  char* params_at = stage() == 3 ? static_cast<char*>(group.params.data())
+                                 : At(group.params, begin, dtype);
+  MW_RETURN_IF_ERROR(device_.CopyAsync(params_at, mixed() ? low.data() : group.host_master.data(),
+                                       k * size, *comm_stream_));
   return comm_stream_->Synchronize();
 }
 
@@ -637,11 +755,26 @@ absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<
   if (!mixed() && stage() <= 2) full = &group.params;
   DeviceBuffer gathered;
   if (full == nullptr) {
-    const DeviceBuffer& shard = mixed() ? group.master : group.params;
+    const DeviceBuffer* shard = mixed() ? &group.master : &group.params;
+    // Offloaded master weights: this rank's shard assembled on the device.
+    DeviceBuffer assembled;
+    const int64_t k = host_numel(flat);
+    if (mixed() && k > 0) {
+      MW_ASSIGN_OR_RETURN(assembled, device_.Allocate(flat.shard_numel * 4, MemoryCategory::kWorkspace,
+                                                      absl::StrCat(flat.name, ".master_shard")));
+      MW_RETURN_IF_ERROR(device_.CopyAsync(assembled.data(), group.host_master.data(), k * 4,
+                                           *comm_stream_));
+      if (k < flat.shard_numel) {
+        MW_RETURN_IF_ERROR(device_.CopyAsync(At(assembled, k, DType::kF32), group.master.data(),
+                                             (flat.shard_numel - k) * 4, *comm_stream_));
+      }
+      shard = &assembled;
+    }
     MW_ASSIGN_OR_RETURN(gathered, device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
                                                    absl::StrCat(flat.name, ".master_gather")));
-    MW_RETURN_IF_ERROR(
-        comm_.AllGather(shard.data(), gathered.data(), flat.shard_numel, DType::kF32, *comm_stream_));
+    MW_RETURN_IF_ERROR(comm_.AllGather(shard->data(), gathered.data(), flat.shard_numel,
+                                       DType::kF32, *comm_stream_));
+    MW_RETURN_IF_ERROR(comm_stream_->Synchronize());  // before `assembled` goes
     full = &gathered;
   }
   MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), At(*full, place.offset, DType::kF32),

@@ -45,6 +45,18 @@
 // that fails asynchronously fails the next Step() (before any update), and,
 // as CUDA errors are, stays sticky: the optimizer is unusable after it.
 //
+// Optimizer offload (zero_optimization.offload_optimizer_ratio > 0, stages
+// 1-3, ZeRO-Offload): the first ratio x shard elements of each group this
+// rank updates keep their f32 master weights and Adam moments (or SGD
+// momentum) in the device's pinned host pool (category optimizer_state)
+// instead of device memory. Step() copies their reduced gradients to host,
+// updates them with the CPU kernels (the same element math as the device
+// kernels: results are bit for bit those without offload), and copies the
+// refreshed parameters back; the rest of the shard updates on the device as
+// before. In f32 runs the host keeps an f32 master copy and the device
+// parameters are refreshed from it. The copies are synchronous (not yet
+// overlapped with backward).
+//
 // Every method that communicates is collective: all ranks call it in the
 // same order. Not thread-safe.
 #ifndef MEMWALL_SHARDING_SHARDED_OPTIMIZER_H_
@@ -168,8 +180,13 @@ class ShardedOptimizer {
     // f32 master weights (mixed precision only); full (stage 0) or shard.
     DeviceBuffer master;
     // Optimizer moments (f32): Adam m, v; SGD momentum uses exp_avg only.
+    // With offload these cover the device part of the update range only.
     DeviceBuffer exp_avg;
     DeviceBuffer exp_avg_sq;
+    // Offload: the host part's f32 master weights and moments (pinned).
+    DeviceBuffer host_master;
+    DeviceBuffer host_exp_avg;
+    DeviceBuffer host_exp_avg_sq;
     // Stage 3: the gather of `gathered` completes at this event; true while
     // it is a prefetch nobody asked for yet.
     std::unique_ptr<Event> gathered_event;
@@ -193,6 +210,10 @@ class ShardedOptimizer {
   // Elements this rank updates in group g, and where they start.
   int64_t update_numel(const FlatGroup& g) const;
   int64_t update_begin(const FlatGroup& g) const;
+  // Offload: how many of those elements (the first ones) update on host.
+  int64_t host_numel(const FlatGroup& g) const;
+  // The host part of ApplyUpdate.
+  absl::Status ApplyHostUpdate(const FlatGroup& flat, Group& group, float grad_scale);
   absl::Status RequireFinalized(absl::string_view call) const;
   absl::Status CheckGroup(int g, absl::string_view call) const;
   absl::Status AllocateGroup(const FlatGroup& flat, Group& group);

@@ -87,6 +87,13 @@ out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/sqrt.json" --steps 20 --log
 check "sqrt recomputation on 2 ranks" "$out" "activation recomputation: sqrt: 0 layers kept, 4 recomputed" \
   "summary: 20 steps (0 skipped)"
 
+# ZeRO-Offload on 2 ranks: the optimizer states live in the pinned pool.
+echo '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
+       "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' \
+  > "$tmp/offload.json"
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/offload.json" --steps 20 --log_every 20 2>&1)
+check "optimizer offload on 2 ranks" "$out" "optimizer_state 0 B" "summary: 20 steps (0 skipped)"
+
 # `memwall profile` on 2 real ranks: per-rank reports and the spread.
 out=$("$mpirun_sh" 2 "$memwall" profile --backend host --model gpt-tiny --config "$tmp/zero3.json" \
       --out "$tmp/prof" 2>&1)

@@ -156,6 +156,32 @@ TEST_CASE("activation_checkpointing: DeepSpeed's keys and memwall's planner", "[
              Catch::StartsWith("activation_checkpointing.checkpoint_in_cpu: unknown key"));
 }
 
+TEST_CASE("ZeRO-Offload keys: optimizer offload with a ratio; paging and NVMe refused by name",
+          "[config]") {
+  auto config = ParseConfig(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true, "ratio": 0.25}}})");
+  REQUIRE(config.ok());
+  CHECK(config->zero.offload_optimizer_ratio == 0.25f);
+  auto whole = ParseConfig(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}}})");
+  REQUIRE(whole.ok());
+  CHECK(whole->zero.offload_optimizer_ratio == 1.0f);
+  auto off = ParseConfig(R"({"zero_optimization": {"offload_optimizer": {"device": "none"}}})");
+  REQUIRE(off.ok());
+  CHECK(off->zero.offload_optimizer_ratio == 0.0f);
+  CHECK(Error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})") ==
+        "zero_optimization.offload_optimizer.device: expected \"none\" or \"cpu\" (the NVMe "
+        "tier is not built yet), got \"nvme\"");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})") ==
+        "zero_optimization.offload_param.device: expected \"none\" (parameter paging is not "
+        "built yet), got \"cpu\"");
+  CHECK(Error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})") ==
+        "zero_optimization.offload_optimizer: expected stage 1, 2 or 3 with it, got stage 0");
+  CHECK(Error(R"({"zero_optimization": {"stage": 1,
+      "offload_optimizer": {"device": "cpu", "ratio": 2}}})") ==
+        "zero_optimization.offload_optimizer.ratio: expected a number in [0, 1], got 2");
+}
+
 TEST_CASE("config files: errors name the file", "[config]") {
   const char* dir = std::getenv("TEST_TMPDIR");
   const std::string path = std::string(dir ? dir : "/tmp") + "/memwall_config_test.json";

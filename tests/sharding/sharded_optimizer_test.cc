@@ -110,9 +110,11 @@ struct Run {
   std::unique_ptr<ShardedOptimizer> opt;
 };
 
-Run Start(const ShardingOptions& options) {
+Run Start(const ShardingOptions& options, int64_t pinned = 64 * kMiB) {
   Run run;
-  run.device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
+  DeviceOptions device{Backend::kHost, 0, 256 * kMiB};
+  device.pinned_capacity_bytes = pinned;
+  run.device = CreateDevice(device).value();
   auto opt = ShardedOptimizer::Create(options, *run.device, World());
   REQUIRE(opt.ok());
   run.opt = std::move(opt).value();
@@ -491,6 +493,113 @@ TEST_CASE("the loss scale grows after clean windows and honours hysteresis", "[z
   CHECK(run.opt->steps_applied() == 2);
   CHECK(run.opt->steps_skipped() == 8);
   (void)ranks;
+}
+
+// Everything a run ends with, for bitwise comparisons: each parameter's
+// master weights and its parameter view's bytes.
+std::vector<float> Finish(ShardedOptimizer& opt) {
+  std::vector<float> all;
+  for (const Param& p : kModel) {
+    std::vector<float> w(NumElements(p.shape));
+    REQUIRE(opt.MasterWeights(p.name, absl::MakeSpan(w)).ok());
+    all.insert(all.end(), w.begin(), w.end());
+    const int g = opt.GroupOf(p.name).value();
+    REQUIRE(opt.GatherParameters(g).ok());
+    const auto view = opt.Parameter(p.name).value();
+    for (int64_t j = 0; j < view.numel; ++j) all.push_back(Load(view.dtype, view.data, j));
+    REQUIRE(opt.ReleaseParameters(g).ok());
+  }
+  return all;
+}
+
+TEST_CASE("optimizer offload trains bit for bit like the on-device update", "[zero][offload]") {
+  const int ranks = World().world_size();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      for (bool overlap : {false, true}) {
+        ShardingOptions options = Options(stage, dtype, 2, 0.05f, overlap);
+        Run plain = Start(options);
+        for (int k = 0; k < 3; ++k) REQUIRE(TrainStep(*plain.opt, k).applied);
+        const std::vector<float> want = Finish(*plain.opt);
+        for (float ratio : {1.0f, 0.5f}) {
+          INFO(Name(dtype) << ", stage " << stage << ", overlap " << overlap << ", ratio " << ratio
+                           << ", " << ranks << " ranks");
+          options.zero.offload_optimizer_ratio = ratio;
+          Run offloaded = Start(options);
+          for (int k = 0; k < 3; ++k) REQUIRE(TrainStep(*offloaded.opt, k).applied);
+          const std::vector<float> got = Finish(*offloaded.opt);
+          REQUIRE(got.size() == want.size());
+          CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("optimizer offload moves the optimizer-state bytes to the pinned pool",
+          "[zero][offload][memory]") {
+  const int64_t n = World().world_size();
+  for (float ratio : {1.0f, 0.5f, 0.25f}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      INFO("stage " << stage << ", ratio " << ratio << ", " << n << " ranks");
+      ShardingOptions options = Options(stage, DType::kBF16, 1, 0.0f);
+      options.zero.offload_optimizer_ratio = ratio;
+      Run run = Start(options);
+      // Per group: the first round(ratio x shard) elements on host, the
+      // rest on the device, 12 bytes each (f32 master, m, v).
+      int64_t host = 0, device = 0;
+      for (const FlatGroup& g : run.opt->layout().groups) {
+        const int64_t k = std::llround(double(ratio) * g.shard_numel);
+        host += 12 * k;
+        device += 12 * (g.shard_numel - k);
+      }
+      const auto current = [](CachingAllocator& a, MemoryCategory c) {
+        return a.stats().by_category[static_cast<int>(c)].current;
+      };
+      for (int k = 0; k < 2; ++k) {  // after Finalize, and after a step
+        CHECK(current(run.device->allocator(), MemoryCategory::kOptimizerState) == device);
+        CHECK(current(*run.device->pinned_allocator(), MemoryCategory::kOptimizerState) == host);
+        CHECK(current(*run.device->pinned_allocator(), MemoryCategory::kWorkspace) == 0);
+        TrainStep(*run.opt, k);
+      }
+      if (ratio == 1.0f) CHECK(device == 0);
+    }
+  }
+}
+
+TEST_CASE("optimizer offload: bad settings and a full host pool name the cause",
+          "[zero][offload][errors]") {
+  auto device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value();  // no pinned pool
+  ShardingOptions options = Options(2, DType::kBF16, 1, 0.0f);
+  options.zero.offload_optimizer_ratio = 1.0f;
+  const absl::Status no_pool = ShardedOptimizer::Create(options, *device, World()).status();
+  CHECK(no_pool.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(no_pool.message() ==
+        "ShardedOptimizer: offload_optimizer keeps optimizer states in pinned host memory, but "
+        "host:0 has no pinned pool (DeviceOptions::pinned_capacity_bytes)");
+  options.zero.stage = 0;
+  CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
+        "ShardedOptimizer: offload_optimizer needs ZeRO stage 1, 2 or 3 (got stage 0)");
+  options.zero.stage = 2;
+  options.zero.offload_optimizer_ratio = 1.5f;
+  CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
+        "ShardedOptimizer: offload_optimizer ratio: expected a number in [0, 1], got 1.5");
+
+  // A pinned pool too small for the states: Finalize fails naming it, and
+  // nothing stays allocated.
+  options.zero.offload_optimizer_ratio = 1.0f;
+  DeviceOptions small{Backend::kHost, 0, 64 * kMiB};
+  small.pinned_capacity_bytes = 512;
+  auto tiny = CreateDevice(small).value();
+  auto opt = ShardedOptimizer::Create(options, *tiny, World()).value();
+  for (size_t p = 0; p < kModel.size(); ++p) {
+    REQUIRE(opt->AddParameter(kModel[p].name, kModel[p].shape, Initial(p)).ok());
+  }
+  const absl::Status full = opt->Finalize();
+  CHECK(full.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(full.message()), Catch::Contains("host:0:pinned"));
+  CHECK(tiny->allocator().stats().requested.current == 0);
+  CHECK(tiny->pinned_allocator()->stats().requested.current == 0);
 }
 
 TEST_CASE("misuse gets the specific error", "[zero][errors]") {
