@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Optimizer offload (ZeRO-Offload) on the host backend: tokens/s and the
-# device's optimizer-state bytes of `memwall train` with the optimizer
-# states in the pinned pool (ratio 1 and 0.5) against the same run without
-# offload, measured in the same invocation. bf16, ZeRO stage 2, AdamW.
+# ZeRO-Offload on the host backend: tokens/s and the device's peak
+# parameter and optimizer-state bytes of `memwall train` with the optimizer
+# states in the pinned pool (stage 2, ratio 1 and 0.5) and with parameter
+# paging on top (stage 3), each against the same stage without offload,
+# measured in the same invocation. bf16, AdamW.
 #
 #   bazel build //cli:memwall && benchmarks/offload_benchmark.sh [STEPS]
 set -euo pipefail
@@ -11,31 +12,33 @@ steps=${1:-20}
 memwall=bazel-bin/cli/memwall
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-config() {  # config MICRO OFFLOAD_JSON
+run() {  # run RANKS MODEL MICRO STAGE OFFLOAD_JSON -> "tok/s, param P, optimizer O"
   cat > "$tmp/c.json" <<JSON
-{"train_micro_batch_size_per_gpu": $1, "bf16": {"enabled": true},
+{"train_micro_batch_size_per_gpu": $3, "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
- "zero_optimization": {"stage": 2, "reduce_bucket_size": 2000000$2}}
+ "zero_optimization": {"stage": $4, "reduce_bucket_size": 2000000$5}}
 JSON
-  echo "$tmp/c.json"
-}
-run() {  # run RANKS MODEL MICRO OFFLOAD_JSON -> "tokens/s optimizer_state"
   local out
-  out=$(tools/mpirun.sh "$1" "$memwall" train --model "$2" --config "$(config "$3" "$4")" \
+  out=$(tools/mpirun.sh "$1" "$memwall" train --model "$2" --config "$tmp/c.json" \
         --steps "$steps" --log_every "$steps" --device_memory 4GiB 2>&1)
-  echo "$(sed -nE 's/^summary: .* ([0-9]+) tokens\/s.*/\1/p' <<<"$out")" \
-       "$(grep -oE 'optimizer_state [0-9.]+ [KMG]?i?B' <<<"$out" | tail -n 1 | cut -d' ' -f2-)"
+  printf '%s tok/s, param %s, optim %s' \
+    "$(sed -nE 's/^summary: .* ([0-9]+) tokens\/s.*/\1/p' <<<"$out")" \
+    "$(grep -oE 'parameter [0-9.]+ [KMG]?i?B' <<<"$out" | tail -n 1 | cut -d' ' -f2-)" \
+    "$(grep -oE 'optimizer_state [0-9.]+ [KMG]?i?B' <<<"$out" | tail -n 1 | cut -d' ' -f2-)"
 }
-echo "offload_benchmark: $steps steps each, host backend, bf16, ZeRO-2, AdamW; $(nproc) cores"
-printf '%-28s %5s %-22s %-22s %-22s\n' model ranks "no offload" "offload ratio 1" "offload ratio 0.5"
+optimizer=', "offload_optimizer": {"device": "cpu"}'
+half=', "offload_optimizer": {"device": "cpu", "ratio": 0.5}'
+paging="$optimizer"', "offload_param": {"device": "cpu"}'
+echo "offload_benchmark: $steps steps each, host backend, bf16, AdamW; $(nproc) cores"
 for spec in "gpt-tiny:8" "gpt2-124m:layers=2,seq=256:2"; do
   model=${spec%:*}
   micro=${spec##*:}
   for ranks in 1 2; do
-    read -r t0 m0 u0 <<<"$(run "$ranks" "$model" "$micro" "")"
-    read -r t1 m1 u1 <<<"$(run "$ranks" "$model" "$micro" ', "offload_optimizer": {"device": "cpu"}')"
-    read -r t2 m2 u2 <<<"$(run "$ranks" "$model" "$micro" ', "offload_optimizer": {"device": "cpu", "ratio": 0.5}')"
-    printf '%-28s %5s %-22s %-22s %-22s\n' "$model" "$ranks" "$t0 tok/s, $m0 $u0" \
-      "$t1 tok/s, $m1 $u1" "$t2 tok/s, $m2 $u2"
+    echo "$model, $ranks rank(s), peaks per rank:"
+    echo "  stage 2, no offload:          $(run "$ranks" "$model" "$micro" 2 "")"
+    echo "  stage 2, optimizer offload:   $(run "$ranks" "$model" "$micro" 2 "$optimizer")"
+    echo "  stage 2, offload ratio 0.5:   $(run "$ranks" "$model" "$micro" 2 "$half")"
+    echo "  stage 3, no offload:          $(run "$ranks" "$model" "$micro" 3 "")"
+    echo "  stage 3, optimizer + params:  $(run "$ranks" "$model" "$micro" 3 "$paging")"
   done
 done

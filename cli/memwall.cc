@@ -78,7 +78,9 @@ usage:
       printed.
       With zero_optimization.offload_optimizer {"device": "cpu"} (stages
       1-3, optional "ratio") the optimizer states live in pinned host memory
-      and the update of that part runs on the CPU (ZeRO-Offload).
+      and the update of that part runs on the CPU (ZeRO-Offload); at stage 3
+      offload_param {"device": "cpu"} pages the parameter shards in from
+      there too.
       With --backend cuda each rank trains on a GPU (rank modulo the visible
       GPUs; cuBLAS and memwall's CUDA kernels) and the ranks reduce over
       NCCL; --device_memory caps the memwall allocator there. With --backend

@@ -215,9 +215,12 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
   if (const Json* v = r.Find("offload_param")) {
     MW_ASSIGN_OR_RETURN(ObjectReader o, ObjectReader::Open(*v, "zero_optimization.offload_param"));
     if (const Json* device = o.Find("device")) {
-      if (!device->is_string() || device->get<std::string>() != "none") {
-        return o.Error("device", "\"none\" (parameter paging is not built yet)", *device);
+      const bool known = device->is_string() && (device->get<std::string>() == "none" ||
+                                                 device->get<std::string>() == "cpu");
+      if (!known) {
+        return o.Error("device", "\"none\" or \"cpu\" (the NVMe tier is not built yet)", *device);
       }
+      out.offload_param = device->get<std::string>() == "cpu";
     }
     bool pin = true;
     MW_RETURN_IF_ERROR(o.Bool("pin_memory", pin));
@@ -226,6 +229,11 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
   if (out.offload_optimizer_ratio > 0 && out.stage == 0) {
     return absl::InvalidArgumentError(
         "zero_optimization.offload_optimizer: expected stage 1, 2 or 3 with it, got stage 0");
+  }
+  if (out.offload_param && (out.stage != 3 || out.offload_optimizer_ratio != 1.0f)) {
+    return absl::InvalidArgumentError(
+        "zero_optimization.offload_param: expected stage 3 and offload_optimizer on \"cpu\" with "
+        "ratio 1 with it");
   }
   return r.Finish();
 }

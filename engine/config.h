@@ -33,8 +33,9 @@
 //                                     the CPU (ZeRO-Offload++)        (1)
 //   zero_optimization.offload_optimizer.pin_memory bool, accepted (memwall
 //                                     always uses its pinned pool)
-//   zero_optimization.offload_param.device         "none" only (parameter
-//                                     paging is not built yet)
+//   zero_optimization.offload_param.device         "none" | "cpu": parameter
+//                                     paging (stage 3 with offload_optimizer
+//                                     "cpu" at ratio 1; no NVMe)     ("none")
 //   zero_optimization.offload_param.pin_memory     bool, accepted
 //   activation_checkpointing.planner  "none" | "full" | "uniform:K" | "sqrt" |
 //                                     "selective" | "optimal"      ("none")

@@ -55,6 +55,10 @@ struct ZeroConfig {
   // and is updated on the CPU; the rest stays on the device (DeepSpeed's
   // ZeRO-Offload++ "ratio"). 0 = no offload, 1 = all of it.
   float offload_optimizer_ratio = 0.0f;
+  // Parameter paging (stage 3, with the whole optimizer offloaded): the
+  // rank's parameter shards live in the pinned pool too and are paged in
+  // to the device only to be gathered (DeepSpeed's offload_param: cpu).
+  bool offload_param = false;
 };
 
 struct ShardingOptions {

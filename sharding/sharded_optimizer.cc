@@ -45,6 +45,11 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
     return absl::InvalidArgumentError(
         "ShardedOptimizer: offload_optimizer needs ZeRO stage 1, 2 or 3 (got stage 0)");
   }
+  if (config.zero.offload_param && (config.zero.stage != 3 || ratio != 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ShardedOptimizer: offload_param needs ZeRO stage 3 with the whole optimizer offloaded "
+        "(ratio 1), got stage ", config.zero.stage, " and ratio ", ratio));
+  }
   if (ratio > 0 && device.pinned_allocator() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ShardedOptimizer: offload_optimizer keeps optimizer states in pinned host memory, but ",
@@ -124,10 +129,13 @@ int64_t ShardedOptimizer::host_numel(const FlatGroup& g) const {
 absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group) {
   const DType dtype = config_.param_dtype();
   const int64_t k = host_numel(flat), n = update_numel(flat) - k;  // host, device parts
+  const int64_t param_bytes =
+      (stage() == 3 ? flat.shard_numel : flat.padded_numel) * DTypeSize(dtype);
   MW_ASSIGN_OR_RETURN(group.params,
-                      device_.Allocate((stage() == 3 ? flat.shard_numel : flat.padded_numel) *
-                                           DTypeSize(dtype),
-                                       MemoryCategory::kParameter, flat.name));
+                      paged() ? device_.AllocatePinned(param_bytes, MemoryCategory::kParameter,
+                                                       flat.name)
+                              : device_.Allocate(param_bytes, MemoryCategory::kParameter,
+                                                 flat.name));
   MW_ASSIGN_OR_RETURN(
       group.grads,
       device_.Allocate((stage() <= 1 ? flat.padded_numel : flat.shard_numel) * DTypeSize(dtype),
@@ -186,7 +194,19 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
         kernels::Cast(device_, *stream_, staging.data(), DType::kF32, dst, dst_dtype, count));
     return stream_->Synchronize();
   };
-  if (stage() == 3) {
+  if (paged()) {
+    // The shard is the CPU's memory: rounded there.
+    std::vector<float> host(flat.shard_numel, 0.0f);
+    const int64_t begin = flat.shard_begin(comm_.rank());
+    for (int p : flat.parameters) {
+      const ParameterPlacement& place = layout_.placements[p];
+      const int64_t lo = std::max(place.offset, begin);
+      const int64_t hi = std::min(place.offset + place.numel, begin + flat.shard_numel);
+      for (int64_t i = lo; i < hi; ++i) host[i - begin] = initial_[p][i - place.offset];
+    }
+    kernels::cpu::Kernels().cast(host.data(), DType::kF32, group.params.data(), dtype,
+                                 flat.shard_numel);
+  } else if (stage() == 3) {
     MW_RETURN_IF_ERROR(upload(flat.shard_begin(comm_.rank()), flat.shard_numel,
                               group.params.data(), dtype));
   } else {
@@ -306,8 +326,26 @@ absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
                       device_.Allocate(flat.padded_numel * DTypeSize(dtype),
                                        MemoryCategory::kParameter,
                                        absl::StrCat(flat.name, ".gathered")));
-  MW_RETURN_IF_ERROR(comm_.AllGather(group.params.data(), full.data(), flat.shard_numel, dtype,
-                                     *comm_stream_));
+  // Paging: the shard comes in from the pinned pool first, in stream order.
+  DeviceBuffer paged_in;
+  const void* shard = group.params.data();
+  if (paged()) {
+    const size_t bytes = flat.shard_numel * DTypeSize(dtype);
+    MW_ASSIGN_OR_RETURN(paged_in, device_.Allocate(bytes, MemoryCategory::kParameter,
+                                                   absl::StrCat(flat.name, ".paged_in")));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(paged_in.data(), shard, bytes, *comm_stream_));
+    shard = paged_in.data();
+  }
+  MW_RETURN_IF_ERROR(comm_.AllGather(shard, full.data(), flat.shard_numel, dtype, *comm_stream_));
+  if (!paged_in.empty()) {
+    // Freed once the gather has run (Reclaim). Recorded before the gather's
+    // own event, so a group found gathered has its paged-in copy free to go.
+    Retired retired;
+    retired.buffers.push_back(std::move(paged_in));
+    MW_ASSIGN_OR_RETURN(retired.event, device_.CreateEvent());
+    MW_RETURN_IF_ERROR(comm_stream_->Record(*retired.event));
+    retired_.push_back(std::move(retired));
+  }
   if (group.gathered_event == nullptr) {
     MW_ASSIGN_OR_RETURN(group.gathered_event, device_.CreateEvent());
   }
@@ -357,7 +395,9 @@ absl::Status ShardedOptimizer::GatherParameters(int g) {
   MW_RETURN_IF_ERROR(Prefetch(g));
   last_gathered_ = g;
   MW_RETURN_IF_ERROR(Reclaim(/*wait=*/false));
-  return group.gathered_event->Synchronize();
+  MW_RETURN_IF_ERROR(group.gathered_event->Synchronize());
+  // Paging: this gather's paged-in shard (and earlier ones) can go now.
+  return paged() ? Reclaim(/*wait=*/false) : absl::OkStatus();
 }
 
 absl::Status ShardedOptimizer::ReleaseParameters(int g) {
@@ -768,6 +808,13 @@ absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<
         MW_RETURN_IF_ERROR(device_.CopyAsync(At(assembled, k, DType::kF32), group.master.data(),
                                              (flat.shard_numel - k) * 4, *comm_stream_));
       }
+      shard = &assembled;
+    } else if (paged()) {
+      // f32 paging: the shard is in the pinned pool; collectives read device memory.
+      MW_ASSIGN_OR_RETURN(assembled, device_.Allocate(flat.shard_numel * 4, MemoryCategory::kWorkspace,
+                                                      absl::StrCat(flat.name, ".master_shard")));
+      MW_RETURN_IF_ERROR(device_.CopyAsync(assembled.data(), group.params.data(),
+                                           flat.shard_numel * 4, *comm_stream_));
       shard = &assembled;
     }
     MW_ASSIGN_OR_RETURN(gathered, device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,

@@ -57,6 +57,15 @@
 // parameters are refreshed from it. The copies are synchronous (not yet
 // overlapped with backward).
 //
+// Parameter paging (zero_optimization.offload_param, stage 3 with
+// offload_optimizer_ratio 1): the rank's parameter shards live in the
+// pinned pool as well; GatherParameters() pages a group's shard in (a
+// device copy, "<group>.paged_in", freed once the gather has run) and
+// all-gathers it, on the communication stream, so prefetched groups page
+// in ahead of use under the same prefetch and live-parameter bounds. The
+// update writes the refreshed shard straight into the pinned pool. At rest
+// the device holds no parameter bytes, only the gradient shards.
+//
 // Every method that communicates is collective: all ranks call it in the
 // same order. Not thread-safe.
 #ifndef MEMWALL_SHARDING_SHARDED_OPTIMIZER_H_
@@ -212,6 +221,8 @@ class ShardedOptimizer {
   int64_t update_begin(const FlatGroup& g) const;
   // Offload: how many of those elements (the first ones) update on host.
   int64_t host_numel(const FlatGroup& g) const;
+  // Parameter paging: group.params lives in the pinned pool.
+  bool paged() const { return config_.zero.offload_param; }
   // The host part of ApplyUpdate.
   absl::Status ApplyHostUpdate(const FlatGroup& flat, Group& group, float grad_scale);
   absl::Status RequireFinalized(absl::string_view call) const;

@@ -93,6 +93,11 @@ echo '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
   > "$tmp/offload.json"
 out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/offload.json" --steps 20 --log_every 20 2>&1)
 check "optimizer offload on 2 ranks" "$out" "optimizer_state 0 B" "summary: 20 steps (0 skipped)"
+echo '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
+       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                             "offload_param": {"device": "cpu"}}}' > "$tmp/paging.json"
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/paging.json" --steps 20 --log_every 20 2>&1)
+check "parameter paging on 2 ranks" "$out" "optimizer_state 0 B" "summary: 20 steps (0 skipped)"
 
 # `memwall profile` on 2 real ranks: per-rank reports and the spread.
 out=$("$mpirun_sh" 2 "$memwall" profile --backend host --model gpt-tiny --config "$tmp/zero3.json" \

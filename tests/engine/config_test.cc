@@ -172,9 +172,17 @@ TEST_CASE("ZeRO-Offload keys: optimizer offload with a ratio; paging and NVMe re
   CHECK(Error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})") ==
         "zero_optimization.offload_optimizer.device: expected \"none\" or \"cpu\" (the NVMe "
         "tier is not built yet), got \"nvme\"");
+  auto paging = ParseConfig(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})");
+  REQUIRE(paging.ok());
+  CHECK(paging->zero.offload_param);
+  CHECK_FALSE(whole->zero.offload_param);
   CHECK(Error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})") ==
-        "zero_optimization.offload_param.device: expected \"none\" (parameter paging is not "
-        "built yet), got \"cpu\"");
+        "zero_optimization.offload_param: expected stage 3 and offload_optimizer on \"cpu\" with "
+        "ratio 1 with it");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})") ==
+        "zero_optimization.offload_param.device: expected \"none\" or \"cpu\" (the NVMe tier "
+        "is not built yet), got \"nvme\"");
   CHECK(Error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})") ==
         "zero_optimization.offload_optimizer: expected stage 1, 2 or 3 with it, got stage 0");
   CHECK(Error(R"({"zero_optimization": {"stage": 1,

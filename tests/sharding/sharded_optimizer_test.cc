@@ -19,6 +19,7 @@
 //     then over ranks), so the clip coefficient may differ in its last bits:
 //     relative 1e-6 on the weights.
 #include <cmath>
+#include <random>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -567,6 +568,66 @@ TEST_CASE("optimizer offload moves the optimizer-state bytes to the pinned pool"
   }
 }
 
+TEST_CASE("parameter paging trains bit for bit like stage 3, with no parameter bytes at rest",
+          "[zero][offload][paging]") {
+  const int64_t n = World().world_size();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (bool overlap : {false, true}) {
+      INFO(Name(dtype) << ", overlap " << overlap << ", " << n << " ranks");
+      ShardingOptions options = Options(3, dtype, 2, 0.05f, overlap);
+      Run plain = Start(options);
+      for (int k = 0; k < 3; ++k) REQUIRE(TrainStep(*plain.opt, k).applied);
+      options.zero.offload_optimizer_ratio = 1.0f;
+      options.zero.offload_param = true;
+      Run paged = Start(options);
+      const int64_t P = paged.opt->layout().padded_numel;
+      const auto current = [](CachingAllocator& a, MemoryCategory c) {
+        return a.stats().by_category[static_cast<int>(c)].current;
+      };
+      for (int k = 0; k < 3; ++k) {
+        CHECK(current(paged.device->allocator(), MemoryCategory::kParameter) == 0);
+        CHECK(current(*paged.device->pinned_allocator(), MemoryCategory::kParameter) ==
+              static_cast<int64_t>(DTypeSize(dtype)) * P / n);
+        REQUIRE(TrainStep(*paged.opt, k).applied);
+      }
+      const std::vector<float> want = Finish(*plain.opt), got = Finish(*paged.opt);
+      REQUIRE(got.size() == want.size());
+      CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("the pager stays within its bounds under random prefetch settings",
+          "[zero][offload][paging][property]") {
+  const int64_t n = World().world_size();
+  std::mt19937 rng(2024 + static_cast<unsigned>(n));  // the same settings on every rank
+  for (int trial = 0; trial < 20; ++trial) {
+    ShardingOptions options = Options(3, DType::kBF16, 1, 0.0f, /*overlap=*/true);
+    options.zero.offload_optimizer_ratio = 1.0f;
+    options.zero.offload_param = true;
+    options.zero.stage3_prefetch_bucket_size = std::uniform_int_distribution<int64_t>(0, 600)(rng);
+    options.zero.stage3_max_live_parameters = std::uniform_int_distribution<int64_t>(0, 900)(rng);
+    INFO("trial " << trial << ": prefetch " << options.zero.stage3_prefetch_bucket_size
+                  << ", max live " << options.zero.stage3_max_live_parameters << ", " << n
+                  << " ranks");
+    Run run = Start(options);
+    int64_t largest = 0;
+    for (const FlatGroup& g : run.opt->layout().groups) largest = std::max(largest, g.padded_numel);
+    for (int k = 0; k < 2; ++k) REQUIRE(TrainStep(*run.opt, k).applied);
+    // The caller's group plus prefetches within the live limit, gathered
+    // (2 bytes each), and each gather's paged-in shard (a 1/N of it) until
+    // the gather has run.
+    const int64_t bound =
+        2 * (options.zero.stage3_max_live_parameters + largest) * (n + 1) / n;
+    const int64_t peak = run.device->allocator()
+                             .stats()
+                             .by_category[static_cast<int>(MemoryCategory::kParameter)]
+                             .peak;
+    CHECK(peak <= bound);
+    CHECK(peak >= 2 * largest);  // at least the largest group was gathered
+  }
+}
+
 TEST_CASE("optimizer offload: bad settings and a full host pool name the cause",
           "[zero][offload][errors]") {
   auto device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value();  // no pinned pool
@@ -581,6 +642,11 @@ TEST_CASE("optimizer offload: bad settings and a full host pool name the cause",
   CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
         "ShardedOptimizer: offload_optimizer needs ZeRO stage 1, 2 or 3 (got stage 0)");
   options.zero.stage = 2;
+  options.zero.offload_param = true;
+  CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
+        "ShardedOptimizer: offload_param needs ZeRO stage 3 with the whole optimizer offloaded "
+        "(ratio 1), got stage 2 and ratio 1");
+  options.zero.offload_param = false;
   options.zero.offload_optimizer_ratio = 1.5f;
   CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
         "ShardedOptimizer: offload_optimizer ratio: expected a number in [0, 1], got 1.5");
