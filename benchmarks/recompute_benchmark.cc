@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "checkpointing/chain.h"
 #include "checkpointing/planner.h"
+#include "engine/chain.h"
 #include "engine/trainer.h"
 #include "models/gpt.h"
 #include "models/zoo.h"

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "checkpointing/chain.h"
+#include "engine/chain.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
 

@@ -1,4 +1,4 @@
-#include "checkpointing/chain.h"
+#include "engine/chain.h"
 
 #include "runtime/status.h"
 

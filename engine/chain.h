@@ -1,7 +1,7 @@
 // The chain a recomputation planner sees, from a model's own declarations
 // (Layer::ActivationBytes, InputGradientBytes, Selective, ForwardFlops).
-#ifndef MEMWALL_CHECKPOINTING_CHAIN_H_
-#define MEMWALL_CHECKPOINTING_CHAIN_H_
+#ifndef MEMWALL_ENGINE_CHAIN_H_
+#define MEMWALL_ENGINE_CHAIN_H_
 
 #include <cstdint>
 #include <memory>
@@ -22,4 +22,4 @@ absl::StatusOr<Chain> ChainOf(const std::vector<std::unique_ptr<Layer>>& layers,
 
 }  // namespace memwall
 
-#endif  // MEMWALL_CHECKPOINTING_CHAIN_H_
+#endif  // MEMWALL_ENGINE_CHAIN_H_
