@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
 
@@ -157,19 +156,10 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
   }
   if (k == 0) return absl::OkStatus();
   // Offload: the host part (an f32 master copy even in f32 runs).
-  MW_ASSIGN_OR_RETURN(group.host_master,
-                      device_.AllocatePinned(k * 4, MemoryCategory::kOptimizerState,
-                                             absl::StrCat(flat.name, ".master")));
-  if (momentum) {
-    MW_ASSIGN_OR_RETURN(group.host_exp_avg,
-                        device_.AllocatePinned(k * 4, MemoryCategory::kOptimizerState,
-                                               absl::StrCat(flat.name, first)));
-  }
-  if (adam) {
-    MW_ASSIGN_OR_RETURN(group.host_exp_avg_sq,
-                        device_.AllocatePinned(k * 4, MemoryCategory::kOptimizerState,
-                                               absl::StrCat(flat.name, ".exp_avg_sq")));
-  }
+  const HostOptimizerSlice::Rule rule =
+      adam ? HostOptimizerSlice::Rule::kAdam : HostOptimizerSlice::Rule::kSgd;
+  MW_ASSIGN_OR_RETURN(group.host,
+                      HostOptimizerSlice::Create(device_, rule, momentum, dtype, k, flat.name));
   return absl::OkStatus();
 }
 
@@ -223,9 +213,7 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
     MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, state->data(), DType::kF32, n, 0.0f));
   }
   if (k > 0) {
-    // Pinned memory is the CPU's: written directly.
-    auto* master = static_cast<float*>(group.host_master.data());
-    std::fill(master, master + k, 0.0f);
+    std::vector<float> master(k, 0.0f);
     const int64_t begin = update_begin(flat);
     for (int p : flat.parameters) {
       const ParameterPlacement& place = layout_.placements[p];
@@ -233,9 +221,7 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
       const int64_t hi = std::min(place.offset + place.numel, begin + k);
       for (int64_t i = lo; i < hi; ++i) master[i - begin] = initial_[p][i - place.offset];
     }
-    for (DeviceBuffer* state : {&group.host_exp_avg, &group.host_exp_avg_sq}) {
-      if (!state->empty()) std::memset(state->data(), 0, k * 4);
-    }
+    group.host->SetMaster(master);
   }
   return stream_->Synchronize();
 }
@@ -541,7 +527,17 @@ kernels::SgdParams SgdFor(const OptimizerConfig& o, float grad_scale) {
 absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale) {
   const DType dtype = config_.param_dtype();
   const int64_t k = host_numel(flat), n = update_numel(flat) - k, begin = update_begin(flat);
-  if (k > 0) MW_RETURN_IF_ERROR(ApplyHostUpdate(flat, group, grad_scale));
+  const OptimizerConfig& o = config_.optimizer;
+  if (k > 0) {
+    // Offload: the first k elements on the CPU, from and to device memory
+    // (to the pinned shard when paging).
+    char* params_at = stage() == 3 ? static_cast<char*>(group.params.data())
+                                   : (device_.holds_bytes() ? At(group.params, begin, dtype)
+                                                            : nullptr);
+    MW_RETURN_IF_ERROR(group.host->Update(*comm_stream_, UpdateGradients(flat, group), params_at,
+                                          AdamFor(o, steps_applied_ + 1, grad_scale),
+                                          SgdFor(o, grad_scale)));
+  }
   if (n == 0) return absl::OkStatus();
   // The device part: elements [k, k + n) of the update range.
   const void* grads = device_.holds_bytes()
@@ -564,7 +560,6 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
   float* weights = mixed() ? static_cast<float*>(group.master.data())
                            : reinterpret_cast<float*>(params_at);
   void* low = mixed() ? params_at : nullptr;
-  const OptimizerConfig& o = config_.optimizer;
   if (o.type == OptimizerType::kAdam) {
     MW_RETURN_IF_ERROR(kernels::AdamUpdate(
         device_, *comm_stream_, AdamFor(o, steps_applied_ + 1, grad_scale), weights,
@@ -575,54 +570,6 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
                                           static_cast<const float*>(grads),
                                           static_cast<float*>(group.exp_avg.data()), low, dtype, n));
   }
-  return comm_stream_->Synchronize();
-}
-
-absl::Status ShardedOptimizer::ApplyHostUpdate(const FlatGroup& flat, Group& group,
-                                               float grad_scale) {
-  const DType dtype = config_.param_dtype();
-  const size_t size = DTypeSize(dtype);
-  const int64_t k = host_numel(flat), begin = update_begin(flat);
-  // Pinned staging: the reduced gradients as they come off the device (in
-  // f32 too, for mixed precision) and the refreshed parameters going back.
-  MW_ASSIGN_OR_RETURN(DeviceBuffer staged,
-                      device_.AllocatePinned(k * size, MemoryCategory::kWorkspace,
-                                             absl::StrCat(flat.name, ".grad_host")));
-  DeviceBuffer grads32, low;
-  if (mixed()) {
-    MW_ASSIGN_OR_RETURN(grads32, device_.AllocatePinned(k * 4, MemoryCategory::kWorkspace,
-                                                        absl::StrCat(flat.name, ".grad_host_f32")));
-    MW_ASSIGN_OR_RETURN(low, device_.AllocatePinned(k * size, MemoryCategory::kWorkspace,
-                                                    absl::StrCat(flat.name, ".params_host")));
-  }
-  if (!device_.holds_bytes()) return absl::OkStatus();  // meta: accounting only
-  MW_RETURN_IF_ERROR(
-      device_.CopyAsync(staged.data(), UpdateGradients(flat, group), k * size, *comm_stream_));
-  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
-  const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
-  float* g = static_cast<float*>(staged.data());
-  if (mixed()) {
-    cpu.cast(staged.data(), dtype, grads32.data(), DType::kF32, k);
-    g = static_cast<float*>(grads32.data());
-  }
-  auto* master = static_cast<float*>(group.host_master.data());
-  const OptimizerConfig& o = config_.optimizer;
-  if (o.type == OptimizerType::kAdam) {
-    const kernels::AdamParams adam = AdamFor(o, steps_applied_ + 1, grad_scale);
-    MW_RETURN_IF_ERROR(kernels::ValidateAdamParams(adam));
-    kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(adam), master, g,
-                               static_cast<float*>(group.host_exp_avg.data()),
-                               static_cast<float*>(group.host_exp_avg_sq.data()),
-                               mixed() ? low.data() : nullptr, dtype, k,
-                               kernels::cpu::CpuThreads());
-  } else {
-    cpu.sgd(SgdFor(o, grad_scale), master, g, static_cast<float*>(group.host_exp_avg.data()),
-            mixed() ? low.data() : nullptr, dtype, k);
-  }
-  char* params_at = stage() == 3 ? static_cast<char*>(group.params.data())
-                                 : At(group.params, begin, dtype);
-  MW_RETURN_IF_ERROR(device_.CopyAsync(params_at, mixed() ? low.data() : group.host_master.data(),
-                                       k * size, *comm_stream_));
   return comm_stream_->Synchronize();
 }
 
@@ -802,7 +749,7 @@ absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<
     if (mixed() && k > 0) {
       MW_ASSIGN_OR_RETURN(assembled, device_.Allocate(flat.shard_numel * 4, MemoryCategory::kWorkspace,
                                                       absl::StrCat(flat.name, ".master_shard")));
-      MW_RETURN_IF_ERROR(device_.CopyAsync(assembled.data(), group.host_master.data(), k * 4,
+      MW_RETURN_IF_ERROR(device_.CopyAsync(assembled.data(), group.host->master(), k * 4,
                                            *comm_stream_));
       if (k < flat.shard_numel) {
         MW_RETURN_IF_ERROR(device_.CopyAsync(At(assembled, k, DType::kF32), group.master.data(),

@@ -84,6 +84,7 @@
 #include "runtime/allocator.h"
 #include "runtime/communicator.h"
 #include "runtime/device.h"
+#include "offload/host_optimizer.h"
 #include "sharding/flat_layout.h"
 #include "sharding/options.h"
 #include "profiler/memory_profiler.h"
@@ -193,9 +194,7 @@ class ShardedOptimizer {
     DeviceBuffer exp_avg;
     DeviceBuffer exp_avg_sq;
     // Offload: the host part's f32 master weights and moments (pinned).
-    DeviceBuffer host_master;
-    DeviceBuffer host_exp_avg;
-    DeviceBuffer host_exp_avg_sq;
+    std::unique_ptr<HostOptimizerSlice> host;
     // Stage 3: the gather of `gathered` completes at this event; true while
     // it is a prefetch nobody asked for yet.
     std::unique_ptr<Event> gathered_event;
@@ -223,8 +222,7 @@ class ShardedOptimizer {
   int64_t host_numel(const FlatGroup& g) const;
   // Parameter paging: group.params lives in the pinned pool.
   bool paged() const { return config_.zero.offload_param; }
-  // The host part of ApplyUpdate.
-  absl::Status ApplyHostUpdate(const FlatGroup& flat, Group& group, float grad_scale);
+
   absl::Status RequireFinalized(absl::string_view call) const;
   absl::Status CheckGroup(int g, absl::string_view call) const;
   absl::Status AllocateGroup(const FlatGroup& flat, Group& group);

@@ -1,0 +1,126 @@
+// The host side of optimizer offload: a slice in the pinned pool updates
+// exactly as the device update would (bitwise, f32 and bf16, Adam and SGD),
+// its bytes are counted in the pinned pool, and a full or missing pool is
+// reported by name with nothing left allocated.
+#include "offload/host_optimizer.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "kernels/ops.h"
+#include "runtime/tensor.h"
+#include "runtime/units.h"
+
+namespace memwall {
+namespace {
+
+constexpr int64_t kN = 1000;
+
+std::vector<float> Values(uint32_t seed, float scale) {
+  std::vector<float> v(kN);
+  for (int64_t i = 0; i < kN; ++i) v[i] = scale * std::sin(0.37f * i + seed);
+  return v;
+}
+
+struct Setup {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Stream> stream;
+};
+
+Setup MakeHost(int64_t pinned) {
+  DeviceOptions o{Backend::kHost, 0, 64 * kMiB};
+  o.pinned_capacity_bytes = pinned;
+  Setup s;
+  s.device = CreateDevice(o).value();
+  s.stream = s.device->CreateStream().value();
+  return s;
+}
+
+TEST_CASE("a host slice updates bit for bit like the device update", "[offload]") {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (bool adam : {true, false}) {
+      INFO(DTypeName(dtype) << (adam ? ", adam" : ", sgd with momentum"));
+      Setup s = MakeHost(16 * kMiB);
+      Device& d = *s.device;
+      kernels::AdamParams ap;
+      ap.lr = 1e-2f;
+      ap.weight_decay = 0.01f;
+      ap.adamw = true;
+      kernels::SgdParams sp;
+      sp.lr = 0.05f;
+      sp.momentum = 0.9f;
+      // The device path: master, moments, low-precision parameters on the device.
+      auto master = Tensor::FromHost(d, Values(1, 0.5f), {kN}, MemoryCategory::kOptimizerState, "m").value();
+      auto m = Tensor::FromHost(d, std::vector<float>(kN), {kN}, MemoryCategory::kOptimizerState, "a").value();
+      auto v = Tensor::FromHost(d, std::vector<float>(kN), {kN}, MemoryCategory::kOptimizerState, "b").value();
+      auto slice = HostOptimizerSlice::Create(d, adam ? HostOptimizerSlice::Rule::kAdam
+                                                      : HostOptimizerSlice::Rule::kSgd,
+                                              true, dtype, kN, "g0")
+                       .value();
+      slice->SetMaster(Values(1, 0.5f));
+      auto device_params = Tensor::Empty(d, dtype, {kN}, MemoryCategory::kParameter, "p").value();
+      auto host_params = Tensor::Empty(d, dtype, {kN}, MemoryCategory::kParameter, "q").value();
+      for (int step = 1; step <= 3; ++step) {
+        // The same gradients in the parameter dtype, on the device.
+        auto g32 = Tensor::FromHost(d, Values(10 + step, 0.1f), {kN}, MemoryCategory::kGradient, "g").value();
+        auto g = Tensor::Empty(d, dtype, {kN}, MemoryCategory::kGradient, "g").value();
+        REQUIRE(kernels::Cast(d, *s.stream, g32.data(), DType::kF32, g.data(), dtype, kN).ok());
+        auto wide = Tensor::Empty(d, DType::kF32, {kN}, MemoryCategory::kWorkspace, "w").value();
+        REQUIRE(kernels::Cast(d, *s.stream, g.data(), dtype, wide.data(), DType::kF32, kN).ok());
+        ap.step = step;
+        void* low = dtype == DType::kF32 ? nullptr : device_params.data();
+        if (adam) {
+          REQUIRE(kernels::AdamUpdate(d, *s.stream, ap, master.data_as<float>(), wide.data_as<float>(),
+                                      m.data_as<float>(), v.data_as<float>(), low, dtype, kN)
+                      .ok());
+        } else {
+          REQUIRE(kernels::SgdUpdate(d, *s.stream, sp, master.data_as<float>(), wide.data_as<float>(),
+                                     m.data_as<float>(), low, dtype, kN)
+                      .ok());
+        }
+        REQUIRE(slice->Update(*s.stream, g.data(), host_params.data(), ap, sp).ok());
+      }
+      CHECK(std::memcmp(slice->master(), master.data(), kN * 4) == 0);
+      if (dtype != DType::kF32) {
+        CHECK(std::memcmp(host_params.data(), device_params.data(), kN * 2) == 0);
+      } else {
+        CHECK(std::memcmp(host_params.data(), master.data(), kN * 4) == 0);
+      }
+      // Master, two moments (or master and momentum) in the pinned pool; the
+      // staging went back after each step.
+      const AllocatorStats pinned = d.pinned_allocator()->stats();
+      CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kOptimizerState)].current ==
+            (adam ? 3 : 2) * kN * 4);
+      CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kWorkspace)].current == 0);
+      CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kWorkspace)].peak ==
+            kN * static_cast<int64_t>(dtype == DType::kF32 ? 4 : 2 + 4 + 2));
+    }
+  }
+}
+
+TEST_CASE("a missing or full pinned pool is named, and nothing stays allocated", "[offload][errors]") {
+  Setup none = MakeHost(0);
+  const absl::Status missing =
+      HostOptimizerSlice::Create(*none.device, HostOptimizerSlice::Rule::kAdam, true, DType::kBF16, kN, "g0")
+          .status();
+  CHECK(missing.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(missing.message() ==
+        "offloaded optimizer states of 'g0': host:0 has no pinned pool "
+        "(DeviceOptions::pinned_capacity_bytes)");
+  // Below the pool's first 2 MiB segment: the first allocation fails.
+  Setup small = MakeHost(2 * kN * 4 + 1024);
+  const absl::Status full =
+      HostOptimizerSlice::Create(*small.device, HostOptimizerSlice::Rule::kAdam, true, DType::kBF16, kN, "g0")
+          .status();
+  CHECK(full.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(full.message()), Catch::Contains("host:0:pinned"));
+  CHECK_THAT(std::string(full.message()),
+             Catch::StartsWith("out of memory on host:0:pinned: cannot allocate 3.91 KiB (4000 "
+                               "bytes) of optimizer_state for 'g0.master'"));
+  CHECK(small.device->pinned_allocator()->stats().requested.current == 0);
+}
+
+}  // namespace
+}  // namespace memwall
