@@ -27,6 +27,9 @@ absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
                                  absl::StrCat(owner, suffix));
   };
   MW_ASSIGN_OR_RETURN(slice->master_, allocate(".master"));
+  MW_ASSIGN_OR_RETURN(slice->grads_,
+                      device.AllocatePinned(numel * DTypeSize(param_dtype), MemoryCategory::kGradient,
+                                            absl::StrCat(owner, ".grad_host")));
   if (rule == Rule::kAdam || momentum) {
     MW_ASSIGN_OR_RETURN(slice->first_, allocate(rule == Rule::kAdam ? ".exp_avg" : ".momentum"));
   }
@@ -44,16 +47,24 @@ void HostOptimizerSlice::SetMaster(absl::Span<const float> values) {
   if (master_.data() != nullptr) std::memcpy(master_.data(), values.data(), numel_ * sizeof(float));
 }
 
-absl::Status HostOptimizerSlice::Update(Stream& stream, const void* grads, void* params,
+absl::Status HostOptimizerSlice::StageGradients(Stream& stream, const void* grads) {
+  MW_RETURN_IF_ERROR(device_.CopyAsync(grads_.data(), grads, numel_ * DTypeSize(dtype_), stream));
+  staged_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status HostOptimizerSlice::Update(Stream& stream, void* params,
                                         const kernels::AdamParams& adam,
                                         const kernels::SgdParams& sgd) {
+  if (!staged_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("offloaded optimizer states of '", owner_, "': no gradients staged"));
+  }
+  staged_ = false;
   const size_t size = DTypeSize(dtype_);
   const bool wide = dtype_ == DType::kF32;
-  // Pinned staging: the gradients as they come off the device (and widened
-  // to f32), and the refreshed parameters going back.
-  MW_ASSIGN_OR_RETURN(DeviceBuffer staged,
-                      device_.AllocatePinned(numel_ * size, MemoryCategory::kWorkspace,
-                                             absl::StrCat(owner_, ".grad_host")));
+  // Pinned staging: the gradients widened to f32, and the refreshed
+  // parameters going back.
   DeviceBuffer grads32, low;
   if (!wide) {
     MW_ASSIGN_OR_RETURN(grads32, device_.AllocatePinned(numel_ * 4, MemoryCategory::kWorkspace,
@@ -61,13 +72,12 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const void* grads, void*
     MW_ASSIGN_OR_RETURN(low, device_.AllocatePinned(numel_ * size, MemoryCategory::kWorkspace,
                                                     absl::StrCat(owner_, ".params_host")));
   }
+  MW_RETURN_IF_ERROR(stream.Synchronize());  // the staged gradients have landed
   if (!device_.holds_bytes()) return absl::OkStatus();  // meta: accounting only
-  MW_RETURN_IF_ERROR(device_.CopyAsync(staged.data(), grads, numel_ * size, stream));
-  MW_RETURN_IF_ERROR(stream.Synchronize());
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
-  float* g = static_cast<float*>(staged.data());
+  float* g = static_cast<float*>(grads_.data());
   if (!wide) {
-    cpu.cast(staged.data(), dtype_, grads32.data(), DType::kF32, numel_);
+    cpu.cast(grads_.data(), dtype_, grads32.data(), DType::kF32, numel_);
     g = static_cast<float*>(grads32.data());
   }
   auto* first = static_cast<float*>(first_.data());

@@ -26,8 +26,10 @@ class HostOptimizerSlice {
 
   // `numel` elements of master weights, plus Adam's two moments or SGD's
   // momentum buffer (when `momentum`), allocated from `device`'s pinned
-  // pool as "<owner>.master", ".exp_avg", ".exp_avg_sq" or ".momentum";
-  // moments start at zero, master weights at zero until SetMaster. Errors:
+  // pool as "<owner>.master", ".exp_avg", ".exp_avg_sq" or ".momentum",
+  // and the gradients' landing buffer ("<owner>.grad_host", category
+  // gradient, in the parameter dtype); moments start at zero, master
+  // weights at zero until SetMaster. Errors:
   // kFailedPrecondition without a pinned pool; kResourceExhausted (naming
   // the pool) when it is full, with nothing left allocated.
   static absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> Create(
@@ -41,14 +43,22 @@ class HostOptimizerSlice {
   // REQUIRES: values.size() == numel() (ignored on meta).
   void SetMaster(absl::Span<const float> values);
 
-  // One step: copies `grads` (numel() elements of the parameter dtype, in
-  // device memory) to the host through pinned staging, widens them, updates
-  // the master weights and moments, and writes the refreshed parameters in
-  // the parameter dtype to `params` (device or pinned memory). `adam` or
-  // `sgd` gives the hyper-parameters, by the slice's rule. Returns once
-  // `stream` has run the copies.
-  absl::Status Update(Stream& stream, const void* grads, void* params,
-                      const kernels::AdamParams& adam, const kernels::SgdParams& sgd);
+  // Enqueues on `stream` the copy of `grads` (numel() elements of the
+  // parameter dtype, device memory that stays valid until the stream has
+  // run it) into the landing buffer: gradients stream to the host as soon
+  // as they are final, while the caller goes on.
+  absl::Status StageGradients(Stream& stream, const void* grads);
+  // One step from the staged gradients: waits for `stream`, widens them,
+  // updates the master weights and moments, and writes the refreshed
+  // parameters in the parameter dtype to `params` (device or pinned
+  // memory). `adam` or `sgd` gives the hyper-parameters, by the slice's
+  // rule. kFailedPrecondition if no gradients were staged since the last
+  // update. Returns once `stream` has run the copy back.
+  absl::Status Update(Stream& stream, void* params, const kernels::AdamParams& adam,
+                      const kernels::SgdParams& sgd);
+  // Forgets staged gradients (a skipped step).
+  void DropGradients() { staged_ = false; }
+  bool staged() const { return staged_; }
 
  private:
   HostOptimizerSlice(Device& device, Rule rule, DType param_dtype, int64_t numel, std::string owner)
@@ -60,6 +70,8 @@ class HostOptimizerSlice {
   const int64_t numel_;
   const std::string owner_;
   DeviceBuffer master_;
+  DeviceBuffer grads_;   // the landing buffer, parameter dtype
+  bool staged_ = false;
   DeviceBuffer first_;   // Adam m, or SGD momentum (empty without)
   DeviceBuffer second_;  // Adam v
 };

@@ -432,6 +432,10 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
                                             group.grads.data(), /*accumulate=*/true,
                                             retired.buffers));
   retired.buffers.push_back(std::move(group.grad_bucket));
+  if (group.host != nullptr && ++group.reductions == config_.gradient_accumulation_steps) {
+    // Offload: the host part's gradients are final; they stream to host now.
+    MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, group.grads.data()));
+  }
   MW_ASSIGN_OR_RETURN(retired.event, device_.CreateEvent());
   MW_RETURN_IF_ERROR(comm_stream_->Record(*retired.event));
   retired_.push_back(std::move(retired));
@@ -534,7 +538,10 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
     char* params_at = stage() == 3 ? static_cast<char*>(group.params.data())
                                    : (device_.holds_bytes() ? At(group.params, begin, dtype)
                                                             : nullptr);
-    MW_RETURN_IF_ERROR(group.host->Update(*comm_stream_, UpdateGradients(flat, group), params_at,
+    if (!group.host->staged()) {
+      MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, UpdateGradients(flat, group)));
+    }
+    MW_RETURN_IF_ERROR(group.host->Update(*comm_stream_, params_at,
                                           AdamFor(o, steps_applied_ + 1, grad_scale),
                                           SgdFor(o, grad_scale)));
   }
@@ -609,6 +616,7 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   }
   // Every reduction has run (its errors surface here); unused prefetches go.
   MW_RETURN_IF_ERROR(Reclaim(/*wait=*/true));
+  for (Group& group : groups_) group.reductions = 0;
   for (Group& group : groups_) {
     if (group.prefetched) {
       group.gathered.Reset();
@@ -682,6 +690,9 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   if (overflow) {
     UpdateLossScale(/*overflow=*/true);
     ++steps_skipped_;
+    for (Group& group : groups_) {
+      if (group.host != nullptr) group.host->DropGradients();
+    }
     for (size_t g = 0; g < groups_.size(); ++g) {
       MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], groups_[g]));
     }

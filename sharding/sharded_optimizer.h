@@ -49,13 +49,15 @@
 // 1-3, ZeRO-Offload): the first ratio x shard elements of each group this
 // rank updates keep their f32 master weights and Adam moments (or SGD
 // momentum) in the device's pinned host pool (category optimizer_state)
-// instead of device memory. Step() copies their reduced gradients to host,
-// updates them with the CPU kernels (the same element math as the device
-// kernels: results are bit for bit those without offload), and copies the
-// refreshed parameters back; the rest of the shard updates on the device as
-// before. In f32 runs the host keeps an f32 master copy and the device
-// parameters are refreshed from it. The copies are synchronous (not yet
-// overlapped with backward).
+// instead of device memory. Their reduced gradients stream to pinned host
+// memory on the communication stream as soon as they are final (stages 2-3:
+// right after the last micro-batch's ReduceGradients of the group, so with
+// overlap_comm the copy of group g runs during the backward of group g-1;
+// stage 1: in Step()); Step() updates them with the CPU kernels (the same
+// element math as the device kernels: results are bit for bit those without
+// offload) and copies the refreshed parameters back; the rest of the shard
+// updates on the device as before. In f32 runs the host keeps an f32 master
+// copy and the device parameters are refreshed from it.
 //
 // Parameter paging (zero_optimization.offload_param, stage 3 with
 // offload_optimizer_ratio 1): the rank's parameter shards live in the
@@ -195,6 +197,9 @@ class ShardedOptimizer {
     DeviceBuffer exp_avg_sq;
     // Offload: the host part's f32 master weights and moments (pinned).
     std::unique_ptr<HostOptimizerSlice> host;
+    // Reductions into the shard this step (stages 2-3): at the last
+    // micro-batch's, the host part's gradients start streaming to host.
+    int reductions = 0;
     // Stage 3: the gather of `gathered` completes at this event; true while
     // it is a prefetch nobody asked for yet.
     std::unique_ptr<Event> gathered_event;

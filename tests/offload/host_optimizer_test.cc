@@ -80,7 +80,8 @@ TEST_CASE("a host slice updates bit for bit like the device update", "[offload]"
                                      m.data_as<float>(), low, dtype, kN)
                       .ok());
         }
-        REQUIRE(slice->Update(*s.stream, g.data(), host_params.data(), ap, sp).ok());
+        REQUIRE(slice->StageGradients(*s.stream, g.data()).ok());
+        REQUIRE(slice->Update(*s.stream, host_params.data(), ap, sp).ok());
       }
       CHECK(std::memcmp(slice->master(), master.data(), kN * 4) == 0);
       if (dtype != DType::kF32) {
@@ -88,14 +89,21 @@ TEST_CASE("a host slice updates bit for bit like the device update", "[offload]"
       } else {
         CHECK(std::memcmp(host_params.data(), master.data(), kN * 4) == 0);
       }
-      // Master, two moments (or master and momentum) in the pinned pool; the
-      // staging went back after each step.
+      // Master, two moments (or master and momentum) and the gradients'
+      // landing buffer in the pinned pool; the widening staging went back
+      // after each step.
       const AllocatorStats pinned = d.pinned_allocator()->stats();
+      const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kOptimizerState)].current ==
             (adam ? 3 : 2) * kN * 4);
+      CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kGradient)].current == kN * size);
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kWorkspace)].current == 0);
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kWorkspace)].peak ==
-            kN * static_cast<int64_t>(dtype == DType::kF32 ? 4 : 2 + 4 + 2));
+            (dtype == DType::kF32 ? 0 : kN * (4 + size)));
+      // A second update without new gradients is refused.
+      const absl::Status again = slice->Update(*s.stream, host_params.data(), ap, sp);
+      CHECK(again.code() == absl::StatusCode::kFailedPrecondition);
+      CHECK(again.message() == "offloaded optimizer states of 'g0': no gradients staged");
     }
   }
 }

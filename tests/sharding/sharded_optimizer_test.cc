@@ -561,6 +561,8 @@ TEST_CASE("optimizer offload moves the optimizer-state bytes to the pinned pool"
         CHECK(current(run.device->allocator(), MemoryCategory::kOptimizerState) == device);
         CHECK(current(*run.device->pinned_allocator(), MemoryCategory::kOptimizerState) == host);
         CHECK(current(*run.device->pinned_allocator(), MemoryCategory::kWorkspace) == 0);
+        // The gradients' landing buffers: the host part, in bf16.
+        CHECK(current(*run.device->pinned_allocator(), MemoryCategory::kGradient) == host / 6);
         TrainStep(*run.opt, k);
       }
       if (ratio == 1.0f) CHECK(device == 0);
