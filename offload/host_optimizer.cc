@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -13,27 +14,33 @@ namespace memwall {
 
 absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
     Device& device, Rule rule, bool momentum, DType param_dtype, int64_t numel,
-    absl::string_view owner) {
+    absl::string_view owner, NvmeStore* store) {
   if (device.pinned_allocator() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "offloaded optimizer states of '", owner, "': ", device.name(),
         " has no pinned pool (DeviceOptions::pinned_capacity_bytes)"));
   }
   std::unique_ptr<HostOptimizerSlice> slice(
-      new HostOptimizerSlice(device, rule, param_dtype, numel, std::string(owner)));
+      new HostOptimizerSlice(device, rule, momentum, param_dtype, numel, std::string(owner)));
+  MW_ASSIGN_OR_RETURN(slice->grads_,
+                      device.AllocatePinned(numel * DTypeSize(param_dtype),
+                                            MemoryCategory::kGradient,
+                                            absl::StrCat(owner, ".grad_host")));
   const size_t bytes = numel * sizeof(float);
+  if (store != nullptr) {
+    slice->store_ = store;
+    MW_ASSIGN_OR_RETURN(slice->slot_, store->AddSlot(slice->states_ * bytes));
+    return slice;
+  }
   auto allocate = [&](const char* suffix) {
     return device.AllocatePinned(bytes, MemoryCategory::kOptimizerState,
                                  absl::StrCat(owner, suffix));
   };
   MW_ASSIGN_OR_RETURN(slice->master_, allocate(".master"));
-  MW_ASSIGN_OR_RETURN(slice->grads_,
-                      device.AllocatePinned(numel * DTypeSize(param_dtype), MemoryCategory::kGradient,
-                                            absl::StrCat(owner, ".grad_host")));
-  if (rule == Rule::kAdam || momentum) {
+  if (slice->states_ >= 2) {
     MW_ASSIGN_OR_RETURN(slice->first_, allocate(rule == Rule::kAdam ? ".exp_avg" : ".momentum"));
   }
-  if (rule == Rule::kAdam) {
+  if (slice->states_ == 3) {
     MW_ASSIGN_OR_RETURN(slice->second_, allocate(".exp_avg_sq"));
   }
   // Pinned memory is the CPU's: written directly.
@@ -43,8 +50,43 @@ absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
   return slice;
 }
 
-void HostOptimizerSlice::SetMaster(absl::Span<const float> values) {
-  if (master_.data() != nullptr) std::memcpy(master_.data(), values.data(), numel_ * sizeof(float));
+absl::StatusOr<std::pair<DeviceBuffer, char*>> HostOptimizerSlice::Aligned(
+    int64_t bytes, absl::string_view suffix) {
+  MW_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                      device_.AllocatePinned(bytes + NvmeStore::kAlignment,
+                                             MemoryCategory::kWorkspace,
+                                             absl::StrCat(owner_, suffix)));
+  const uintptr_t at = reinterpret_cast<uintptr_t>(buffer.data());
+  const uintptr_t aligned = (at + NvmeStore::kAlignment - 1) / NvmeStore::kAlignment *
+                            NvmeStore::kAlignment;
+  return std::make_pair(std::move(buffer), reinterpret_cast<char*>(aligned));
+}
+
+absl::Status HostOptimizerSlice::SetMaster(absl::Span<const float> values) {
+  if (!device_.holds_bytes()) return absl::OkStatus();
+  const size_t bytes = numel_ * sizeof(float);
+  if (store_ == nullptr) {
+    std::memcpy(master_.data(), values.data(), bytes);
+    return absl::OkStatus();
+  }
+  MW_ASSIGN_OR_RETURN(auto staging, Aligned(store_->slot_bytes(slot_), ".nvme_staging"));
+  std::memset(staging.second, 0, store_->slot_bytes(slot_));
+  std::memcpy(staging.second, values.data(), bytes);
+  MW_RETURN_IF_ERROR(store_->Write(slot_, staging.second));
+  return store_->Commit(slot_);
+}
+
+absl::Status HostOptimizerSlice::ReadMaster(float* out) {
+  if (!device_.holds_bytes()) return absl::OkStatus();
+  const size_t bytes = numel_ * sizeof(float);
+  if (store_ == nullptr) {
+    std::memcpy(out, master_.data(), bytes);
+    return absl::OkStatus();
+  }
+  MW_ASSIGN_OR_RETURN(auto staging, Aligned(store_->slot_bytes(slot_), ".nvme_staging"));
+  MW_RETURN_IF_ERROR(store_->Read(slot_, staging.second));
+  std::memcpy(out, staging.second, bytes);
+  return absl::OkStatus();
 }
 
 absl::Status HostOptimizerSlice::StageGradients(Stream& stream, const void* grads) {
@@ -53,8 +95,7 @@ absl::Status HostOptimizerSlice::StageGradients(Stream& stream, const void* grad
   return absl::OkStatus();
 }
 
-absl::Status HostOptimizerSlice::Update(Stream& stream, void* params,
-                                        const kernels::AdamParams& adam,
+absl::Status HostOptimizerSlice::Update(Stream& stream, const kernels::AdamParams& adam,
                                         const kernels::SgdParams& sgd) {
   if (!staged_) {
     return absl::FailedPreconditionError(
@@ -64,34 +105,59 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, void* params,
   const size_t size = DTypeSize(dtype_);
   const bool wide = dtype_ == DType::kF32;
   // Pinned staging: the gradients widened to f32, and the refreshed
-  // parameters going back.
-  DeviceBuffer grads32, low;
+  // parameters held for Commit.
+  DeviceBuffer grads32;
   if (!wide) {
     MW_ASSIGN_OR_RETURN(grads32, device_.AllocatePinned(numel_ * 4, MemoryCategory::kWorkspace,
                                                         absl::StrCat(owner_, ".grad_host_f32")));
-    MW_ASSIGN_OR_RETURN(low, device_.AllocatePinned(numel_ * size, MemoryCategory::kWorkspace,
-                                                    absl::StrCat(owner_, ".params_host")));
+  }
+  MW_ASSIGN_OR_RETURN(pending_, device_.AllocatePinned(numel_ * size, MemoryCategory::kWorkspace,
+                                                       absl::StrCat(owner_, ".params_host")));
+  // NVMe: the committed state comes in; the new one goes to the spare copy.
+  std::pair<DeviceBuffer, char*> state;
+  if (store_ != nullptr) {
+    MW_ASSIGN_OR_RETURN(state, Aligned(store_->slot_bytes(slot_), ".nvme_staging"));
   }
   MW_RETURN_IF_ERROR(stream.Synchronize());  // the staged gradients have landed
   if (!device_.holds_bytes()) return absl::OkStatus();  // meta: accounting only
+  float *master, *first, *second;
+  if (store_ != nullptr) {
+    MW_RETURN_IF_ERROR(store_->Read(slot_, state.second));
+    auto* base = reinterpret_cast<float*>(state.second);
+    master = base;
+    first = states_ >= 2 ? base + numel_ : nullptr;
+    second = states_ == 3 ? base + 2 * numel_ : nullptr;
+  } else {
+    master = static_cast<float*>(master_.data());
+    first = static_cast<float*>(first_.data());
+    second = static_cast<float*>(second_.data());
+  }
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
   float* g = static_cast<float*>(grads_.data());
   if (!wide) {
     cpu.cast(grads_.data(), dtype_, grads32.data(), DType::kF32, numel_);
     g = static_cast<float*>(grads32.data());
   }
-  auto* first = static_cast<float*>(first_.data());
   if (rule_ == Rule::kAdam) {
     MW_RETURN_IF_ERROR(kernels::ValidateAdamParams(adam));
-    kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(adam), master(), g, first,
-                               static_cast<float*>(second_.data()), wide ? nullptr : low.data(),
-                               dtype_, numel_, kernels::cpu::CpuThreads());
+    kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(adam), master, g, first, second,
+                               wide ? nullptr : pending_.data(), dtype_, numel_,
+                               kernels::cpu::CpuThreads());
   } else {
-    cpu.sgd(sgd, master(), g, first, wide ? nullptr : low.data(), dtype_, numel_);
+    cpu.sgd(sgd, master, g, first, wide ? nullptr : pending_.data(), dtype_, numel_);
   }
+  if (wide) std::memcpy(pending_.data(), master, numel_ * sizeof(float));
+  if (store_ != nullptr) MW_RETURN_IF_ERROR(store_->Write(slot_, state.second));
+  return absl::OkStatus();
+}
+
+absl::Status HostOptimizerSlice::Commit(Stream& stream, void* params) {
+  if (store_ != nullptr && device_.holds_bytes()) MW_RETURN_IF_ERROR(store_->Commit(slot_));
   MW_RETURN_IF_ERROR(
-      device_.CopyAsync(params, wide ? master_.data() : low.data(), numel_ * size, stream));
-  return stream.Synchronize();
+      device_.CopyAsync(params, pending_.data(), numel_ * DTypeSize(dtype_), stream));
+  MW_RETURN_IF_ERROR(stream.Synchronize());
+  pending_.Reset();
+  return absl::OkStatus();
 }
 
 }  // namespace memwall

@@ -4,6 +4,7 @@
 #define MEMWALL_SHARDING_OPTIONS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "runtime/dtype.h"
 
@@ -55,6 +56,10 @@ struct ZeroConfig {
   // and is updated on the CPU; the rest stays on the device (DeepSpeed's
   // ZeRO-Offload++ "ratio"). 0 = no offload, 1 = all of it.
   float offload_optimizer_ratio = 0.0f;
+  // With offload: keep the offloaded optimizer states in a file in this
+  // directory (a fast local disk, the NVMe tier) instead of the pinned
+  // pool; empty = the pinned pool.
+  std::string offload_nvme_path;
   // Parameter paging (stage 3, with the whole optimizer offloaded): the
   // rank's parameter shards live in the pinned pool too and are paged in
   // to the device only to be gathered (DeepSpeed's offload_param: cpu).

@@ -1,5 +1,7 @@
 #include "sharding/sharded_optimizer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -158,8 +160,8 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
   // Offload: the host part (an f32 master copy even in f32 runs).
   const HostOptimizerSlice::Rule rule =
       adam ? HostOptimizerSlice::Rule::kAdam : HostOptimizerSlice::Rule::kSgd;
-  MW_ASSIGN_OR_RETURN(group.host,
-                      HostOptimizerSlice::Create(device_, rule, momentum, dtype, k, flat.name));
+  MW_ASSIGN_OR_RETURN(group.host, HostOptimizerSlice::Create(device_, rule, momentum, dtype, k,
+                                                             flat.name, nvme_.get()));
   return absl::OkStatus();
 }
 
@@ -221,7 +223,7 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
       const int64_t hi = std::min(place.offset + place.numel, begin + k);
       for (int64_t i = lo; i < hi; ++i) master[i - begin] = initial_[p][i - place.offset];
     }
-    group.host->SetMaster(master);
+    MW_RETURN_IF_ERROR(group.host->SetMaster(master));
   }
   return stream_->Synchronize();
 }
@@ -232,13 +234,28 @@ absl::Status ShardedOptimizer::Finalize() {
                       PlanFlatLayout(specs_, comm_.world_size(), config_.zero.reduce_bucket_size,
                                      kShardAlignmentElements));
   layout_ = std::move(layout);
+  if (config_.zero.offload_optimizer_ratio > 0 && !config_.zero.offload_nvme_path.empty()) {
+    const std::string name = absl::StrCat("memwall-optimizer-rank", comm_.rank(), "-pid", ::getpid(),
+                                          ".bin");
+    if (device_.holds_bytes()) {
+      MW_ASSIGN_OR_RETURN(nvme_, NvmeStore::Open(config_.zero.offload_nvme_path, name));
+    } else {
+      nvme_ = NvmeStore::Virtual(absl::StrCat(config_.zero.offload_nvme_path, "/", name));
+    }
+  }
   std::vector<Group> groups(layout_.groups.size());
+  // On failure `groups` frees whatever was allocated, and the NVMe file
+  // goes: no half state.
+  auto fail = [&](absl::Status status) {
+    groups.clear();
+    nvme_.reset();
+    return status;
+  };
   for (size_t g = 0; g < groups.size(); ++g) {
-    // On failure `groups` frees whatever was allocated: no half state.
-    MW_RETURN_IF_ERROR(AllocateGroup(layout_.groups[g], groups[g]));
+    if (absl::Status s = AllocateGroup(layout_.groups[g], groups[g]); !s.ok()) return fail(s);
   }
   for (size_t g = 0; g < groups.size(); ++g) {
-    MW_RETURN_IF_ERROR(InitializeGroup(layout_.groups[g], groups[g]));
+    if (absl::Status s = InitializeGroup(layout_.groups[g], groups[g]); !s.ok()) return fail(s);
   }
   groups_ = std::move(groups);
   initial_.clear();
@@ -533,16 +550,12 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
   const int64_t k = host_numel(flat), n = update_numel(flat) - k, begin = update_begin(flat);
   const OptimizerConfig& o = config_.optimizer;
   if (k > 0) {
-    // Offload: the first k elements on the CPU, from and to device memory
-    // (to the pinned shard when paging).
-    char* params_at = stage() == 3 ? static_cast<char*>(group.params.data())
-                                   : (device_.holds_bytes() ? At(group.params, begin, dtype)
-                                                            : nullptr);
+    // Offload: the first k elements on the CPU; Step() commits them once
+    // every group has updated.
     if (!group.host->staged()) {
       MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, UpdateGradients(flat, group)));
     }
-    MW_RETURN_IF_ERROR(group.host->Update(*comm_stream_, params_at,
-                                          AdamFor(o, steps_applied_ + 1, grad_scale),
+    MW_RETURN_IF_ERROR(group.host->Update(*comm_stream_, AdamFor(o, steps_applied_ + 1, grad_scale),
                                           SgdFor(o, grad_scale)));
   }
   if (n == 0) return absl::OkStatus();
@@ -712,6 +725,17 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     for (size_t g = 0; g < groups_.size(); ++g) {
       MW_RETURN_IF_ERROR(ApplyUpdate(layout_.groups[g], groups_[g], grad_scale));
     }
+    // Offload: the host parts become current (and their parameters go back
+    // to the device, or to the pinned shard when paging) only now.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].host == nullptr) continue;
+      const FlatGroup& flat = layout_.groups[g];
+      char* params_at = stage() == 3 ? static_cast<char*>(groups_[g].params.data())
+                                     : (device_.holds_bytes()
+                                            ? At(groups_[g].params, update_begin(flat), dtype)
+                                            : nullptr);
+      MW_RETURN_IF_ERROR(groups_[g].host->Commit(*comm_stream_, params_at));
+    }
   }
   if (stage() == 1 || stage() == 2) {
     ScopedPhase gather(profiler_, "all-gather");
@@ -746,7 +770,7 @@ absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<
         absl::StrCat("MasterWeights('", name, "'): ", device_.name(), " holds no values"));
   }
   const FlatGroup& flat = layout_.groups[g];
-  const Group& group = groups_[g];
+  Group& group = groups_[g];
   // Where full f32 weights live on every rank, read them; else gather.
   const DeviceBuffer* full = nullptr;
   if (stage() == 0) full = mixed() ? &group.master : &group.params;
@@ -756,12 +780,14 @@ absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<
     const DeviceBuffer* shard = mixed() ? &group.master : &group.params;
     // Offloaded master weights: this rank's shard assembled on the device.
     DeviceBuffer assembled;
+    std::vector<float> host;  // read by an asynchronous copy: lives to the sync below
     const int64_t k = host_numel(flat);
     if (mixed() && k > 0) {
       MW_ASSIGN_OR_RETURN(assembled, device_.Allocate(flat.shard_numel * 4, MemoryCategory::kWorkspace,
                                                       absl::StrCat(flat.name, ".master_shard")));
-      MW_RETURN_IF_ERROR(device_.CopyAsync(assembled.data(), group.host->master(), k * 4,
-                                           *comm_stream_));
+      host.resize(k);
+      MW_RETURN_IF_ERROR(group.host->ReadMaster(host.data()));
+      MW_RETURN_IF_ERROR(device_.CopyAsync(assembled.data(), host.data(), k * 4, *comm_stream_));
       if (k < flat.shard_numel) {
         MW_RETURN_IF_ERROR(device_.CopyAsync(At(assembled, k, DType::kF32), group.master.data(),
                                              (flat.shard_numel - k) * 4, *comm_stream_));

@@ -57,7 +57,11 @@
 // element math as the device kernels: results are bit for bit those without
 // offload) and copies the refreshed parameters back; the rest of the shard
 // updates on the device as before. In f32 runs the host keeps an f32 master
-// copy and the device parameters are refreshed from it.
+// copy and the device parameters are refreshed from it. With
+// offload_nvme_path the offloaded states live in a file there instead
+// (offload/nvme_store.h); a step then updates every group's file copy
+// before it makes any current, so a failed write fails Step() with the
+// weights, states and parameters all as they were.
 //
 // Parameter paging (zero_optimization.offload_param, stage 3 with
 // offload_optimizer_ratio 1): the rank's parameter shards live in the
@@ -271,6 +275,8 @@ class ShardedOptimizer {
   bool finalized_ = false;
   FlatLayout layout_;
   std::vector<Group> groups_;
+  // The NVMe tier's file, when offload_nvme_path is set.
+  std::unique_ptr<NvmeStore> nvme_;
 
   float loss_scale_ = 1.0f;
   int clean_steps_ = 0;

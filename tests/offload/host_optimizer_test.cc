@@ -81,9 +81,12 @@ TEST_CASE("a host slice updates bit for bit like the device update", "[offload]"
                       .ok());
         }
         REQUIRE(slice->StageGradients(*s.stream, g.data()).ok());
-        REQUIRE(slice->Update(*s.stream, host_params.data(), ap, sp).ok());
+        REQUIRE(slice->Update(*s.stream, ap, sp).ok());
+        REQUIRE(slice->Commit(*s.stream, host_params.data()).ok());
       }
-      CHECK(std::memcmp(slice->master(), master.data(), kN * 4) == 0);
+      std::vector<float> host_master(kN);
+      REQUIRE(slice->ReadMaster(host_master.data()).ok());
+      CHECK(std::memcmp(host_master.data(), master.data(), kN * 4) == 0);
       if (dtype != DType::kF32) {
         CHECK(std::memcmp(host_params.data(), device_params.data(), kN * 2) == 0);
       } else {
@@ -99,9 +102,9 @@ TEST_CASE("a host slice updates bit for bit like the device update", "[offload]"
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kGradient)].current == kN * size);
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kWorkspace)].current == 0);
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kWorkspace)].peak ==
-            (dtype == DType::kF32 ? 0 : kN * (4 + size)));
+            (dtype == DType::kF32 ? kN * 4 : kN * (4 + size)));
       // A second update without new gradients is refused.
-      const absl::Status again = slice->Update(*s.stream, host_params.data(), ap, sp);
+      const absl::Status again = slice->Update(*s.stream, ap, sp);
       CHECK(again.code() == absl::StatusCode::kFailedPrecondition);
       CHECK(again.message() == "offloaded optimizer states of 'g0': no gradients staged");
     }
@@ -117,7 +120,8 @@ TEST_CASE("a missing or full pinned pool is named, and nothing stays allocated",
   CHECK(missing.message() ==
         "offloaded optimizer states of 'g0': host:0 has no pinned pool "
         "(DeviceOptions::pinned_capacity_bytes)");
-  // Below the pool's first 2 MiB segment: the first allocation fails.
+  // Below the pool's first 2 MiB segment: the first allocation (the
+  // gradients' landing buffer) fails.
   Setup small = MakeHost(2 * kN * 4 + 1024);
   const absl::Status full =
       HostOptimizerSlice::Create(*small.device, HostOptimizerSlice::Rule::kAdam, true, DType::kBF16, kN, "g0")
@@ -125,8 +129,8 @@ TEST_CASE("a missing or full pinned pool is named, and nothing stays allocated",
   CHECK(full.code() == absl::StatusCode::kResourceExhausted);
   CHECK_THAT(std::string(full.message()), Catch::Contains("host:0:pinned"));
   CHECK_THAT(std::string(full.message()),
-             Catch::StartsWith("out of memory on host:0:pinned: cannot allocate 3.91 KiB (4000 "
-                               "bytes) of optimizer_state for 'g0.master'"));
+             Catch::StartsWith("out of memory on host:0:pinned: cannot allocate 1.95 KiB (2000 "
+                               "bytes) of gradient for 'g0.grad_host'"));
   CHECK(small.device->pinned_allocator()->stats().requested.current == 0);
 }
 

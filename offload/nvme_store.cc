@@ -1,0 +1,130 @@
+#include "offload/nvme_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace memwall {
+namespace {
+
+int64_t RoundUp(int64_t bytes) {
+  return (bytes + NvmeStore::kAlignment - 1) / NvmeStore::kAlignment * NvmeStore::kAlignment;
+}
+
+absl::Status Errno(int error, const std::string& path, const char* what) {
+  const std::string message = absl::StrCat("NVMe store ", path, ": ", what, ": ", std::strerror(error));
+  switch (error) {
+    case ENOENT: return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+    case EROFS: return absl::PermissionDeniedError(message);
+    case EEXIST: return absl::AlreadyExistsError(message);
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG: return absl::ResourceExhaustedError(message);
+    default: return absl::InternalError(message);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const std::string& directory,
+                                                           const std::string& file_name) {
+  struct stat info;
+  if (::stat(directory.c_str(), &info) != 0) return Errno(errno, directory, "cannot use the directory");
+  if (!S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NVMe store ", directory, ": expected a directory (nvme_path)"));
+  }
+  const std::string path = absl::StrCat(directory, "/", file_name);
+  const int flags = O_RDWR | O_CREAT | O_EXCL;
+  bool direct = true;
+  int fd = ::open(path.c_str(), flags | O_DIRECT, 0600);
+  if (fd < 0 && errno == EINVAL) {  // the filesystem refuses O_DIRECT (tmpfs)
+    direct = false;
+    fd = ::open(path.c_str(), flags, 0600);
+  }
+  if (fd < 0) return Errno(errno, path, "cannot create the file");
+  return std::unique_ptr<NvmeStore>(new NvmeStore(path, fd, direct));
+}
+
+NvmeStore::~NvmeStore() {
+  if (fd_ < 0) return;  // virtual
+  ::close(fd_);
+  ::unlink(path_.c_str());
+}
+
+absl::StatusOr<int> NvmeStore::AddSlot(int64_t bytes) {
+  Slot slot;
+  slot.bytes = bytes;
+  slot.rounded = RoundUp(bytes);
+  slot.offset = size_;
+  // Reserve the blocks now: a full disk shows here, not in a later write.
+  const int error = fd_ < 0 ? 0 : ::posix_fallocate(fd_, size_, 2 * slot.rounded);
+  if (error != 0) return Errno(error, path_, "cannot reserve space for optimizer state");
+  size_ += 2 * slot.rounded;
+  slots_.push_back(slot);
+  return static_cast<int>(slots_.size()) - 1;
+}
+
+absl::Status NvmeStore::Transfer(bool write, int64_t offset, void* buffer, int64_t bytes) {
+  char* p = static_cast<char*>(buffer);
+  int64_t done = 0;
+  while (done < bytes) {
+    int64_t chunk = bytes - done;
+    if (write && fail_after_ >= 0) {
+      if (fail_after_ == 0) return Errno(EIO, path_, "write failed");
+      chunk = std::min(chunk, fail_after_);
+    }
+    const ssize_t n = write ? ::pwrite(fd_, p + done, chunk, offset + done)
+                            : ::pread(fd_, p + done, chunk, offset + done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno(errno, path_, write ? "write failed" : "read failed");
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("NVMe store ", path_, ": short ",
+                                              write ? "write" : "read", " at byte ", offset + done,
+                                              " (", done, " of ", bytes, " bytes)"));
+    }
+    if (write && fail_after_ > 0) fail_after_ -= n;
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NvmeStore::Read(int slot, void* dst) {
+  const Slot& s = slots_[slot];
+  return Transfer(false, s.offset + s.committed * s.rounded, dst, s.rounded);
+}
+
+absl::Status NvmeStore::Write(int slot, const void* src) {
+  Slot& s = slots_[slot];
+  s.pending = false;
+  const int other = 1 - s.committed;
+  absl::Status status =
+      Transfer(true, s.offset + other * s.rounded, const_cast<void*>(src), s.rounded);
+  if (!status.ok()) return status;
+  if (::fdatasync(fd_) != 0) return Errno(errno, path_, "sync failed");
+  s.pending = true;
+  return absl::OkStatus();
+}
+
+absl::Status NvmeStore::Commit(int slot) {
+  Slot& s = slots_[slot];
+  if (!s.pending) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("NVMe store ", path_, ": slot ", slot, " has no written copy to commit"));
+  }
+  s.committed = 1 - s.committed;
+  s.pending = false;
+  return absl::OkStatus();
+}
+
+}  // namespace memwall

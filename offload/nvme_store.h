@@ -1,0 +1,85 @@
+// The NVMe tier: optimizer state in a file on a fast local disk, one slot
+// per owner. Every slot holds its bytes twice; Write fills the copy not in
+// use and Commit switches to it, so a failed or short write (a full disk,
+// an I/O error) leaves the last committed state readable and nothing half
+// updated. Reads and writes use O_DIRECT where the filesystem supports it
+// (buffers and sizes aligned to kAlignment; Stage() gives such buffers),
+// plain pread/pwrite otherwise (tmpfs). The file is removed on close.
+// Not thread-safe.
+#ifndef MEMWALL_OFFLOAD_NVME_STORE_H_
+#define MEMWALL_OFFLOAD_NVME_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace memwall {
+
+class NvmeStore {
+ public:
+  static constexpr int64_t kAlignment = 4096;
+
+  // Creates `directory`/`file_name`. Errors name the path: kNotFound for a
+  // missing directory, kPermissionDenied, kAlreadyExists, or kInternal with
+  // the system's reason.
+  static absl::StatusOr<std::unique_ptr<NvmeStore>> Open(const std::string& directory,
+                                                         const std::string& file_name);
+  // A store that only counts (for meta dry runs): slots, sizes, no file.
+  static std::unique_ptr<NvmeStore> Virtual(std::string path) {
+    return std::unique_ptr<NvmeStore>(new NvmeStore(std::move(path), -1, false));
+  }
+  ~NvmeStore();
+
+  const std::string& path() const { return path_; }
+  // Bytes of disk the slots take (both copies).
+  int64_t size() const { return size_; }
+  // Whether the file is open with O_DIRECT.
+  bool direct() const { return direct_; }
+
+  // Adds a slot of `bytes` (two copies, each rounded up to kAlignment) and
+  // reserves its disk space now, so a full disk fails here
+  // (kResourceExhausted naming the file) rather than mid-training.
+  absl::StatusOr<int> AddSlot(int64_t bytes);
+  int64_t slot_bytes(int slot) const { return slots_[slot].bytes; }
+
+  // Reads the committed copy of `slot` into `dst` (kAlignment-aligned, at
+  // least the slot's rounded size).
+  absl::Status Read(int slot, void* dst);
+  // Writes `src` (aligned likewise) to the copy of `slot` not in use.
+  // Errors (kResourceExhausted for a full disk, kDataLoss for a short
+  // write, kInternal otherwise) name the file and leave the committed copy
+  // as it was.
+  absl::Status Write(int slot, const void* src);
+  // Makes the last successful Write of `slot` the committed copy.
+  // kFailedPrecondition if there is none.
+  absl::Status Commit(int slot);
+
+  // Testing: every write fails with EIO once this many more bytes have been
+  // written (the first part of a write may land), as a failing disk would.
+  void InjectWriteFailureAfter(int64_t bytes) { fail_after_ = bytes; }
+
+ private:
+  struct Slot {
+    int64_t bytes = 0;      // requested
+    int64_t rounded = 0;    // per copy
+    int64_t offset = 0;     // of copy 0; copy 1 follows
+    int committed = 0;      // which copy holds the state
+    bool pending = false;   // the other copy holds a newer, uncommitted write
+  };
+  NvmeStore(std::string path, int fd, bool direct) : path_(std::move(path)), fd_(fd), direct_(direct) {}
+  absl::Status Transfer(bool write, int64_t offset, void* buffer, int64_t bytes);
+
+  const std::string path_;
+  const int fd_;
+  const bool direct_;
+  int64_t size_ = 0;
+  int64_t fail_after_ = -1;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_OFFLOAD_NVME_STORE_H_
