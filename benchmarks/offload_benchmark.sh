@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # ZeRO-Offload on the host backend: tokens/s and the device's peak
 # parameter and optimizer-state bytes of `memwall train` with the optimizer
-# states in the pinned pool (stage 2, ratio 1 and 0.5) and with parameter
-# paging on top (stage 3), each against the same stage without offload,
-# measured in the same invocation. bf16, AdamW.
+# states in the pinned pool (stage 2, ratio 1 and 0.5) or in a file on the
+# local disk (the NVMe tier, here whatever disk holds $TMPDIR), and with
+# parameter paging on top (stage 3), each against the same stage without
+# offload, measured in the same invocation. bf16, AdamW.
 #
 #   bazel build //cli:memwall && benchmarks/offload_benchmark.sh [STEPS]
 set -euo pipefail
@@ -29,6 +30,8 @@ JSON
 optimizer=', "offload_optimizer": {"device": "cpu"}'
 half=', "offload_optimizer": {"device": "cpu", "ratio": 0.5}'
 paging="$optimizer"', "offload_param": {"device": "cpu"}'
+mkdir -p "$tmp/nvme"
+nvme=', "offload_optimizer": {"device": "nvme", "nvme_path": "'"$tmp/nvme"'"}'
 echo "offload_benchmark: $steps steps each, host backend, bf16, AdamW; $(nproc) cores"
 for spec in "gpt-tiny:8" "gpt2-124m:layers=2,seq=256:2"; do
   model=${spec%:*}
@@ -38,6 +41,7 @@ for spec in "gpt-tiny:8" "gpt2-124m:layers=2,seq=256:2"; do
     echo "  stage 2, no offload:          $(run "$ranks" "$model" "$micro" 2 "")"
     echo "  stage 2, optimizer offload:   $(run "$ranks" "$model" "$micro" 2 "$optimizer")"
     echo "  stage 2, offload ratio 0.5:   $(run "$ranks" "$model" "$micro" 2 "$half")"
+    echo "  stage 2, optimizer on NVMe:   $(run "$ranks" "$model" "$micro" 2 "$nvme")"
     echo "  stage 3, no offload:          $(run "$ranks" "$model" "$micro" 3 "")"
     echo "  stage 3, optimizer + params:  $(run "$ranks" "$model" "$micro" 3 "$paging")"
   done

@@ -78,7 +78,8 @@ usage:
       printed.
       With zero_optimization.offload_optimizer {"device": "cpu"} (stages
       1-3, optional "ratio") the optimizer states live in pinned host memory
-      and the update of that part runs on the CPU (ZeRO-Offload); at stage 3
+      and the update of that part runs on the CPU (ZeRO-Offload; "nvme" with
+      "nvme_path" keeps them in a file on a local disk instead); at stage 3
       offload_param {"device": "cpu"} pages the parameter shards in from
       there too.
       With --backend cuda each rank trains on a GPU (rank modulo the visible

@@ -195,19 +195,23 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
   if (const Json* v = r.Find("offload_optimizer")) {
     MW_ASSIGN_OR_RETURN(ObjectReader o,
                         ObjectReader::Open(*v, "zero_optimization.offload_optimizer"));
-    if (const Json* device = o.Find("device")) {
-      const bool known = device->is_string() && (device->get<std::string>() == "none" ||
-                                                 device->get<std::string>() == "cpu");
-      if (!known) {
-        return o.Error("device", "\"none\" or \"cpu\" (the NVMe tier is not built yet)", *device);
+    std::string device = "none";
+    MW_RETURN_IF_ERROR(o.Choice("device", {"none", "cpu", "nvme"}, device));
+    float ratio = 1.0f;
+    MW_RETURN_IF_ERROR(o.Float("ratio", 0, 1, false, "a number in [0, 1]", ratio));
+    out.offload_optimizer_ratio = device == "none" ? 0.0f : ratio;
+    if (const Json* path = o.Find("nvme_path")) {
+      if (!path->is_string() || path->get<std::string>().empty()) {
+        return o.Error("nvme_path", "a directory path", *path);
       }
-      float ratio = 1.0f;
-      MW_RETURN_IF_ERROR(o.Float("ratio", 0, 1, false, "a number in [0, 1]", ratio));
-      out.offload_optimizer_ratio = device->get<std::string>() == "cpu" ? ratio : 0.0f;
-    } else {
-      float ignored = 0;
-      MW_RETURN_IF_ERROR(o.Float("ratio", 0, 1, false, "a number in [0, 1]", ignored));
+      out.offload_nvme_path = path->get<std::string>();
     }
+    if (device == "nvme" && out.offload_nvme_path.empty()) {
+      return absl::InvalidArgumentError(
+          "zero_optimization.offload_optimizer.nvme_path: expected a directory with device "
+          "\"nvme\", got none");
+    }
+    if (device != "nvme") out.offload_nvme_path.clear();
     bool pin = true;
     MW_RETURN_IF_ERROR(o.Bool("pin_memory", pin));  // memwall always pins
     MW_RETURN_IF_ERROR(o.Finish());
@@ -218,7 +222,8 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
       const bool known = device->is_string() && (device->get<std::string>() == "none" ||
                                                  device->get<std::string>() == "cpu");
       if (!known) {
-        return o.Error("device", "\"none\" or \"cpu\" (the NVMe tier is not built yet)", *device);
+        return o.Error("device",
+                       "\"none\" or \"cpu\" (parameters are not paged from NVMe yet)", *device);
       }
       out.offload_param = device->get<std::string>() == "cpu";
     }

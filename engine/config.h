@@ -26,16 +26,18 @@
 //   zero_optimization.overlap_comm            bool: collectives overlap compute (false)
 //   zero_optimization.stage3_prefetch_bucket_size  elements prefetched ahead (5e7)
 //   zero_optimization.stage3_max_live_parameters   elements gathered at most (1e9)
-//   zero_optimization.offload_optimizer.device     "none" | "cpu" (ZeRO-Offload,
-//                                     stages 1-3; "nvme" is not built) ("none")
+//   zero_optimization.offload_optimizer.device     "none" | "cpu" | "nvme"
+//                                     (ZeRO-Offload, stages 1-3; nvme keeps
+//                                     the states in a file)          ("none")
+//   zero_optimization.offload_optimizer.nvme_path  directory for "nvme"
 //   zero_optimization.offload_optimizer.ratio      number in [0, 1]: the
 //                                     fraction of each shard updated on
 //                                     the CPU (ZeRO-Offload++)        (1)
 //   zero_optimization.offload_optimizer.pin_memory bool, accepted (memwall
 //                                     always uses its pinned pool)
 //   zero_optimization.offload_param.device         "none" | "cpu": parameter
-//                                     paging (stage 3 with offload_optimizer
-//                                     "cpu" at ratio 1; no NVMe)     ("none")
+//                                     paging (stage 3 with the optimizer
+//                                     offloaded at ratio 1; not from NVMe)
 //   zero_optimization.offload_param.pin_memory     bool, accepted
 //   activation_checkpointing.planner  "none" | "full" | "uniform:K" | "sqrt" |
 //                                     "selective" | "optimal"      ("none")

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -235,8 +236,10 @@ absl::Status ShardedOptimizer::Finalize() {
                                      kShardAlignmentElements));
   layout_ = std::move(layout);
   if (config_.zero.offload_optimizer_ratio > 0 && !config_.zero.offload_nvme_path.empty()) {
-    const std::string name = absl::StrCat("memwall-optimizer-rank", comm_.rank(), "-pid", ::getpid(),
-                                          ".bin");
+    // Unique per optimizer: a process may hold several.
+    static std::atomic<int> instances{0};
+    const std::string name = absl::StrCat("memwall-optimizer-rank", comm_.rank(), "-pid",
+                                          ::getpid(), "-", instances++, ".bin");
     if (device_.holds_bytes()) {
       MW_ASSIGN_OR_RETURN(nvme_, NvmeStore::Open(config_.zero.offload_nvme_path, name));
     } else {

@@ -61,7 +61,9 @@
 // offload_nvme_path the offloaded states live in a file there instead
 // (offload/nvme_store.h); a step then updates every group's file copy
 // before it makes any current, so a failed write fails Step() with the
-// weights, states and parameters all as they were.
+// weights, states and parameters all as they were. At stages 2-3 the
+// reduced gradients stay too and Step() may simply be called again; stage 1
+// reduces inside Step(), so its caller reruns the micro-batches.
 //
 // Parameter paging (zero_optimization.offload_param, stage 3 with
 // offload_optimizer_ratio 1): the rank's parameter shards live in the
@@ -178,6 +180,10 @@ class ShardedOptimizer {
   float loss_scale() const { return loss_scale_; }
   int64_t steps_applied() const { return steps_applied_; }
   int64_t steps_skipped() const { return steps_skipped_; }
+
+  // The NVMe tier's file (null without offload_nvme_path): its path and
+  // size for reports, and fault injection for tests.
+  NvmeStore* nvme_store() { return nvme_.get(); }
 
   // Collective: copies the f32 master weights of `name` (the parameters in
   // f32 mode) into `out`, gathering shards. For tests and checkpoints.

@@ -98,6 +98,18 @@ echo '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
                              "offload_param": {"device": "cpu"}}}' > "$tmp/paging.json"
 out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/paging.json" --steps 20 --log_every 20 2>&1)
 check "parameter paging on 2 ranks" "$out" "optimizer_state 0 B" "summary: 20 steps (0 skipped)"
+mkdir -p "$tmp/nvme"
+echo '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
+       "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+                             "nvme_path": "'"$tmp/nvme"'"}}}' > "$tmp/nvme.json"
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/nvme.json" --steps 10 --log_every 10 2>&1)
+check "NVMe tier on 2 ranks" "$out" "optimizer_state 0 B" "summary: 10 steps (0 skipped)"
+if [ -z "$(ls -A "$tmp/nvme")" ]; then
+  passed=$((passed + 1))
+else
+  echo "FAILED: the NVMe tier left files in $tmp/nvme" >&2
+  failed=$((failed + 1))
+fi
 
 # `memwall profile` on 2 real ranks: per-rank reports and the spread.
 out=$("$mpirun_sh" 2 "$memwall" profile --backend host --model gpt-tiny --config "$tmp/zero3.json" \

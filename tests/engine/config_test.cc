@@ -169,9 +169,18 @@ TEST_CASE("ZeRO-Offload keys: optimizer offload with a ratio; paging and NVMe re
   auto off = ParseConfig(R"({"zero_optimization": {"offload_optimizer": {"device": "none"}}})");
   REQUIRE(off.ok());
   CHECK(off->zero.offload_optimizer_ratio == 0.0f);
+  auto nvme = ParseConfig(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}}})");
+  REQUIRE(nvme.ok());
+  CHECK(nvme->zero.offload_optimizer_ratio == 1.0f);
+  CHECK(nvme->zero.offload_nvme_path == "/local_nvme");
+  CHECK(config->zero.offload_nvme_path.empty());
   CHECK(Error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})") ==
-        "zero_optimization.offload_optimizer.device: expected \"none\" or \"cpu\" (the NVMe "
-        "tier is not built yet), got \"nvme\"");
+        "zero_optimization.offload_optimizer.nvme_path: expected a directory with device \"nvme\", "
+        "got none");
+  CHECK(Error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}})") ==
+        "zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", \"nvme\", "
+        "got \"disk\"");
   auto paging = ParseConfig(R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})");
   REQUIRE(paging.ok());
@@ -181,8 +190,8 @@ TEST_CASE("ZeRO-Offload keys: optimizer offload with a ratio; paging and NVMe re
         "zero_optimization.offload_param: expected stage 3 and offload_optimizer on \"cpu\" with "
         "ratio 1 with it");
   CHECK(Error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})") ==
-        "zero_optimization.offload_param.device: expected \"none\" or \"cpu\" (the NVMe tier "
-        "is not built yet), got \"nvme\"");
+        "zero_optimization.offload_param.device: expected \"none\" or \"cpu\" (parameters are "
+        "not paged from NVMe yet), got \"nvme\"");
   CHECK(Error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})") ==
         "zero_optimization.offload_optimizer: expected stage 1, 2 or 3 with it, got stage 0");
   CHECK(Error(R"({"zero_optimization": {"stage": 1,
