@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/demo.h"
+#include "cli/plan.h"
 #include "cli/profile.h"
 #include "cli/train.h"
 #include "runtime/device.h"
@@ -23,8 +24,9 @@ ABSL_FLAG(std::string, backend, "",
           "Device backend: host (host RAM posing as a device with an enforced capacity), cuda "
           "(train and profile: one GPU per rank, NCCL between ranks) or meta (accounting only: "
           "no bytes, any size). Default: meta for profile, host otherwise.");
-ABSL_FLAG(std::string, device_memory, "256MiB",
-          "Device capacity per rank, e.g. 256MiB, 32GiB or 32GB (binary and decimal units).");
+ABSL_FLAG(std::string, device_memory, "",
+          "Device capacity per rank, e.g. 256MiB, 32GiB or 32GB (binary and decimal units); "
+          "default 256MiB, 32GiB for plan.");
 ABSL_FLAG(std::string, pinned_memory, "0",
           "train, profile: pinned host memory per rank for offloaded optimizer states "
           "(zero_optimization.offload_optimizer) and activations "
@@ -50,9 +52,13 @@ ABSL_FLAG(int, ranks, 2, "launch: the number of MPI ranks (processes) to start."
 ABSL_FLAG(std::string, out, "",
           "profile: the folder for the reports (default memwall-profile); train: where out of "
           "memory writes them (default memwall-oom).");
-ABSL_FLAG(int64_t, batch, 0, "profile: micro-batch size; 0 uses the config's.");
-ABSL_FLAG(int64_t, seq, 0, "profile: sequence length of a transformer; 0 uses the model's.");
-ABSL_FLAG(int64_t, image, 224, "profile: image size of a CNN (square inputs).");
+ABSL_FLAG(int64_t, batch, 0, "profile, plan: micro-batch size; 0 uses the config's.");
+ABSL_FLAG(int64_t, seq, 0, "profile, plan: sequence length of a transformer; 0 uses the model's.");
+ABSL_FLAG(int64_t, image, 224, "profile, plan: image size of a CNN (square inputs).");
+ABSL_FLAG(int64_t, gpus, 1, "plan: the data-parallel world N (the plan is rank 0's).");
+ABSL_FLAG(std::string, host_memory, "512GiB", "plan: pinned host memory per GPU.");
+ABSL_FLAG(std::string, nvme, "0", "plan: NVMe space per GPU (0: none).");
+ABSL_FLAG(bool, json, false, "plan: print the plan as JSON (schema memwall.plan/1).");
 
 namespace {
 
@@ -98,6 +104,17 @@ usage:
       resnest269, llama-7b, llama2-70b. The default backend is meta: any
       size, no bytes. Out of memory writes the reports of that moment.
 
+  memwall plan [--model M] [--gpus N] [--device_memory SIZE] [--host_memory SIZE]
+               [--nvme SIZE] [--config FILE] [--batch N] [--seq N] [--json]
+      Dry-runs one whole training step of M (any spec profile takes, or
+      gpt:params=80e9, gpt:layers=48,hidden=6400,heads=50) on the meta
+      backend as rank 0 of N GPUs with the config's ZeRO stage, offload and
+      recomputation, and prints the peak by category, the allocator's
+      reserved bytes, a 1 GiB allowance for the CUDA runtime, host and NVMe
+      use, communication per step, and a last line "fits: yes" or
+      "fits: no" with what overflows and by how much. Sizes take GiB or GB
+      (the plan prints the bytes used). Defaults: 32GiB device, 512GiB host.
+
   memwall launch [--ranks K] -- COMMAND [ARGS...]
       Runs COMMAND as K MPI ranks on this machine (mpirun with the settings
       containers need; "memwall" as COMMAND means this binary).
@@ -134,8 +151,32 @@ int64_t StepsFlag(int64_t fallback) {
   return steps == 0 ? fallback : steps;
 }
 
-absl::StatusOr<int64_t> MemoryFlag() {
-  return memwall::ParseBytes(absl::GetFlag(FLAGS_device_memory), "--device_memory");
+// --device_memory, or `fallback` (the command's own default) when not given.
+absl::StatusOr<int64_t> MemoryFlag(const char* fallback = "256MiB") {
+  const std::string text = absl::GetFlag(FLAGS_device_memory);
+  return memwall::ParseBytes(text.empty() ? fallback : text, "--device_memory");
+}
+
+int Plan() {
+  memwall::PlanOptions options;
+  auto device = MemoryFlag("32GiB");
+  if (!device.ok()) return Fail(device.status());
+  options.device_bytes = *device;
+  auto host = memwall::ParseBytes(absl::GetFlag(FLAGS_host_memory), "--host_memory");
+  if (!host.ok()) return Fail(host.status());
+  options.host_bytes = *host;
+  auto nvme = memwall::ParseBytes(absl::GetFlag(FLAGS_nvme), "--nvme");
+  if (!nvme.ok()) return Fail(nvme.status());
+  options.nvme_bytes = *nvme;
+  options.model = absl::GetFlag(FLAGS_model);
+  options.config_path = absl::GetFlag(FLAGS_config);
+  options.gpus = absl::GetFlag(FLAGS_gpus);
+  options.batch = absl::GetFlag(FLAGS_batch);
+  options.seq = absl::GetFlag(FLAGS_seq);
+  options.image = absl::GetFlag(FLAGS_image);
+  options.json = absl::GetFlag(FLAGS_json);
+  const absl::Status status = memwall::RunPlan(options);
+  return status.ok() ? 0 : Fail(status);
 }
 
 int Demo() {
@@ -268,5 +309,6 @@ int main(int argc, char** argv) {
   if (command == "train") return Train();
   if (command == "demo") return Demo();
   if (command == "profile") return Profile();
+  if (command == "plan") return Plan();
   return Usage();
 }

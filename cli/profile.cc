@@ -20,45 +20,6 @@
 #include "runtime/units.h"
 
 namespace memwall {
-namespace {
-
-struct Model {
-  std::vector<std::unique_ptr<Layer>> layers;
-  std::unique_ptr<LossFunction> loss;
-  std::vector<int64_t> input, target;
-};
-
-absl::StatusOr<Model> MakeModel(const ProfileOptions& o, int64_t batch) {
-  Model m;
-  const std::vector<std::string> zoo = ZooModels();
-  if (std::find(zoo.begin(), zoo.end(), o.model) != zoo.end()) {
-    const bool cnn = o.model.rfind("res", 0) == 0;
-    const int64_t seq = o.seq > 0 ? o.seq : (o.model == "llama-7b" ? 2048 : 4096);
-    MW_ASSIGN_OR_RETURN(m.layers, MakeZooModel(o.model, seq));
-    if (cnn) {
-      if (o.image < 32) {
-        return absl::InvalidArgumentError(absl::StrCat("--image: expected >= 32, got ", o.image));
-      }
-      m.input = {batch, 3, o.image, o.image};
-      m.target = {batch, 1000};
-      m.loss = std::make_unique<MseLoss>();
-    } else {
-      m.input = {batch, seq};
-      m.target = {batch * seq};
-      m.loss = std::make_unique<CrossEntropyLoss>();
-    }
-    return m;
-  }
-  MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(o.model));
-  if (o.seq > 0) gpt.seq = o.seq;
-  MW_ASSIGN_OR_RETURN(m.layers, MakeGpt(gpt));
-  m.input = {batch, gpt.seq};
-  m.target = {batch * gpt.seq};
-  m.loss = std::make_unique<CrossEntropyLoss>();
-  return m;
-}
-
-}  // namespace
 
 absl::Status RunProfile(const ProfileOptions& options) {
   if (options.steps < 1) {
@@ -69,7 +30,7 @@ absl::Status RunProfile(const ProfileOptions& options) {
   }
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   const int64_t batch = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
-  MW_ASSIGN_OR_RETURN(Model model, MakeModel(options, batch));
+  MW_ASSIGN_OR_RETURN(Model model, MakeModel(options.model, batch, options.seq, options.image));
   MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks));
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
                       UseDevice(session, options.backend, options.capacity_bytes,
@@ -90,7 +51,7 @@ absl::Status RunProfile(const ProfileOptions& options) {
       ApplyRecomputation(**trainer, config.activation_checkpointing, model.input,
                          device->allocator().capacity(),
                          [&]() -> absl::StatusOr<AllocatorStats> {
-                           MW_ASSIGN_OR_RETURN(Model copy, MakeModel(options, batch));
+                           MW_ASSIGN_OR_RETURN(Model copy, MakeModel(options.model, batch, options.seq, options.image));
                            return DryRunStep(std::move(copy.layers), std::move(copy.loss), config,
                                              comm->rank(), comm->world_size(), copy.input,
                                              copy.target);

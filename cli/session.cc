@@ -1,7 +1,12 @@
 #include "cli/session.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "checkpointing/planner.h"
+#include "models/gpt.h"
+#include "models/layers.h"
+#include "models/zoo.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
@@ -59,6 +64,37 @@ absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
   return absl::UnimplementedError(
       "--backend cuda: this build has no CUDA (it was built with --config=nocuda)");
 #endif
+}
+
+absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t seq,
+                                int64_t image) {
+  Model m;
+  const std::vector<std::string> zoo = ZooModels();
+  if (std::find(zoo.begin(), zoo.end(), spec) != zoo.end()) {
+    const bool cnn = spec.rfind("res", 0) == 0;
+    const int64_t length = seq > 0 ? seq : (spec == "llama-7b" ? 2048 : 4096);
+    MW_ASSIGN_OR_RETURN(m.layers, MakeZooModel(spec, length));
+    if (cnn) {
+      if (image < 32) {
+        return absl::InvalidArgumentError(absl::StrCat("--image: expected >= 32, got ", image));
+      }
+      m.input = {batch, 3, image, image};
+      m.target = {batch, 1000};
+      m.loss = std::make_unique<MseLoss>();
+    } else {
+      m.input = {batch, length};
+      m.target = {batch * length};
+      m.loss = std::make_unique<CrossEntropyLoss>();
+    }
+    return m;
+  }
+  MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(spec));
+  if (seq > 0) gpt.seq = seq;
+  MW_ASSIGN_OR_RETURN(m.layers, MakeGpt(gpt));
+  m.input = {batch, gpt.seq};
+  m.target = {batch * gpt.seq};
+  m.loss = std::make_unique<CrossEntropyLoss>();
+  return m;
 }
 
 int64_t PinnedBytes(int64_t flag, int64_t capacity, const Config& config) {

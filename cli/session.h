@@ -42,6 +42,20 @@ absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks);
 absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
                                                   int64_t capacity_bytes, int64_t pinned_bytes);
 
+// A model to run: its layers, loss, and one micro-batch's input and target
+// shapes.
+struct Model {
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::unique_ptr<LossFunction> loss;
+  std::vector<int64_t> input, target;
+};
+// `spec` is a zoo name (resnet50, resnest269, llama-7b, llama2-70b) or a
+// GPT spec (models/gpt.h: presets, overrides, gpt:params=N). `seq` > 0
+// overrides a transformer's sequence length; CNNs take square `image`s.
+// Errors name the flag or the model.
+absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t seq,
+                                int64_t image);
+
 // The pinned pool for --pinned_memory `flag`: the flag when given (> 0);
 // else, when `config` offloads optimizer states, 64 GiB (a limit: the pool
 // takes host memory as it is used); else as much as the device when

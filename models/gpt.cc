@@ -1,5 +1,6 @@
 #include "models/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -519,12 +520,50 @@ absl::StatusOr<GptConfig> GptPreset(const std::string& name) {
                                           absl::StrJoin(names, ", ")));
 }
 
+GptConfig GptShapeForParameters(double parameters) {
+  // GPT-3's family: layers = heads = hidden / 128, so 12 layers hidden^2 =
+  // 12 hidden^3 / 128 parameters in the blocks; solve for hidden, rounded to
+  // a multiple of 128 (at least 128).
+  const double hidden = std::cbrt(std::max(parameters, 1.0) * 128.0 / 12.0);
+  GptConfig c;
+  c.vocab = 50257;
+  c.seq = 2048;
+  c.hidden = std::max<int64_t>(128, std::llround(hidden / 128.0) * 128);
+  c.heads = c.hidden / 128;
+  c.layers = c.hidden / 128;
+  return c;
+}
+
 absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec) {
   const size_t colon = spec.find(':');
-  MW_ASSIGN_OR_RETURN(GptConfig config, GptPreset(spec.substr(0, colon)));
+  const std::string base = spec.substr(0, colon);
+  GptConfig config;
+  if (base == "gpt") {
+    // "gpt:" needs a shape: params=N (the rule above) or the explicit keys.
+    config = GptShapeForParameters(1.5e9);
+    config.layers = config.hidden = config.heads = 0;
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model 'gpt': expected gpt:params=N or gpt:layers=L,hidden=H,heads=A[,seq=S,vocab=V]"));
+    }
+  } else {
+    MW_ASSIGN_OR_RETURN(config, GptPreset(base));
+  }
   if (colon == std::string::npos) return config;
   for (absl::string_view item : absl::StrSplit(spec.substr(colon + 1), ',')) {
     const std::vector<absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.size() == 2 && kv[0] == "params") {
+      double parameters = 0;
+      if (!absl::SimpleAtod(kv[1], &parameters) || !(parameters >= 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model '", spec, "': params: expected a count such as 80e9, got '", kv[1], "'"));
+      }
+      const GptConfig shape = GptShapeForParameters(parameters);
+      config.hidden = shape.hidden;
+      config.heads = shape.heads;
+      config.layers = shape.layers;
+      continue;
+    }
     int64_t value = 0;
     if (kv.size() != 2 || !absl::SimpleAtoi(kv[1], &value)) {
       return absl::InvalidArgumentError(absl::StrCat("model '", spec, "': expected key=integer, got '",
@@ -538,7 +577,8 @@ absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec) {
                                          : nullptr;
     if (field == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model '", spec, "': unknown key '", kv[0], "' (known: vocab, seq, hidden, heads, layers)"));
+          "model '", spec, "': unknown key '", kv[0],
+          "' (known: vocab, seq, hidden, heads, layers, params)"));
     }
     *field = value;
   }

@@ -36,8 +36,17 @@ struct GptConfig {
 absl::StatusOr<GptConfig> GptPreset(const std::string& name);
 
 // A preset with optional overrides: "gpt2-124m:layers=2,seq=256" (keys
-// vocab, seq, hidden, heads, layers). Errors name the key or the preset.
+// vocab, seq, hidden, heads, layers, params), or the bare family "gpt" with
+// a shape: "gpt:layers=48,hidden=6400,heads=50,seq=2048" or
+// "gpt:params=80e9" (GptShapeForParameters). Errors name the key or the
+// preset.
 absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec);
+
+// The shape rule for a parameter count (GPT-3's family): layers = heads =
+// hidden / 128 and 12 layers hidden^2 = `parameters`, hidden rounded to a
+// multiple of 128; vocabulary 50257, sequence 2048. gpt3-175b is the rule's
+// own shape (hidden 12288).
+GptConfig GptShapeForParameters(double parameters);
 
 // Parameters of the model (the LM head is tied, so not counted twice).
 int64_t GptParameterCount(const GptConfig& config);

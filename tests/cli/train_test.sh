@@ -139,6 +139,30 @@ else
   fi
 fi
 
+# `memwall plan`: a whole step dry-run at any scale, ending with the answer.
+out=$("$memwall" plan --model gpt3-13b --gpus 8 --device-memory 32GiB --config "$tmp/optimal.json" 2>&1)
+rc=$?
+check "plan: does not fit" "$out" "memwall plan: gpt3-13b (12.85B parameters), 8 GPUs, ZeRO stage 3" \
+  "runtime allowance" "fits: no (device memory by "
+[ $rc -eq 0 ] && passed=$((passed + 1)) || { echo "FAILED: plan exit status $rc" >&2; failed=$((failed + 1)); }
+out=$("$memwall" plan --model gpt2-124m --gpus 8 --device-memory 32GB 2>&1)
+check "plan: fits, decimal GB" "$out" "of 29.80 GiB" "fits: yes"
+out=$("$memwall" plan --model gpt:params=2e9 --gpus 64 --device-memory 32GiB --batch 1 \
+      --config "$tmp/optimal.json" --json 2>&1)
+check "plan: --json and the shape rule" "$out" '"schema": "memwall.plan/1"' '"parameters": 2' '"fits": true'
+if python3 -c 'import json,sys; json.load(sys.stdin)' <<<"$out" 2>/dev/null; then
+  passed=$((passed + 1))
+else
+  echo "FAILED: plan --json is not JSON" >&2
+  failed=$((failed + 1))
+fi
+out=$("$memwall" plan --model gpt:params=lots 2>&1)
+check "plan: bad params" "$out" "model 'gpt:params=lots': params: expected a count such as 80e9, got 'lots'"
+out=$("$memwall" plan --model gpt --gpus 8 2>&1)
+check "plan: gpt without a shape" "$out" "model 'gpt': expected gpt:params=N or gpt:layers=L,hidden=H,heads=A"
+out=$("$memwall" plan --gpus 0 2>&1)
+check "plan: bad gpus" "$out" "--gpus: expected 1..1048576, got 0"
+
 # Bad input names the flag or the file.
 out=$("$memwall" train --model gpt5 2>&1)
 check "unknown model" "$out" "model 'gpt5': expected one of gpt-tiny, gpt2-124m"

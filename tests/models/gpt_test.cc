@@ -143,13 +143,30 @@ TEST_CASE("presets match the published parameter counts within 1%", "[gpt]") {
   CHECK(reduced.seq == 256);
   CHECK(reduced.hidden == 768);
   CHECK(std::string(ParseGptModel("gpt-tiny:depth=3").status().message()) ==
-        "model 'gpt-tiny:depth=3': unknown key 'depth' (known: vocab, seq, hidden, heads, layers)");
+        "model 'gpt-tiny:depth=3': unknown key 'depth' (known: vocab, seq, hidden, heads, layers, params)");
   CHECK(std::string(ParseGptModel("gpt-tiny:layers=two").status().message()) ==
         "model 'gpt-tiny:layers=two': expected key=integer, got 'layers=two'");
   CHECK(std::string(ParseGptModel("gpt-tiny:heads=3").status().message()) ==
         "gpt hidden: 64 is not divisible by heads 3");
   CHECK(std::string(ValidateGptConfig({256, 64, 66, 4, 2}).message()) ==
         "gpt hidden: 66 is not divisible by heads 4");
+}
+
+TEST_CASE("the parameter-count shape rule follows GPT-3's family", "[gpt]") {
+  const GptConfig big = GptShapeForParameters(175e9);
+  CHECK(big.hidden == 12288);
+  CHECK(big.layers == 96);
+  CHECK(big.heads == 96);
+  const GptConfig c = ParseGptModel("gpt:params=80e9").value();
+  CHECK(c.hidden % 128 == 0);
+  CHECK(c.layers == c.hidden / 128);
+  // Within the rounding of hidden to 128 (a few percent at this size).
+  CHECK(std::fabs(double(GptParameterCount(c)) - 80e9) / 80e9 < 0.05);
+  const GptConfig explicit_shape = ParseGptModel("gpt:layers=48,hidden=6400,heads=50,seq=2048").value();
+  CHECK(explicit_shape.layers == 48);
+  CHECK(explicit_shape.hidden == 6400);
+  CHECK(explicit_shape.vocab == 50257);
+  CHECK(ParseGptModel("gpt:layers=4").status().message() == "gpt hidden: expected >= 1, got 0");
 }
 
 TEST_CASE("a block's activations stay under Megatron's formula", "[gpt][memory]") {

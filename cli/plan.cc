@@ -1,0 +1,178 @@
+#include "cli/plan.h"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpointing/planner.h"
+#include "cli/session.h"
+#include "engine/chain.h"
+#include "engine/trainer.h"
+#include "nlohmann/json.hpp"
+#include "profiler/memory_profiler.h"
+#include "runtime/simulated_communicator.h"
+#include "runtime/status.h"
+#include "runtime/units.h"
+
+namespace memwall {
+
+absl::Status RunPlan(const PlanOptions& options) {
+  if (options.gpus < 1 || options.gpus > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpus: expected 1..1048576, got ", options.gpus));
+  }
+  if (options.batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch: expected >= 0, got ", options.batch));
+  }
+  MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
+  const int64_t batch = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
+  MW_ASSIGN_OR_RETURN(Model model, MakeModel(options.model, batch, options.seq, options.image));
+  // Meta devices with room for anything: the plan measures, then compares.
+  const int64_t unbounded = int64_t{1} << 60;
+  DeviceOptions device_options{Backend::kMeta, 0, unbounded};
+  device_options.pinned_capacity_bytes = unbounded;
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(device_options));
+  const int world = static_cast<int>(options.gpus);
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedCommunicator> comm,
+                      SimulatedCommunicator::Create(0, world));
+  MemoryProfiler profiler(device->allocator());
+  int64_t parameters = 0;
+  for (const auto& layer : model.layers) {
+    for (const ParameterDecl& d : layer->Parameters()) {
+      int64_t n = 1;
+      for (int64_t x : d.shape) n *= x;
+      parameters += n;
+    }
+  }
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(std::move(model.layers), std::move(model.loss), config,
+                                      *device, *comm, /*seed=*/1));
+  trainer->set_profiler(&profiler);
+  // The recomputation plan of the config, with optimal's budget derived
+  // from the device memory the plan is for.
+  const int64_t usable = options.device_bytes - kDeviceRuntimeAllowance;
+  absl::StatusOr<Plan> applied =
+      ApplyRecomputation(*trainer, config.activation_checkpointing, model.input, usable,
+                         [&]() -> absl::StatusOr<AllocatorStats> {
+                           MW_ASSIGN_OR_RETURN(Model copy, MakeModel(options.model, batch,
+                                                                     options.seq, options.image));
+                           return DryRunStep(std::move(copy.layers), std::move(copy.loss), config,
+                                             0, world, copy.input, copy.target);
+                         });
+  std::string note;
+  if (!applied.ok() && applied.status().code() == absl::StatusCode::kResourceExhausted) {
+    // No plan fits the budget: plan the least activation memory instead and
+    // let the answer say by how much it does not fit.
+    note = std::string(applied.status().message());
+    MW_ASSIGN_OR_RETURN(const Chain chain, trainer->ChainFor(model.input));
+    PlannerOptions least;
+    least.allow_selective = config.activation_checkpointing.selective;
+    applied = MinimumPeakPlan(chain, least);
+    applied->planner = "least-peak";
+    MW_RETURN_IF_ERROR(trainer->SetRecomputationPlan(*applied, chain));
+  }
+  MW_RETURN_IF_ERROR(applied.status());
+  const Plan& recompute = *applied;
+  std::vector<Batch> batches;
+  for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
+    Batch b;
+    MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(*device, DType::kF32, model.input,
+                                               MemoryCategory::kOther, "data.input"));
+    MW_ASSIGN_OR_RETURN(b.target, Tensor::Empty(*device, DType::kF32, model.target,
+                                                MemoryCategory::kOther, "data.target"));
+    batches.push_back(std::move(b));
+  }
+  MW_RETURN_IF_ERROR(trainer->TrainStep(batches).status());
+
+  const AllocatorStats dev = device->allocator().stats();
+  const AllocatorStats host = device->pinned_allocator()->stats();
+  const PeakSnapshot peak = profiler.peak();
+  const NvmeStore* nvme = trainer->optimizer().nvme_store();
+  const int64_t nvme_used = nvme != nullptr ? nvme->size() : 0;
+  // The device must hold its reserved segments (requests rounded into the
+  // caching allocator's blocks and segments) plus the runtime allowance.
+  const int64_t device_need = dev.reserved.peak + kDeviceRuntimeAllowance;
+  std::vector<std::string> overflow;
+  if (device_need > options.device_bytes) {
+    overflow.push_back(absl::StrCat("device memory by ", FormatBytes(device_need - options.device_bytes)));
+  }
+  if (host.reserved.peak > options.host_bytes) {
+    overflow.push_back(absl::StrCat("host memory by ", FormatBytes(host.reserved.peak - options.host_bytes)));
+  }
+  if (nvme_used > options.nvme_bytes) {
+    overflow.push_back(absl::StrCat("NVMe by ", FormatBytes(nvme_used - options.nvme_bytes)));
+  }
+  const std::string fits =
+      overflow.empty() ? "yes" : absl::StrCat("no (", absl::StrJoin(overflow, ", "), ")");
+  int64_t comm_bytes = 0;
+  nlohmann::json collectives = nlohmann::json::object();
+  for (int c = 0; c < kNumCollectives; ++c) {
+    const CollectiveStats s = comm->stats(static_cast<Collective>(c));
+    comm_bytes += s.bytes;
+    collectives[std::string(CollectiveName(static_cast<Collective>(c)))] = {{"calls", s.calls},
+                                                                           {"bytes", s.bytes}};
+  }
+
+  if (options.json) {
+    nlohmann::json j;
+    j["schema"] = "memwall.plan/1";
+    j["model"] = options.model;
+    j["parameters"] = parameters;
+    j["gpus"] = options.gpus;
+    j["micro_batch"] = batch;
+    j["zero_stage"] = config.zero.stage;
+    j["recomputation"] = recompute.planner;
+    if (!note.empty()) j["recomputation_note"] = note;
+    j["device"] = {{"budget", options.device_bytes},
+                   {"runtime_allowance", kDeviceRuntimeAllowance},
+                   {"requested_peak", dev.requested.peak},
+                   {"reserved_peak", dev.reserved.peak},
+                   {"needed", device_need}};
+    nlohmann::json by_category = nlohmann::json::object();
+    for (MemoryCategory c : kAllMemoryCategories) {
+      by_category[std::string(MemoryCategoryName(c))] =
+          peak.by_category[static_cast<int>(c)];
+    }
+    j["device"]["at_peak"] = by_category;
+    j["device"]["peak_phase"] = absl::StrJoin(peak.phase_path, " > ");
+    j["host"] = {{"budget", options.host_bytes}, {"reserved_peak", host.reserved.peak}};
+    j["nvme"] = {{"budget", options.nvme_bytes}, {"used", nvme_used}};
+    j["communication_bytes_per_step"] = comm_bytes;
+    j["collectives"] = collectives;
+    j["fits"] = overflow.empty();
+    j["fits_text"] = fits;
+    std::printf("%s\n", j.dump(2).c_str());
+    return absl::OkStatus();
+  }
+  std::printf("memwall plan: %s (%.2fB parameters), %lld GPU%s, ZeRO stage %d, micro-batch %lld, "
+              "recomputation %s\n",
+              options.model.c_str(), parameters / 1e9, static_cast<long long>(options.gpus),
+              options.gpus == 1 ? "" : "s", config.zero.stage, static_cast<long long>(batch),
+              recompute.planner.c_str());
+  if (!note.empty()) std::printf("  (%s; planned the least activation peak instead)\n", note.c_str());
+  std::printf("device (rank 0 of %lld), at the step's peak (%s):\n",
+              static_cast<long long>(options.gpus), absl::StrJoin(peak.phase_path, " > ").c_str());
+  for (MemoryCategory c : kAllMemoryCategories) {
+    const int64_t b = peak.by_category[static_cast<int>(c)];
+    if (b > 0) std::printf("  %-24s %12s\n", std::string(MemoryCategoryName(c)).c_str(), FormatBytes(b).c_str());
+  }
+  std::printf("  %-24s %12s  (model states %s, activations %s)\n", "requested",
+              FormatBytes(peak.bytes).c_str(), FormatBytes(ModelStateBytes(peak.by_category)).c_str(),
+              FormatBytes(ActivationBytesOf(peak.by_category)).c_str());
+  std::printf("  %-24s %12s  (allocator segments at their peak)\n", "reserved",
+              FormatBytes(dev.reserved.peak).c_str());
+  std::printf("  %-24s %12s  (CUDA context, cuBLAS and NCCL workspaces)\n", "runtime allowance",
+              FormatBytes(kDeviceRuntimeAllowance).c_str());
+  std::printf("  %-24s %12s of %s\n", "needed", FormatBytes(device_need).c_str(),
+              FormatBytes(options.device_bytes).c_str());
+  std::printf("host (pinned): %s of %s; NVMe: %s of %s\n", FormatBytes(host.reserved.peak).c_str(),
+              FormatBytes(options.host_bytes).c_str(), FormatBytes(nvme_used).c_str(),
+              FormatBytes(options.nvme_bytes).c_str());
+  std::printf("communication per step (rank 0): %s\n", FormatBytes(comm_bytes).c_str());
+  std::printf("fits: %s\n", fits.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace memwall

@@ -1,0 +1,94 @@
+// The dry run is trusted: one training step on meta allocates exactly what
+// the same step allocates on host (requested and reserved peaks, per
+// category, device and pinned pool) for every memory strategy.
+#include <string>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "checkpointing/planner.h"
+#include "engine/trainer.h"
+#include "models/gpt.h"
+#include "runtime/simulated_communicator.h"
+#include "runtime/units.h"
+
+namespace memwall {
+namespace {
+
+struct Strategy {
+  std::string name;
+  int stage;
+  bool bf16;
+  float offload_ratio;
+  bool paging;
+  std::string planner;
+};
+
+AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned) {
+  DeviceOptions o{backend, 0, 256 * kMiB};
+  o.pinned_capacity_bytes = 256 * kMiB;
+  auto device = CreateDevice(o).value();
+  auto comm = SimulatedCommunicator::Create(0, 1).value();
+  const GptConfig c = ParseGptModel("gpt-tiny:layers=4").value();
+  ShardingOptions options;
+  options.zero.stage = s.stage;
+  options.zero.reduce_bucket_size = 30000;
+  options.zero.overlap_comm = false;
+  options.bf16 = s.bf16;
+  options.zero.offload_optimizer_ratio = s.offload_ratio;
+  options.zero.offload_param = s.paging;
+  options.gradient_accumulation_steps = 2;
+  auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), options,
+                                 *device, *comm, 3)
+                     .value();
+  const int64_t sequences = 4;
+  const Chain chain = trainer->ChainFor({sequences, c.seq}).value();
+  PlannerOptions po;  // a budget only for optimal
+  if (s.planner == "optimal") {
+    po.budget = (NoRecomputation(chain).predicted_peak + FullRecomputation(chain).predicted_peak) / 2;
+  }
+  REQUIRE(trainer->SetRecomputationPlan(MakePlan(chain, s.planner, po).value(), chain).ok());
+  std::vector<float> ids(sequences * c.seq), next(sequences * c.seq);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = float((i * 11) % c.vocab);
+    next[i] = float((i * 11 + 1) % c.vocab);
+  }
+  std::vector<Batch> batches;
+  for (int u = 0; u < 2; ++u) {
+    Batch b;
+    b.input = Tensor::FromHost(*device, ids, {sequences, c.seq}, MemoryCategory::kOther, "in").value();
+    b.target = Tensor::FromHost(*device, next, {sequences * c.seq}, MemoryCategory::kOther, "t").value();
+    batches.push_back(std::move(b));
+  }
+  REQUIRE(trainer->TrainStep(batches).ok());
+  *pinned = device->pinned_allocator()->stats();
+  return device->allocator().stats();
+}
+
+TEST_CASE("a meta step allocates exactly what the host step does, for every strategy",
+          "[dryrun]") {
+  const std::vector<Strategy> strategies = {
+      {"stage 0, f32", 0, false, 0, false, "none"},
+      {"stage 1, bf16", 1, true, 0, false, "none"},
+      {"stage 2, bf16, sqrt", 2, true, 0, false, "sqrt"},
+      {"stage 3, bf16, selective", 3, true, 0, false, "selective"},
+      {"stage 2, bf16, offload 0.5", 2, true, 0.5f, false, "none"},
+      {"stage 3, bf16, offload + paging, optimal", 3, true, 1.0f, true, "optimal"},
+  };
+  for (const Strategy& s : strategies) {
+    INFO(s.name);
+    AllocatorStats host_pinned, meta_pinned;
+    const AllocatorStats host = Step(Backend::kHost, s, &host_pinned);
+    const AllocatorStats meta = Step(Backend::kMeta, s, &meta_pinned);
+    CHECK(meta.requested.peak == host.requested.peak);
+    CHECK(meta.reserved.peak == host.reserved.peak);
+    for (MemoryCategory c : kAllMemoryCategories) {
+      INFO(MemoryCategoryName(c));
+      CHECK(meta.by_category[static_cast<int>(c)].peak == host.by_category[static_cast<int>(c)].peak);
+    }
+    CHECK(meta_pinned.requested.peak == host_pinned.requested.peak);
+    CHECK(meta_pinned.reserved.peak == host_pinned.reserved.peak);
+  }
+}
+
+}  // namespace
+}  // namespace memwall
