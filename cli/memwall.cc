@@ -59,6 +59,13 @@ ABSL_FLAG(int64_t, gpus, 1, "plan: the data-parallel world N (the plan is rank 0
 ABSL_FLAG(std::string, host_memory, "512GiB", "plan: pinned host memory per GPU.");
 ABSL_FLAG(std::string, nvme, "0", "plan: NVMe space per GPU (0: none).");
 ABSL_FLAG(bool, json, false, "plan: print the plan as JSON (schema memwall.plan/1).");
+ABSL_FLAG(bool, auto, false,
+          "plan: search stage, offload, paging, NVMe and recomputation for the fastest "
+          "configuration that fits, and print it as a config file (also when the config's "
+          "zero_optimization.stage is \"auto\").");
+ABSL_FLAG(std::string, hardware, "",
+          "plan --auto: the step-time model's hardware: v100-32gb, a100-40gb, a100-80gb, "
+          "h100-80gb, h200; empty picks by --device_memory.");
 
 namespace {
 
@@ -106,6 +113,7 @@ usage:
 
   memwall plan [--model M] [--gpus N] [--device_memory SIZE] [--host_memory SIZE]
                [--nvme SIZE] [--config FILE] [--batch N] [--seq N] [--json]
+               [--auto [--hardware H] [--out FILE]]
       Dry-runs one whole training step of M (any spec profile takes, or
       gpt:params=80e9, gpt:layers=48,hidden=6400,heads=50) on the meta
       backend as rank 0 of N GPUs with the config's ZeRO stage, offload and
@@ -114,6 +122,10 @@ usage:
       use, communication per step, and a last line "fits: yes" or
       "fits: no" with what overflows and by how much. Sizes take GiB or GB
       (the plan prints the bytes used). Defaults: 32GiB device, 512GiB host.
+      --auto (or "stage": "auto" in the config) dry-runs every combination
+      of stage, optimizer offload, parameter paging, NVMe and recomputation,
+      predicts each one's step time on a hardware profile, and prints the
+      fastest that fits as a config file (written to --out FILE if given).
 
   memwall launch [--ranks K] -- COMMAND [ARGS...]
       Runs COMMAND as K MPI ranks on this machine (mpirun with the settings
@@ -175,6 +187,9 @@ int Plan() {
   options.seq = absl::GetFlag(FLAGS_seq);
   options.image = absl::GetFlag(FLAGS_image);
   options.json = absl::GetFlag(FLAGS_json);
+  options.auto_strategy = absl::GetFlag(FLAGS_auto);
+  options.hardware = absl::GetFlag(FLAGS_hardware);
+  options.out_path = absl::GetFlag(FLAGS_out);
   const absl::Status status = memwall::RunPlan(options);
   return status.ok() ? 0 : Fail(status);
 }

@@ -1,12 +1,16 @@
 #include "cli/plan.h"
 
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpointing/planner.h"
+#include "cli/auto_strategy.h"
 #include "cli/session.h"
 #include "engine/chain.h"
 #include "engine/trainer.h"
@@ -18,7 +22,7 @@
 
 namespace memwall {
 
-absl::Status RunPlan(const PlanOptions& options) {
+absl::StatusOr<PlanResult> DryRunPlan(const PlanOptions& options, const Config& config) {
   if (options.gpus < 1 || options.gpus > (int64_t{1} << 20)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--gpus: expected 1..1048576, got ", options.gpus));
@@ -26,7 +30,6 @@ absl::Status RunPlan(const PlanOptions& options) {
   if (options.batch < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--batch: expected >= 0, got ", options.batch));
   }
-  MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   const int64_t batch = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
   MW_ASSIGN_OR_RETURN(Model model, MakeModel(options.model, batch, options.seq, options.image));
   // Meta devices with room for anything: the plan measures, then compares.
@@ -74,7 +77,7 @@ absl::Status RunPlan(const PlanOptions& options) {
     MW_RETURN_IF_ERROR(trainer->SetRecomputationPlan(*applied, chain));
   }
   MW_RETURN_IF_ERROR(applied.status());
-  const Plan& recompute = *applied;
+  const Plan recompute = *applied;
   std::vector<Batch> batches;
   for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
     Batch b;
@@ -106,13 +109,131 @@ absl::Status RunPlan(const PlanOptions& options) {
   }
   const std::string fits =
       overflow.empty() ? "yes" : absl::StrCat("no (", absl::StrJoin(overflow, ", "), ")");
-  int64_t comm_bytes = 0;
+  PlanResult r;
+  r.parameters = parameters;
+  r.batch = batch;
+  r.recompute = recompute;
+  r.recompute_note = note;
+  r.device_requested_peak = dev.requested.peak;
+  r.device_reserved_peak = dev.reserved.peak;
+  r.device_needed = device_need;
+  r.peak = peak;
+  r.host_peak = host.reserved.peak;
+  r.nvme_used = nvme_used;
+  r.fits = overflow.empty();
+  r.fits_text = fits;
+  for (int c = 0; c < kNumCollectives; ++c) {
+    r.collectives[c] = comm->stats(static_cast<Collective>(c));
+    r.comm_bytes += r.collectives[c].bytes;
+  }
+  MW_ASSIGN_OR_RETURN(const Chain chain, trainer->ChainFor(model.input));
+  for (const ChainLayer& l : chain.layers) r.forward_flops += l.forward_flops;
+  r.forward_flops *= config.gradient_accumulation_steps;
+  r.extra_flops = recompute.extra_flops * config.gradient_accumulation_steps;
+  // Host traffic per step, from the layout: offloaded gradients down and
+  // parameters up, paged shards in for each gather (forward and backward),
+  // offloaded activations out and back, and the NVMe tier's read and write
+  // of every offloaded state.
+  const ShardedOptimizer& opt = trainer->optimizer();
+  const int64_t size = static_cast<int64_t>(DTypeSize(config.param_dtype()));
+  const int64_t states = config.optimizer.type == OptimizerType::kAdam ? 3 : 2;
+  for (const FlatGroup& g : opt.layout().groups) {
+    const int64_t k = std::llround(double(config.zero.offload_optimizer_ratio) * g.shard_numel);
+    r.offloaded_elements += k;
+    r.pcie_bytes += 2 * k * size;
+    if (config.zero.offload_param) {
+      r.pcie_bytes += 2 * int64_t{config.gradient_accumulation_steps} * g.shard_numel * size;
+    }
+    if (nvme != nullptr) r.nvme_bytes_per_step += 2 * states * 4 * k;
+  }
+  r.pcie_bytes += 2 * recompute.offloaded_bytes * config.gradient_accumulation_steps;
+  return r;
+}
+
+absl::Status RunAuto(const PlanOptions& options, const Config& config) {
+  std::string preset = options.hardware;
+  if (preset.empty()) {
+    const double gib = double(options.device_bytes) / double(int64_t{1} << 30);
+    preset = gib <= 32 ? "v100-32gb" : gib <= 40 ? "a100-40gb" : gib <= 80 ? "h100-80gb" : "h200";
+  }
+  MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(preset));
+  MW_ASSIGN_OR_RETURN(const AutoResult result, AutoStrategy(options, config, hw));
+  std::printf("memwall plan --auto: %s on %lld GPU%s of %s, host %s, NVMe %s; step times on %s\n",
+              options.model.c_str(), static_cast<long long>(options.gpus),
+              options.gpus == 1 ? "" : "s", FormatBytes(options.device_bytes).c_str(),
+              FormatBytes(options.host_bytes).c_str(), FormatBytes(options.nvme_bytes).c_str(),
+              hw.name.c_str());
+  std::printf("%-66s %12s %12s %10s\n", "candidate", "device need", "host", "step s");
+  int64_t least = INT64_MAX;
+  for (const Candidate& c : result.candidates) {
+    least = std::min(least, c.plan.device_needed);
+    std::printf("%-66s %12s %12s %10s\n", c.name.c_str(),
+                FormatBytes(c.plan.device_needed).c_str(), FormatBytes(c.plan.host_peak).c_str(),
+                c.plan.fits ? absl::StrFormat("%.3f", c.step_seconds).c_str() : "no fit");
+  }
+  if (result.best < 0) {
+    std::printf("fits: no (no candidate fits; the smallest needs %s of device memory)\n",
+                FormatBytes(least).c_str());
+    return absl::OkStatus();
+  }
+  const Candidate& best = result.candidates[result.best];
+  const std::string json = ConfigJson(best.config);
+  std::printf("chosen: %s, %.3f s per step predicted\n%s\n", best.name.c_str(),
+              best.step_seconds, json.c_str());
+  if (!options.out_path.empty()) {
+    std::ofstream out(options.out_path);
+    out << json << "\n";
+    if (!out) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("--out ", options.out_path, ": cannot write the chosen config"));
+    }
+    std::printf("written to %s\n", options.out_path.c_str());
+  }
+  std::printf("fits: yes\n");
+  return absl::OkStatus();
+}
+
+std::string OutOfMemoryFix(const PlanOptions& options, const Config& config) {
+  PlanOptions o = options;
+  o.hardware.clear();
+  std::string preset;
+  const double gib = double(o.device_bytes) / double(int64_t{1} << 30);
+  preset = gib <= 32 ? "v100-32gb" : gib <= 40 ? "a100-40gb" : gib <= 80 ? "h100-80gb" : "h200";
+  const absl::StatusOr<Hardware> hw = HardwarePreset(preset);
+  if (!hw.ok()) return "";
+  const absl::StatusOr<AutoResult> found = AutoStrategy(o, config, *hw);
+  if (!found.ok()) return "";
+  const std::string command = absl::StrCat(
+      "memwall plan --model ", o.model, " --gpus ", o.gpus, " --device-memory ", o.device_bytes,
+      " --batch ", o.batch, o.config_path.empty() ? "" : absl::StrCat(" --config ", o.config_path),
+      " --auto");
+  if (found->best < 0) {
+    return absl::StrCat(" No configuration memwall can run fits ", FormatBytes(o.device_bytes),
+                        " per device; the full search: ", command);
+  }
+  const Candidate& best = found->candidates[found->best];
+  return absl::StrCat(" The auto strategy fits it with ", best.name, " (", FormatBytes(best.plan.device_needed),
+                      " of ", FormatBytes(o.device_bytes),
+                      " with the runtime allowance); the config and full plan: ", command);
+}
+
+absl::Status RunPlan(const PlanOptions& options) {
+  MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
+  if (options.auto_strategy || config.zero.stage == kAutoStage) return RunAuto(options, config);
+  MW_ASSIGN_OR_RETURN(const PlanResult r, DryRunPlan(options, config));
+  const int64_t batch = r.batch;
+  const int64_t parameters = r.parameters;
+  const Plan& recompute = r.recompute;
+  const std::string& note = r.recompute_note;
+  const PeakSnapshot& peak = r.peak;
+  const int64_t device_need = r.device_needed;
+  const int64_t nvme_used = r.nvme_used;
+  const std::string& fits = r.fits_text;
+  const int64_t comm_bytes = r.comm_bytes;
   nlohmann::json collectives = nlohmann::json::object();
   for (int c = 0; c < kNumCollectives; ++c) {
-    const CollectiveStats s = comm->stats(static_cast<Collective>(c));
-    comm_bytes += s.bytes;
-    collectives[std::string(CollectiveName(static_cast<Collective>(c)))] = {{"calls", s.calls},
-                                                                           {"bytes", s.bytes}};
+    collectives[std::string(CollectiveName(static_cast<Collective>(c)))] = {
+        {"calls", r.collectives[c].calls}, {"bytes", r.collectives[c].bytes}};
   }
 
   if (options.json) {
@@ -123,12 +244,14 @@ absl::Status RunPlan(const PlanOptions& options) {
     j["gpus"] = options.gpus;
     j["micro_batch"] = batch;
     j["zero_stage"] = config.zero.stage;
+    j["forward_flops_per_step"] = r.forward_flops;
+    j["recompute_flops_per_step"] = r.extra_flops;
     j["recomputation"] = recompute.planner;
     if (!note.empty()) j["recomputation_note"] = note;
     j["device"] = {{"budget", options.device_bytes},
                    {"runtime_allowance", kDeviceRuntimeAllowance},
-                   {"requested_peak", dev.requested.peak},
-                   {"reserved_peak", dev.reserved.peak},
+                   {"requested_peak", r.device_requested_peak},
+                   {"reserved_peak", r.device_reserved_peak},
                    {"needed", device_need}};
     nlohmann::json by_category = nlohmann::json::object();
     for (MemoryCategory c : kAllMemoryCategories) {
@@ -137,11 +260,13 @@ absl::Status RunPlan(const PlanOptions& options) {
     }
     j["device"]["at_peak"] = by_category;
     j["device"]["peak_phase"] = absl::StrJoin(peak.phase_path, " > ");
-    j["host"] = {{"budget", options.host_bytes}, {"reserved_peak", host.reserved.peak}};
-    j["nvme"] = {{"budget", options.nvme_bytes}, {"used", nvme_used}};
+    j["host"] = {{"budget", options.host_bytes}, {"reserved_peak", r.host_peak}};
+    j["nvme"] = {{"budget", options.nvme_bytes}, {"used", nvme_used},
+                 {"bytes_per_step", r.nvme_bytes_per_step}};
     j["communication_bytes_per_step"] = comm_bytes;
+    j["host_link_bytes_per_step"] = r.pcie_bytes;
     j["collectives"] = collectives;
-    j["fits"] = overflow.empty();
+    j["fits"] = r.fits;
     j["fits_text"] = fits;
     std::printf("%s\n", j.dump(2).c_str());
     return absl::OkStatus();
@@ -162,15 +287,16 @@ absl::Status RunPlan(const PlanOptions& options) {
               FormatBytes(peak.bytes).c_str(), FormatBytes(ModelStateBytes(peak.by_category)).c_str(),
               FormatBytes(ActivationBytesOf(peak.by_category)).c_str());
   std::printf("  %-24s %12s  (allocator segments at their peak)\n", "reserved",
-              FormatBytes(dev.reserved.peak).c_str());
+              FormatBytes(r.device_reserved_peak).c_str());
   std::printf("  %-24s %12s  (CUDA context, cuBLAS and NCCL workspaces)\n", "runtime allowance",
               FormatBytes(kDeviceRuntimeAllowance).c_str());
   std::printf("  %-24s %12s of %s\n", "needed", FormatBytes(device_need).c_str(),
               FormatBytes(options.device_bytes).c_str());
-  std::printf("host (pinned): %s of %s; NVMe: %s of %s\n", FormatBytes(host.reserved.peak).c_str(),
+  std::printf("host (pinned): %s of %s; NVMe: %s of %s\n", FormatBytes(r.host_peak).c_str(),
               FormatBytes(options.host_bytes).c_str(), FormatBytes(nvme_used).c_str(),
               FormatBytes(options.nvme_bytes).c_str());
-  std::printf("communication per step (rank 0): %s\n", FormatBytes(comm_bytes).c_str());
+  std::printf("communication per step (rank 0): %s; host link (PCIe) per step: %s\n",
+              FormatBytes(comm_bytes).c_str(), FormatBytes(r.pcie_bytes).c_str());
   std::printf("fits: %s\n", fits.c_str());
   return absl::OkStatus();
 }

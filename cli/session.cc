@@ -109,8 +109,9 @@ absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> la
                                           const std::vector<int64_t>& input,
                                           const std::vector<int64_t>& target) {
   // Room for any model: meta holds no bytes.
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> meta,
-                      CreateDevice({Backend::kMeta, 0, int64_t{1} << 60}));
+  DeviceOptions options{Backend::kMeta, 0, int64_t{1} << 60};
+  options.pinned_capacity_bytes = int64_t{1} << 60;  // for offloading configs
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> meta, CreateDevice(options));
   MW_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedCommunicator> comm,
                       SimulatedCommunicator::Create(rank, world_size));
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,

@@ -1,5 +1,7 @@
 #include "cli/train.h"
 
+#include "cli/auto_strategy.h"
+#include "cli/plan.h"
 #include "cli/session.h"
 
 #include <mpi.h>
@@ -11,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "engine/config.h"
 #include "engine/trainer.h"
 #include "models/corpus.h"
@@ -37,6 +40,19 @@ std::string Bar(int64_t done, int64_t total) {
 
 }  // namespace
 
+// The phases open when a step failed: the unwinding closed them innermost
+// first, so the last records, read backwards from the outermost, are the
+// path ("step 0 > micro-batch 0 > forward > block5").
+std::string PhaseAtFailure(const MemoryProfiler& profiler) {
+  const std::vector<PhaseRecord> phases = profiler.phases();
+  std::vector<std::string> path;
+  int depth = 0;
+  for (auto it = phases.rbegin(); it != phases.rend() && it->depth == depth; ++it, ++depth) {
+    path.push_back(it->name);
+  }
+  return path.empty() ? std::string("the step") : absl::StrJoin(path, " > ");
+}
+
 absl::Status RunTrain(const TrainOptions& options) {
   if (options.steps < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--steps: expected >= 1, got ", options.steps));
@@ -48,6 +64,27 @@ absl::Status RunTrain(const TrainOptions& options) {
   MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(options.model));
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks));
+  std::string chosen;
+  if (config.zero.stage == kAutoStage) {
+    // The auto strategy, for this world and device; every rank computes the
+    // same answer from the same inputs.
+    PlanOptions plan;
+    plan.model = options.model;
+    plan.gpus = session.comm->world_size();
+    plan.device_bytes = options.capacity_bytes + kDeviceRuntimeAllowance;  // memwall's own
+    plan.host_bytes = options.pinned_bytes > 0 ? options.pinned_bytes : int64_t{64} << 30;
+    plan.batch = config.train_micro_batch_size_per_gpu;
+    MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset("a100-40gb"));
+    MW_ASSIGN_OR_RETURN(const AutoResult found, AutoStrategy(plan, config, hw));
+    if (found.best < 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "zero_optimization.stage \"auto\": no configuration fits ",
+          FormatBytes(options.capacity_bytes), " per device (memwall plan --model ",
+          options.model, " --auto shows each one's needs)"));
+    }
+    config = found.candidates[found.best].config;
+    chosen = found.candidates[found.best].name;
+  }
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
                       UseDevice(session, options.backend, options.capacity_bytes,
                                 PinnedBytes(options.pinned_bytes, options.capacity_bytes,
@@ -98,6 +135,7 @@ absl::Status RunTrain(const TrainOptions& options) {
                 static_cast<long long>(corpus.size()), static_cast<long long>(tokens_per_step),
                 static_cast<long long>(micro), accumulation, static_cast<long long>(gpt.seq),
                 ranks);
+    if (!chosen.empty()) std::printf("auto strategy: %s\n", chosen.c_str());
     if (plan.planner != "none") {
       MW_ASSIGN_OR_RETURN(const Chain chain, trainer->ChainFor(input));
       std::printf("activation recomputation: %s\n", PlanSummary(chain, plan).c_str());
@@ -116,6 +154,19 @@ absl::Status RunTrain(const TrainOptions& options) {
     }
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<Trainer::StepReport> stepped = trainer->TrainStep(batches);
+    if (stepped.status().code() == absl::StatusCode::kResourceExhausted) {
+      // Say what would fit, as well as what did not.
+      PlanOptions plan;
+      plan.model = options.model;
+      plan.config_path = options.config_path;
+      plan.gpus = ranks;
+      plan.device_bytes = device->allocator().capacity() + kDeviceRuntimeAllowance;
+      plan.batch = micro;
+      const std::string fix = OutOfMemoryFix(plan, config);
+      stepped = absl::Status(stepped.status().code(),
+                             absl::StrCat(stepped.status().message(), ". It happened during ",
+                                          PhaseAtFailure(profiler), ".", fix));
+    }
     MW_RETURN_IF_ERROR(ReportOutOfMemory(stepped.status(), profiler, oom_dir));
     const Trainer::StepReport& report = *stepped;
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;

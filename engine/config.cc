@@ -184,7 +184,15 @@ absl::Status ReadFp16(const Json& value, Config& out) {
 
 absl::Status ReadZero(const Json& value, ZeroConfig& out) {
   MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(value, "zero_optimization"));
-  MW_RETURN_IF_ERROR(r.Int32("stage", 0, 3, out.stage));
+  const Json* stage = r.Find("stage");
+  if (stage != nullptr && stage->is_string()) {
+    if (stage->get<std::string>() != "auto") {
+      return r.Error("stage", "an integer 0..3 or \"auto\"", *stage);
+    }
+    out.stage = kAutoStage;
+  } else {
+    MW_RETURN_IF_ERROR(r.Int32("stage", 0, 3, out.stage));
+  }
   MW_RETURN_IF_ERROR(r.Int("reduce_bucket_size", 1, INT64_MAX, out.reduce_bucket_size));
   MW_RETURN_IF_ERROR(r.Int("allgather_bucket_size", 1, INT64_MAX, out.allgather_bucket_size));
   MW_RETURN_IF_ERROR(r.Bool("overlap_comm", out.overlap_comm));

@@ -20,7 +20,7 @@
 //   fp16.hysteresis                  int >= 1 overflows to halve   (2)
 //   fp16.min_loss_scale              number > 0                    (1)
 //   bf16.enabled                     bool                          (false)
-//   zero_optimization.stage          int 0..3                      (0)
+//   zero_optimization.stage          int 0..3, or "auto"           (0)
 //   zero_optimization.reduce_bucket_size      elements >= 1 per flat group (5e8)
 //   zero_optimization.allgather_bucket_size   elements >= 1 (accepted; groups rule) (5e8)
 //   zero_optimization.overlap_comm            bool: collectives overlap compute (false)
@@ -79,6 +79,10 @@
 #include "sharding/options.h"
 
 namespace memwall {
+
+// zero_optimization.stage "auto": the auto strategy (cli/auto_strategy.h)
+// picks the stage, offload and recomputation before training.
+constexpr int kAutoStage = -1;
 
 // activation_checkpointing: which recomputation plan to train with.
 struct RecomputeConfig {

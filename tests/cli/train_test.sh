@@ -60,6 +60,8 @@ check "meta dry run" "$out" \
 out=$("$memwall" train --backend meta --model gpt2-1.5b --device_memory 32GiB --steps 1 \
       --out "$tmp/oom" 2>&1)
 check "out of memory" "$out" "RESOURCE_EXHAUSTED: out of memory on meta:0" \
+  "It happened during step 0 > micro-batch 0 > forward > block" \
+  "The auto strategy fits it with stage " "--auto" \
   "Memory reports of this moment: $tmp/oom/rank0/profile.{txt,json,html}"
 if [ -s "$tmp/oom/rank0/profile.json" ] && [ -s "$tmp/oom/rank0/profile.html" ]; then
   passed=$((passed + 1))
@@ -139,6 +141,11 @@ else
   fi
 fi
 
+# stage "auto" in a training config: the strategy is chosen, then trained.
+echo '{"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": "auto"}}' > "$tmp/auto_train.json"
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/auto_train.json" --steps 10 --log_every 10 2>&1)
+check "train with the auto strategy" "$out" "auto strategy: stage " "summary: 10 steps (0 skipped)"
+
 # `memwall plan`: a whole step dry-run at any scale, ending with the answer.
 out=$("$memwall" plan --model gpt3-13b --gpus 8 --device-memory 32GiB --config "$tmp/optimal.json" 2>&1)
 rc=$?
@@ -162,6 +169,15 @@ out=$("$memwall" plan --model gpt --gpus 8 2>&1)
 check "plan: gpt without a shape" "$out" "model 'gpt': expected gpt:params=N or gpt:layers=L,hidden=H,heads=A"
 out=$("$memwall" plan --gpus 0 2>&1)
 check "plan: bad gpus" "$out" "--gpus: expected 1..1048576, got 0"
+echo '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": "auto"}}' \
+  > "$tmp/auto.json"
+out=$("$memwall" plan --model gpt3-13b --gpus 8 --config "$tmp/auto.json" --out "$tmp/chosen.json" 2>&1)
+check "plan: auto strategy" "$out" "memwall plan --auto: gpt3-13b on 8 GPUs" "chosen: stage " \
+  "written to $tmp/chosen.json" "fits: yes"
+out=$("$memwall" plan --model gpt3-13b --gpus 8 --config "$tmp/chosen.json" 2>&1)
+check "plan: the chosen config fits" "$out" "fits: yes"
+out=$("$memwall" plan --model gpt3-175b --gpus 1 --device-memory 16GiB --host-memory 64GiB --auto 2>&1)
+check "plan: nothing fits" "$out" "fits: no (no candidate fits; the smallest needs"
 
 # Bad input names the flag or the file.
 out=$("$memwall" train --model gpt5 2>&1)

@@ -78,8 +78,11 @@ TEST_CASE("defaults follow DeepSpeed", "[config]") {
 TEST_CASE("bad configs name the key path and what was expected", "[config]") {
   CHECK(Error(R"({"zero_optimization": {"stage": 4}})") ==
         "zero_optimization.stage: expected an integer 0..3, got 4");
-  CHECK(Error(R"({"zero_optimization": {"stage": "auto"}})") ==
-        "zero_optimization.stage: expected an integer 0..3, got \"auto\"");
+  CHECK(Error(R"({"zero_optimization": {"stage": "best"}})") ==
+        "zero_optimization.stage: expected an integer 0..3 or \"auto\", got \"best\"");
+  auto automatic = ParseConfig(R"({"zero_optimization": {"stage": "auto"}})");
+  REQUIRE(automatic.ok());
+  CHECK(automatic->zero.stage == kAutoStage);
   CHECK(Error(R"({"zero_optimization": {"stage": 1.5}})") ==
         "zero_optimization.stage: expected an integer 0..3, got 1.5");
   CHECK_THAT(Error(R"({"zero_optimization": {"stgae": 1}})"),

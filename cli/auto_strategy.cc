@@ -1,0 +1,150 @@
+#include "cli/auto_strategy.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "runtime/status.h"
+
+namespace memwall {
+namespace {
+
+constexpr double kGiB = double(int64_t{1} << 30);
+constexpr double kMfu = 0.4;  // sustained share of peak dense FLOP/s
+
+// A float as the shortest decimal that reads back to it (0.001, not
+// 0.0010000000474974513).
+double Decimal(float x) {
+  double d = 0;
+  return absl::SimpleAtod(absl::StrCat(x), &d) ? d : x;
+}
+
+}  // namespace
+
+std::vector<std::string> HardwarePresets() {
+  return {"v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200"};
+}
+
+absl::StatusOr<Hardware> HardwarePreset(const std::string& name) {
+  // Peak dense fp16/bf16 tensor FLOP/s; NVLink per-GPU bandwidth (one
+  // direction); PCIe 3/4/5 x16 effective; CPU Adam at 40 GB/s (this
+  // machine's 2-thread figure, benchmarks/RESULTS.md); one NVMe drive per GPU.
+  struct Row {
+    const char* name;
+    double device_gib, tflops, nvlink_gbs, pcie_gbs, nvme_gbs;
+  };
+  static const Row kRows[] = {
+      {"v100-32gb", 32, 125, 150, 12, 2},
+      {"a100-40gb", 40, 312, 300, 25, 3},
+      {"a100-80gb", 80, 312, 300, 25, 3},
+      {"h100-80gb", 80, 989, 450, 50, 6},
+      {"h200", 141, 989, 450, 50, 6},
+  };
+  for (const Row& r : kRows) {
+    if (name != r.name) continue;
+    Hardware hw;
+    hw.name = r.name;
+    hw.device_bytes = static_cast<int64_t>(r.device_gib * kGiB);
+    hw.flops = r.tflops * 1e12 * kMfu;
+    hw.interconnect_bps = r.nvlink_gbs * 1e9;
+    hw.pcie_bps = r.pcie_gbs * 1e9;
+    hw.cpu_adam_bps = 40e9;
+    hw.nvme_bps = r.nvme_gbs * 1e9;
+    return hw;
+  }
+  return absl::NotFoundError(absl::StrCat("hardware '", name, "': expected one of ",
+                                          absl::StrJoin(HardwarePresets(), ", ")));
+}
+
+double PredictStepSeconds(const PlanResult& plan, const Config& config, const Hardware& hw) {
+  const double compute = (3.0 * plan.forward_flops + plan.extra_flops) / hw.flops;
+  const double comm = plan.comm_bytes / hw.interconnect_bps;
+  const double overlapped = config.zero.overlap_comm ? std::max(compute, comm) : compute + comm;
+  return overlapped + plan.pcie_bytes / hw.pcie_bps +
+         28.0 * plan.offloaded_elements / hw.cpu_adam_bps +
+         plan.nvme_bytes_per_step / hw.nvme_bps;
+}
+
+absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config& base,
+                                        const Hardware& hw) {
+  struct Choice {
+    int stage;
+    float ratio;
+    bool paging;
+    bool nvme;
+    const char* planner;
+  };
+  std::vector<Choice> choices;
+  for (const char* planner : {"none", "optimal"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      choices.push_back({stage, 0.0f, false, false, planner});
+      if (stage == 0) continue;
+      choices.push_back({stage, 0.5f, false, false, planner});
+      choices.push_back({stage, 1.0f, false, false, planner});
+      if (stage == 3) choices.push_back({stage, 1.0f, true, false, planner});
+      if (options.nvme_bytes > 0) choices.push_back({stage, 1.0f, false, true, planner});
+    }
+  }
+  AutoResult result;
+  for (const Choice& c : choices) {
+    Candidate cand;
+    cand.config = base;
+    Config& config = cand.config;
+    config.zero.stage = c.stage;
+    config.zero.overlap_comm = c.stage > 0;
+    config.zero.reduce_bucket_size = 50'000'000;
+    config.zero.stage3_prefetch_bucket_size = 50'000'000;
+    config.zero.offload_optimizer_ratio = c.ratio;
+    config.zero.offload_param = c.paging;
+    config.zero.offload_nvme_path = c.nvme ? "/local_nvme" : "";
+    config.activation_checkpointing = RecomputeConfig();
+    config.activation_checkpointing.planner = c.planner;
+    cand.name = absl::StrCat("stage ", c.stage,
+                             c.ratio == 0 ? "" : absl::StrCat(", optimizer offload ", c.ratio),
+                             c.paging ? ", parameter paging" : "", c.nvme ? " (NVMe)" : "",
+                             ", recomputation ", c.planner);
+    MW_ASSIGN_OR_RETURN(cand.plan, DryRunPlan(options, config));
+    cand.step_seconds = PredictStepSeconds(cand.plan, config, hw);
+    result.candidates.push_back(std::move(cand));
+    const Candidate& added = result.candidates.back();
+    if (added.plan.fits &&
+        (result.best < 0 || added.step_seconds < result.candidates[result.best].step_seconds)) {
+      result.best = static_cast<int>(result.candidates.size()) - 1;
+    }
+  }
+  return result;
+}
+
+std::string ConfigJson(const Config& c) {
+  nlohmann::json j;
+  j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
+  j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  j["optimizer"] = {{"type", c.optimizer.type == OptimizerType::kSgd
+                                 ? "SGD"
+                                 : (c.optimizer.adamw ? "AdamW" : "Adam")},
+                    {"params",
+                     {{"lr", Decimal(c.optimizer.lr)},
+                      {"weight_decay", Decimal(c.optimizer.weight_decay)}}}};
+  if (c.gradient_clipping > 0) j["gradient_clipping"] = Decimal(c.gradient_clipping);
+  if (c.bf16) j["bf16"] = {{"enabled", true}};
+  if (c.fp16) j["fp16"] = {{"enabled", true}};
+  nlohmann::json zero = {{"stage", c.zero.stage},
+                         {"overlap_comm", c.zero.overlap_comm},
+                         {"reduce_bucket_size", c.zero.reduce_bucket_size},
+                         {"stage3_prefetch_bucket_size", c.zero.stage3_prefetch_bucket_size}};
+  if (c.zero.offload_optimizer_ratio > 0) {
+    zero["offload_optimizer"] = {{"device", c.zero.offload_nvme_path.empty() ? "cpu" : "nvme"},
+                                 {"ratio", Decimal(c.zero.offload_optimizer_ratio)}};
+    if (!c.zero.offload_nvme_path.empty()) {
+      zero["offload_optimizer"]["nvme_path"] = c.zero.offload_nvme_path;
+    }
+  }
+  if (c.zero.offload_param) zero["offload_param"] = {{"device", "cpu"}};
+  j["zero_optimization"] = zero;
+  j["activation_checkpointing"] = {{"planner", c.activation_checkpointing.planner}};
+  return j.dump(2);
+}
+
+}  // namespace memwall

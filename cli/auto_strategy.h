@@ -1,0 +1,64 @@
+// The auto strategy: among ZeRO stages, optimizer offload (and its ratio),
+// parameter paging, the NVMe tier and recomputation, the configuration whose
+// dry-run step (cli/plan.h) fits the device, host and NVMe budgets with the
+// lowest predicted step time on a hardware profile.
+#ifndef MEMWALL_CLI_AUTO_STRATEGY_H_
+#define MEMWALL_CLI_AUTO_STRATEGY_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cli/plan.h"
+#include "engine/config.h"
+
+namespace memwall {
+
+// What the step-time model needs of a machine. Rates are what a training
+// step sustains, not datasheet peaks: dense bf16 FLOP/s at 40% of peak
+// (a typical large-model MFU), and the measured-or-typical bandwidths.
+struct Hardware {
+  std::string name;
+  int64_t device_bytes = 0;
+  double flops = 0;               // per GPU
+  double interconnect_bps = 0;    // collective bytes per second per GPU
+  double pcie_bps = 0;            // host link, each direction
+  double cpu_adam_bps = 0;        // CPU Adam, bytes per second (28 per parameter)
+  double nvme_bps = 0;            // per GPU
+};
+
+// "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200". kNotFound
+// lists them.
+absl::StatusOr<Hardware> HardwarePreset(const std::string& name);
+std::vector<std::string> HardwarePresets();
+
+// One configuration tried, with its dry run and predicted step time.
+struct Candidate {
+  std::string name;  // "stage 3 + optimizer offload + optimal recomputation"
+  Config config;
+  PlanResult plan;
+  double step_seconds = 0;  // meaningful when plan.fits
+};
+
+struct AutoResult {
+  std::vector<Candidate> candidates;  // in the order tried
+  int best = -1;                      // index of the chosen one; -1: none fits
+};
+
+// Predicted seconds per step of `plan` under `config` on `hw`: compute
+// (three forwards per micro-batch plus recomputation) and communication
+// (overlapped when overlap_comm is on), plus host-link copies, the CPU
+// update of offloaded elements and NVMe traffic, which the model adds.
+double PredictStepSeconds(const PlanResult& plan, const Config& config, const Hardware& hw);
+
+// Tries every candidate built from `base` (its optimizer, precision, batch
+// and accumulation kept); offload to NVMe only when options.nvme_bytes > 0.
+absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config& base,
+                                        const Hardware& hw);
+
+// The chosen configuration as a DeepSpeed-style JSON config memwall reads.
+std::string ConfigJson(const Config& config);
+
+}  // namespace memwall
+
+#endif  // MEMWALL_CLI_AUTO_STRATEGY_H_
