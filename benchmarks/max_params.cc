@@ -1,0 +1,154 @@
+// The largest GPT-family model one 32 GB GPU can train, by strategy: a
+// binary search over the shape rule's sizes (models/gpt.h
+// GptShapeForParameters: hidden a multiple of 128, layers = heads =
+// hidden / 128, vocabulary 50257), seq 1024, micro-batch 1 (and 8 for the
+// headline rows), each candidate dry-run as one whole step on meta by
+// `memwall plan`'s engine (cli/plan.h DryRunPlan: device memory counted
+// with allocator rounding and a 1 GiB CUDA runtime allowance).
+//
+//   bazel run //benchmarks:max_params
+//
+// Beside each row: the physical bound that row's memory allows (model
+// states alone; see Bound()) and the published figure where one exists.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cli/plan.h"
+#include "engine/config.h"
+#include "models/gpt.h"
+#include "runtime/units.h"
+
+namespace memwall {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+struct Row {
+  std::string name;
+  int gpus;
+  int stage;
+  float offload;  // optimizer offload ratio
+  bool paging;
+  bool nvme;
+  std::string planner;
+  bool activation_offload;
+  int64_t batch;
+  int64_t host_bytes;
+  std::string published;
+};
+
+std::string Spec(int64_t hidden) {
+  return absl::StrCat("gpt:layers=", hidden / 128, ",hidden=", hidden, ",heads=", hidden / 128,
+                      ",seq=1024");
+}
+
+int64_t Parameters(int64_t hidden) {
+  GptConfig c = GptShapeForParameters(1e9);
+  c.hidden = hidden;
+  c.heads = c.layers = hidden / 128;
+  c.seq = 1024;
+  return GptParameterCount(c);
+}
+
+bool Fits(const Row& row, int64_t hidden) {
+  Config config;
+  config.bf16 = true;
+  config.optimizer.adamw = true;
+  config.train_micro_batch_size_per_gpu = row.batch;
+  config.zero.stage = row.stage;
+  config.zero.overlap_comm = row.stage > 0;
+  config.zero.reduce_bucket_size = 50'000'000;
+  config.zero.stage3_prefetch_bucket_size = 50'000'000;
+  config.zero.offload_optimizer_ratio = row.offload;
+  config.zero.offload_param = row.paging;
+  config.zero.offload_nvme_path = row.nvme ? "/local_nvme" : "";
+  config.activation_checkpointing.planner = row.planner;
+  config.activation_checkpointing.offload = row.activation_offload;
+  PlanOptions options;
+  options.model = Spec(hidden);
+  options.gpus = row.gpus;
+  options.device_bytes = 32 * kGiB;
+  options.host_bytes = row.host_bytes;
+  options.nvme_bytes = row.nvme ? 4 * 1024 * kGiB : 0;
+  options.batch = row.batch;
+  const absl::StatusOr<PlanResult> r = DryRunPlan(options, config);
+  return r.ok() && r->fits;
+}
+
+// The most hidden (a multiple of 128) that fits, by bisection; 0 if none.
+int64_t Largest(const Row& row) {
+  int64_t lo = 0, hi = 1024;  // in units of 128: hidden up to 131072
+  if (!Fits(row, 128)) return 0;
+  lo = 1;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (Fits(row, 128 * mid) ? lo : hi) = mid;
+  }
+  return 128 * lo;
+}
+
+// What the row's memory allows for model states alone, in parameters: 16
+// bytes per parameter (bf16 weights and gradients, f32 master weights and
+// Adam moments) split as the strategy keeps them.
+double Bound(const Row& row) {
+  const double device = 32.0 * kGiB, host = double(row.host_bytes), n = row.gpus;
+  if (row.nvme) return 4.0 * 1024 * kGiB / 32.0;  // two on-disk copies of 16 bytes
+  if (row.paging) return std::min(host / 14.0 * n, device / 2.0 * n);  // host: 12 + 2 bytes
+  if (row.offload > 0) {
+    const double per_device = row.stage == 3 ? 4.0 / n : (row.stage == 2 ? 2.0 + 2.0 / n : 4.0);
+    return std::min(device / per_device, host / 12.0 * n);
+  }
+  const double per_device = row.stage == 0   ? 16.0
+                            : row.stage == 1 ? 4.0 + 12.0 / n
+                            : row.stage == 2 ? 2.0 + 14.0 / n
+                                             : 16.0 / n;
+  return device / per_device;
+}
+
+int Main() {
+  const int64_t tb15 = int64_t{1536} * kGiB;
+  std::vector<Row> rows = {
+      {"plain data parallel (stage 0), micro-batch 8", 1, 0, 0, false, false, "none", false, 8, 0,
+       "1.4B (PyTorch DDP with activations)"},
+      {"stage 0", 1, 0, 0, false, false, "none", false, 1, 0, "2B (16P: model states only)"},
+  };
+  for (int n : {8, 64, 1024}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      std::string published;
+      if (n == 64) published = stage == 1 ? "7.6B" : stage == 2 ? "14.4B" : "128B";
+      rows.push_back({absl::StrCat("stage ", stage, ", N=", n), n, stage, 0, false, false, "none",
+                      false, 1, 0, published.empty() ? "" : published + " (ZeRO paper, states)"});
+    }
+  }
+  rows.push_back({"stage 2 + optimizer offload, 1 GPU", 1, 2, 1.0f, false, false, "none", false, 1,
+                  tb15, "13B (ZeRO-Offload, one V100)"});
+  rows.push_back({"stage 3 + optimizer offload + parameter paging, 1 GPU", 1, 3, 1.0f, true, false,
+                  "none", false, 1, tb15, ""});
+  rows.push_back({"... + optimal recomputation, 1 GPU", 1, 3, 1.0f, true, false, "optimal", false,
+                  1, tb15, "40B+ (ZeRO-3 Offload, 1.5 TB host)"});
+  rows.push_back({"... + activation offload, 1 GPU", 1, 3, 1.0f, true, false, "optimal", true, 1,
+                  tb15, ""});
+  rows.push_back({"stage 3 + NVMe optimizer + paging + recomputation, 16 GPUs", 16, 3, 1.0f, true,
+                  true, "optimal", false, 1, tb15, "1T (ZeRO-Infinity, one 16-GPU node)"});
+  std::printf("max_params: the largest GPT (shape rule, seq 1024) one 32 GB GPU trains, bf16 AdamW;\n"
+              "host memory per GPU 1.5 TB where offloading, NVMe 4 TB per GPU; dry runs on meta\n\n");
+  std::printf("%-60s %10s %12s %8s  %s\n", "strategy", "hidden", "parameters", "of bound",
+              "published");
+  for (const Row& row : rows) {
+    const int64_t hidden = Largest(row);
+    const double p = hidden > 0 ? double(Parameters(hidden)) : 0.0;
+    std::printf("%-60s %10lld %11.2fB %7.0f%%  %s\n", row.name.c_str(),
+                static_cast<long long>(hidden), p / 1e9, 100.0 * p / Bound(row),
+                row.published.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace memwall
+
+int main() { return memwall::Main(); }
