@@ -55,7 +55,7 @@ absl::StatusOr<PlanResult> DryRunPlan(const PlanOptions& options, const Config& 
   trainer->set_profiler(&profiler);
   // The recomputation plan of the config, with optimal's budget derived
   // from the device memory the plan is for.
-  const int64_t usable = options.device_bytes - kDeviceRuntimeAllowance;
+  const int64_t usable = options.device_bytes - options.runtime_allowance;
   absl::StatusOr<Plan> applied =
       ApplyRecomputation(*trainer, config.activation_checkpointing, model.input, usable,
                          [&]() -> absl::StatusOr<AllocatorStats> {
@@ -96,7 +96,42 @@ absl::StatusOr<PlanResult> DryRunPlan(const PlanOptions& options, const Config& 
   const int64_t nvme_used = nvme != nullptr ? nvme->size() : 0;
   // The device must hold its reserved segments (requests rounded into the
   // caching allocator's blocks and segments) plus the runtime allowance.
-  const int64_t device_need = dev.reserved.peak + kDeviceRuntimeAllowance;
+  int64_t device_need = dev.reserved.peak + options.runtime_allowance;
+  int64_t reserved_peak = dev.reserved.peak;
+  if (device_need > options.device_bytes && usable > 0) {
+    // Unbounded, the allocator keeps freed segments cached; on a full device
+    // it releases them and retries. Run the step again at the real capacity:
+    // if it completes, the plan fits with what it reserved there.
+    DeviceOptions capped_options{Backend::kMeta, 0, usable};
+    capped_options.pinned_capacity_bytes = unbounded;
+    MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> capped, CreateDevice(capped_options));
+    MW_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedCommunicator> capped_comm,
+                        SimulatedCommunicator::Create(0, world));
+    MW_ASSIGN_OR_RETURN(Model copy, MakeModel(options.model, batch, options.seq, options.image));
+    auto again = Trainer::Create(std::move(copy.layers), std::move(copy.loss), config, *capped,
+                                 *capped_comm, /*seed=*/1);
+    absl::Status stepped = again.status();
+    if (stepped.ok()) {
+      MW_ASSIGN_OR_RETURN(const Chain chain, (*again)->ChainFor(copy.input));
+      MW_RETURN_IF_ERROR((*again)->SetRecomputationPlan(recompute, chain));
+      std::vector<Batch> capped_batches;
+      for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
+        Batch b;
+        MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(*capped, DType::kF32, copy.input,
+                                                   MemoryCategory::kOther, "data.input"));
+        MW_ASSIGN_OR_RETURN(b.target, Tensor::Empty(*capped, DType::kF32, copy.target,
+                                                    MemoryCategory::kOther, "data.target"));
+        capped_batches.push_back(std::move(b));
+      }
+      stepped = (*again)->TrainStep(capped_batches).status();
+    }
+    if (stepped.ok()) {
+      reserved_peak = capped->allocator().stats().reserved.peak;
+      device_need = reserved_peak + options.runtime_allowance;
+    } else if (stepped.code() != absl::StatusCode::kResourceExhausted) {
+      return stepped;
+    }
+  }
   std::vector<std::string> overflow;
   if (device_need > options.device_bytes) {
     overflow.push_back(absl::StrCat("device memory by ", FormatBytes(device_need - options.device_bytes)));
@@ -115,7 +150,7 @@ absl::StatusOr<PlanResult> DryRunPlan(const PlanOptions& options, const Config& 
   r.recompute = recompute;
   r.recompute_note = note;
   r.device_requested_peak = dev.requested.peak;
-  r.device_reserved_peak = dev.reserved.peak;
+  r.device_reserved_peak = reserved_peak;
   r.device_needed = device_need;
   r.peak = peak;
   r.host_peak = host.reserved.peak;
@@ -249,7 +284,7 @@ absl::Status RunPlan(const PlanOptions& options) {
     j["recomputation"] = recompute.planner;
     if (!note.empty()) j["recomputation_note"] = note;
     j["device"] = {{"budget", options.device_bytes},
-                   {"runtime_allowance", kDeviceRuntimeAllowance},
+                   {"runtime_allowance", options.runtime_allowance},
                    {"requested_peak", r.device_requested_peak},
                    {"reserved_peak", r.device_reserved_peak},
                    {"needed", device_need}};
@@ -289,7 +324,7 @@ absl::Status RunPlan(const PlanOptions& options) {
   std::printf("  %-24s %12s  (allocator segments at their peak)\n", "reserved",
               FormatBytes(r.device_reserved_peak).c_str());
   std::printf("  %-24s %12s  (CUDA context, cuBLAS and NCCL workspaces)\n", "runtime allowance",
-              FormatBytes(kDeviceRuntimeAllowance).c_str());
+              FormatBytes(options.runtime_allowance).c_str());
   std::printf("  %-24s %12s of %s\n", "needed", FormatBytes(device_need).c_str(),
               FormatBytes(options.device_bytes).c_str());
   std::printf("host (pinned): %s of %s; NVMe: %s of %s\n", FormatBytes(r.host_peak).c_str(),

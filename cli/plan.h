@@ -35,6 +35,9 @@ struct PlanOptions {
   int64_t seq = 0;                          // transformers: 0 = the model's
   int64_t image = 224;                      // CNNs
   bool json = false;
+  // Device memory outside memwall's allocator: kDeviceRuntimeAllowance for
+  // a GPU, 0 to plan a host-backend run.
+  int64_t runtime_allowance = kDeviceRuntimeAllowance;
   // The auto strategy (also when the config's stage is "auto"): the
   // candidates, the chosen configuration printed as JSON (and written to
   // `out_path` if set). `hardware`: a preset of cli/auto_strategy.h, or
