@@ -22,7 +22,9 @@
 
 namespace memwall {
 
-absl::StatusOr<PlanResult> DryRunPlan(const PlanOptions& options, const Config& config) {
+namespace {
+
+absl::StatusOr<PlanResult> DryRunOnce(const PlanOptions& options, const Config& config) {
   if (options.gpus < 1 || options.gpus > (int64_t{1} << 20)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--gpus: expected 1..1048576, got ", options.gpus));
@@ -182,6 +184,30 @@ absl::StatusOr<PlanResult> DryRunPlan(const PlanOptions& options, const Config& 
     if (nvme != nullptr) r.nvme_bytes_per_step += 2 * states * 4 * k;
   }
   r.pcie_bytes += 2 * recompute.offloaded_bytes * config.gradient_accumulation_steps;
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<PlanResult> DryRunPlan(const PlanOptions& options, const Config& config) {
+  MW_ASSIGN_OR_RETURN(PlanResult r, DryRunOnce(options, config));
+  // optimal's derived budget leaves 5% for the allocator's rounding and
+  // fragmentation; when the measured step still overflows the device,
+  // tighten the activation budget by the overflow and measure again.
+  if (config.activation_checkpointing.planner != "optimal" ||
+      config.activation_checkpointing.budget_bytes != 0) {
+    return r;
+  }
+  Config tighter = config;
+  for (int attempt = 0; attempt < 4 && !r.fits; ++attempt) {
+    const int64_t over = r.device_needed - options.device_bytes;
+    const int64_t budget = r.recompute.predicted_peak - over;
+    if (over <= 0 || budget <= 0) break;  // not the device, or nothing left to cut
+    tighter.activation_checkpointing.budget_bytes = budget;
+    absl::StatusOr<PlanResult> next = DryRunOnce(options, tighter);
+    if (!next.ok()) break;
+    r = std::move(next).value();
+  }
   return r;
 }
 

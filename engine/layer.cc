@@ -52,6 +52,34 @@ absl::StatusOr<float*> LayerContext::SharedGrad(absl::string_view full_name) {
   return it->second.wide.data_as<float>();
 }
 
+absl::Status LayerContext::Release(absl::Span<const absl::string_view> locals) {
+  bool synced = false;
+  for (absl::string_view local : locals) {
+    auto it = param_copies_.find(absl::StrCat(layer_, ".", local));
+    if (it == param_copies_.end()) continue;
+    if (!synced) {
+      // Queued kernels may still read the copy.
+      MW_RETURN_IF_ERROR(stream_.Synchronize());
+      synced = true;
+    }
+    param_copies_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerContext::FlushGradient(absl::Span<const absl::string_view> locals) {
+  for (absl::string_view local : locals) {
+    auto it = grad_copies_.find(absl::StrCat(layer_, ".", local));
+    if (it == grad_copies_.end()) continue;
+    Widened& g = it->second;
+    MW_RETURN_IF_ERROR(kernels::Accumulate(device_, stream_, g.wide.data(), DType::kF32,
+                                           g.low.data, g.low.dtype, g.low.numel));
+    MW_RETURN_IF_ERROR(stream_.Synchronize());
+    grad_copies_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LayerContext::FlushGradients() {
   for (auto& entry : grad_copies_) {
     Widened& g = entry.second;

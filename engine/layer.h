@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/optional.h"
+#include "absl/types/span.h"
 #include "runtime/device.h"
 #include "runtime/tensor.h"
 #include "sharding/sharded_optimizer.h"
@@ -103,6 +104,14 @@ class LayerContext {
   // (see Layer::Selective); set by the engine, only for layers offering it.
   bool selective() const { return selective_; }
   void set_selective(bool selective) { selective_ = selective; }
+
+  // Layer side, for bf16/f16 runs (no-ops in f32): frees the f32 copies of
+  // these parameters once the layer has used them for the last time in this
+  // forward or backward, and adds these parameters' f32 gradients into the
+  // low-precision ones once the backward has computed them, so a layer
+  // holds one parameter's f32 copy and gradient at a time rather than all.
+  absl::Status Release(absl::Span<const absl::string_view> locals);
+  absl::Status FlushGradient(absl::Span<const absl::string_view> locals);
 
   // Engine side: adds the f32 gradient workspaces handed out since the last
   // call into the low-precision gradients (rounding once), then frees every

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 #include "kernels/nn.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
@@ -171,8 +172,6 @@ class TransformerBlock final : public Layer {
       s.push_back(std::move(t));
     }
     MW_ASSIGN_OR_RETURN(Tensor y, ctx.Activation({rows, h}));
-    P p{};
-    MW_RETURN_IF_ERROR(Load(ctx, p));
     Device& d = ctx.device();
     Stream& st = ctx.stream();
     MW_ASSIGN_OR_RETURN(const float* in, ctx.Read(x));
@@ -180,9 +179,14 @@ class TransformerBlock final : public Layer {
     // storage) after its last use in this forward.
     MW_ASSIGN_OR_RETURN(float* ln1, ctx.Stage(s[kLn1]));
     MW_ASSIGN_OR_RETURN(float* qkv, ctx.Stage(s[kQkv]));
+    // Each parameter pair is fetched (in f32) for its one use and released.
+    MW_ASSIGN_OR_RETURN(Pair p, Params(ctx, kLn1Names));
     MW_RETURN_IF_ERROR(
-        kernels::LayerNormForward(d, st, in, p.ln1_w, p.ln1_b, rows, h, ln1, F(s[kStats1])));
-    MW_RETURN_IF_ERROR(Affine(ctx, ln1, p.qkv_w, p.qkv_b, rows, h, 3 * h, qkv));
+        kernels::LayerNormForward(d, st, in, p.w, p.b, rows, h, ln1, F(s[kStats1])));
+    MW_RETURN_IF_ERROR(ctx.Release(kLn1Names));
+    MW_ASSIGN_OR_RETURN(p, Params(ctx, kQkvNames));
+    MW_RETURN_IF_ERROR(Affine(ctx, ln1, p.w, p.b, rows, h, 3 * h, qkv));
+    MW_RETURN_IF_ERROR(ctx.Release(kQkvNames));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kLn1]));
     // Attention reads qkv as stored (rounded to the activation dtype), as a
     // recomputation in backward will: both give the same bits.
@@ -204,20 +208,28 @@ class TransformerBlock final : public Layer {
     MW_RETURN_IF_ERROR(Attention(ctx, qkv_kept, batch, probs, att));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kProbs]));
     MW_ASSIGN_OR_RETURN(float* x1, ctx.Stage(s[kResidual]));
-    MW_RETURN_IF_ERROR(Affine(ctx, att, p.proj_w, p.proj_b, rows, h, h, x1));
+    MW_ASSIGN_OR_RETURN(p, Params(ctx, kProjNames));
+    MW_RETURN_IF_ERROR(Affine(ctx, att, p.w, p.b, rows, h, h, x1));
+    MW_RETURN_IF_ERROR(ctx.Release(kProjNames));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kAttn]));
     MW_RETURN_IF_ERROR(AddInto(ctx, in, x1, rows * h));
     MW_ASSIGN_OR_RETURN(float* ln2, ctx.Stage(s[kLn2]));
+    MW_ASSIGN_OR_RETURN(p, Params(ctx, kLn2Names));
     MW_RETURN_IF_ERROR(
-        kernels::LayerNormForward(d, st, x1, p.ln2_w, p.ln2_b, rows, h, ln2, F(s[kStats2])));
+        kernels::LayerNormForward(d, st, x1, p.w, p.b, rows, h, ln2, F(s[kStats2])));
+    MW_RETURN_IF_ERROR(ctx.Release(kLn2Names));
     MW_ASSIGN_OR_RETURN(float* fc, ctx.Stage(s[kFc]));
-    MW_RETURN_IF_ERROR(Affine(ctx, ln2, p.fc_w, p.fc_b, rows, h, 4 * h, fc));
+    MW_ASSIGN_OR_RETURN(p, Params(ctx, kFcNames));
+    MW_RETURN_IF_ERROR(Affine(ctx, ln2, p.w, p.b, rows, h, 4 * h, fc));
+    MW_RETURN_IF_ERROR(ctx.Release(kFcNames));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kLn2]));
     MW_ASSIGN_OR_RETURN(float* gelu, ctx.Stage(s[kGelu]));
     MW_RETURN_IF_ERROR(kernels::GeluForward(d, st, fc, gelu, rows * 4 * h));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kFc]));
     MW_ASSIGN_OR_RETURN(float* out, ctx.Stage(y));
-    MW_RETURN_IF_ERROR(Affine(ctx, gelu, p.mlp_w, p.mlp_b, rows, 4 * h, h, out));
+    MW_ASSIGN_OR_RETURN(p, Params(ctx, kMlpNames));
+    MW_RETURN_IF_ERROR(Affine(ctx, gelu, p.w, p.b, rows, 4 * h, h, out));
+    MW_RETURN_IF_ERROR(ctx.Release(kMlpNames));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kGelu]));
     MW_RETURN_IF_ERROR(AddInto(ctx, x1, out, rows * h));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kResidual]));
@@ -229,10 +241,6 @@ class TransformerBlock final : public Layer {
                                   const Tensor& grad_output) override {
     const int64_t rows = x.shape()[0], h = c_.hidden, batch = rows / c_.seq;
     MW_ASSIGN_OR_RETURN(Tensor dx_t, ctx.InputGradient({rows, h}));
-    P p{};
-    MW_RETURN_IF_ERROR(Load(ctx, p));
-    G g{};
-    MW_RETURN_IF_ERROR(LoadGrads(ctx, g));
     std::vector<Tensor>& s = ctx.saved();
     if (ctx.selective()) MW_RETURN_IF_ERROR(RecomputeAttentionCore(ctx, rows));
     Device& d = ctx.device();
@@ -248,31 +256,51 @@ class TransformerBlock final : public Layer {
     // Saved activations as f32, each read back just before its first use.
     auto read = [&](Saved i) { return ctx.Read(s[i]); };
     // MLP: out = x1 + gelu(fc(ln2(x1))) W + b.
+    // Each pair's f32 copy and gradient live only around the op that uses
+    // them: fetched, used, the gradient flushed, the copy released.
+    auto done = [&ctx](Names names) -> absl::Status {
+      MW_RETURN_IF_ERROR(ctx.FlushGradient(names));
+      return ctx.Release(names);
+    };
     MW_ASSIGN_OR_RETURN(const float* gelu, read(kGelu));
-    MW_RETURN_IF_ERROR(
-        AffineBackward(ctx, gelu, p.mlp_w, dy, rows, 4 * h, h, g.mlp_w, g.mlp_b, d_mlp));
+    MW_ASSIGN_OR_RETURN(Pair p, Params(ctx, kMlpNames));
+    MW_ASSIGN_OR_RETURN(GradPair g, Grads(ctx, kMlpNames));
+    MW_RETURN_IF_ERROR(AffineBackward(ctx, gelu, p.w, dy, rows, 4 * h, h, g.w, g.b, d_mlp));
+    MW_RETURN_IF_ERROR(done(kMlpNames));
     MW_ASSIGN_OR_RETURN(const float* fc, read(kFc));
     MW_RETURN_IF_ERROR(kernels::GeluBackward(d, st, fc, d_mlp, d_mlp, rows * 4 * h));
     MW_ASSIGN_OR_RETURN(const float* ln2, read(kLn2));
-    MW_RETURN_IF_ERROR(
-        AffineBackward(ctx, ln2, p.fc_w, d_mlp, rows, h, 4 * h, g.fc_w, g.fc_b, d_small));
+    MW_ASSIGN_OR_RETURN(p, Params(ctx, kFcNames));
+    MW_ASSIGN_OR_RETURN(g, Grads(ctx, kFcNames));
+    MW_RETURN_IF_ERROR(AffineBackward(ctx, ln2, p.w, d_mlp, rows, h, 4 * h, g.w, g.b, d_small));
+    MW_RETURN_IF_ERROR(done(kFcNames));
     MW_ASSIGN_OR_RETURN(const float* x1, read(kResidual));
-    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, x1, F(s[kStats2]), p.ln2_w, rows,
-                                                  h, d_x1, g.ln2_w, g.ln2_b));
+    MW_ASSIGN_OR_RETURN(p, Params(ctx, kLn2Names));
+    MW_ASSIGN_OR_RETURN(g, Grads(ctx, kLn2Names));
+    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, x1, F(s[kStats2]), p.w, rows, h,
+                                                  d_x1, g.w, g.b));
+    MW_RETURN_IF_ERROR(done(kLn2Names));
     MW_RETURN_IF_ERROR(AddInto(ctx, dy, d_x1, rows * h));
     // Attention: x1 = x + attn(ln1(x)) W + b.
     MW_ASSIGN_OR_RETURN(const float* att, read(kAttn));
-    MW_RETURN_IF_ERROR(
-        AffineBackward(ctx, att, p.proj_w, d_x1, rows, h, h, g.proj_w, g.proj_b, d_small));
+    MW_ASSIGN_OR_RETURN(p, Params(ctx, kProjNames));
+    MW_ASSIGN_OR_RETURN(g, Grads(ctx, kProjNames));
+    MW_RETURN_IF_ERROR(AffineBackward(ctx, att, p.w, d_x1, rows, h, h, g.w, g.b, d_small));
+    MW_RETURN_IF_ERROR(done(kProjNames));
     MW_ASSIGN_OR_RETURN(const float* qkv, read(kQkv));
     MW_ASSIGN_OR_RETURN(const float* probs, read(kProbs));
     MW_RETURN_IF_ERROR(AttentionBackward(ctx, qkv, probs, d_small, batch, d_qkv));
     MW_ASSIGN_OR_RETURN(const float* ln1, read(kLn1));
-    MW_RETURN_IF_ERROR(AffineBackward(ctx, ln1, p.qkv_w, d_qkv, rows, h, 3 * h, g.qkv_w, g.qkv_b,
-                                      d_small));
+    MW_ASSIGN_OR_RETURN(p, Params(ctx, kQkvNames));
+    MW_ASSIGN_OR_RETURN(g, Grads(ctx, kQkvNames));
+    MW_RETURN_IF_ERROR(AffineBackward(ctx, ln1, p.w, d_qkv, rows, h, 3 * h, g.w, g.b, d_small));
+    MW_RETURN_IF_ERROR(done(kQkvNames));
     MW_ASSIGN_OR_RETURN(const float* in, ctx.Read(x));
-    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, in, F(s[kStats1]), p.ln1_w, rows,
-                                                  h, dx, g.ln1_w, g.ln1_b));
+    MW_ASSIGN_OR_RETURN(p, Params(ctx, kLn1Names));
+    MW_ASSIGN_OR_RETURN(g, Grads(ctx, kLn1Names));
+    MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, in, F(s[kStats1]), p.w, rows, h,
+                                                  dx, g.w, g.b));
+    MW_RETURN_IF_ERROR(done(kLn1Names));
     MW_RETURN_IF_ERROR(AddInto(ctx, d_x1, dx, rows * h));
     return dx_t;
   }
@@ -304,39 +332,38 @@ class TransformerBlock final : public Layer {
     MW_RETURN_IF_ERROR(ctx.Commit(s[kAttn]));
     return ctx.Commit(s[kProbs]);
   }
-  struct P {
-    const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b,
-        *mlp_w, *mlp_b;
+
+  // A weight and its bias, by local name, in f32 for one use.
+  using Names = absl::Span<const absl::string_view>;
+  static constexpr absl::string_view kLn1Names[] = {"ln1_weight", "ln1_bias"};
+  static constexpr absl::string_view kQkvNames[] = {"qkv_weight", "qkv_bias"};
+  static constexpr absl::string_view kProjNames[] = {"attn_proj_weight", "attn_proj_bias"};
+  static constexpr absl::string_view kLn2Names[] = {"ln2_weight", "ln2_bias"};
+  static constexpr absl::string_view kFcNames[] = {"fc_weight", "fc_bias"};
+  static constexpr absl::string_view kMlpNames[] = {"mlp_proj_weight", "mlp_proj_bias"};
+  struct Pair {
+    const float* w;
+    const float* b;
   };
-  struct G {
-    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *mlp_w,
-        *mlp_b;
+  struct GradPair {
+    float* w;
+    float* b;
   };
+  static absl::StatusOr<Pair> Params(LayerContext& ctx, Names names) {
+    Pair p{};
+    MW_ASSIGN_OR_RETURN(p.w, ctx.Param(names[0]));
+    MW_ASSIGN_OR_RETURN(p.b, ctx.Param(names[1]));
+    return p;
+  }
+  static absl::StatusOr<GradPair> Grads(LayerContext& ctx, Names names) {
+    GradPair g{};
+    MW_ASSIGN_OR_RETURN(g.w, ctx.Grad(names[0]));
+    MW_ASSIGN_OR_RETURN(g.b, ctx.Grad(names[1]));
+    return g;
+  }
+
   static float* F(const Tensor& t) { return t.data_as<float>(); }
 
-  // Parameters (Param) or gradients (Grad) by name into the struct.
-  template <typename Ptrs, typename Get>
-  static absl::Status Bind(Ptrs& out, Get get) {
-    MW_ASSIGN_OR_RETURN(out.ln1_w, get("ln1_weight"));
-    MW_ASSIGN_OR_RETURN(out.ln1_b, get("ln1_bias"));
-    MW_ASSIGN_OR_RETURN(out.qkv_w, get("qkv_weight"));
-    MW_ASSIGN_OR_RETURN(out.qkv_b, get("qkv_bias"));
-    MW_ASSIGN_OR_RETURN(out.proj_w, get("attn_proj_weight"));
-    MW_ASSIGN_OR_RETURN(out.proj_b, get("attn_proj_bias"));
-    MW_ASSIGN_OR_RETURN(out.ln2_w, get("ln2_weight"));
-    MW_ASSIGN_OR_RETURN(out.ln2_b, get("ln2_bias"));
-    MW_ASSIGN_OR_RETURN(out.fc_w, get("fc_weight"));
-    MW_ASSIGN_OR_RETURN(out.fc_b, get("fc_bias"));
-    MW_ASSIGN_OR_RETURN(out.mlp_w, get("mlp_proj_weight"));
-    MW_ASSIGN_OR_RETURN(out.mlp_b, get("mlp_proj_bias"));
-    return absl::OkStatus();
-  }
-  static absl::Status Load(LayerContext& ctx, P& p) {
-    return Bind(p, [&](const char* n) { return ctx.Param(n); });
-  }
-  static absl::Status LoadGrads(LayerContext& ctx, G& g) {
-    return Bind(g, [&](const char* n) { return ctx.Grad(n); });
-  }
   // Per sequence b and head: scores = q k^T / sqrt(d), causal softmax into
   // probs, out = probs v. q, k, v are column slices of qkv [rows, 3h].
   absl::Status Attention(LayerContext& ctx, const float* qkv, int64_t batch, float* probs,
