@@ -10,6 +10,7 @@
 //
 // Beside each row: the physical bound that row's memory allows (model
 // states alone; see Bound()) and the published figure where one exists.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -92,14 +93,20 @@ int64_t Largest(const Row& row) {
 
 // What the row's memory allows for model states alone, in parameters: 16
 // bytes per parameter (bf16 weights and gradients, f32 master weights and
-// Adam moments) split as the strategy keeps them.
+// Adam moments) split between device, host and disk as the strategy keeps
+// them. With the optimizer offloaded at stages 2-3 gradients stream to the
+// host (2 bytes there, none on the device); paging moves the bf16 weights
+// there too; the NVMe tier keeps the 12 bytes of states twice on disk.
 double Bound(const Row& row) {
   const double device = 32.0 * kGiB, host = double(row.host_bytes), n = row.gpus;
-  if (row.nvme) return 4.0 * 1024 * kGiB / 32.0;  // two on-disk copies of 16 bytes
-  if (row.paging) return std::min(host / 14.0 * n, device / 2.0 * n);  // host: 12 + 2 bytes
+  if (row.nvme) {
+    const double disk = 4.0 * 1024 * kGiB;
+    return std::min(disk / 24.0, host / 4.0) * n;
+  }
+  if (row.paging) return host / 16.0 * n;
   if (row.offload > 0) {
-    const double per_device = row.stage == 3 ? 4.0 / n : (row.stage == 2 ? 2.0 + 2.0 / n : 4.0);
-    return std::min(device / per_device, host / 12.0 * n);
+    const double weights = row.stage == 3 ? 2.0 / n : 2.0;  // device bytes per parameter
+    return std::min(device / weights, host / 14.0 * n);
   }
   const double per_device = row.stage == 0   ? 16.0
                             : row.stage == 1 ? 4.0 + 12.0 / n

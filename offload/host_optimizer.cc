@@ -95,13 +95,29 @@ absl::Status HostOptimizerSlice::StageGradients(Stream& stream, const void* grad
   return absl::OkStatus();
 }
 
+absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void* grads,
+                                                     DType dtype, bool first) {
+  MW_ASSIGN_OR_RETURN(DeviceBuffer incoming,
+                      device_.AllocatePinned(numel_ * DTypeSize(dtype), MemoryCategory::kWorkspace,
+                                             absl::StrCat(owner_, ".grad_incoming")));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(incoming.data(), grads, numel_ * DTypeSize(dtype), stream));
+  MW_RETURN_IF_ERROR(stream.Synchronize());
+  if (device_.holds_bytes()) {
+    if (first) std::memset(grads_.data(), 0, numel_ * DTypeSize(dtype_));  // +0 in every dtype
+    kernels::cpu::Kernels().accumulate(incoming.data(), dtype, grads_.data(), dtype_, numel_);
+  }
+  staged_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status HostOptimizerSlice::Update(Stream& stream, const kernels::AdamParams& adam,
                                         const kernels::SgdParams& sgd) {
   if (!staged_) {
     return absl::FailedPreconditionError(
         absl::StrCat("offloaded optimizer states of '", owner_, "': no gradients staged"));
   }
-  staged_ = false;
+  // The staged gradients stay staged until Commit: a failed update (an NVMe
+  // write) can be retried from them.
   const size_t size = DTypeSize(dtype_);
   const bool wide = dtype_ == DType::kF32;
   // Pinned staging: the gradients widened to f32, and the refreshed
@@ -157,6 +173,7 @@ absl::Status HostOptimizerSlice::Commit(Stream& stream, void* params) {
       device_.CopyAsync(params, pending_.data(), numel_ * DTypeSize(dtype_), stream));
   MW_RETURN_IF_ERROR(stream.Synchronize());
   pending_.Reset();
+  staged_ = false;
   return absl::OkStatus();
 }
 

@@ -62,13 +62,25 @@ class HostOptimizerSlice {
   // widens them, computes the new master weights and moments (pinned: in
   // place; NVMe: into the file's spare copy) and the refreshed parameters.
   // `adam` or `sgd` gives the hyper-parameters, by the slice's rule.
-  // kFailedPrecondition if no gradients were staged since the last update.
+  // kFailedPrecondition if no gradients were staged since the last commit.
+  // The staged gradients stay until Commit, so a failed Update may be
+  // retried.
   absl::Status Update(Stream& stream, const kernels::AdamParams& adam,
                       const kernels::SgdParams& sgd);
   // Phase two: makes the update current and writes the refreshed
   // parameters, in the parameter dtype, to `params` (device or pinned
   // memory). Returns once `stream` has run the copy.
   absl::Status Commit(Stream& stream, void* params);
+  // For gradients that do not stay on the device: copies `grads` (numel()
+  // elements of `dtype`, the reduction's dtype, in device memory) to pinned
+  // staging and adds them into the landing buffer on the CPU, which `first`
+  // (a step's first micro-batch) zeroes before: the same arithmetic as the
+  // device's accumulating reduction (widen, add, round once to the
+  // parameter dtype). Returns once added.
+  absl::Status AccumulateGradients(Stream& stream, const void* grads, DType dtype, bool first);
+  // The landing buffer (host memory; valid once `stream` has run the copy).
+  const void* gradients() const { return grads_.data(); }
+
   // Forgets staged gradients (a skipped step).
   void DropGradients() { staged_ = false; }
   bool staged() const { return staged_; }

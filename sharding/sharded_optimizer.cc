@@ -138,10 +138,12 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
                                                        flat.name)
                               : device_.Allocate(param_bytes, MemoryCategory::kParameter,
                                                  flat.name));
-  MW_ASSIGN_OR_RETURN(
-      group.grads,
-      device_.Allocate((stage() <= 1 ? flat.padded_numel : flat.shard_numel) * DTypeSize(dtype),
-                       MemoryCategory::kGradient, absl::StrCat(flat.name, ".grad")));
+  if (!streams_gradients(flat)) {
+    MW_ASSIGN_OR_RETURN(
+        group.grads,
+        device_.Allocate((stage() <= 1 ? flat.padded_numel : flat.shard_numel) * DTypeSize(dtype),
+                         MemoryCategory::kGradient, absl::StrCat(flat.name, ".grad")));
+  }
   const bool adam = config_.optimizer.type == OptimizerType::kAdam;
   const bool momentum = adam || config_.optimizer.momentum > 0;
   const char* first = adam ? ".exp_avg" : ".momentum";
@@ -210,7 +212,9 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
     MW_RETURN_IF_ERROR(upload(update_begin(flat) + k, n, group.master.data(), DType::kF32));
   }
   const int64_t grads = stage() <= 1 ? flat.padded_numel : flat.shard_numel;
-  MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, group.grads.data(), dtype, grads, 0.0f));
+  if (!group.grads.empty()) {
+    MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, group.grads.data(), dtype, grads, 0.0f));
+  }
   for (DeviceBuffer* state : {&group.exp_avg, &group.exp_avg_sq}) {
     if (state->empty()) continue;
     MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, state->data(), DType::kF32, n, 0.0f));
@@ -448,14 +452,41 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
   }
   ScopedPhase phase(profiler_, absl::StrCat("reduce ", layout_.groups[g].name));
   Retired retired;
-  MW_RETURN_IF_ERROR(ReduceScatterGradients(layout_.groups[g], group.grad_bucket.data(),
-                                            group.grads.data(), /*accumulate=*/true,
-                                            retired.buffers));
-  retired.buffers.push_back(std::move(group.grad_bucket));
-  if (group.host != nullptr && ++group.reductions == config_.gradient_accumulation_steps) {
-    // Offload: the host part's gradients are final; they stream to host now.
-    MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, group.grads.data()));
+  const FlatGroup& flat = layout_.groups[g];
+  if (streams_gradients(flat)) {
+    // No shard on the device: the reduction's output (in the reduction's
+    // dtype) goes to the host and accumulates there, rounding as the
+    // device's accumulating reduction would.
+    const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+    const void* input = group.grad_bucket.data();
+    if (reduce != dtype) {
+      MW_ASSIGN_OR_RETURN(DeviceBuffer wide,
+                          device_.Allocate(flat.padded_numel * DTypeSize(reduce),
+                                           MemoryCategory::kCommBuffer,
+                                           absl::StrCat(flat.name, ".reduce_input")));
+      MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, input, dtype, wide.data(), reduce,
+                                       flat.padded_numel));
+      input = wide.data();
+      retired.buffers.push_back(std::move(wide));
+    }
+    MW_ASSIGN_OR_RETURN(DeviceBuffer chunk,
+                        device_.Allocate(flat.shard_numel * DTypeSize(reduce),
+                                         MemoryCategory::kCommBuffer,
+                                         absl::StrCat(flat.name, ".reduce_output")));
+    MW_RETURN_IF_ERROR(comm_.ReduceScatter(input, chunk.data(), flat.shard_numel, reduce,
+                                           ReduceOp::kSum, *comm_stream_));
+    MW_RETURN_IF_ERROR(group.host->AccumulateGradients(*comm_stream_, chunk.data(), reduce,
+                                                       group.reductions++ == 0));
+    retired.buffers.push_back(std::move(chunk));
+  } else {
+    MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, group.grad_bucket.data(), group.grads.data(),
+                                              /*accumulate=*/true, retired.buffers));
+    if (group.host != nullptr && ++group.reductions == config_.gradient_accumulation_steps) {
+      // Offload: the host part's gradients are final; they stream to host now.
+      MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, group.grads.data()));
+    }
   }
+  retired.buffers.push_back(std::move(group.grad_bucket));
   MW_ASSIGN_OR_RETURN(retired.event, device_.CreateEvent());
   MW_RETURN_IF_ERROR(comm_stream_->Record(*retired.event));
   retired_.push_back(std::move(retired));
@@ -597,6 +628,7 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
 }
 
 absl::Status ShardedOptimizer::ZeroGradients(const FlatGroup& flat, Group& group) {
+  if (group.grads.empty()) return absl::OkStatus();  // streamed to host: nothing kept
   const int64_t n = stage() <= 1 ? flat.padded_numel : flat.shard_numel;
   return kernels::Fill(device_, *comm_stream_, group.grads.data(), config_.param_dtype(), n, 0.0f);
 }
@@ -661,6 +693,15 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   const DType dtype = config_.param_dtype();
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
+    if (streams_gradients(flat)) {
+      // The gradients are on the host (every reduction has run: Reclaim).
+      if (!device_.holds_bytes()) continue;
+      const void* host = groups_[g].host->gradients();
+      const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
+      if (need_overflow) overflow = overflow || cpu.has_inf_or_nan(host, dtype, update_numel(flat));
+      if (need_norm) squares += cpu.sum_of_squares(host, dtype, update_numel(flat));
+      continue;
+    }
     const void* grads = UpdateGradients(flat, groups_[g]);
     if (need_overflow) {
       MW_ASSIGN_OR_RETURN(const bool bad,

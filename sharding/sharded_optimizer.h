@@ -57,7 +57,12 @@
 // element math as the device kernels: results are bit for bit those without
 // offload) and copies the refreshed parameters back; the rest of the shard
 // updates on the device as before. In f32 runs the host keeps an f32 master
-// copy and the device parameters are refreshed from it. With
+// copy and the device parameters are refreshed from it. At stages 2-3
+// with the whole shard offloaded (ratio 1) no gradient shard stays on the
+// device either: each reduction lands in a transient device shard, goes to
+// pinned memory and, over micro-batches, accumulates there on the CPU (the
+// same rounding as the device's accumulating reduction); the step's
+// overflow check and norm then read the host copy. With
 // offload_nvme_path the offloaded states live in a file there instead
 // (offload/nvme_store.h); a step then updates every group's file copy
 // before it makes any current, so a failed write fails Step() with the
@@ -235,6 +240,11 @@ class ShardedOptimizer {
   int64_t update_begin(const FlatGroup& g) const;
   // Offload: how many of those elements (the first ones) update on host.
   int64_t host_numel(const FlatGroup& g) const;
+  // Stages 2-3 with the whole shard on host: the reduced gradients go
+  // straight to host memory and no gradient shard stays on the device.
+  bool streams_gradients(const FlatGroup& g) const {
+    return stage() >= 2 && host_numel(g) > 0 && host_numel(g) == update_numel(g);
+  }
   // Parameter paging: group.params lives in the pinned pool.
   bool paged() const { return config_.zero.offload_param; }
 

@@ -568,6 +568,11 @@ TEST_CASE("optimizer offload moves the optimizer-state bytes to the pinned pool"
         CHECK(current(*run.device->pinned_allocator(), MemoryCategory::kWorkspace) == 0);
         // The gradients' landing buffers: the host part, in bf16.
         CHECK(current(*run.device->pinned_allocator(), MemoryCategory::kGradient) == host / 6);
+        // With the whole shard offloaded at stages 2-3 no gradient shard
+        // stays on the device; otherwise the stage's usual shard does.
+        const int64_t P = run.opt->layout().padded_numel;
+        CHECK(current(run.device->allocator(), MemoryCategory::kGradient) ==
+              (ratio == 1.0f && stage >= 2 ? 0 : (stage == 1 ? 2 * P : 2 * P / n)));
         TrainStep(*run.opt, k);
       }
       if (ratio == 1.0f) CHECK(device == 0);
