@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ZeRO-Offload on the host backend: tokens/s and the device's peak
-# parameter and optimizer-state bytes of `memwall train` with the optimizer
+# parameter, gradient and optimizer-state bytes of `memwall train` with the optimizer
 # states in the pinned pool (stage 2, ratio 1 and 0.5) or in a file on the
 # local disk (the NVMe tier, here whatever disk holds $TMPDIR), and with
 # parameter paging on top (stage 3), each against the same stage without
@@ -13,7 +13,7 @@ steps=${1:-20}
 memwall=bazel-bin/cli/memwall
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-run() {  # run RANKS MODEL MICRO STAGE OFFLOAD_JSON -> "tok/s, param P, optimizer O"
+run() {  # run RANKS MODEL MICRO STAGE OFFLOAD_JSON -> "tok/s, param P, grad G, optim O"
   cat > "$tmp/c.json" <<JSON
 {"train_micro_batch_size_per_gpu": $3, "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
@@ -22,9 +22,10 @@ JSON
   local out
   out=$(tools/mpirun.sh "$1" "$memwall" train --model "$2" --config "$tmp/c.json" \
         --steps "$steps" --log_every "$steps" --device_memory 4GiB 2>&1)
-  printf '%s tok/s, param %s, optim %s' \
+  printf '%s tok/s, param %s, grad %s, optim %s' \
     "$(sed -nE 's/^summary: .* ([0-9]+) tokens\/s.*/\1/p' <<<"$out")" \
     "$(grep -oE 'parameter [0-9.]+ [KMG]?i?B' <<<"$out" | tail -n 1 | cut -d' ' -f2-)" \
+    "$(grep -oE 'gradient [0-9.]+ [KMG]?i?B' <<<"$out" | tail -n 1 | cut -d' ' -f2-)" \
     "$(grep -oE 'optimizer_state [0-9.]+ [KMG]?i?B' <<<"$out" | tail -n 1 | cut -d' ' -f2-)"
 }
 optimizer=', "offload_optimizer": {"device": "cpu"}'
