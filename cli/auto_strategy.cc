@@ -58,6 +58,11 @@ absl::StatusOr<Hardware> HardwarePreset(const std::string& name) {
                                           absl::StrJoin(HardwarePresets(), ", ")));
 }
 
+std::string PresetForMemory(int64_t device_bytes) {
+  const double gib = double(device_bytes) / kGiB;
+  return gib <= 32 ? "v100-32gb" : gib <= 40 ? "a100-40gb" : gib <= 80 ? "h100-80gb" : "h200";
+}
+
 double PredictStepSeconds(const PlanResult& plan, const Config& config, const Hardware& hw) {
   const double compute = (3.0 * plan.forward_flops + plan.extra_flops) / hw.flops;
   const double comm = plan.comm_bytes / hw.interconnect_bps;

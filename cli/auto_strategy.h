@@ -31,6 +31,9 @@ struct Hardware {
 // lists them.
 absl::StatusOr<Hardware> HardwarePreset(const std::string& name);
 std::vector<std::string> HardwarePresets();
+// The preset whose device memory `device_bytes` matches: up to 32 GiB a
+// V100, 40 an A100-40GB, 80 an H100, above an H200.
+std::string PresetForMemory(int64_t device_bytes);
 
 // One configuration tried, with its dry run and predicted step time.
 struct Candidate {

@@ -104,31 +104,13 @@ absl::StatusOr<PlanResult> DryRunOnce(const PlanOptions& options, const Config& 
     // Unbounded, the allocator keeps freed segments cached; on a full device
     // it releases them and retries. Run the step again at the real capacity:
     // if it completes, the plan fits with what it reserved there.
-    DeviceOptions capped_options{Backend::kMeta, 0, usable};
-    capped_options.pinned_capacity_bytes = unbounded;
-    MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> capped, CreateDevice(capped_options));
-    MW_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedCommunicator> capped_comm,
-                        SimulatedCommunicator::Create(0, world));
     MW_ASSIGN_OR_RETURN(Model copy, MakeModel(options.model, batch, options.seq, options.image));
-    auto again = Trainer::Create(std::move(copy.layers), std::move(copy.loss), config, *capped,
-                                 *capped_comm, /*seed=*/1);
-    absl::Status stepped = again.status();
+    const absl::StatusOr<AllocatorStats> capped =
+        DryRunStep(std::move(copy.layers), std::move(copy.loss), config, 0, world, copy.input,
+                   copy.target, usable, &recompute);
+    const absl::Status stepped = capped.status();
     if (stepped.ok()) {
-      MW_ASSIGN_OR_RETURN(const Chain chain, (*again)->ChainFor(copy.input));
-      MW_RETURN_IF_ERROR((*again)->SetRecomputationPlan(recompute, chain));
-      std::vector<Batch> capped_batches;
-      for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
-        Batch b;
-        MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(*capped, DType::kF32, copy.input,
-                                                   MemoryCategory::kOther, "data.input"));
-        MW_ASSIGN_OR_RETURN(b.target, Tensor::Empty(*capped, DType::kF32, copy.target,
-                                                    MemoryCategory::kOther, "data.target"));
-        capped_batches.push_back(std::move(b));
-      }
-      stepped = (*again)->TrainStep(capped_batches).status();
-    }
-    if (stepped.ok()) {
-      reserved_peak = capped->allocator().stats().reserved.peak;
+      reserved_peak = capped->reserved.peak;
       device_need = reserved_peak + options.runtime_allowance;
     } else if (stepped.code() != absl::StatusCode::kResourceExhausted) {
       return stepped;
@@ -212,11 +194,8 @@ absl::StatusOr<PlanResult> DryRunPlan(const PlanOptions& options, const Config& 
 }
 
 absl::Status RunAuto(const PlanOptions& options, const Config& config) {
-  std::string preset = options.hardware;
-  if (preset.empty()) {
-    const double gib = double(options.device_bytes) / double(int64_t{1} << 30);
-    preset = gib <= 32 ? "v100-32gb" : gib <= 40 ? "a100-40gb" : gib <= 80 ? "h100-80gb" : "h200";
-  }
+  const std::string preset =
+      options.hardware.empty() ? PresetForMemory(options.device_bytes) : options.hardware;
   MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(preset));
   MW_ASSIGN_OR_RETURN(const AutoResult result, AutoStrategy(options, config, hw));
   std::printf("memwall plan --auto: %s on %lld GPU%s of %s, host %s, NVMe %s; step times on %s\n",
@@ -255,12 +234,8 @@ absl::Status RunAuto(const PlanOptions& options, const Config& config) {
 }
 
 std::string OutOfMemoryFix(const PlanOptions& options, const Config& config) {
-  PlanOptions o = options;
-  o.hardware.clear();
-  std::string preset;
-  const double gib = double(o.device_bytes) / double(int64_t{1} << 30);
-  preset = gib <= 32 ? "v100-32gb" : gib <= 40 ? "a100-40gb" : gib <= 80 ? "h100-80gb" : "h200";
-  const absl::StatusOr<Hardware> hw = HardwarePreset(preset);
+  const PlanOptions& o = options;
+  const absl::StatusOr<Hardware> hw = HardwarePreset(PresetForMemory(o.device_bytes));
   if (!hw.ok()) return "";
   const absl::StatusOr<AutoResult> found = AutoStrategy(o, config, *hw);
   if (!found.ok()) return "";

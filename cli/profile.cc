@@ -2,7 +2,6 @@
 
 #include <mpi.h>
 
-#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -10,9 +9,6 @@
 #include "cli/session.h"
 #include "engine/config.h"
 #include "engine/trainer.h"
-#include "models/gpt.h"
-#include "models/layers.h"
-#include "models/zoo.h"
 #include "profiler/memory_profiler.h"
 #include "profiler/report.h"
 #include "runtime/mpi_communicator.h"

@@ -107,9 +107,9 @@ absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> la
                                           std::unique_ptr<LossFunction> loss, const Config& config,
                                           int rank, int world_size,
                                           const std::vector<int64_t>& input,
-                                          const std::vector<int64_t>& target) {
-  // Room for any model: meta holds no bytes.
-  DeviceOptions options{Backend::kMeta, 0, int64_t{1} << 60};
+                                          const std::vector<int64_t>& target, int64_t capacity,
+                                          const Plan* plan) {
+  DeviceOptions options{Backend::kMeta, 0, capacity};
   options.pinned_capacity_bytes = int64_t{1} << 60;  // for offloading configs
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> meta, CreateDevice(options));
   MW_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedCommunicator> comm,
@@ -118,7 +118,8 @@ absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> la
                       Trainer::Create(std::move(layers), std::move(loss), config, *meta, *comm,
                                       /*seed=*/1));
   MW_ASSIGN_OR_RETURN(Chain chain, trainer->ChainFor(input));
-  MW_RETURN_IF_ERROR(trainer->SetRecomputationPlan(FullRecomputation(chain), chain));
+  MW_RETURN_IF_ERROR(
+      trainer->SetRecomputationPlan(plan != nullptr ? *plan : FullRecomputation(chain), chain));
   std::vector<Batch> batches;
   for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
     Batch b;

@@ -62,15 +62,19 @@ absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t 
 // activation offload is allowed; else none.
 int64_t PinnedBytes(int64_t flag, int64_t capacity, const Config& config);
 
-// One training step of `layers` on a meta device playing rank `rank` of
-// `world_size`, every layer recomputed (the least activation memory a
-// fixed plan gives), micro-batches of shapes `input` and `target`: the
-// allocator's books afterwards.
+// One training step of `layers` on a meta device of `capacity` bytes
+// (and an unbounded pinned pool) playing rank `rank` of `world_size`, with
+// micro-batches of shapes `input` and `target`, following `plan` (null:
+// every layer recomputed, the least activation memory a fixed plan gives):
+// the allocator's books afterwards, or the step's error (kResourceExhausted
+// when it does not fit).
 absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> layers,
                                           std::unique_ptr<LossFunction> loss, const Config& config,
                                           int rank, int world_size,
                                           const std::vector<int64_t>& input,
-                                          const std::vector<int64_t>& target);
+                                          const std::vector<int64_t>& target,
+                                          int64_t capacity = int64_t{1} << 60,
+                                          const Plan* plan = nullptr);
 
 // Sets `trainer`'s recomputation plan from config.activation_checkpointing
 // for micro-batches whose first input has shape `input`, and returns it.

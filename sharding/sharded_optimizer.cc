@@ -457,26 +457,10 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
     // No shard on the device: the reduction's output (in the reduction's
     // dtype) goes to the host and accumulates there, rounding as the
     // device's accumulating reduction would.
-    const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
-    const void* input = group.grad_bucket.data();
-    if (reduce != dtype) {
-      MW_ASSIGN_OR_RETURN(DeviceBuffer wide,
-                          device_.Allocate(flat.padded_numel * DTypeSize(reduce),
-                                           MemoryCategory::kCommBuffer,
-                                           absl::StrCat(flat.name, ".reduce_input")));
-      MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, input, dtype, wide.data(), reduce,
-                                       flat.padded_numel));
-      input = wide.data();
-      retired.buffers.push_back(std::move(wide));
-    }
     MW_ASSIGN_OR_RETURN(DeviceBuffer chunk,
-                        device_.Allocate(flat.shard_numel * DTypeSize(reduce),
-                                         MemoryCategory::kCommBuffer,
-                                         absl::StrCat(flat.name, ".reduce_output")));
-    MW_RETURN_IF_ERROR(comm_.ReduceScatter(input, chunk.data(), flat.shard_numel, reduce,
-                                           ReduceOp::kSum, *comm_stream_));
-    MW_RETURN_IF_ERROR(group.host->AccumulateGradients(*comm_stream_, chunk.data(), reduce,
-                                                       group.reductions++ == 0));
+                        ReduceScatterChunk(flat, group.grad_bucket.data(), retired.buffers));
+    MW_RETURN_IF_ERROR(group.host->AccumulateGradients(
+        *comm_stream_, chunk.data(), config_.reduce_dtype, group.reductions++ == 0));
     retired.buffers.push_back(std::move(chunk));
   } else {
     MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, group.grad_bucket.data(), group.grads.data(),
@@ -519,11 +503,9 @@ absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* f
   return comm_stream_->Synchronize();
 }
 
-absl::Status ShardedOptimizer::ReduceScatterGradients(const FlatGroup& flat, const void* full,
-                                                      void* shard_out, bool accumulate,
-                                                      std::vector<DeviceBuffer>& keep_alive) {
+absl::StatusOr<DeviceBuffer> ShardedOptimizer::ReduceScatterChunk(
+    const FlatGroup& flat, const void* full, std::vector<DeviceBuffer>& keep_alive) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
-  const int64_t shard = flat.shard_numel;
   Stream& stream = *comm_stream_;
   const void* input = full;
   if (reduce != dtype) {
@@ -536,13 +518,24 @@ absl::Status ShardedOptimizer::ReduceScatterGradients(const FlatGroup& flat, con
     keep_alive.push_back(std::move(wide));
   }
   MW_ASSIGN_OR_RETURN(DeviceBuffer chunk,
-                      device_.Allocate(shard * DTypeSize(reduce), MemoryCategory::kCommBuffer,
+                      device_.Allocate(flat.shard_numel * DTypeSize(reduce),
+                                       MemoryCategory::kCommBuffer,
                                        absl::StrCat(flat.name, ".reduce_output")));
-  MW_RETURN_IF_ERROR(comm_.ReduceScatter(input, chunk.data(), shard, reduce, ReduceOp::kSum, stream));
   MW_RETURN_IF_ERROR(
-      accumulate
-          ? kernels::Accumulate(device_, stream, chunk.data(), reduce, shard_out, dtype, shard)
-          : kernels::Cast(device_, stream, chunk.data(), reduce, shard_out, dtype, shard));
+      comm_.ReduceScatter(input, chunk.data(), flat.shard_numel, reduce, ReduceOp::kSum, stream));
+  return chunk;
+}
+
+absl::Status ShardedOptimizer::ReduceScatterGradients(const FlatGroup& flat, const void* full,
+                                                      void* shard_out, bool accumulate,
+                                                      std::vector<DeviceBuffer>& keep_alive) {
+  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  MW_ASSIGN_OR_RETURN(DeviceBuffer chunk, ReduceScatterChunk(flat, full, keep_alive));
+  MW_RETURN_IF_ERROR(
+      accumulate ? kernels::Accumulate(device_, *comm_stream_, chunk.data(), reduce, shard_out,
+                                       dtype, flat.shard_numel)
+                 : kernels::Cast(device_, *comm_stream_, chunk.data(), reduce, shard_out, dtype,
+                                 flat.shard_numel));
   keep_alive.push_back(std::move(chunk));
   return absl::OkStatus();
 }

@@ -259,6 +259,10 @@ class ShardedOptimizer {
   // go to `keep_alive`.
   absl::Status ReduceScatterGradients(const FlatGroup& flat, const void* full, void* shard_out,
                                       bool accumulate, std::vector<DeviceBuffer>& keep_alive);
+  // The reduce-scatter itself: this rank's shard of the sum in the
+  // reduction dtype, in a buffer the caller keeps until the stream has run.
+  absl::StatusOr<DeviceBuffer> ReduceScatterChunk(const FlatGroup& flat, const void* full,
+                                                  std::vector<DeviceBuffer>& keep_alive);
   // Stage 3: allocates group g's gathered buffer and enqueues its gather.
   absl::Status StartGather(int g, bool prefetch);
   // Stage 3: prefetches after a gather of g, per the class comment.
