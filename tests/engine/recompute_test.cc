@@ -173,7 +173,7 @@ TEST_CASE("every plan trains bit for bit like no recomputation, at its predicted
 
 TEST_CASE("meta: GPT-2 1.5B's activation peak under each plan is the predicted one",
           "[recompute][meta]") {
-  if (World().world_size() != 1) return;  // one process plays rank 0 of 64
+  // Each process plays rank 0 of 64 on its own meta device (no MPI).
   for (const char* planner : kPlanners) {
     INFO(planner);
     DeviceOptions device_options{Backend::kMeta, 0, 4096 * kGiB};
