@@ -1,11 +1,21 @@
 #include "cli/auto_strategy.h"
 
+#include <cblas.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 #include "nlohmann/json.hpp"
+#include "offload/nvme_store.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -24,10 +34,72 @@ double Decimal(float x) {
 }  // namespace
 
 std::vector<std::string> HardwarePresets() {
-  return {"v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200"};
+  return {"v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "this-machine"};
 }
 
+namespace {
+
+// Seconds `fn` takes, best of `repeats`.
+template <typename Fn>
+double Best(int repeats, Fn fn) {
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                              .count());
+  }
+  return best;
+}
+
+absl::StatusOr<Hardware> MeasureThisMachine() {
+  Hardware hw;
+  hw.name = "this-machine";
+  const int n = 512;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  const double gemm = Best(3, [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
+                n, 0.0f, c.data(), n);
+  });
+  hw.flops = 2.0 * n * n * n / gemm;
+  const size_t bytes = size_t{64} << 20;
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  const double copy = Best(3, [&] { std::memcpy(to.data(), from.data(), bytes); });
+  hw.pcie_bps = hw.interconnect_bps = bytes / copy;
+  hw.collective_latency = 5e-6;  // shared-memory MPI between ranks on one machine
+  const size_t elements = size_t{1} << 22;
+  std::vector<float> p(elements, 0.5f), g(elements, 0.01f), m(elements, 0.0f), v(elements, 0.0f);
+  kernels::AdamParams adam;
+  const kernels::AdamConstants constants = kernels::MakeAdamConstants(adam);
+  const double update = Best(3, [&] {
+    kernels::cpu::ParallelAdam(kernels::cpu::Kernels(), constants, p.data(), g.data(), m.data(),
+                               v.data(), nullptr, DType::kF32, elements,
+                               kernels::cpu::CpuThreads());
+  });
+  hw.cpu_adam_bps = 28.0 * elements / update;
+  const char* tmp = std::getenv("TMPDIR");
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> disk,
+                      NvmeStore::Open(tmp ? tmp : "/tmp",
+                                      absl::StrCat("memwall-probe-", ::getpid(), ".bin")));
+  MW_ASSIGN_OR_RETURN(const int slot, disk->AddSlot(bytes));
+  void* aligned = std::aligned_alloc(NvmeStore::kAlignment, bytes);
+  std::memset(aligned, 1, bytes);
+  absl::Status io = absl::OkStatus();
+  const double disk_seconds = Best(1, [&] {
+    io = disk->Write(slot, aligned);
+    if (io.ok()) io = disk->Commit(slot);
+    if (io.ok()) io = disk->Read(slot, aligned);
+  });
+  std::free(aligned);
+  MW_RETURN_IF_ERROR(io);
+  hw.nvme_bps = 2.0 * bytes / disk_seconds;
+  return hw;
+}
+
+}  // namespace
+
 absl::StatusOr<Hardware> HardwarePreset(const std::string& name) {
+  if (name == "this-machine") return MeasureThisMachine();
   // Peak dense fp16/bf16 tensor FLOP/s; NVLink per-GPU bandwidth (one
   // direction); PCIe 3/4/5 x16 effective; CPU Adam at 40 GB/s (this
   // machine's 2-thread figure, benchmarks/RESULTS.md); one NVMe drive per GPU.
@@ -52,6 +124,7 @@ absl::StatusOr<Hardware> HardwarePreset(const std::string& name) {
     hw.pcie_bps = r.pcie_gbs * 1e9;
     hw.cpu_adam_bps = 40e9;
     hw.nvme_bps = r.nvme_gbs * 1e9;
+    hw.collective_latency = 20e-6;  // NCCL's small-message floor over NVLink
     return hw;
   }
   return absl::NotFoundError(absl::StrCat("hardware '", name, "': expected one of ",
@@ -65,7 +138,9 @@ std::string PresetForMemory(int64_t device_bytes) {
 
 double PredictStepSeconds(const PlanResult& plan, const Config& config, const Hardware& hw) {
   const double compute = (3.0 * plan.forward_flops + plan.extra_flops) / hw.flops;
-  const double comm = plan.comm_bytes / hw.interconnect_bps;
+  int64_t calls = 0;
+  for (const CollectiveStats& s : plan.collectives) calls += s.calls;
+  const double comm = plan.comm_bytes / hw.interconnect_bps + calls * hw.collective_latency;
   const double overlapped = config.zero.overlap_comm ? std::max(compute, comm) : compute + comm;
   return overlapped + plan.pcie_bytes / hw.pcie_bps +
          28.0 * plan.offloaded_elements / hw.cpu_adam_bps +
@@ -80,16 +155,19 @@ absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config
     bool paging;
     bool nvme;
     const char* planner;
+    int64_t bucket;
   };
   std::vector<Choice> choices;
-  for (const char* planner : {"none", "optimal"}) {
-    for (int stage = 0; stage <= 3; ++stage) {
-      choices.push_back({stage, 0.0f, false, false, planner});
-      if (stage == 0) continue;
-      choices.push_back({stage, 0.5f, false, false, planner});
-      choices.push_back({stage, 1.0f, false, false, planner});
-      if (stage == 3) choices.push_back({stage, 1.0f, true, false, planner});
-      if (options.nvme_bytes > 0) choices.push_back({stage, 1.0f, false, true, planner});
+  for (int64_t bucket : {int64_t{5'000'000}, int64_t{50'000'000}}) {
+    for (const char* planner : {"none", "optimal"}) {
+      for (int stage = 0; stage <= 3; ++stage) {
+        choices.push_back({stage, 0.0f, false, false, planner, bucket});
+        if (stage == 0) continue;
+        choices.push_back({stage, 0.5f, false, false, planner, bucket});
+        choices.push_back({stage, 1.0f, false, false, planner, bucket});
+        if (stage == 3) choices.push_back({stage, 1.0f, true, false, planner, bucket});
+        if (options.nvme_bytes > 0) choices.push_back({stage, 1.0f, false, true, planner, bucket});
+      }
     }
   }
   AutoResult result;
@@ -99,8 +177,8 @@ absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config
     Config& config = cand.config;
     config.zero.stage = c.stage;
     config.zero.overlap_comm = c.stage > 0;
-    config.zero.reduce_bucket_size = 50'000'000;
-    config.zero.stage3_prefetch_bucket_size = 50'000'000;
+    config.zero.reduce_bucket_size = c.bucket;
+    config.zero.stage3_prefetch_bucket_size = c.bucket;
     config.zero.offload_optimizer_ratio = c.ratio;
     config.zero.offload_param = c.paging;
     config.zero.offload_nvme_path = c.nvme ? "/local_nvme" : "";
@@ -109,7 +187,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config
     cand.name = absl::StrCat("stage ", c.stage,
                              c.ratio == 0 ? "" : absl::StrCat(", optimizer offload ", c.ratio),
                              c.paging ? ", parameter paging" : "", c.nvme ? " (NVMe)" : "",
-                             ", recomputation ", c.planner);
+                             ", recomputation ", c.planner, ", buckets ", c.bucket / 1e6, "M");
     MW_ASSIGN_OR_RETURN(cand.plan, DryRunPlan(options, config));
     cand.step_seconds = PredictStepSeconds(cand.plan, config, hw);
     result.candidates.push_back(std::move(cand));

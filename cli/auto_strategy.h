@@ -25,10 +25,15 @@ struct Hardware {
   double pcie_bps = 0;            // host link, each direction
   double cpu_adam_bps = 0;        // CPU Adam, bytes per second (28 per parameter)
   double nvme_bps = 0;            // per GPU
+  double collective_latency = 0;  // seconds per collective call
 };
 
-// "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200". kNotFound
-// lists them.
+// "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200", or
+// "this-machine": measured now, in about a second, on this machine's CPU
+// (the host backend's "device"): an OpenBLAS SGEMM's FLOP/s, memcpy
+// bandwidth for the host link and the interconnect (ranks share memory),
+// the CPU Adam kernel, and a 64 MiB O_DIRECT write and read in $TMPDIR.
+// kNotFound lists them.
 absl::StatusOr<Hardware> HardwarePreset(const std::string& name);
 std::vector<std::string> HardwarePresets();
 // The preset whose device memory `device_bytes` matches: up to 32 GiB a
@@ -50,12 +55,15 @@ struct AutoResult {
 
 // Predicted seconds per step of `plan` under `config` on `hw`: compute
 // (three forwards per micro-batch plus recomputation) and communication
-// (overlapped when overlap_comm is on), plus host-link copies, the CPU
-// update of offloaded elements and NVMe traffic, which the model adds.
+// (bytes over bandwidth plus a latency per collective call; overlapped when
+// overlap_comm is on), plus host-link copies, the CPU update of offloaded
+// elements and NVMe traffic, which the model adds.
 double PredictStepSeconds(const PlanResult& plan, const Config& config, const Hardware& hw);
 
 // Tries every candidate built from `base` (its optimizer, precision, batch
-// and accumulation kept); offload to NVMe only when options.nvme_bytes > 0.
+// and accumulation kept): stages, optimizer offload, paging, recomputation,
+// and flat-group (bucket and prefetch) sizes of 5e6 and 5e7 elements;
+// offload to NVMe only when options.nvme_bytes > 0.
 absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config& base,
                                         const Hardware& hw);
 

@@ -65,7 +65,8 @@ ABSL_FLAG(bool, auto, false,
           "zero_optimization.stage is \"auto\").");
 ABSL_FLAG(std::string, hardware, "",
           "plan --auto: the step-time model's hardware: v100-32gb, a100-40gb, a100-80gb, "
-          "h100-80gb, h200; empty picks by --device_memory.");
+          "h100-80gb, h200, or this-machine (measured now; plans the host backend, with no CUDA "
+          "runtime allowance); empty picks by --device_memory.");
 
 namespace {
 
@@ -189,6 +190,8 @@ int Plan() {
   options.json = absl::GetFlag(FLAGS_json);
   options.auto_strategy = absl::GetFlag(FLAGS_auto);
   options.hardware = absl::GetFlag(FLAGS_hardware);
+  // This machine's "device" is the host backend's: no CUDA runtime to allow for.
+  if (options.hardware == "this-machine") options.runtime_allowance = 0;
   options.out_path = absl::GetFlag(FLAGS_out);
   const absl::Status status = memwall::RunPlan(options);
   return status.ok() ? 0 : Fail(status);

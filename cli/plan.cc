@@ -203,11 +203,15 @@ absl::Status RunAuto(const PlanOptions& options, const Config& config) {
               options.gpus == 1 ? "" : "s", FormatBytes(options.device_bytes).c_str(),
               FormatBytes(options.host_bytes).c_str(), FormatBytes(options.nvme_bytes).c_str(),
               hw.name.c_str());
-  std::printf("%-66s %12s %12s %10s\n", "candidate", "device need", "host", "step s");
+  std::printf("  (%.1f TFLOP/s sustained, interconnect %.1f GB/s, host link %.1f GB/s, CPU Adam "
+              "%.1f GB/s, disk %.2f GB/s)\n",
+              hw.flops / 1e12, hw.interconnect_bps / 1e9, hw.pcie_bps / 1e9, hw.cpu_adam_bps / 1e9,
+              hw.nvme_bps / 1e9);
+  std::printf("%-80s %12s %12s %10s\n", "candidate", "device need", "host", "step s");
   int64_t least = INT64_MAX;
   for (const Candidate& c : result.candidates) {
     least = std::min(least, c.plan.device_needed);
-    std::printf("%-66s %12s %12s %10s\n", c.name.c_str(),
+    std::printf("%-80s %12s %12s %10s\n", c.name.c_str(),
                 FormatBytes(c.plan.device_needed).c_str(), FormatBytes(c.plan.host_peak).c_str(),
                 c.plan.fits ? absl::StrFormat("%.3f", c.step_seconds).c_str() : "no fit");
   }

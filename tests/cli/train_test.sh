@@ -176,6 +176,8 @@ check "plan: auto strategy" "$out" "memwall plan --auto: gpt3-13b on 8 GPUs" "ch
   "written to $tmp/chosen.json" "fits: yes"
 out=$("$memwall" plan --model gpt3-13b --gpus 8 --config "$tmp/chosen.json" 2>&1)
 check "plan: the chosen config fits" "$out" "fits: yes"
+out=$("$memwall" plan --model gpt-tiny --device-memory 64MiB --auto --hardware this-machine 2>&1)
+check "plan: auto on this machine" "$out" "step times on this-machine" "TFLOP/s sustained" "fits: yes"
 out=$("$memwall" plan --model gpt3-175b --gpus 1 --device-memory 16GiB --host-memory 64GiB --auto 2>&1)
 check "plan: nothing fits" "$out" "fits: no (no candidate fits; the smallest needs"
 
