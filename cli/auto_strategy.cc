@@ -55,9 +55,9 @@ double Best(int repeats, Fn fn) {
 absl::StatusOr<Hardware> MeasureThisMachine() {
   Hardware hw;
   hw.name = "this-machine";
-  const int n = 512;
+  const int n = 768;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
-  const double gemm = Best(3, [&] {
+  const double gemm = Best(5, [&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
                 n, 0.0f, c.data(), n);
   });

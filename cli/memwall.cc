@@ -64,7 +64,7 @@ ABSL_FLAG(bool, auto, false,
           "configuration that fits, and print it as a config file (also when the config's "
           "zero_optimization.stage is \"auto\").");
 ABSL_FLAG(std::string, hardware, "",
-          "plan --auto: the step-time model's hardware: v100-32gb, a100-40gb, a100-80gb, "
+          "plan: the step-time model's hardware (plan prints the predicted step time; --auto ranks by it): v100-32gb, a100-40gb, a100-80gb, "
           "h100-80gb, h200, or this-machine (measured now; plans the host backend, with no CUDA "
           "runtime allowance); empty picks by --device_memory.");
 

@@ -337,6 +337,11 @@ absl::Status RunPlan(const PlanOptions& options) {
               FormatBytes(options.nvme_bytes).c_str());
   std::printf("communication per step (rank 0): %s; host link (PCIe) per step: %s\n",
               FormatBytes(comm_bytes).c_str(), FormatBytes(r.pcie_bytes).c_str());
+  if (!options.hardware.empty()) {
+    MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(options.hardware));
+    std::printf("predicted step time on %s: %.4f s\n", hw.name.c_str(),
+                PredictStepSeconds(r, config, hw));
+  }
   std::printf("fits: %s\n", fits.c_str());
   return absl::OkStatus();
 }
