@@ -26,6 +26,12 @@ NVCC_FLAGS = " ".join([
     "-gencode=arch=compute_90,code=compute_90",
 ])
 
+# For C++ targets with CUDA paths behind `#if MEMWALL_HAS_CUDA`.
+CUDA_LOCAL_DEFINES = select({
+    "//third_party:nocuda": [],
+    "//conditions:default": ["MEMWALL_HAS_CUDA=1"],
+})
+
 INCOMPATIBLE_WITHOUT_CUDA = select({
     "//third_party:nocuda": ["@platforms//:incompatible"],
     "//conditions:default": [],
