@@ -5,10 +5,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "tests/support/values.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 #include "runtime/device.h"
@@ -17,6 +17,8 @@
 
 namespace memwall {
 namespace {
+
+using testing::RandomFloats;
 
 struct Gpu {
   std::unique_ptr<Device> device;
@@ -44,14 +46,6 @@ std::vector<T> Download(Gpu& gpu, const DeviceBuffer& buffer, size_t n) {
   std::vector<T> out(n);
   REQUIRE(gpu.device->CopyAsync(out.data(), buffer.data(), n * sizeof(T), *gpu.stream).ok());
   REQUIRE(gpu.stream->Synchronize().ok());
-  return out;
-}
-
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> out(n);
-  for (float& x : out) x = normal(rng);
   return out;
 }
 

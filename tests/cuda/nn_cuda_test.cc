@@ -3,11 +3,10 @@
 // bits wherever nn_math.h promises them, cuBLAS GEMM within f32 rounding of
 // OpenBLAS. Needs a GPU: reports its cases as skipped without one.
 #include <cmath>
-#include <cstring>
-#include <random>
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "tests/support/values.h"
 #include "kernels/nn.h"
 #include "runtime/device.h"
 #include "runtime/tensor.h"
@@ -16,13 +15,8 @@
 namespace memwall::kernels {
 namespace {
 
-std::vector<float> Random(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> out(n);
-  for (float& x : out) x = normal(rng);
-  return out;
-}
+using testing::RandomFloats;
+using testing::SameBits;
 
 // One backend: a device, a stream, and the tensors of a run by name.
 struct Side {
@@ -53,10 +47,6 @@ struct Side {
   }
 };
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 constexpr int64_t kRows = 300, kH = 200, kS = 70, kMatrices = 6, kVocab = 517, kSeq = 50;
 
 // Every NN op on one side; the outputs in a fixed order.
@@ -64,11 +54,11 @@ std::vector<std::vector<float>> RunAll(Side& s, double* loss) {
   Device& d = *s.device;
   Stream& st = *s.stream;
   std::vector<std::vector<float>> out;
-  const std::vector<float> xv = Random(kRows * kH, 1, 2.0f), dyv = Random(kRows * kH, 2, 1.0f);
+  const std::vector<float> xv = RandomFloats(kRows * kH, 1, 2.0f), dyv = RandomFloats(kRows * kH, 2, 1.0f);
   float* x = s.Put(xv);
   float* dy = s.Put(dyv);
-  float* gamma = s.Put(Random(kH, 3, 1.0f));
-  float* beta = s.Put(Random(kH, 4, 1.0f));
+  float* gamma = s.Put(RandomFloats(kH, 3, 1.0f));
+  float* beta = s.Put(RandomFloats(kH, 4, 1.0f));
   float* y = s.Put(std::vector<float>(kRows * kH));
   float* stats = s.Put(std::vector<float>(2 * kRows));
   float* dx = s.Put(std::vector<float>(kRows * kH));
@@ -86,8 +76,8 @@ std::vector<std::vector<float>> RunAll(Side& s, double* loss) {
   REQUIRE(GeluBackward(d, st, x, dy, dx, kRows * kH).ok());
   out.push_back(s.Get(dx, kRows * kH));
 
-  float* scores = s.Put(Random(kMatrices * kS * kS, 5, 3.0f));
-  float* dp = s.Put(Random(kMatrices * kS * kS, 6, 1.0f));
+  float* scores = s.Put(RandomFloats(kMatrices * kS * kS, 5, 3.0f));
+  float* dp = s.Put(RandomFloats(kMatrices * kS * kS, 6, 1.0f));
   REQUIRE(CausalSoftmaxForward(d, st, scores, kMatrices, kS).ok());
   REQUIRE(CausalSoftmaxBackward(d, st, scores, dp, kMatrices, kS).ok());
   out.push_back(s.Get(scores, kMatrices * kS * kS));
@@ -95,7 +85,7 @@ std::vector<std::vector<float>> RunAll(Side& s, double* loss) {
 
   std::vector<float> targets(kRows);
   for (int64_t r = 0; r < kRows; ++r) targets[r] = float((r * 13) % kVocab);
-  float* logits = s.Put(Random(kRows * kVocab, 7, 4.0f));
+  float* logits = s.Put(RandomFloats(kRows * kVocab, 7, 4.0f));
   float* t = s.Put(targets);
   float* dl = s.Put(std::vector<float>(kRows * kVocab));
   REQUIRE(CheckIds(d, st, t, kRows, kVocab, "target").ok());
@@ -112,8 +102,8 @@ std::vector<std::vector<float>> RunAll(Side& s, double* loss) {
   std::vector<float> ids(kRows);
   for (int64_t r = 0; r < kRows; ++r) ids[r] = float((r * 7) % 11);  // repeated ids
   float* id = s.Put(ids);
-  float* wte = s.Put(Random(kVocab * kH, 8, 1.0f));
-  float* wpe = s.Put(Random(kSeq * kH, 9, 1.0f));
+  float* wte = s.Put(RandomFloats(kVocab * kH, 8, 1.0f));
+  float* wpe = s.Put(RandomFloats(kSeq * kH, 9, 1.0f));
   float* emb = s.Put(std::vector<float>(kRows * kH));
   float* dwte = s.Put(std::vector<float>(kVocab * kH, 0.0f));
   float* dwpe = s.Put(std::vector<float>(kSeq * kH, 0.0f));
@@ -147,9 +137,9 @@ TEST_CASE("cuBLAS GEMM agrees with OpenBLAS for every transpose", "[cuda][gemm]"
       INFO("trans_a " << ta << " trans_b " << tb);
       std::vector<std::vector<float>> results;
       for (Side* s : {&host, &gpu}) {
-        float* a = s->Put(Random(m * k, 10, 1.0f));
-        float* b = s->Put(Random(k * n, 11, 1.0f));
-        float* c = s->Put(Random(m * n, 12, 1.0f));
+        float* a = s->Put(RandomFloats(m * k, 10, 1.0f));
+        float* b = s->Put(RandomFloats(k * n, 11, 1.0f));
+        float* c = s->Put(RandomFloats(m * n, 12, 1.0f));
         REQUIRE(Gemm(*s->device, *s->stream, ta, tb, m, n, k, 0.5f, a, ta ? m : k, b,
                      tb ? k : n, 2.0f, c, n)
                     .ok());

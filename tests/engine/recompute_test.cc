@@ -4,11 +4,11 @@
 // prediction to the byte (host, and meta at a scale this machine could not
 // hold).
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "tests/support/values.h"
 #include "checkpointing/planner.h"
 #include "engine/trainer.h"
 #include "models/gpt.h"
@@ -19,6 +19,8 @@
 
 namespace memwall {
 namespace {
+
+using testing::SameBits;
 
 using testing::World;
 
@@ -133,10 +135,6 @@ Result Train(Model model, const std::string& planner, int stage, bool bf16) {
     }
   }
   return r;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 TEST_CASE("every plan trains bit for bit like no recomputation, at its predicted peak",

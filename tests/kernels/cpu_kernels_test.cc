@@ -13,11 +13,14 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "tests/support/values.h"
 #include "kernels/elementwise.h"
 #include "runtime/dtype.h"
 
 namespace memwall::kernels::cpu {
 namespace {
+
+using testing::RandomFloats;
 
 const std::vector<size_t> kSizes = {0, 1, 7, 15, 16, 17, 63, 1000, 4099, 10007};
 
@@ -160,14 +163,6 @@ TEST_CASE("f32 -> f16 / bf16 agree with the reference rounding on a sweep of flo
   // Exhaustively around the f16 subnormal/normal boundary and the top.
   for (uint32_t u = 0x33000000; u < 0x38800000; u += 97) CheckF16(Bits(u));
   for (uint32_t u = 0x477f0000; u < 0x47800100; ++u) CheckF16(Bits(u));
-}
-
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> out(n);
-  for (float& x : out) x = normal(rng);
-  return out;
 }
 
 template <typename Fn>

@@ -2,12 +2,11 @@
 // double-precision references written here, against each other bit for bit,
 // and (through kernels/nn.h) as device ops with their argument checks.
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "tests/support/values.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/nn.h"
 #include "kernels/nn_math.h"
@@ -18,22 +17,13 @@
 namespace memwall::kernels {
 namespace {
 
-std::vector<float> Random(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> out(n);
-  for (float& x : out) x = normal(rng);
-  return out;
-}
+using testing::RandomFloats;
+using testing::SameBits;
 
 // Units in the last place between a float result and the exact value.
 double Ulps(float got, double exact) {
   const double ulp = std::ldexp(1.0, std::ilogb(static_cast<float>(exact)) - 23);
   return std::fabs(got - exact) / ulp;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 TEST_CASE("ExpF is within 2 ulp of exp on its range and saturates outside it", "[nn]") {
@@ -79,8 +69,8 @@ constexpr int64_t kRows = 37, kH = 83, kS = 19, kMatrices = 3, kVocab = 101, kSe
 
 Outputs RunAll(const cpu::NnKernelTable& k) {
   Outputs o;
-  const std::vector<float> x = Random(kRows * kH, 1, 2.0f), dy = Random(kRows * kH, 2, 1.0f);
-  std::vector<float> gamma = Random(kH, 3, 1.0f), beta = Random(kH, 4, 1.0f);
+  const std::vector<float> x = RandomFloats(kRows * kH, 1, 2.0f), dy = RandomFloats(kRows * kH, 2, 1.0f);
+  std::vector<float> gamma = RandomFloats(kH, 3, 1.0f), beta = RandomFloats(kH, 4, 1.0f);
   std::vector<float> y(kRows * kH), stats(2 * kRows), dx(kRows * kH), dg(kH, 0.5f), db(kH, -0.5f);
   k.layer_norm_forward(x.data(), gamma.data(), beta.data(), kRows, kH, y.data(), stats.data());
   k.layer_norm_backward(dy.data(), x.data(), stats.data(), gamma.data(), kRows, kH, dx.data(),
@@ -92,13 +82,13 @@ Outputs RunAll(const cpu::NnKernelTable& k) {
   k.gelu_backward(x.data(), dy.data(), dgelu.data(), x.size());
   o.all.insert(o.all.end(), {gelu, dgelu});
 
-  std::vector<float> scores = Random(kMatrices * kS * kS, 5, 3.0f);
+  std::vector<float> scores = RandomFloats(kMatrices * kS * kS, 5, 3.0f);
   k.causal_softmax_forward(scores.data(), kMatrices, kS);
-  std::vector<float> dp = Random(scores.size(), 6, 1.0f);
+  std::vector<float> dp = RandomFloats(scores.size(), 6, 1.0f);
   k.causal_softmax_backward(scores.data(), dp.data(), kMatrices, kS);
   o.all.insert(o.all.end(), {scores, dp});
 
-  const std::vector<float> logits = Random(kRows * kVocab, 7, 4.0f);
+  const std::vector<float> logits = RandomFloats(kRows * kVocab, 7, 4.0f);
   std::vector<float> targets(kRows), dl(logits.size()), losses(kRows);
   for (int64_t r = 0; r < kRows; ++r) targets[r] = float((r * 13) % kVocab);
   k.cross_entropy(logits.data(), targets.data(), kRows, kVocab, 1.0f / kRows, dl.data(),
@@ -110,7 +100,7 @@ Outputs RunAll(const cpu::NnKernelTable& k) {
   k.column_sum(x.data(), kRows, kH, colsum.data());
   o.all.insert(o.all.end(), {bcast, colsum});
 
-  const std::vector<float> wte = Random(kVocab * kH, 8, 1.0f), wpe = Random(kSeq * kH, 9, 1.0f);
+  const std::vector<float> wte = RandomFloats(kVocab * kH, 8, 1.0f), wpe = RandomFloats(kSeq * kH, 9, 1.0f);
   std::vector<float> emb(kRows * kH), dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f);
   std::vector<float> ids(kRows);
   for (int64_t r = 0; r < kRows; ++r) ids[r] = float((r * 7) % 4);  // repeated ids
@@ -135,8 +125,8 @@ TEST_CASE("the NN kernels return the same bits on every ISA", "[nn]") {
 
 TEST_CASE("LayerNorm forward and backward match a double-precision reference", "[nn]") {
   const cpu::NnKernelTable& k = cpu::NnKernels();
-  const std::vector<float> x = Random(kRows * kH, 11, 3.0f), dy = Random(kRows * kH, 12, 1.0f);
-  const std::vector<float> gamma = Random(kH, 13, 1.0f), beta = Random(kH, 14, 1.0f);
+  const std::vector<float> x = RandomFloats(kRows * kH, 11, 3.0f), dy = RandomFloats(kRows * kH, 12, 1.0f);
+  const std::vector<float> gamma = RandomFloats(kH, 13, 1.0f), beta = RandomFloats(kH, 14, 1.0f);
   std::vector<float> y(x.size()), stats(2 * kRows), dx(x.size()), dg(kH, 0.0f), db(kH, 0.0f);
   k.layer_norm_forward(x.data(), gamma.data(), beta.data(), kRows, kH, y.data(), stats.data());
   k.layer_norm_backward(dy.data(), x.data(), stats.data(), gamma.data(), kRows, kH, dx.data(),
@@ -175,10 +165,10 @@ TEST_CASE("LayerNorm forward and backward match a double-precision reference", "
 
 TEST_CASE("the causal softmax normalises the first i + 1 entries of row i", "[nn]") {
   const cpu::NnKernelTable& k = cpu::NnKernels();
-  const std::vector<float> scores = Random(kMatrices * kS * kS, 21, 5.0f);
+  const std::vector<float> scores = RandomFloats(kMatrices * kS * kS, 21, 5.0f);
   std::vector<float> p = scores;
   k.causal_softmax_forward(p.data(), kMatrices, kS);
-  const std::vector<float> g = Random(p.size(), 22, 1.0f);
+  const std::vector<float> g = RandomFloats(p.size(), 22, 1.0f);
   std::vector<float> d = g;
   k.causal_softmax_backward(p.data(), d.data(), kMatrices, kS);
   for (int64_t row = 0; row < kMatrices * kS; ++row) {
@@ -205,7 +195,7 @@ TEST_CASE("the causal softmax normalises the first i + 1 entries of row i", "[nn
 
 TEST_CASE("cross-entropy losses and gradients match log-sum-exp in double", "[nn]") {
   const cpu::NnKernelTable& k = cpu::NnKernels();
-  const std::vector<float> logits = Random(kRows * kVocab, 31, 6.0f);
+  const std::vector<float> logits = RandomFloats(kRows * kVocab, 31, 6.0f);
   std::vector<float> targets(kRows), dl(logits.size()), losses(kRows);
   for (int64_t r = 0; r < kRows; ++r) targets[r] = float((r * 29) % kVocab);
   const float scale = 1.0f / kRows;
@@ -267,7 +257,7 @@ Host MakeHost(Backend backend = Backend::kHost) {
 TEST_CASE("Gemm computes every transpose combination on host", "[nn][gemm]") {
   Host h = MakeHost();
   const int64_t m = 5, n = 7, k = 3;
-  const std::vector<float> a = Random(m * k, 41, 1.0f), b = Random(k * n, 42, 1.0f);
+  const std::vector<float> a = RandomFloats(m * k, 41, 1.0f), b = RandomFloats(k * n, 42, 1.0f);
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       INFO("trans_a " << ta << " trans_b " << tb);
