@@ -80,15 +80,9 @@ absl::StatusOr<PlanResult> DryRunOnce(const PlanOptions& options, const Config& 
   }
   MW_RETURN_IF_ERROR(applied.status());
   const Plan recompute = *applied;
-  std::vector<Batch> batches;
-  for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
-    Batch b;
-    MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(*device, DType::kF32, model.input,
-                                               MemoryCategory::kOther, "data.input"));
-    MW_ASSIGN_OR_RETURN(b.target, Tensor::Empty(*device, DType::kF32, model.target,
-                                                MemoryCategory::kOther, "data.target"));
-    batches.push_back(std::move(b));
-  }
+  MW_ASSIGN_OR_RETURN(
+      std::vector<Batch> batches,
+      EmptyBatches(*device, config.gradient_accumulation_steps, model.input, model.target));
   MW_RETURN_IF_ERROR(trainer->TrainStep(batches).status());
 
   const AllocatorStats dev = device->allocator().stats();
@@ -243,18 +237,19 @@ std::string OutOfMemoryFix(const PlanOptions& options, const Config& config) {
   if (!hw.ok()) return "";
   const absl::StatusOr<AutoResult> found = AutoStrategy(o, config, *hw);
   if (!found.ok()) return "";
+  // A GPU's memory for the plan command: memwall's share plus the runtime's.
   const std::string command = absl::StrCat(
-      "memwall plan --model ", o.model, " --gpus ", o.gpus, " --device-memory ", o.device_bytes,
-      " --batch ", o.batch, o.config_path.empty() ? "" : absl::StrCat(" --config ", o.config_path),
-      " --auto");
+      "memwall plan --model ", o.model, " --gpus ", o.gpus, " --device-memory ",
+      o.device_bytes + kDeviceRuntimeAllowance - o.runtime_allowance, " --batch ", o.batch,
+      o.config_path.empty() ? "" : absl::StrCat(" --config ", o.config_path), " --auto");
   if (found->best < 0) {
     return absl::StrCat(" No configuration memwall can run fits ", FormatBytes(o.device_bytes),
                         " per device; the full search: ", command);
   }
   const Candidate& best = found->candidates[found->best];
-  return absl::StrCat(" The auto strategy fits it with ", best.name, " (", FormatBytes(best.plan.device_needed),
-                      " of ", FormatBytes(o.device_bytes),
-                      " with the runtime allowance); the config and full plan: ", command);
+  return absl::StrCat(" The auto strategy fits it with ", best.name, " (",
+                      FormatBytes(best.plan.device_needed), " of ", FormatBytes(o.device_bytes),
+                      "); the config and full plan: ", command);
 }
 
 absl::Status RunPlan(const PlanOptions& options) {

@@ -103,6 +103,21 @@ int64_t PinnedBytes(int64_t flag, int64_t capacity, const Config& config) {
   return config.activation_checkpointing.offload ? capacity : 0;
 }
 
+absl::StatusOr<std::vector<Batch>> EmptyBatches(Device& device, int count,
+                                                const std::vector<int64_t>& input,
+                                                const std::vector<int64_t>& target) {
+  std::vector<Batch> batches;
+  for (int u = 0; u < count; ++u) {
+    Batch b;
+    MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(device, DType::kF32, input, MemoryCategory::kOther,
+                                               "data.input"));
+    MW_ASSIGN_OR_RETURN(b.target, Tensor::Empty(device, DType::kF32, target,
+                                                MemoryCategory::kOther, "data.target"));
+    batches.push_back(std::move(b));
+  }
+  return batches;
+}
+
 absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> layers,
                                           std::unique_ptr<LossFunction> loss, const Config& config,
                                           int rank, int world_size,
@@ -120,15 +135,8 @@ absl::StatusOr<AllocatorStats> DryRunStep(std::vector<std::unique_ptr<Layer>> la
   MW_ASSIGN_OR_RETURN(Chain chain, trainer->ChainFor(input));
   MW_RETURN_IF_ERROR(
       trainer->SetRecomputationPlan(plan != nullptr ? *plan : FullRecomputation(chain), chain));
-  std::vector<Batch> batches;
-  for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
-    Batch b;
-    MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(*meta, DType::kF32, input, MemoryCategory::kOther,
-                                               "data.input"));
-    MW_ASSIGN_OR_RETURN(b.target, Tensor::Empty(*meta, DType::kF32, target,
-                                                MemoryCategory::kOther, "data.target"));
-    batches.push_back(std::move(b));
-  }
+  MW_ASSIGN_OR_RETURN(std::vector<Batch> batches,
+                      EmptyBatches(*meta, config.gradient_accumulation_steps, input, target));
   MW_RETURN_IF_ERROR(trainer->TrainStep(batches).status());
   return meta->allocator().stats();
 }

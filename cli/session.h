@@ -62,6 +62,12 @@ absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t 
 // activation offload is allowed; else none.
 int64_t PinnedBytes(int64_t flag, int64_t capacity, const Config& config);
 
+// A step's micro-batches for a dry run: `count` of them, inputs and
+// targets of the given shapes, allocated on `device` (no values on meta).
+absl::StatusOr<std::vector<Batch>> EmptyBatches(Device& device, int count,
+                                                const std::vector<int64_t>& input,
+                                                const std::vector<int64_t>& target);
+
 // One training step of `layers` on a meta device of `capacity` bytes
 // (and an unbounded pinned pool) playing rank `rank` of `world_size`, with
 // micro-batches of shapes `input` and `target`, following `plan` (null:

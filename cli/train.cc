@@ -71,7 +71,9 @@ absl::Status RunTrain(const TrainOptions& options) {
     PlanOptions plan;
     plan.model = options.model;
     plan.gpus = session.comm->world_size();
-    plan.device_bytes = options.capacity_bytes + kDeviceRuntimeAllowance;  // memwall's own
+    // The capacity is memwall's allocator's own: the CUDA runtime lies outside it.
+    plan.device_bytes = options.capacity_bytes;
+    plan.runtime_allowance = 0;
     plan.host_bytes = options.pinned_bytes > 0 ? options.pinned_bytes : int64_t{64} << 30;
     plan.batch = config.train_micro_batch_size_per_gpu;
     MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset("a100-40gb"));
@@ -160,7 +162,8 @@ absl::Status RunTrain(const TrainOptions& options) {
       plan.model = options.model;
       plan.config_path = options.config_path;
       plan.gpus = ranks;
-      plan.device_bytes = device->allocator().capacity() + kDeviceRuntimeAllowance;
+      plan.device_bytes = device->allocator().capacity();  // memwall's own, as above
+      plan.runtime_allowance = 0;
       plan.batch = micro;
       const std::string fix = OutOfMemoryFix(plan, config);
       stepped = absl::Status(stepped.status().code(),

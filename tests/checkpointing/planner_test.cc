@@ -107,6 +107,10 @@ TEST_CASE("optimal equals exhaustive search on random heterogeneous chains", "[p
       const absl::StatusOr<Plan> got = OptimalRecomputation(chain, exact);
       if (want < 0) {
         CHECK(got.status().code() == absl::StatusCode::kResourceExhausted);
+        // The smallest feasible budget it names is the exhaustive search's.
+        CHECK_THAT(std::string(got.status().message()),
+                   Catch::EndsWith("the smallest feasible budget is " + FormatBytes(min_peak) +
+                                   " (" + std::to_string(min_peak) + " bytes)"));
         ++infeasible;
         continue;
       }

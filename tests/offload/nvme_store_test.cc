@@ -88,6 +88,8 @@ TEST_CASE("bad paths are named", "[nvme][errors]") {
   REQUIRE(first.ok());
   const auto second = NvmeStore::Open(TempDir(), "twice.bin");
   CHECK(second.status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(second.status().message() == "NVMe store " + TempDir() +
+                                         "/twice.bin: cannot create the file: File exists");
 }
 
 }  // namespace
