@@ -256,15 +256,6 @@ absl::Status RunPlan(const PlanOptions& options) {
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   if (options.auto_strategy || config.zero.stage == kAutoStage) return RunAuto(options, config);
   MW_ASSIGN_OR_RETURN(const PlanResult r, DryRunPlan(options, config));
-  const int64_t batch = r.batch;
-  const int64_t parameters = r.parameters;
-  const Plan& recompute = r.recompute;
-  const std::string& note = r.recompute_note;
-  const PeakSnapshot& peak = r.peak;
-  const int64_t device_need = r.device_needed;
-  const int64_t nvme_used = r.nvme_used;
-  const std::string& fits = r.fits_text;
-  const int64_t comm_bytes = r.comm_bytes;
   nlohmann::json collectives = nlohmann::json::object();
   for (int c = 0; c < kNumCollectives; ++c) {
     collectives[std::string(CollectiveName(static_cast<Collective>(c)))] = {
@@ -275,69 +266,71 @@ absl::Status RunPlan(const PlanOptions& options) {
     nlohmann::json j;
     j["schema"] = "memwall.plan/1";
     j["model"] = options.model;
-    j["parameters"] = parameters;
+    j["parameters"] = r.parameters;
     j["gpus"] = options.gpus;
-    j["micro_batch"] = batch;
+    j["micro_batch"] = r.batch;
     j["zero_stage"] = config.zero.stage;
     j["forward_flops_per_step"] = r.forward_flops;
     j["recompute_flops_per_step"] = r.extra_flops;
-    j["recomputation"] = recompute.planner;
-    if (!note.empty()) j["recomputation_note"] = note;
+    j["recomputation"] = r.recompute.planner;
+    if (!r.recompute_note.empty()) j["recomputation_note"] = r.recompute_note;
     j["device"] = {{"budget", options.device_bytes},
                    {"runtime_allowance", options.runtime_allowance},
                    {"requested_peak", r.device_requested_peak},
                    {"reserved_peak", r.device_reserved_peak},
-                   {"needed", device_need}};
+                   {"needed", r.device_needed}};
     nlohmann::json by_category = nlohmann::json::object();
     for (MemoryCategory c : kAllMemoryCategories) {
       by_category[std::string(MemoryCategoryName(c))] =
-          peak.by_category[static_cast<int>(c)];
+          r.peak.by_category[static_cast<int>(c)];
     }
     j["device"]["at_peak"] = by_category;
-    j["device"]["peak_phase"] = absl::StrJoin(peak.phase_path, " > ");
+    j["device"]["peak_phase"] = absl::StrJoin(r.peak.phase_path, " > ");
     j["host"] = {{"budget", options.host_bytes}, {"reserved_peak", r.host_peak}};
-    j["nvme"] = {{"budget", options.nvme_bytes}, {"used", nvme_used},
+    j["nvme"] = {{"budget", options.nvme_bytes}, {"used", r.nvme_used},
                  {"bytes_per_step", r.nvme_bytes_per_step}};
-    j["communication_bytes_per_step"] = comm_bytes;
+    j["communication_bytes_per_step"] = r.comm_bytes;
     j["host_link_bytes_per_step"] = r.pcie_bytes;
     j["collectives"] = collectives;
     j["fits"] = r.fits;
-    j["fits_text"] = fits;
+    j["fits_text"] = r.fits_text;
     std::printf("%s\n", j.dump(2).c_str());
     return absl::OkStatus();
   }
   std::printf("memwall plan: %s (%.2fB parameters), %lld GPU%s, ZeRO stage %d, micro-batch %lld, "
               "recomputation %s\n",
-              options.model.c_str(), parameters / 1e9, static_cast<long long>(options.gpus),
-              options.gpus == 1 ? "" : "s", config.zero.stage, static_cast<long long>(batch),
-              recompute.planner.c_str());
-  if (!note.empty()) std::printf("  (%s; planned the least activation peak instead)\n", note.c_str());
+              options.model.c_str(), r.parameters / 1e9, static_cast<long long>(options.gpus),
+              options.gpus == 1 ? "" : "s", config.zero.stage, static_cast<long long>(r.batch),
+              r.recompute.planner.c_str());
+  if (!r.recompute_note.empty()) {
+    std::printf("  (%s; planned the least activation peak instead)\n", r.recompute_note.c_str());
+  }
   std::printf("device (rank 0 of %lld), at the step's peak (%s):\n",
-              static_cast<long long>(options.gpus), absl::StrJoin(peak.phase_path, " > ").c_str());
+              static_cast<long long>(options.gpus), absl::StrJoin(r.peak.phase_path, " > ").c_str());
   for (MemoryCategory c : kAllMemoryCategories) {
-    const int64_t b = peak.by_category[static_cast<int>(c)];
+    const int64_t b = r.peak.by_category[static_cast<int>(c)];
     if (b > 0) std::printf("  %-24s %12s\n", std::string(MemoryCategoryName(c)).c_str(), FormatBytes(b).c_str());
   }
   std::printf("  %-24s %12s  (model states %s, activations %s)\n", "requested",
-              FormatBytes(peak.bytes).c_str(), FormatBytes(ModelStateBytes(peak.by_category)).c_str(),
-              FormatBytes(ActivationBytesOf(peak.by_category)).c_str());
+              FormatBytes(r.peak.bytes).c_str(), FormatBytes(ModelStateBytes(r.peak.by_category)).c_str(),
+              FormatBytes(ActivationBytesOf(r.peak.by_category)).c_str());
   std::printf("  %-24s %12s  (allocator segments at their peak)\n", "reserved",
               FormatBytes(r.device_reserved_peak).c_str());
   std::printf("  %-24s %12s  (CUDA context, cuBLAS and NCCL workspaces)\n", "runtime allowance",
               FormatBytes(options.runtime_allowance).c_str());
-  std::printf("  %-24s %12s of %s\n", "needed", FormatBytes(device_need).c_str(),
+  std::printf("  %-24s %12s of %s\n", "needed", FormatBytes(r.device_needed).c_str(),
               FormatBytes(options.device_bytes).c_str());
   std::printf("host (pinned): %s of %s; NVMe: %s of %s\n", FormatBytes(r.host_peak).c_str(),
-              FormatBytes(options.host_bytes).c_str(), FormatBytes(nvme_used).c_str(),
+              FormatBytes(options.host_bytes).c_str(), FormatBytes(r.nvme_used).c_str(),
               FormatBytes(options.nvme_bytes).c_str());
   std::printf("communication per step (rank 0): %s; host link (PCIe) per step: %s\n",
-              FormatBytes(comm_bytes).c_str(), FormatBytes(r.pcie_bytes).c_str());
+              FormatBytes(r.comm_bytes).c_str(), FormatBytes(r.pcie_bytes).c_str());
   if (!options.hardware.empty()) {
     MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(options.hardware));
     std::printf("predicted step time on %s: %.4f s\n", hw.name.c_str(),
                 PredictStepSeconds(r, config, hw));
   }
-  std::printf("fits: %s\n", fits.c_str());
+  std::printf("fits: %s\n", r.fits_text.c_str());
   return absl::OkStatus();
 }
 

@@ -215,6 +215,7 @@ absl::StatusOr<double> CrossEntropy(Device& device, Stream& stream, const float*
       Nn().cross_entropy(logits, targets, rows, vocab, scale, dlogits, out);
       return absl::OkStatus();
     }));
+    MW_RETURN_IF_ERROR(stream.Synchronize());  // `losses` is read below
   } else {
 #if MEMWALL_HAS_CUDA
     MW_ASSIGN_OR_RETURN(DeviceBuffer workspace,
@@ -226,12 +227,11 @@ absl::StatusOr<double> CrossEntropy(Device& device, Stream& stream, const float*
                                     "CrossEntropy"));
     MW_RETURN_IF_ERROR(
         device.CopyAsync(losses.data(), device_losses, rows * sizeof(float), stream));
-    MW_RETURN_IF_ERROR(stream.Synchronize());
+    MW_RETURN_IF_ERROR(stream.Synchronize());  // before `workspace` goes
 #else
     return NoCuda();
 #endif
   }
-  MW_RETURN_IF_ERROR(stream.Synchronize());
   double sum = 0;
   for (float l : losses) sum += l;
   return sum;
