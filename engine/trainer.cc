@@ -180,6 +180,21 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
   // Forward: a layer's groups are gathered before it runs and released
   // once the next layer does not read them.
   std::set<int> gathered;
+  // Releases the groups in `held` (`gathered` or a subset) that `next`
+  // does not read.
+  auto release_unread = [&](std::set<int>& held, const std::vector<int>& next) -> absl::Status {
+    for (auto it = held.begin(); it != held.end();) {
+      const int g = *it;
+      if (std::find(next.begin(), next.end(), g) != next.end()) {
+        ++it;
+        continue;
+      }
+      MW_RETURN_IF_ERROR(opt.ReleaseParameters(g));
+      it = held.erase(it);
+      gathered.erase(g);
+    }
+    return absl::OkStatus();
+  };
   auto forward = std::make_unique<ScopedPhase>(profiler_, "forward");
   for (int l = 0; l < n; ++l) {
     ScopedPhase layer(profiler_, layers_[l]->name());
@@ -200,15 +215,7 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
       MW_RETURN_IF_ERROR(offload(segment.begin - 1));  // the segment's input
     }
     const std::vector<int> none;
-    const std::vector<int>& next = l + 1 < n ? groups_of_layer_[l + 1] : none;
-    for (auto it = gathered.begin(); it != gathered.end();) {
-      if (std::find(next.begin(), next.end(), *it) != next.end()) {
-        ++it;
-        continue;
-      }
-      MW_RETURN_IF_ERROR(opt.ReleaseParameters(*it));
-      it = gathered.erase(it);
-    }
+    MW_RETURN_IF_ERROR(release_unread(gathered, l + 1 < n ? groups_of_layer_[l + 1] : none));
   }
 
   forward.reset();
@@ -235,17 +242,26 @@ absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
     const bool recomputed =
         segment.mode == SegmentMode::kRecompute || segment.mode == SegmentMode::kOffload;
     if (recomputed && l == segment.end - 1) {
-      // The segment's forward again, from its input, keeping everything.
+      // The segment's forward again, from its input, keeping every
+      // activation. Parameters are held as in forward, not for the whole
+      // segment: a group this recomputation gathers goes once the next
+      // layer does not read it (backward gathers it again), so a long
+      // segment at stage 3 never holds more than two layers' parameters.
       ScopedPhase recompute(profiler_, absl::StrCat("recompute ", layers_[segment.begin]->name(),
                                                     "..", layers_[l]->name()));
       if (segment.mode == SegmentMode::kOffload) MW_RETURN_IF_ERROR(fetch(segment.begin - 1));
       outputs[l] = Tensor();  // the checkpoint: recomputed with the rest
+      std::set<int> regathered;  // not those backward already holds
       for (int j = segment.begin; j < segment.end; ++j) {
         for (int g : groups_of_layer_[j]) {
-          if (gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
+          if (gathered.insert(g).second) {
+            MW_RETURN_IF_ERROR(opt.GatherParameters(g));
+            regathered.insert(g);
+          }
         }
         MW_ASSIGN_OR_RETURN(outputs[j], layers_[j]->Forward(*contexts_[j], input_of(j)));
         MW_RETURN_IF_ERROR(contexts_[j]->ReleaseWorkspace());
+        if (j < l) MW_RETURN_IF_ERROR(release_unread(regathered, groups_of_layer_[j + 1]));
       }
     }
     ScopedPhase layer(profiler_, layers_[l]->name());

@@ -79,6 +79,10 @@ class Trainer {
   // next step on: see checkpointing/plan.h for what each segment mode does.
   // Gradients and losses are bit for bit those of the run without
   // recomputation (the same kernels on the same inputs in the same order).
+  // At stage 3 a recomputed segment gathers its parameters layer by layer
+  // as forward does (backward gathers them again), so recomputation never
+  // raises the parameters' peak: a third gather per step for those layers,
+  // as in DeepSpeed, in exchange for segments of any length.
   // kInvalidArgument when the plan does not fit the model.
   absl::Status SetRecomputationPlan(const Plan& plan, const Chain& chain);
   const Plan& recomputation_plan() const { return plan_; }

@@ -2,7 +2,7 @@
 // planner's losses and weights equal the run without recomputation bit for
 // bit, and the activation peak the allocator records equals the plan's
 // prediction to the byte (host, and meta at a scale this machine could not
-// hold).
+// hold), with the parameters' peak unchanged.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -30,6 +30,7 @@ struct Result {
   std::vector<float> losses;
   std::vector<float> weights;
   int64_t activation_peak = 0;
+  int64_t parameter_peak = 0;
   Chain chain;
   Plan plan;
 };
@@ -120,6 +121,8 @@ Result Train(Model model, const std::string& planner, int stage, bool bf16) {
   }
   r.activation_peak =
       device->allocator().stats().by_category[static_cast<int>(MemoryCategory::kActivation)].peak;
+  r.parameter_peak =
+      device->allocator().stats().by_category[static_cast<int>(MemoryCategory::kParameter)].peak;
   // What offload held in the pinned pool at most.
   CHECK(device->pinned_allocator()
             ->stats()
@@ -159,6 +162,9 @@ TEST_CASE("every plan trains bit for bit like no recomputation, at its predicted
           // MLP, whose layers keep their outputs alone).
           const std::string p = planner;
           CHECK(r.activation_peak <= reference.activation_peak);
+          // Recomputing a segment at stage 3 gathers its layers' parameters
+          // one layer at a time, as forward does, not the whole segment.
+          CHECK(r.parameter_peak == reference.parameter_peak);
           const bool saves = p == "uniform:2" || p == "sqrt" || p == "optimal" ||
                              p == "least+offload" ||
                              (model == Model::kGpt && (p == "full" || p == "selective"));
