@@ -96,39 +96,46 @@ absl::Status HostOptimizerSlice::StageGradients(Stream& stream, const void* grad
 }
 
 absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void* grads,
-                                                     DType dtype, bool first) {
+                                                     DType dtype, bool first, int64_t begin,
+                                                     int64_t count) {
+  if (begin < 0 || count < 0 || begin + count > numel_) {
+    return absl::OutOfRangeError(absl::StrCat("gradients of '", owner_, "': elements [", begin,
+                                              ", ", begin + count, ") of ", numel_));
+  }
   MW_ASSIGN_OR_RETURN(DeviceBuffer incoming,
-                      device_.AllocatePinned(numel_ * DTypeSize(dtype), MemoryCategory::kWorkspace,
+                      device_.AllocatePinned(count * DTypeSize(dtype), MemoryCategory::kWorkspace,
                                              absl::StrCat(owner_, ".grad_incoming")));
-  MW_RETURN_IF_ERROR(device_.CopyAsync(incoming.data(), grads, numel_ * DTypeSize(dtype), stream));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(incoming.data(), grads, count * DTypeSize(dtype), stream));
   MW_RETURN_IF_ERROR(stream.Synchronize());
   if (device_.holds_bytes()) {
-    if (first) std::memset(grads_.data(), 0, numel_ * DTypeSize(dtype_));  // +0 in every dtype
-    kernels::cpu::Kernels().accumulate(incoming.data(), dtype, grads_.data(), dtype_, numel_);
+    char* landing = static_cast<char*>(grads_.data()) + begin * DTypeSize(dtype_);
+    if (first) std::memset(landing, 0, count * DTypeSize(dtype_));  // +0 in every dtype
+    kernels::cpu::Kernels().accumulate(incoming.data(), dtype, landing, dtype_, count);
   }
   staged_ = true;
   return absl::OkStatus();
 }
 
+int64_t HostOptimizerSlice::scratch_bytes() const {
+  return numel_ * DTypeSize(dtype_) + (dtype_ == DType::kF32 ? 0 : numel_ * 4);
+}
+
 absl::Status HostOptimizerSlice::Update(Stream& stream, const kernels::AdamParams& adam,
-                                        const kernels::SgdParams& sgd) {
+                                        const kernels::SgdParams& sgd, void* scratch) {
   if (!staged_) {
     return absl::FailedPreconditionError(
         absl::StrCat("offloaded optimizer states of '", owner_, "': no gradients staged"));
   }
+  if (rule_ == Rule::kAdam) MW_RETURN_IF_ERROR(kernels::ValidateAdamParams(adam));
   // The staged gradients stay staged until Commit: a failed update (an NVMe
   // write) can be retried from them.
-  const size_t size = DTypeSize(dtype_);
   const bool wide = dtype_ == DType::kF32;
-  // Pinned staging: the gradients widened to f32, and the refreshed
-  // parameters held for Commit.
-  DeviceBuffer grads32;
-  if (!wide) {
-    MW_ASSIGN_OR_RETURN(grads32, device_.AllocatePinned(numel_ * 4, MemoryCategory::kWorkspace,
-                                                        absl::StrCat(owner_, ".grad_host_f32")));
-  }
-  MW_ASSIGN_OR_RETURN(pending_, device_.AllocatePinned(numel_ * size, MemoryCategory::kWorkspace,
-                                                       absl::StrCat(owner_, ".params_host")));
+  // Scratch: the refreshed parameters, then (16-bit) the f32 gradients.
+  char* params = static_cast<char*>(scratch);
+  float* grads32 = wide || scratch == nullptr
+                       ? nullptr
+                       : reinterpret_cast<float*>(params + numel_ * DTypeSize(dtype_));
+  pending_ = params;
   // NVMe: the committed state comes in; the new one goes to the spare copy.
   std::pair<DeviceBuffer, char*> state;
   if (store_ != nullptr) {
@@ -151,28 +158,26 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const kernels::AdamParam
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
   float* g = static_cast<float*>(grads_.data());
   if (!wide) {
-    cpu.cast(grads_.data(), dtype_, grads32.data(), DType::kF32, numel_);
-    g = static_cast<float*>(grads32.data());
+    cpu.cast(grads_.data(), dtype_, grads32, DType::kF32, numel_);
+    g = grads32;
   }
   if (rule_ == Rule::kAdam) {
-    MW_RETURN_IF_ERROR(kernels::ValidateAdamParams(adam));
     kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(adam), master, g, first, second,
-                               wide ? nullptr : pending_.data(), dtype_, numel_,
+                               wide ? nullptr : params, dtype_, numel_,
                                kernels::cpu::CpuThreads());
   } else {
-    cpu.sgd(sgd, master, g, first, wide ? nullptr : pending_.data(), dtype_, numel_);
+    cpu.sgd(sgd, master, g, first, wide ? nullptr : params, dtype_, numel_);
   }
-  if (wide) std::memcpy(pending_.data(), master, numel_ * sizeof(float));
+  if (wide) std::memcpy(params, master, numel_ * sizeof(float));
   if (store_ != nullptr) MW_RETURN_IF_ERROR(store_->Write(slot_, state.second));
   return absl::OkStatus();
 }
 
 absl::Status HostOptimizerSlice::Commit(Stream& stream, void* params) {
   if (store_ != nullptr && device_.holds_bytes()) MW_RETURN_IF_ERROR(store_->Commit(slot_));
-  MW_RETURN_IF_ERROR(
-      device_.CopyAsync(params, pending_.data(), numel_ * DTypeSize(dtype_), stream));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(params, pending_, numel_ * DTypeSize(dtype_), stream));
   MW_RETURN_IF_ERROR(stream.Synchronize());
-  pending_.Reset();
+  pending_ = nullptr;
   staged_ = false;
   return absl::OkStatus();
 }

@@ -8,9 +8,14 @@
 //
 // A step is two-phase so that an NVMe failure leaves no half-updated state:
 // Update() computes the new state (on NVMe: written to the file's spare
-// copy) and the refreshed parameters; Commit() then makes them current and
-// copies the parameters out. A caller updates every slice, then commits
-// every slice; if an Update fails it commits none.
+// copy) and the refreshed parameters, into pinned scratch the caller
+// provides; Commit() then makes them current and copies the parameters
+// out. On NVMe a caller updates every slice, then commits every slice; if
+// an Update fails it commits none. The pinned tier updates in place, and
+// once its scratch exists nothing in Update can fail: a caller updates and
+// commits each slice in turn through one scratch buffer sized for the
+// largest, allocated before the first update (the refreshed parameters of
+// a whole model never sit in host memory at once).
 #ifndef MEMWALL_OFFLOAD_HOST_OPTIMIZER_H_
 #define MEMWALL_OFFLOAD_HOST_OPTIMIZER_H_
 
@@ -58,26 +63,33 @@ class HostOptimizerSlice {
   // run it) into the landing buffer: gradients stream to the host as soon
   // as they are final, while the caller goes on.
   absl::Status StageGradients(Stream& stream, const void* grads);
+  // Pinned scratch bytes one Update needs: the refreshed parameters (held
+  // until Commit) and, in 16-bit runs, the gradients widened to f32.
+  int64_t scratch_bytes() const;
   // Phase one of a step from the staged gradients: waits for `stream`,
   // widens them, computes the new master weights and moments (pinned: in
   // place; NVMe: into the file's spare copy) and the refreshed parameters.
   // `adam` or `sgd` gives the hyper-parameters, by the slice's rule.
-  // kFailedPrecondition if no gradients were staged since the last commit.
-  // The staged gradients stay until Commit, so a failed Update may be
-  // retried.
+  // `scratch`: scratch_bytes() of pinned memory (null on meta), left alone
+  // by the caller until Commit. kFailedPrecondition if no gradients were
+  // staged since the last commit; kInvalidArgument for bad Adam settings
+  // (before anything changes). The staged gradients stay until Commit, so a
+  // failed Update may be retried.
   absl::Status Update(Stream& stream, const kernels::AdamParams& adam,
-                      const kernels::SgdParams& sgd);
+                      const kernels::SgdParams& sgd, void* scratch);
   // Phase two: makes the update current and writes the refreshed
   // parameters, in the parameter dtype, to `params` (device or pinned
   // memory). Returns once `stream` has run the copy.
   absl::Status Commit(Stream& stream, void* params);
-  // For gradients that do not stay on the device: copies `grads` (numel()
+  // For gradients that do not stay on the device: copies `grads` (`count`
   // elements of `dtype`, the reduction's dtype, in device memory) to pinned
-  // staging and adds them into the landing buffer on the CPU, which `first`
-  // (a step's first micro-batch) zeroes before: the same arithmetic as the
-  // device's accumulating reduction (widen, add, round once to the
-  // parameter dtype). Returns once added.
-  absl::Status AccumulateGradients(Stream& stream, const void* grads, DType dtype, bool first);
+  // staging and adds them into elements [begin, begin + count) of the
+  // landing buffer on the CPU, which `first` (a step's first micro-batch)
+  // zeroes before: the same arithmetic as the device's accumulating
+  // reduction (widen, add, round once to the parameter dtype). Returns once
+  // added. kOutOfRange if the range is not within numel().
+  absl::Status AccumulateGradients(Stream& stream, const void* grads, DType dtype, bool first,
+                                   int64_t begin, int64_t count);
   // The landing buffer (host memory; valid once `stream` has run the copy).
   const void* gradients() const { return grads_.data(); }
 
@@ -109,7 +121,7 @@ class HostOptimizerSlice {
   DeviceBuffer first_;   // Adam m, or SGD momentum (empty without)
   DeviceBuffer second_;  // Adam v
   DeviceBuffer grads_;   // the landing buffer, parameter dtype
-  DeviceBuffer pending_;  // refreshed parameters between Update and Commit
+  const void* pending_ = nullptr;  // refreshed parameters (in the caller's scratch)
   bool staged_ = false;
 };
 

@@ -20,6 +20,15 @@ char* At(const DeviceBuffer& buffer, int64_t element, DType dtype) {
   return static_cast<char*>(buffer.data()) + element * DTypeSize(dtype);
 }
 
+// `base` advanced by `element` elements of `dtype`; null stays null (meta's
+// buffers hold no bytes).
+void* Offset(void* base, int64_t element, DType dtype) {
+  return base == nullptr ? nullptr : static_cast<char*>(base) + element * DTypeSize(dtype);
+}
+const void* Offset(const void* base, int64_t element, DType dtype) {
+  return Offset(const_cast<void*>(base), element, dtype);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const ShardingOptions& config,
@@ -457,11 +466,13 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
     // No shard on the device: the reduction's output (in the reduction's
     // dtype) goes to the host and accumulates there, rounding as the
     // device's accumulating reduction would.
-    MW_ASSIGN_OR_RETURN(DeviceBuffer chunk,
-                        ReduceScatterChunk(flat, group.grad_bucket.data(), retired.buffers));
-    MW_RETURN_IF_ERROR(group.host->AccumulateGradients(
-        *comm_stream_, chunk.data(), config_.reduce_dtype, group.reductions++ == 0));
-    retired.buffers.push_back(std::move(chunk));
+    const bool first = group.reductions++ == 0;
+    MW_RETURN_IF_ERROR(ReduceScatterPieces(
+        flat, group.grad_bucket.data(), retired.buffers,
+        [&](int64_t begin, int64_t count, const void* reduced) {
+          return group.host->AccumulateGradients(*comm_stream_, reduced, config_.reduce_dtype,
+                                                 first, begin, count);
+        }));
   } else {
     MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, group.grad_bucket.data(), group.grads.data(),
                                               /*accumulate=*/true, retired.buffers));
@@ -494,50 +505,78 @@ absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* f
   if (reduce == dtype) {
     return comm_.AllReduce(full, full, n, dtype, ReduceOp::kSum, *comm_stream_);
   }
-  MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(n * DTypeSize(reduce),
+  // Widened in pieces of at most reduce_bucket_size elements, one buffer
+  // reused for each, so a large group costs no full-size f32 copy.
+  const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1, n);
+  MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(piece * DTypeSize(reduce),
                                                           MemoryCategory::kCommBuffer,
                                                           absl::StrCat(flat.name, ".allreduce")));
-  MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, full, dtype, wide.data(), reduce, n));
-  MW_RETURN_IF_ERROR(comm_.AllReduce(wide.data(), wide.data(), n, reduce, ReduceOp::kSum, *comm_stream_));
-  MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, wide.data(), reduce, full, dtype, n));
+  for (int64_t begin = 0; begin < n; begin += piece) {
+    const int64_t count = std::min(piece, n - begin);
+    void* slice = Offset(full, begin, dtype);
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, slice, dtype, wide.data(), reduce, count));
+    MW_RETURN_IF_ERROR(
+        comm_.AllReduce(wide.data(), wide.data(), count, reduce, ReduceOp::kSum, *comm_stream_));
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, wide.data(), reduce, slice, dtype, count));
+  }
   return comm_stream_->Synchronize();
 }
 
-absl::StatusOr<DeviceBuffer> ShardedOptimizer::ReduceScatterChunk(
-    const FlatGroup& flat, const void* full, std::vector<DeviceBuffer>& keep_alive) {
+absl::Status ShardedOptimizer::ReduceScatterPieces(
+    const FlatGroup& flat, const void* full, std::vector<DeviceBuffer>& keep_alive,
+    const std::function<absl::Status(int64_t, int64_t, const void*)>& consume) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  const int world = comm_.world_size();
+  const int64_t shard = flat.shard_numel;
   Stream& stream = *comm_stream_;
-  const void* input = full;
-  if (reduce != dtype) {
-    MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(flat.padded_numel * DTypeSize(reduce),
-                                                            MemoryCategory::kCommBuffer,
-                                                            absl::StrCat(flat.name, ".reduce_input")));
-    MW_RETURN_IF_ERROR(
-        kernels::Cast(device_, stream, full, dtype, wide.data(), reduce, flat.padded_numel));
-    input = wide.data();
-    keep_alive.push_back(std::move(wide));
+  const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size / world, 1, shard);
+  // The collective reads world pieces laid out rank after rank: a copy (or
+  // the widening cast) packs them unless the group goes in one piece in the
+  // reduction's dtype, or there is one rank (a piece is then contiguous).
+  const bool pack = reduce != dtype || (piece < shard && world > 1);
+  DeviceBuffer packed;
+  if (pack) {
+    MW_ASSIGN_OR_RETURN(packed, device_.Allocate(world * piece * DTypeSize(reduce),
+                                                 MemoryCategory::kCommBuffer,
+                                                 absl::StrCat(flat.name, ".reduce_input")));
   }
-  MW_ASSIGN_OR_RETURN(DeviceBuffer chunk,
-                      device_.Allocate(flat.shard_numel * DTypeSize(reduce),
-                                       MemoryCategory::kCommBuffer,
-                                       absl::StrCat(flat.name, ".reduce_output")));
-  MW_RETURN_IF_ERROR(
-      comm_.ReduceScatter(input, chunk.data(), flat.shard_numel, reduce, ReduceOp::kSum, stream));
-  return chunk;
+  MW_ASSIGN_OR_RETURN(DeviceBuffer out, device_.Allocate(piece * DTypeSize(reduce),
+                                                         MemoryCategory::kCommBuffer,
+                                                         absl::StrCat(flat.name, ".reduce_output")));
+  for (int64_t begin = 0; begin < shard; begin += piece) {
+    const int64_t count = std::min(piece, shard - begin);
+    const void* input = Offset(full, begin, dtype);
+    if (pack) {
+      for (int r = 0; r < world; ++r) {
+        void* to = Offset(packed.data(), r * count, reduce);
+        const void* from = Offset(full, r * shard + begin, dtype);
+        MW_RETURN_IF_ERROR(reduce != dtype
+                               ? kernels::Cast(device_, stream, from, dtype, to, reduce, count)
+                               : device_.CopyAsync(to, from, count * DTypeSize(dtype), stream));
+      }
+      input = packed.data();
+    }
+    MW_RETURN_IF_ERROR(comm_.ReduceScatter(input, out.data(), count, reduce, ReduceOp::kSum, stream));
+    // Stream order keeps the next piece from overwriting `out` (and
+    // `packed`) before what `consume` enqueued has read them.
+    MW_RETURN_IF_ERROR(consume(begin, count, out.data()));
+  }
+  keep_alive.push_back(std::move(packed));
+  keep_alive.push_back(std::move(out));
+  return absl::OkStatus();
 }
 
 absl::Status ShardedOptimizer::ReduceScatterGradients(const FlatGroup& flat, const void* full,
                                                       void* shard_out, bool accumulate,
                                                       std::vector<DeviceBuffer>& keep_alive) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
-  MW_ASSIGN_OR_RETURN(DeviceBuffer chunk, ReduceScatterChunk(flat, full, keep_alive));
-  MW_RETURN_IF_ERROR(
-      accumulate ? kernels::Accumulate(device_, *comm_stream_, chunk.data(), reduce, shard_out,
-                                       dtype, flat.shard_numel)
-                 : kernels::Cast(device_, *comm_stream_, chunk.data(), reduce, shard_out, dtype,
-                                 flat.shard_numel));
-  keep_alive.push_back(std::move(chunk));
-  return absl::OkStatus();
+  return ReduceScatterPieces(
+      flat, full, keep_alive, [&](int64_t begin, int64_t count, const void* reduced) {
+        void* to = Offset(shard_out, begin, dtype);
+        return accumulate
+                   ? kernels::Accumulate(device_, *comm_stream_, reduced, reduce, to, dtype, count)
+                   : kernels::Cast(device_, *comm_stream_, reduced, reduce, to, dtype, count);
+      });
 }
 
 void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
@@ -572,18 +611,18 @@ kernels::SgdParams SgdFor(const OptimizerConfig& o, float grad_scale) {
 
 }  // namespace
 
-absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale) {
+absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale,
+                                           void* host_scratch) {
   const DType dtype = config_.param_dtype();
   const int64_t k = host_numel(flat), n = update_numel(flat) - k, begin = update_begin(flat);
   const OptimizerConfig& o = config_.optimizer;
   if (k > 0) {
-    // Offload: the first k elements on the CPU; Step() commits them once
-    // every group has updated.
+    // Offload: the first k elements on the CPU; Step() commits them.
     if (!group.host->staged()) {
       MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, UpdateGradients(flat, group)));
     }
     MW_RETURN_IF_ERROR(group.host->Update(*comm_stream_, AdamFor(o, steps_applied_ + 1, grad_scale),
-                                          SgdFor(o, grad_scale)));
+                                          SgdFor(o, grad_scale), host_scratch));
   }
   if (n == 0) return absl::OkStatus();
   // The device part: elements [k, k + n) of the update range.
@@ -759,19 +798,50 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   const float grad_scale = static_cast<float>(unscale * coefficient);
   {
     ScopedPhase update(profiler_, "update");
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      MW_RETURN_IF_ERROR(ApplyUpdate(layout_.groups[g], groups_[g], grad_scale));
-    }
-    // Offload: the host parts become current (and their parameters go back
-    // to the device, or to the pinned shard when paging) only now.
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      if (groups_[g].host == nullptr) continue;
+    // Offload: a host part becomes current, and its parameters go back to
+    // the device (or to the pinned shard when paging), at its Commit. The
+    // NVMe tier updates every group (each into scratch of its own) before
+    // committing any, so a failed write changes nothing; the pinned tier
+    // updates in place and commits group by group through one scratch
+    // buffer, allocated first: see offload/host_optimizer.h.
+    auto commit = [&](size_t g) -> absl::Status {
       const FlatGroup& flat = layout_.groups[g];
       char* params_at = stage() == 3 ? static_cast<char*>(groups_[g].params.data())
                                      : (device_.holds_bytes()
                                             ? At(groups_[g].params, update_begin(flat), dtype)
                                             : nullptr);
-      MW_RETURN_IF_ERROR(groups_[g].host->Commit(*comm_stream_, params_at));
+      return groups_[g].host->Commit(*comm_stream_, params_at);
+    };
+    const bool two_phase = nvme_ != nullptr;
+    std::vector<DeviceBuffer> scratch;
+    if (!two_phase) {
+      int64_t largest = 0;
+      for (const Group& group : groups_) {
+        if (group.host != nullptr) largest = std::max(largest, group.host->scratch_bytes());
+      }
+      if (largest > 0) {
+        MW_ASSIGN_OR_RETURN(DeviceBuffer one, device_.AllocatePinned(largest, MemoryCategory::kWorkspace,
+                                                                     "optimizer.host_scratch"));
+        scratch.push_back(std::move(one));
+      }
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      Group& group = groups_[g];
+      if (group.host != nullptr && two_phase) {
+        MW_ASSIGN_OR_RETURN(DeviceBuffer own,
+                            device_.AllocatePinned(group.host->scratch_bytes(),
+                                                   MemoryCategory::kWorkspace,
+                                                   absl::StrCat(layout_.groups[g].name, ".host_scratch")));
+        scratch.push_back(std::move(own));
+      }
+      void* host_scratch = scratch.empty() ? nullptr : scratch.back().data();
+      MW_RETURN_IF_ERROR(ApplyUpdate(layout_.groups[g], group, grad_scale, host_scratch));
+      if (group.host != nullptr && !two_phase) MW_RETURN_IF_ERROR(commit(g));
+    }
+    if (two_phase) {
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        if (groups_[g].host != nullptr) MW_RETURN_IF_ERROR(commit(g));
+      }
     }
   }
   if (stage() == 1 || stage() == 2) {

@@ -85,6 +85,7 @@
 #define MEMWALL_SHARDING_SHARDED_OPTIMIZER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -259,10 +260,17 @@ class ShardedOptimizer {
   // go to `keep_alive`.
   absl::Status ReduceScatterGradients(const FlatGroup& flat, const void* full, void* shard_out,
                                       bool accumulate, std::vector<DeviceBuffer>& keep_alive);
-  // The reduce-scatter itself: this rank's shard of the sum in the
-  // reduction dtype, in a buffer the caller keeps until the stream has run.
-  absl::StatusOr<DeviceBuffer> ReduceScatterChunk(const FlatGroup& flat, const void* full,
-                                                  std::vector<DeviceBuffer>& keep_alive);
+  // The reduce-scatter itself, in pieces of at most reduce_bucket_size
+  // elements of the full buffer (DeepSpeed's meaning), so its buffers stay
+  // bounded however large the group: for each piece, enqueues the
+  // collective and calls consume(begin, count, reduced) with elements
+  // [begin, begin + count) of this rank's shard of the sum, in the
+  // reduction dtype, in a device buffer the next piece reuses (what consume
+  // enqueues on the communication stream reads it in time). Temporaries go
+  // to `keep_alive`.
+  absl::Status ReduceScatterPieces(
+      const FlatGroup& flat, const void* full, std::vector<DeviceBuffer>& keep_alive,
+      const std::function<absl::Status(int64_t begin, int64_t count, const void* reduced)>& consume);
   // Stage 3: allocates group g's gathered buffer and enqueues its gather.
   absl::Status StartGather(int g, bool prefetch);
   // Stage 3: prefetches after a gather of g, per the class comment.
@@ -272,7 +280,10 @@ class ShardedOptimizer {
   absl::Status Reclaim(bool wait);
   // This rank's gradient elements of group g (param_dtype).
   void* UpdateGradients(const FlatGroup& flat, Group& group);
-  absl::Status ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale);
+  // `host_scratch`: pinned scratch for the group's host part (see
+  // HostOptimizerSlice::Update); unused without one.
+  absl::Status ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale,
+                           void* host_scratch);
   absl::Status ZeroGradients(const FlatGroup& flat, Group& group);
   void UpdateLossScale(bool overflow);
 

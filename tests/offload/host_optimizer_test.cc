@@ -4,6 +4,7 @@
 // reported by name with nothing left allocated.
 #include "offload/host_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -81,7 +82,9 @@ TEST_CASE("a host slice updates bit for bit like the device update", "[offload]"
                       .ok());
         }
         REQUIRE(slice->StageGradients(*s.stream, g.data()).ok());
-        REQUIRE(slice->Update(*s.stream, ap, sp).ok());
+        DeviceBuffer scratch =
+            d.AllocatePinned(slice->scratch_bytes(), MemoryCategory::kWorkspace, "scratch").value();
+        REQUIRE(slice->Update(*s.stream, ap, sp, scratch.data()).ok());
         REQUIRE(slice->Commit(*s.stream, host_params.data()).ok());
       }
       std::vector<float> host_master(kN);
@@ -93,18 +96,17 @@ TEST_CASE("a host slice updates bit for bit like the device update", "[offload]"
         CHECK(std::memcmp(host_params.data(), master.data(), kN * 4) == 0);
       }
       // Master, two moments (or master and momentum) and the gradients'
-      // landing buffer in the pinned pool; the widening staging went back
-      // after each step.
+      // landing buffer in the pinned pool; the caller's scratch holds the
+      // refreshed parameters and, in 16-bit runs, the widened gradients.
       const AllocatorStats pinned = d.pinned_allocator()->stats();
       const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kOptimizerState)].current ==
             (adam ? 3 : 2) * kN * 4);
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kGradient)].current == kN * size);
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kWorkspace)].current == 0);
-      CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kWorkspace)].peak ==
-            (dtype == DType::kF32 ? kN * 4 : kN * (4 + size)));
+      CHECK(slice->scratch_bytes() == (dtype == DType::kF32 ? kN * 4 : kN * (4 + size)));
       // A second update without new gradients is refused.
-      const absl::Status again = slice->Update(*s.stream, ap, sp);
+      const absl::Status again = slice->Update(*s.stream, ap, sp, nullptr);
       CHECK(again.code() == absl::StatusCode::kFailedPrecondition);
       CHECK(again.message() == "offloaded optimizer states of 'g0': no gradients staged");
     }
@@ -132,6 +134,35 @@ TEST_CASE("a missing or full pinned pool is named, and nothing stays allocated",
              Catch::StartsWith("out of memory on host:0:pinned: cannot allocate 1.95 KiB (2000 "
                                "bytes) of gradient for 'g0.grad_host'"));
   CHECK(small.device->pinned_allocator()->stats().requested.current == 0);
+}
+
+TEST_CASE("gradients accumulate into the landing buffer piece by piece", "[offload]") {
+  Setup s = MakeHost(16 * kMiB);
+  auto slice = HostOptimizerSlice::Create(*s.device, HostOptimizerSlice::Rule::kAdam, true,
+                                          DType::kBF16, kN, "g0")
+                   .value();
+  // Two micro-batches of f32 reductions in pieces of 300 (the last 100):
+  // element i gets bf16(bf16(a_i) + b_i), the device's accumulating rounding.
+  const std::vector<float> a = Values(1, 0.5f), b = Values(2, 0.25f);
+  for (int micro = 0; micro < 2; ++micro) {
+    const std::vector<float>& v = micro == 0 ? a : b;
+    for (int64_t begin = 0; begin < kN; begin += 300) {
+      const int64_t count = std::min<int64_t>(300, kN - begin);
+      REQUIRE(slice->AccumulateGradients(*s.stream, v.data() + begin, DType::kF32, micro == 0,
+                                         begin, count)
+                  .ok());
+    }
+  }
+  const uint16_t* landing = static_cast<const uint16_t*>(slice->gradients());
+  for (int64_t i = 0; i < kN; ++i) {
+    INFO("element " << i);
+    REQUIRE(landing[i] == F32ToBf16(Bf16ToF32(F32ToBf16(a[i])) + b[i]));
+  }
+  const absl::Status outside = slice->AccumulateGradients(*s.stream, a.data(), DType::kF32, false,
+                                                          900, 101);
+  CHECK(outside.code() == absl::StatusCode::kOutOfRange);
+  CHECK(outside.message() == "gradients of 'g0': elements [900, 1001) of 1000");
+  CHECK(landing[950] == F32ToBf16(Bf16ToF32(F32ToBf16(a[950])) + b[950]));  // untouched
 }
 
 }  // namespace
