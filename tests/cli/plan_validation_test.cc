@@ -1,6 +1,7 @@
 // The dry run's answer holds on a real run: on the host backend with a
 // small device, the largest GPT the plan says fits trains a real step, and
-// the next size up really runs out of memory with the report.
+// the next size up really runs out of memory with the report, on 1 and 2
+// real ranks (the plan dry-runs rank 0 of N; ranks hold equal shards).
 #include <string>
 #include <vector>
 
@@ -11,8 +12,8 @@
 #include "runtime/status.h"
 #include "engine/trainer.h"
 #include "models/gpt.h"
-#include "runtime/simulated_communicator.h"
 #include "runtime/units.h"
+#include "tests/support/mpi_world.h"
 
 namespace memwall {
 namespace {
@@ -36,6 +37,7 @@ bool PlanFits(const Config& config, int64_t m, int64_t capacity) {
   PlanOptions o;
   o.model = Spec(m);
   o.device_bytes = capacity;
+  o.gpus = testing::World().world_size();
   o.runtime_allowance = 0;  // host: no CUDA runtime
   o.batch = config.train_micro_batch_size_per_gpu;
   const absl::StatusOr<PlanResult> r = DryRunPlan(o, config);
@@ -46,10 +48,9 @@ bool PlanFits(const Config& config, int64_t m, int64_t capacity) {
 // One real host step; the status of creating the trainer or stepping.
 absl::Status RealStep(const Config& config, int64_t m, int64_t capacity) {
   auto device = CreateDevice({Backend::kHost, 0, capacity}).value();
-  auto comm = SimulatedCommunicator::Create(0, 1).value();
   const GptConfig c = ParseGptModel(Spec(m)).value();
   auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), config,
-                                 *device, *comm, 1);
+                                 *device, testing::World(), 1);
   if (!trainer.ok()) return trainer.status();
   const int64_t b = config.train_micro_batch_size_per_gpu;
   const Chain chain = (*trainer)->ChainFor({b, c.seq}).value();
@@ -73,7 +74,8 @@ TEST_CASE("the largest model the plan fits trains, and the next one up runs out 
       int64_t m = 1;
       while (PlanFits(config, m + 1, capacity)) ++m;
       INFO("capacity " << FormatBytes(capacity) << ", stage " << stage << ", recompute "
-                       << recompute << ": largest hidden " << 64 * m);
+                       << recompute << ", " << testing::World().world_size()
+                       << " ranks: largest hidden " << 64 * m);
       REQUIRE(PlanFits(config, m, capacity));
       CHECK(RealStep(config, m, capacity).ok());
       const absl::Status larger = RealStep(config, m + 1, capacity);

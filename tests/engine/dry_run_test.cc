@@ -1,6 +1,9 @@
 // The dry run is trusted: one training step on meta allocates exactly what
 // the same step allocates on host (requested and reserved peaks, per
-// category, device and pinned pool) for every memory strategy.
+// category, device and pinned pool) for every memory strategy, on every
+// rank: run with N real ranks (mpirun), each rank's host step over MPI
+// against its meta step as rank r of N over the simulated communicator
+// that `memwall plan` uses.
 #include <string>
 #include <vector>
 
@@ -10,6 +13,7 @@
 #include "models/gpt.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/units.h"
+#include "tests/support/mpi_world.h"
 
 namespace memwall {
 namespace {
@@ -27,7 +31,10 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned) 
   DeviceOptions o{backend, 0, 256 * kMiB};
   o.pinned_capacity_bytes = 256 * kMiB;
   auto device = CreateDevice(o).value();
-  auto comm = SimulatedCommunicator::Create(0, 1).value();
+  const int rank = testing::World().rank(), world = testing::World().world_size();
+  std::unique_ptr<Communicator> simulated;
+  if (backend == Backend::kMeta) simulated = SimulatedCommunicator::Create(rank, world).value();
+  Communicator& comm = backend == Backend::kMeta ? *simulated : testing::World();
   const GptConfig c = ParseGptModel("gpt-tiny:layers=4").value();
   ShardingOptions options;
   options.zero.stage = s.stage;
@@ -38,7 +45,7 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned) 
   options.zero.offload_param = s.paging;
   options.gradient_accumulation_steps = 2;
   auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), options,
-                                 *device, *comm, 3)
+                                 *device, comm, 3)
                      .value();
   const int64_t sequences = 4;
   const Chain chain = trainer->ChainFor({sequences, c.seq}).value();
@@ -75,7 +82,7 @@ TEST_CASE("a meta step allocates exactly what the host step does, for every stra
       {"stage 3, bf16, offload + paging, optimal", 3, true, 1.0f, true, "optimal"},
   };
   for (const Strategy& s : strategies) {
-    INFO(s.name);
+    INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());
     AllocatorStats host_pinned, meta_pinned;
     const AllocatorStats host = Step(Backend::kHost, s, &host_pinned);
     const AllocatorStats meta = Step(Backend::kMeta, s, &meta_pinned);
