@@ -1,20 +1,24 @@
 // The largest GPT-family model one 32 GB GPU can train, by strategy: a
 // binary search over the shape rule's sizes (models/gpt.h
 // GptShapeForParameters: hidden a multiple of 128, layers = heads =
-// hidden / 128, vocabulary 50257), seq 1024, micro-batch 1 (and 8 for the
-// headline rows), each candidate dry-run as one whole step on meta by
-// `memwall plan`'s engine (cli/plan.h DryRunPlan: device memory counted
-// with allocator rounding and a 1 GiB CUDA runtime allowance).
+// hidden / 128, vocabulary 50257), seq 1024, at micro-batch 1 and 8, each
+// candidate dry-run as one whole step on meta by `memwall plan`'s engine
+// (cli/plan.h DryRunPlan: device memory counted with allocator rounding and
+// a 1 GiB CUDA runtime allowance; pinned host memory and NVMe as the step
+// uses them).
 //
 //   bazel run //benchmarks:max_params
 //
-// Beside each row: the physical bound that row's memory allows (model
-// states alone; see Bound()) and the published figure where one exists.
+// Beside each row: how close micro-batch 1 comes to the physical bound the
+// row's memory allows for model states alone (see Bound()), what stops the
+// next size up (the plan's "fits: no (...)" reason), and the published
+// figure where one exists.
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/plan.h"
@@ -36,7 +40,6 @@ struct Row {
   bool nvme;
   std::string planner;
   bool activation_offload;
-  int64_t batch;
   int64_t host_bytes;
   std::string published;
 };
@@ -54,11 +57,11 @@ int64_t Parameters(int64_t hidden) {
   return GptParameterCount(c);
 }
 
-bool Fits(const Row& row, int64_t hidden) {
+absl::StatusOr<PlanResult> Try(const Row& row, int64_t batch, int64_t hidden) {
   Config config;
   config.bf16 = true;
   config.optimizer.adamw = true;
-  config.train_micro_batch_size_per_gpu = row.batch;
+  config.train_micro_batch_size_per_gpu = batch;
   config.zero.stage = row.stage;
   config.zero.overlap_comm = row.stage > 0;
   config.zero.reduce_bucket_size = 50'000'000;
@@ -74,21 +77,34 @@ bool Fits(const Row& row, int64_t hidden) {
   options.device_bytes = 32 * kGiB;
   options.host_bytes = row.host_bytes;
   options.nvme_bytes = row.nvme ? 4 * 1024 * kGiB : 0;
-  options.batch = row.batch;
-  const absl::StatusOr<PlanResult> r = DryRunPlan(options, config);
+  options.batch = batch;
+  return DryRunPlan(options, config);
+}
+
+bool Fits(const Row& row, int64_t batch, int64_t hidden) {
+  const absl::StatusOr<PlanResult> r = Try(row, batch, hidden);
   return r.ok() && r->fits;
 }
 
 // The most hidden (a multiple of 128) that fits, by bisection; 0 if none.
-int64_t Largest(const Row& row) {
+int64_t Largest(const Row& row, int64_t batch) {
   int64_t lo = 0, hi = 1024;  // in units of 128: hidden up to 131072
-  if (!Fits(row, 128)) return 0;
+  if (!Fits(row, batch, 128)) return 0;
   lo = 1;
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
-    (Fits(row, 128 * mid) ? lo : hi) = mid;
+    (Fits(row, batch, 128 * mid) ? lo : hi) = mid;
   }
   return 128 * lo;
+}
+
+// What stops the next size up: its plan's "no (...)" reason.
+std::string Binds(const Row& row, int64_t batch, int64_t hidden) {
+  const absl::StatusOr<PlanResult> r = Try(row, batch, hidden + 128);
+  if (!r.ok()) return std::string(r.status().message());
+  std::string why = r->fits_text;
+  if (absl::StartsWith(why, "no (") && absl::EndsWith(why, ")")) why = why.substr(4, why.size() - 5);
+  return why;
 }
 
 // What the row's memory allows for model states alone, in parameters: 16
@@ -118,38 +134,44 @@ double Bound(const Row& row) {
 int Main() {
   const int64_t tb15 = int64_t{1536} * kGiB;
   std::vector<Row> rows = {
-      {"plain data parallel (stage 0), micro-batch 8", 1, 0, 0, false, false, "none", false, 8, 0,
-       "1.4B (PyTorch DDP with activations)"},
-      {"stage 0", 1, 0, 0, false, false, "none", false, 1, 0, "2B (16P: model states only)"},
+      {"stage 0 (plain data parallel)", 1, 0, 0, false, false, "none", false, 0,
+       "1.4B (PyTorch DDP with activations); 2B (16P, states only)"},
+      {"stage 0 + optimal recomputation", 1, 0, 0, false, false, "optimal", false, 0, ""},
   };
-  for (int n : {8, 64, 1024}) {
+  for (int n : {1, 8, 64, 1024}) {
     for (int stage = 1; stage <= 3; ++stage) {
       std::string published;
       if (n == 64) published = stage == 1 ? "7.6B" : stage == 2 ? "14.4B" : "128B";
       rows.push_back({absl::StrCat("stage ", stage, ", N=", n), n, stage, 0, false, false, "none",
-                      false, 1, 0, published.empty() ? "" : published + " (ZeRO paper, states)"});
+                      false, 0, published.empty() ? "" : published + " (ZeRO paper, states)"});
     }
+    rows.push_back({absl::StrCat("stage 3 + optimal recomputation, N=", n), n, 3, 0, false, false,
+                    "optimal", false, 0, ""});
   }
-  rows.push_back({"stage 2 + optimizer offload, 1 GPU", 1, 2, 1.0f, false, false, "none", false, 1,
+  rows.push_back({"stage 2 + optimizer offload, 1 GPU", 1, 2, 1.0f, false, false, "none", false,
                   tb15, "13B (ZeRO-Offload, one V100)"});
+  rows.push_back({"stage 2 + optimizer offload + optimal recomputation, 1 GPU", 1, 2, 1.0f, false,
+                  false, "optimal", false, tb15, ""});
   rows.push_back({"stage 3 + optimizer offload + parameter paging, 1 GPU", 1, 3, 1.0f, true, false,
-                  "none", false, 1, tb15, ""});
+                  "none", false, tb15, ""});
   rows.push_back({"... + optimal recomputation, 1 GPU", 1, 3, 1.0f, true, false, "optimal", false,
-                  1, tb15, "40B+ (ZeRO-3 Offload, 1.5 TB host)"});
-  rows.push_back({"... + activation offload, 1 GPU", 1, 3, 1.0f, true, false, "optimal", true, 1,
+                  tb15, "40B+ (ZeRO-3 Offload, 1.5 TB host)"});
+  rows.push_back({"... + activation offload, 1 GPU", 1, 3, 1.0f, true, false, "optimal", true,
                   tb15, ""});
+  rows.push_back({"stage 3 + NVMe optimizer + paging + recomputation, 1 GPU", 1, 3, 1.0f, true,
+                  true, "optimal", false, tb15, ""});
   rows.push_back({"stage 3 + NVMe optimizer + paging + recomputation, 16 GPUs", 16, 3, 1.0f, true,
-                  true, "optimal", false, 1, tb15, "1T (ZeRO-Infinity, one 16-GPU node)"});
+                  true, "optimal", false, tb15, "1T (ZeRO-Infinity, one 16-GPU node)"});
   std::printf("max_params: the largest GPT (shape rule, seq 1024) one 32 GB GPU trains, bf16 AdamW;\n"
               "host memory per GPU 1.5 TB where offloading, NVMe 4 TB per GPU; dry runs on meta\n\n");
-  std::printf("%-60s %10s %12s %8s  %s\n", "strategy", "hidden", "parameters", "of bound",
-              "published");
+  std::printf("%-60s %10s %10s %8s  %-40s %s\n", "strategy", "mb 1", "mb 8", "of bound",
+              "next size up (mb 1) fails on", "published");
   for (const Row& row : rows) {
-    const int64_t hidden = Largest(row);
-    const double p = hidden > 0 ? double(Parameters(hidden)) : 0.0;
-    std::printf("%-60s %10lld %11.2fB %7.0f%%  %s\n", row.name.c_str(),
-                static_cast<long long>(hidden), p / 1e9, 100.0 * p / Bound(row),
-                row.published.c_str());
+    const int64_t h1 = Largest(row, 1), h8 = Largest(row, 8);
+    const double p1 = h1 > 0 ? double(Parameters(h1)) : 0.0;
+    const double p8 = h8 > 0 ? double(Parameters(h8)) : 0.0;
+    std::printf("%-60s %9.2fB %9.2fB %7.0f%%  %-40s %s\n", row.name.c_str(), p1 / 1e9, p8 / 1e9,
+                100.0 * p1 / Bound(row), Binds(row, 1, h1).c_str(), row.published.c_str());
     std::fflush(stdout);
   }
   return 0;

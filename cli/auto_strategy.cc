@@ -11,9 +11,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/ops.h"
 #include "nlohmann/json.hpp"
 #include "offload/nvme_store.h"
 #include "runtime/status.h"
@@ -23,6 +25,8 @@ namespace {
 
 constexpr double kGiB = double(int64_t{1} << 30);
 constexpr double kMfu = 0.4;  // sustained share of peak dense FLOP/s
+constexpr double kHbmEfficiency = 0.8;  // sustained share of peak HBM bandwidth
+constexpr double kGpuLaunchSeconds = 5e-6;  // a CUDA launch from an eager host loop
 
 // A float as the shortest decimal that reads back to it (0.001, not
 // 0.0010000000474974513).
@@ -66,6 +70,21 @@ absl::StatusOr<Hardware> MeasureThisMachine() {
   std::vector<char> from(bytes, 1), to(bytes, 0);
   const double copy = Best(3, [&] { std::memcpy(to.data(), from.data(), bytes); });
   hw.pcie_bps = hw.interconnect_bps = bytes / copy;
+  hw.memory_bps = 2.0 * bytes / copy;  // a copy reads and writes each byte
+  // One host-backend kernel on one element: dispatch, not arithmetic.
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
+                      CreateDevice({Backend::kHost, 0, int64_t{8} << 20}));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->CreateStream());
+  MW_ASSIGN_OR_RETURN(DeviceBuffer one, device->Allocate(4, MemoryCategory::kOther, "probe"));
+  const int launches = 2000;
+  absl::Status launched = absl::OkStatus();
+  const double all = Best(3, [&] {
+    for (int i = 0; i < launches && launched.ok(); ++i) {
+      launched = kernels::Scale(*device, *stream, one.data(), DType::kF32, 1, 1.0f);
+    }
+  });
+  MW_RETURN_IF_ERROR(launched);
+  hw.launch_seconds = all / launches;
   hw.collective_latency = 5e-6;  // shared-memory MPI between ranks on one machine
   const size_t elements = size_t{1} << 22;
   std::vector<float> p(elements, 0.5f), g(elements, 0.01f), m(elements, 0.0f), v(elements, 0.0f);
@@ -100,19 +119,20 @@ absl::StatusOr<Hardware> MeasureThisMachine() {
 
 absl::StatusOr<Hardware> HardwarePreset(const std::string& name) {
   if (name == "this-machine") return MeasureThisMachine();
-  // Peak dense fp16/bf16 tensor FLOP/s; NVLink per-GPU bandwidth (one
-  // direction); PCIe 3/4/5 x16 effective; CPU Adam at 40 GB/s (this
+  // Peak dense fp16/bf16 tensor FLOP/s; peak HBM bandwidth (vendor data
+  // sheets: V100 SXM2 900 GB/s, A100 1555/2039, H100 SXM 3350, H200 4800);
+  // NVLink per-GPU bandwidth (one direction); PCIe 3/4/5 x16 effective; CPU Adam at 40 GB/s (this
   // machine's 2-thread figure, benchmarks/RESULTS.md); one NVMe drive per GPU.
   struct Row {
     const char* name;
-    double device_gib, tflops, nvlink_gbs, pcie_gbs, nvme_gbs;
+    double device_gib, tflops, hbm_gbs, nvlink_gbs, pcie_gbs, nvme_gbs;
   };
   static const Row kRows[] = {
-      {"v100-32gb", 32, 125, 150, 12, 2},
-      {"a100-40gb", 40, 312, 300, 25, 3},
-      {"a100-80gb", 80, 312, 300, 25, 3},
-      {"h100-80gb", 80, 989, 450, 50, 6},
-      {"h200", 141, 989, 450, 50, 6},
+      {"v100-32gb", 32, 125, 900, 150, 12, 2},
+      {"a100-40gb", 40, 312, 1555, 300, 25, 3},
+      {"a100-80gb", 80, 312, 2039, 300, 25, 3},
+      {"h100-80gb", 80, 989, 3350, 450, 50, 6},
+      {"h200", 141, 989, 4800, 450, 50, 6},
   };
   for (const Row& r : kRows) {
     if (name != r.name) continue;
@@ -120,6 +140,8 @@ absl::StatusOr<Hardware> HardwarePreset(const std::string& name) {
     hw.name = r.name;
     hw.device_bytes = static_cast<int64_t>(r.device_gib * kGiB);
     hw.flops = r.tflops * 1e12 * kMfu;
+    hw.memory_bps = r.hbm_gbs * 1e9 * kHbmEfficiency;
+    hw.launch_seconds = kGpuLaunchSeconds;
     hw.interconnect_bps = r.nvlink_gbs * 1e9;
     hw.pcie_bps = r.pcie_gbs * 1e9;
     hw.cpu_adam_bps = 40e9;
@@ -136,15 +158,33 @@ std::string PresetForMemory(int64_t device_bytes) {
   return gib <= 32 ? "v100-32gb" : gib <= 40 ? "a100-40gb" : gib <= 80 ? "h100-80gb" : "h200";
 }
 
-double PredictStepSeconds(const PlanResult& plan, const Config& config, const Hardware& hw) {
-  const double compute = (3.0 * plan.forward_flops + plan.extra_flops) / hw.flops;
+StepTime PredictStep(const PlanResult& plan, const Config& config, const Hardware& hw) {
+  StepTime t;
+  t.flops = (3.0 * plan.forward_flops + plan.extra_flops) / hw.flops;
+  t.memory = 2.0 * plan.transient_bytes / hw.memory_bps;
+  t.launches = plan.kernel_launches * hw.launch_seconds;
   int64_t calls = 0;
   for (const CollectiveStats& s : plan.collectives) calls += s.calls;
-  const double comm = plan.comm_bytes / hw.interconnect_bps + calls * hw.collective_latency;
-  const double overlapped = config.zero.overlap_comm ? std::max(compute, comm) : compute + comm;
-  return overlapped + plan.pcie_bytes / hw.pcie_bps +
-         28.0 * plan.offloaded_elements / hw.cpu_adam_bps +
-         plan.nvme_bytes_per_step / hw.nvme_bps;
+  t.communication = plan.comm_bytes / hw.interconnect_bps + calls * hw.collective_latency;
+  t.host_link = plan.pcie_bytes / hw.pcie_bps;
+  t.cpu_update = 28.0 * plan.offloaded_elements / hw.cpu_adam_bps;
+  t.nvme = plan.nvme_bytes_per_step / hw.nvme_bps;
+  const double compute = t.flops + t.memory + t.launches;
+  const double overlapped = config.zero.overlap_comm ? std::max(compute, t.communication)
+                                                     : compute + t.communication;
+  t.total = overlapped + t.host_link + t.cpu_update + t.nvme;
+  return t;
+}
+
+std::string StepTime::ToString() const {
+  return absl::StrFormat(
+      "%.4f s (FLOPs %.4f s, memory traffic %.4f s, kernel launches %.4f s, communication "
+      "%.4f s, host link %.4f s, CPU update %.4f s, NVMe %.4f s)",
+      total, flops, memory, launches, communication, host_link, cpu_update, nvme);
+}
+
+double PredictStepSeconds(const PlanResult& plan, const Config& config, const Hardware& hw) {
+  return PredictStep(plan, config, hw).total;
 }
 
 absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config& base,

@@ -21,6 +21,8 @@ struct Hardware {
   std::string name;
   int64_t device_bytes = 0;
   double flops = 0;               // per GPU
+  double memory_bps = 0;          // device memory (HBM) bytes per second, sustained
+  double launch_seconds = 0;      // per kernel launch, the floor of a small op
   double interconnect_bps = 0;    // collective bytes per second per GPU
   double pcie_bps = 0;            // host link, each direction
   double cpu_adam_bps = 0;        // CPU Adam, bytes per second (28 per parameter)
@@ -31,8 +33,9 @@ struct Hardware {
 // "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200", or
 // "this-machine": measured now, in about a second, on this machine's CPU
 // (the host backend's "device"): an OpenBLAS SGEMM's FLOP/s, memcpy
-// bandwidth for the host link and the interconnect (ranks share memory),
-// the CPU Adam kernel, and a 64 MiB O_DIRECT write and read in $TMPDIR.
+// bandwidth for device memory, the host link and the interconnect (ranks
+// share memory), the cost of one host-backend kernel on a tiny tensor, the
+// CPU Adam kernel, and a 64 MiB O_DIRECT write and read in $TMPDIR.
 // kNotFound lists them.
 absl::StatusOr<Hardware> HardwarePreset(const std::string& name);
 std::vector<std::string> HardwarePresets();
@@ -54,10 +57,21 @@ struct AutoResult {
 };
 
 // Predicted seconds per step of `plan` under `config` on `hw`: compute
-// (three forwards per micro-batch plus recomputation) and communication
-// (bytes over bandwidth plus a latency per collective call; overlapped when
-// overlap_comm is on), plus host-link copies, the CPU update of offloaded
-// elements and NVMe traffic, which the model adds.
+// (three forwards per micro-batch plus recomputation, at the profile's
+// FLOP/s; the step's activations and workspaces written and read once at
+// its memory bandwidth; and a launch cost per kernel the dry run counted)
+// and communication (bytes over bandwidth plus a latency per collective
+// call; overlapped when overlap_comm is on), plus host-link copies, the
+// CPU update of offloaded elements and NVMe traffic, which the model adds.
+struct StepTime {
+  double flops = 0, memory = 0, launches = 0;  // compute's three terms
+  double communication = 0;  // collectives, bandwidth and latency
+  double host_link = 0, cpu_update = 0, nvme = 0;
+  double total = 0;  // compute and communication overlapped or added, plus the rest
+  // "0.0070 s (FLOPs 0.0021 s, memory ..., ...)"
+  std::string ToString() const;
+};
+StepTime PredictStep(const PlanResult& plan, const Config& config, const Hardware& hw);
 double PredictStepSeconds(const PlanResult& plan, const Config& config, const Hardware& hw);
 
 // Tries every candidate built from `base` (its optimizer, precision, batch

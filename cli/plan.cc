@@ -83,9 +83,23 @@ absl::StatusOr<PlanResult> DryRunOnce(const PlanOptions& options, const Config& 
   MW_ASSIGN_OR_RETURN(
       std::vector<Batch> batches,
       EmptyBatches(*device, config.gradient_accumulation_steps, model.input, model.target));
+  // What the step itself launches and writes, for the step-time model:
+  // kernels, and the bytes of every activation and workspace it allocates.
+  auto transient = [](const AllocatorStats& s) {
+    int64_t bytes = 0;
+    for (MemoryCategory c : {MemoryCategory::kActivation, MemoryCategory::kCheckpointedActivation,
+                             MemoryCategory::kWorkspace}) {
+      bytes += s.by_category[static_cast<int>(c)].allocated;
+    }
+    return bytes;
+  };
+  const int64_t launches_before = device->launches();
+  const int64_t transient_before = transient(device->allocator().stats());
   MW_RETURN_IF_ERROR(trainer->TrainStep(batches).status());
 
   const AllocatorStats dev = device->allocator().stats();
+  const int64_t launches = device->launches() - launches_before;
+  const int64_t transient_bytes = transient(dev) - transient_before;
   const AllocatorStats host = device->pinned_allocator()->stats();
   const PeakSnapshot peak = profiler.peak();
   const NvmeStore* nvme = trainer->optimizer().nvme_store();
@@ -127,6 +141,8 @@ absl::StatusOr<PlanResult> DryRunOnce(const PlanOptions& options, const Config& 
   r.batch = batch;
   r.recompute = recompute;
   r.recompute_note = note;
+  r.kernel_launches = launches;
+  r.transient_bytes = transient_bytes;
   r.device_requested_peak = dev.requested.peak;
   r.device_reserved_peak = reserved_peak;
   r.device_needed = device_need;
@@ -272,6 +288,8 @@ absl::Status RunPlan(const PlanOptions& options) {
     j["zero_stage"] = config.zero.stage;
     j["forward_flops_per_step"] = r.forward_flops;
     j["recompute_flops_per_step"] = r.extra_flops;
+    j["kernel_launches_per_step"] = r.kernel_launches;
+    j["transient_bytes_per_step"] = r.transient_bytes;
     j["recomputation"] = r.recompute.planner;
     if (!r.recompute_note.empty()) j["recomputation_note"] = r.recompute_note;
     j["device"] = {{"budget", options.device_bytes},
@@ -327,8 +345,8 @@ absl::Status RunPlan(const PlanOptions& options) {
               FormatBytes(r.comm_bytes).c_str(), FormatBytes(r.pcie_bytes).c_str());
   if (!options.hardware.empty()) {
     MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(options.hardware));
-    std::printf("predicted step time on %s: %.4f s\n", hw.name.c_str(),
-                PredictStepSeconds(r, config, hw));
+    std::printf("predicted step time on %s: %s\n", hw.name.c_str(),
+                PredictStep(r, config, hw).ToString().c_str());
   }
   std::printf("fits: %s\n", r.fits_text.c_str());
   return absl::OkStatus();

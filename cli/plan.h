@@ -63,6 +63,10 @@ struct PlanResult {
   int64_t comm_bytes = 0;
   double forward_flops = 0;  // one step's forwards (all micro-batches)
   double extra_flops = 0;    // recomputation's, likewise
+  int64_t kernel_launches = 0;  // kernels one step launches on the device
+  // Bytes of the activations and workspaces one step allocates (each is
+  // written once and read at least once: the element-wise traffic).
+  int64_t transient_bytes = 0;
   int64_t offloaded_elements = 0;  // updated on the CPU per step
   int64_t pcie_bytes = 0;          // host link traffic per step (derived)
   int64_t nvme_bytes_per_step = 0;

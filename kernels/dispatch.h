@@ -35,9 +35,10 @@ inline absl::Status NoCuda() {
 
 // Runs `host` in `stream`'s order on host (it may run later, on the
 // stream's thread, so it captures by value), `cuda` (returning a Status) on
-// cuda, nothing on meta.
+// cuda, nothing on meta; counts one launch on every backend.
 template <typename Host, typename Cuda>
 absl::Status Dispatch(Device& device, Stream& stream, Host host, Cuda cuda) {
+  device.CountLaunch();
   switch (device.backend()) {
     case Backend::kHost:
       return stream.RunHost([host] {

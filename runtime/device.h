@@ -14,6 +14,7 @@
 #ifndef MEMWALL_RUNTIME_DEVICE_H_
 #define MEMWALL_RUNTIME_DEVICE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -134,6 +135,12 @@ class Device {
   // Blocks until all work on all of this device's streams has completed.
   virtual absl::Status Synchronize() = 0;
 
+  // Kernels dispatched to this device so far (kernels/ counts each op it
+  // enqueues, on every backend, meta included: a dry run knows how many
+  // launches a step makes, which the step-time model charges). Thread-safe.
+  void CountLaunch() { launches_.fetch_add(1, std::memory_order_relaxed); }
+  int64_t launches() const { return launches_.load(std::memory_order_relaxed); }
+
  protected:
   // `pinned_allocator` may be null (no pinned pool).
   Device(std::unique_ptr<CachingAllocator> allocator,
@@ -144,6 +151,7 @@ class Device {
   // Declared last so they are destroyed after the derived class's members.
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<CachingAllocator> pinned_allocator_;
+  std::atomic<int64_t> launches_{0};
 };
 
 // Creates a device. Errors: kInvalidArgument for a bad capacity or ordinal,

@@ -1,0 +1,114 @@
+// The auto strategy's step-time model: each term is its counted quantity
+// over the profile's rate, and the dry run's counts are those of a real
+// step (kernels launched, activation and workspace bytes written).
+#include "cli/auto_strategy.h"
+
+#include <string>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "cli/plan.h"
+#include "engine/trainer.h"
+#include "models/gpt.h"
+#include "runtime/simulated_communicator.h"
+#include "runtime/units.h"
+
+namespace memwall {
+namespace {
+
+TEST_CASE("each predicted term is its count over the profile's rate", "[auto]") {
+  Hardware hw;
+  hw.flops = 1e12;
+  hw.memory_bps = 1e11;
+  hw.launch_seconds = 1e-5;
+  hw.interconnect_bps = 1e10;
+  hw.collective_latency = 1e-4;
+  hw.pcie_bps = 2e10;
+  hw.cpu_adam_bps = 2.8e10;
+  hw.nvme_bps = 4e9;
+  PlanResult plan;
+  plan.forward_flops = 1e12;   // x3 for forward and backward: 3 s
+  plan.extra_flops = 5e11;     // recomputation: 0.5 s
+  plan.transient_bytes = 5e10;  // written and read: 1 s
+  plan.kernel_launches = 20000;  // 0.2 s
+  plan.comm_bytes = 2e10;        // 2 s
+  plan.collectives[0].calls = 1000;  // 0.1 s
+  plan.pcie_bytes = 4e10;            // 2 s
+  plan.offloaded_elements = 1e9;     // 28 bytes each: 1 s
+  plan.nvme_bytes_per_step = 2e9;    // 0.5 s
+  Config config;
+  config.zero.overlap_comm = true;
+  const StepTime t = PredictStep(plan, config, hw);
+  CHECK(t.flops == Approx(3.5));
+  CHECK(t.memory == Approx(1.0));
+  CHECK(t.launches == Approx(0.2));
+  CHECK(t.communication == Approx(2.1));
+  CHECK(t.host_link == Approx(2.0));
+  CHECK(t.cpu_update == Approx(1.0));
+  CHECK(t.nvme == Approx(0.5));
+  // Overlapped: compute (4.7 s) hides communication (2.1 s).
+  CHECK(t.total == Approx(4.7 + 2.0 + 1.0 + 0.5));
+  config.zero.overlap_comm = false;
+  CHECK(PredictStepSeconds(plan, config, hw) == Approx(4.7 + 2.1 + 2.0 + 1.0 + 0.5));
+  CHECK(t.ToString() ==
+        "8.2000 s (FLOPs 3.5000 s, memory traffic 1.0000 s, kernel launches 0.2000 s, "
+        "communication 2.1000 s, host link 2.0000 s, CPU update 1.0000 s, NVMe 0.5000 s)");
+}
+
+TEST_CASE("presets carry HBM bandwidth and a launch cost; unknown names are listed",
+          "[auto]") {
+  const Hardware h100 = HardwarePreset("h100-80gb").value();
+  CHECK(h100.memory_bps == Approx(3350e9 * 0.8));
+  CHECK(h100.launch_seconds == Approx(5e-6));
+  CHECK(HardwarePreset("v100-32gb")->memory_bps == Approx(900e9 * 0.8));
+  const absl::Status bad = HardwarePreset("tpu").status();
+  CHECK(bad.code() == absl::StatusCode::kNotFound);
+  CHECK(bad.message() ==
+        "hardware 'tpu': expected one of v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200, "
+        "this-machine");
+}
+
+TEST_CASE("the dry run counts the kernels and transient bytes a real step has", "[auto]") {
+  Config config;
+  config.bf16 = true;
+  config.train_micro_batch_size_per_gpu = 4;
+  config.zero.stage = 2;
+  config.activation_checkpointing.planner = "sqrt";
+  PlanOptions options;
+  options.model = "gpt-tiny:layers=4";
+  options.device_bytes = 256 * kMiB;
+  options.runtime_allowance = 0;
+  const PlanResult plan = DryRunPlan(options, config).value();
+  CHECK(plan.kernel_launches > 0);
+
+  // The same step on host, with the same recomputation plan.
+  auto device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
+  auto comm = SimulatedCommunicator::Create(0, 1).value();
+  const GptConfig c = ParseGptModel(options.model).value();
+  auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), config,
+                                 *device, *comm, 1)
+                     .value();
+  const Chain chain = trainer->ChainFor({4, c.seq}).value();
+  REQUIRE(trainer->SetRecomputationPlan(plan.recompute, chain).ok());
+  std::vector<float> ids(4 * c.seq);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = float(i % c.vocab);
+  Batch batch;
+  batch.input = Tensor::FromHost(*device, ids, {4, c.seq}, MemoryCategory::kOther, "in").value();
+  batch.target = Tensor::FromHost(*device, ids, {4 * c.seq}, MemoryCategory::kOther, "t").value();
+  auto transient = [&] {
+    const AllocatorStats s = device->allocator().stats();
+    int64_t bytes = 0;
+    for (MemoryCategory m : {MemoryCategory::kActivation, MemoryCategory::kCheckpointedActivation,
+                             MemoryCategory::kWorkspace}) {
+      bytes += s.by_category[static_cast<int>(m)].allocated;
+    }
+    return bytes;
+  };
+  const int64_t launches = device->launches(), bytes = transient();
+  REQUIRE(trainer->TrainStep({&batch, 1}).ok());
+  CHECK(device->launches() - launches == plan.kernel_launches);
+  CHECK(transient() - bytes == plan.transient_bytes);
+}
+
+}  // namespace
+}  // namespace memwall
