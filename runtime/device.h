@@ -123,7 +123,8 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
   // A stream that runs its work in order while the caller goes on: a stream
   // with its own thread on host (how host communication overlaps compute),
-  // a CUDA stream on cuda, and as CreateStream() on meta (nothing runs).
+  // a CUDA stream on cuda; on meta nothing runs, but the stream reports
+  // itself asynchronous, as the stream of a real run would.
   virtual absl::StatusOr<std::unique_ptr<Stream>> CreateAsyncStream() = 0;
   virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
 

@@ -104,9 +104,15 @@ absl::Status ForeignEvent(absl::string_view call) {
       absl::StrCat(call, ": the event belongs to another backend"));
 }
 
-// Work runs when it is enqueued, so the stream is always idle.
+// Work runs when it is enqueued, so the stream is always idle. On meta,
+// where nothing runs, the stream standing for an asynchronous one reports
+// itself asynchronous, so that its users take the decisions a real run
+// takes (prefetching, buffers kept while a collective is in flight) and
+// the dry run allocates what the real run does.
 class InOrderStream final : public Stream {
  public:
+  explicit InOrderStream(bool reports_asynchronous = false)
+      : reports_asynchronous_(reports_asynchronous) {}
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status Record(Event& event) override {
     HostEvent* host = AsHostEvent(event);
@@ -122,7 +128,10 @@ class InOrderStream final : public Stream {
   }
   void* native_handle() const override { return nullptr; }
   absl::Status RunHost(std::function<absl::Status()> work) override { return work(); }
-  bool asynchronous() const override { return false; }
+  bool asynchronous() const override { return reports_asynchronous_; }
+
+ private:
+  const bool reports_asynchronous_;
 };
 
 // A host stream with a thread of its own that runs the stream's work in
@@ -213,7 +222,9 @@ class HostDevice final : public Device {
     return std::unique_ptr<Stream>(new InOrderStream());
   }
   absl::StatusOr<std::unique_ptr<Stream>> CreateAsyncStream() override {
-    if (backend_ == Backend::kMeta) return CreateStream();
+    if (backend_ == Backend::kMeta) {
+      return std::unique_ptr<Stream>(new InOrderStream(/*reports_asynchronous=*/true));
+    }
     return std::unique_ptr<Stream>(new WorkerStream());
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {

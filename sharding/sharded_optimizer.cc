@@ -345,26 +345,17 @@ absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
                       device_.Allocate(flat.padded_numel * DTypeSize(dtype),
                                        MemoryCategory::kParameter,
                                        absl::StrCat(flat.name, ".gathered")));
-  // Paging: the shard comes in from the pinned pool first, in stream order.
-  DeviceBuffer paged_in;
+  // Paging: the shard comes in from the pinned pool straight into its own
+  // place in the gathered buffer, in stream order, and the all-gather runs
+  // in place: no staging copy on the device.
   const void* shard = group.params.data();
   if (paged()) {
-    const size_t bytes = flat.shard_numel * DTypeSize(dtype);
-    MW_ASSIGN_OR_RETURN(paged_in, device_.Allocate(bytes, MemoryCategory::kParameter,
-                                                   absl::StrCat(flat.name, ".paged_in")));
-    MW_RETURN_IF_ERROR(device_.CopyAsync(paged_in.data(), shard, bytes, *comm_stream_));
-    shard = paged_in.data();
+    void* own = Offset(full.data(), flat.shard_begin(comm_.rank()), dtype);
+    MW_RETURN_IF_ERROR(
+        device_.CopyAsync(own, shard, flat.shard_numel * DTypeSize(dtype), *comm_stream_));
+    shard = own;
   }
   MW_RETURN_IF_ERROR(comm_.AllGather(shard, full.data(), flat.shard_numel, dtype, *comm_stream_));
-  if (!paged_in.empty()) {
-    // Freed once the gather has run (Reclaim). Recorded before the gather's
-    // own event, so a group found gathered has its paged-in copy free to go.
-    Retired retired;
-    retired.buffers.push_back(std::move(paged_in));
-    MW_ASSIGN_OR_RETURN(retired.event, device_.CreateEvent());
-    MW_RETURN_IF_ERROR(comm_stream_->Record(*retired.event));
-    retired_.push_back(std::move(retired));
-  }
   if (group.gathered_event == nullptr) {
     MW_ASSIGN_OR_RETURN(group.gathered_event, device_.CreateEvent());
   }
@@ -413,10 +404,7 @@ absl::Status ShardedOptimizer::GatherParameters(int g) {
   // computes with this group.
   MW_RETURN_IF_ERROR(Prefetch(g));
   last_gathered_ = g;
-  MW_RETURN_IF_ERROR(Reclaim(/*wait=*/false));
-  MW_RETURN_IF_ERROR(group.gathered_event->Synchronize());
-  // Paging: this gather's paged-in shard (and earlier ones) can go now.
-  return paged() ? Reclaim(/*wait=*/false) : absl::OkStatus();
+  return group.gathered_event->Synchronize();
 }
 
 absl::Status ShardedOptimizer::ReleaseParameters(int g) {
@@ -448,7 +436,7 @@ absl::Status ShardedOptimizer::AcquireGradients(int g) {
       kernels::Fill(device_, *stream_, bucket.data(), dtype, flat.padded_numel, 0.0f));
   MW_RETURN_IF_ERROR(stream_->Synchronize());
   group.grad_bucket = std::move(bucket);
-  return Reclaim(/*wait=*/false);
+  return absl::OkStatus();
 }
 
 absl::Status ShardedOptimizer::ReduceGradients(int g) {
@@ -485,17 +473,17 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
   MW_ASSIGN_OR_RETURN(retired.event, device_.CreateEvent());
   MW_RETURN_IF_ERROR(comm_stream_->Record(*retired.event));
   retired_.push_back(std::move(retired));
-  return Reclaim(/*wait=*/!comm_stream_->asynchronous());
+  // A streamed reduction has run already (its gradients are on the host);
+  // an overlapped one runs on while the caller goes on.
+  const bool in_flight = comm_stream_->asynchronous() && !streams_gradients(flat);
+  return Reclaim(/*keep=*/in_flight ? 1 : 0);
 }
 
-absl::Status ShardedOptimizer::Reclaim(bool wait) {
-  if (wait) MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
-  std::vector<Retired> still;
-  for (Retired& r : retired_) {
-    MW_ASSIGN_OR_RETURN(const bool done, r.event->Query());
-    if (!done) still.push_back(std::move(r));
+absl::Status ShardedOptimizer::Reclaim(int keep) {
+  while (static_cast<int>(retired_.size()) > keep) {
+    MW_RETURN_IF_ERROR(retired_.front().event->Synchronize());
+    retired_.erase(retired_.begin());
   }
-  retired_ = std::move(still);
   return absl::OkStatus();
 }
 
@@ -695,7 +683,7 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     }
   }
   // Every reduction has run (its errors surface here); unused prefetches go.
-  MW_RETURN_IF_ERROR(Reclaim(/*wait=*/true));
+  MW_RETURN_IF_ERROR(Reclaim(/*keep=*/0));
   for (Group& group : groups_) group.reductions = 0;
   for (Group& group : groups_) {
     if (group.prefetched) {

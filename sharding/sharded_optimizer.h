@@ -34,8 +34,11 @@
 // Overlap (zero_optimization.overlap_comm): collectives then run on a
 // communication stream of their own (on host, a thread; on cuda, a CUDA
 // stream) so that ReduceGradients() returns at once and the reduction of
-// group g overlaps the backward of group g-1; the full-size bucket is freed
-// once its reduction has run. At stage 3, GatherParameters() also prefetches
+// group g overlaps the backward of group g-1. Its buffers (the full-size
+// bucket, the reduction's pieces) stay until the next ReduceGradients(),
+// which waits for it, or Step(): one reduction in flight at a time, and
+// what is allocated at any moment does not depend on timing, so a dry run
+// on meta holds exactly what a real run holds. At stage 3, GatherParameters() also prefetches
 // the next groups in the direction of travel (forward: g+1, g+2, ...;
 // backward: g-1, ...) while their elements stay within
 // stage3_prefetch_bucket_size and all gathered groups within
@@ -72,9 +75,9 @@
 //
 // Parameter paging (zero_optimization.offload_param, stage 3 with
 // offload_optimizer_ratio 1): the rank's parameter shards live in the
-// pinned pool as well; GatherParameters() pages a group's shard in (a
-// device copy, "<group>.paged_in", freed once the gather has run) and
-// all-gathers it, on the communication stream, so prefetched groups page
+// pinned pool as well; GatherParameters() pages a group's shard in (copied
+// straight into its place in the gathered buffer) and all-gathers it in
+// place, on the communication stream, so prefetched groups page
 // in ahead of use under the same prefetch and live-parameter bounds. The
 // update writes the refreshed shard straight into the pinned pool. At rest
 // the device holds no parameter bytes, only the gradient shards.
@@ -275,9 +278,9 @@ class ShardedOptimizer {
   absl::Status StartGather(int g, bool prefetch);
   // Stage 3: prefetches after a gather of g, per the class comment.
   absl::Status Prefetch(int g);
-  // Frees retired buffers whose reductions have run (all, waiting, if
-  // `wait`).
-  absl::Status Reclaim(bool wait);
+  // Frees the buffers of all but the newest `keep` reductions, oldest
+  // first, each once its reduction has run (waiting for it).
+  absl::Status Reclaim(int keep);
   // This rank's gradient elements of group g (param_dtype).
   void* UpdateGradients(const FlatGroup& flat, Group& group);
   // `host_scratch`: pinned scratch for the group's host part (see

@@ -25,6 +25,7 @@ struct Strategy {
   float offload_ratio;
   bool paging;
   std::string planner;
+  bool overlap = false;
 };
 
 AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned) {
@@ -39,7 +40,7 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned) 
   ShardingOptions options;
   options.zero.stage = s.stage;
   options.zero.reduce_bucket_size = 30000;
-  options.zero.overlap_comm = false;
+  options.zero.overlap_comm = s.overlap;
   options.bf16 = s.bf16;
   options.zero.offload_optimizer_ratio = s.offload_ratio;
   options.zero.offload_param = s.paging;
@@ -80,6 +81,12 @@ TEST_CASE("a meta step allocates exactly what the host step does, for every stra
       {"stage 3, bf16, selective", 3, true, 0, false, "selective"},
       {"stage 2, bf16, offload 0.5", 2, true, 0.5f, false, "none"},
       {"stage 3, bf16, offload + paging, optimal", 3, true, 1.0f, true, "optimal"},
+      // Overlapped communication: a reduction and prefetched gathers in
+      // flight on the host's communication thread hold what meta holds.
+      {"stage 2, bf16, overlap", 2, true, 0, false, "none", true},
+      {"stage 3, bf16, overlap, sqrt", 3, true, 0, false, "sqrt", true},
+      {"stage 2, bf16, offload, overlap", 2, true, 1.0f, false, "none", true},
+      {"stage 3, bf16, offload + paging, overlap, optimal", 3, true, 1.0f, true, "optimal", true},
   };
   for (const Strategy& s : strategies) {
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());

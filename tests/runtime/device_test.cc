@@ -138,6 +138,20 @@ TEST_CASE("pinned host pools are tagged, bounded and optional", "[device][pinned
         "pinned capacity: expected >= 0 bytes, got -1");
 }
 
+TEST_CASE("meta's asynchronous stream reports itself asynchronous, as a real run's would",
+          "[stream][async][meta]") {
+  auto device = CreateDevice({Backend::kMeta, 0, 16 * kMiB}).value();
+  auto comm = device->CreateAsyncStream().value();
+  auto compute = device->CreateStream().value();
+  CHECK(comm->asynchronous());
+  CHECK_FALSE(compute->asynchronous());
+  // Nothing runs on meta, so everything recorded is complete at once.
+  auto event = device->CreateEvent().value();
+  REQUIRE(comm->Record(*event).ok());
+  CHECK(event->Query().value());
+  CHECK(comm->Synchronize().ok());
+}
+
 TEST_CASE("asynchronous host streams run work in order on their own thread", "[stream][async]") {
   auto device = CreateDevice({Backend::kHost, 0, 16 * kMiB}).value();
   auto comm = device->CreateAsyncStream().value();
