@@ -29,6 +29,7 @@ struct Block {
 struct Segment {
   uintptr_t base = 0;
   size_t size = 0;
+  uint64_t serial = 0;  // reservation order
   bool small = false;
   Block* first = nullptr;
 };
@@ -89,7 +90,10 @@ const std::string& DeviceBuffer::owner() const {
 
 bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) const {
   if (a->size != b->size) return a->size < b->size;
-  return a->address < b->address;
+  // Ties go by where the segment stands in reservation order, not by the
+  // address the backend gave it, so every backend picks the same block.
+  if (a->segment->serial != b->segment->serial) return a->segment->serial < b->segment->serial;
+  return a->address - a->segment->base < b->address - b->segment->base;
 }
 
 CachingAllocator::CachingAllocator(std::string device_name, int64_t capacity,
@@ -149,9 +153,11 @@ absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(size_t bytes,
 
 CachingAllocator::Block* CachingAllocator::FindFreeBlock(FreeSet& pool,
                                                          size_t rounded) {
+  Segment first;  // before every segment: serial 0, offset 0
   Block key;
   key.size = rounded;
   key.address = 0;
+  key.segment = &first;
   auto it = pool.lower_bound(&key);
   if (it == pool.end()) return nullptr;
   Block* block = *it;
@@ -182,6 +188,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::ReserveSegment(
   segment->base = *base;
   segment->size = segment_bytes;
   segment->small = small;
+  segment->serial = next_segment_serial_++;
   auto* block = new Block;
   block->address = *base;
   block->size = segment_bytes;

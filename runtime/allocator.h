@@ -9,7 +9,9 @@
 // Approach: as PyTorch's CUDACachingAllocator. Requests round up to 512 bytes.
 // Requests up to 1 MiB are served from 2 MiB "small" segments; larger ones
 // from "large" segments sized to the request rounded up to 2 MiB. A free
-// block is found best-fit (smallest size, then lowest address), split when
+// block is found best-fit (smallest size, then the earliest reserved
+// segment, then the lowest offset in it: never the backend's addresses, so
+// meta, host and cuda choose the same blocks and fragment alike), split when
 // the remainder is worth keeping, and coalesced with free neighbours when
 // freed. Segments stay reserved (cached) until EmptyCache() or until a
 // request would exceed the capacity, which first releases fully free cached
@@ -186,6 +188,7 @@ class CachingAllocator {
       ABSL_GUARDED_BY(mu_);
   std::vector<MemoryListener*> listeners_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_segment_serial_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace memwall

@@ -179,11 +179,12 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
 
 absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& group) {
   const DType dtype = config_.param_dtype();
-  // Nothing to write where no bytes exist (meta).
-  if (!device_.holds_bytes()) return absl::OkStatus();
-  // The group's initial values in f32, padding zero, for the range this rank
-  // stores: [begin, begin + count) of the padded group.
-  auto upload = [&](int64_t begin, int64_t count, void* dst, DType dst_dtype) -> absl::Status {
+  // Meta holds no values but allocates the staging a real run allocates, so
+  // that its caching allocator starts the first step as a real run's does.
+  const bool values = device_.holds_bytes();
+  // The group's initial values in f32, padding zero, for elements
+  // [begin, begin + count) of the padded group.
+  auto initial = [&](int64_t begin, int64_t count) {
     std::vector<float> host(count, 0.0f);
     for (int p : flat.parameters) {
       const ParameterPlacement& place = layout_.placements[p];
@@ -191,8 +192,13 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
       const int64_t hi = std::min(place.offset + place.numel, begin + count);
       for (int64_t i = lo; i < hi; ++i) host[i - begin] = initial_[p][i - place.offset];
     }
+    return host;
+  };
+  auto upload = [&](int64_t begin, int64_t count, void* dst, DType dst_dtype) -> absl::Status {
     MW_ASSIGN_OR_RETURN(DeviceBuffer staging,
                         device_.Allocate(count * 4, MemoryCategory::kWorkspace, "optimizer.init"));
+    if (!values) return absl::OkStatus();
+    const std::vector<float> host = initial(begin, count);
     MW_RETURN_IF_ERROR(device_.CopyAsync(staging.data(), host.data(), count * 4, *stream_));
     MW_RETURN_IF_ERROR(
         kernels::Cast(device_, *stream_, staging.data(), DType::kF32, dst, dst_dtype, count));
@@ -200,16 +206,11 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
   };
   if (paged()) {
     // The shard is the CPU's memory: rounded there.
-    std::vector<float> host(flat.shard_numel, 0.0f);
-    const int64_t begin = flat.shard_begin(comm_.rank());
-    for (int p : flat.parameters) {
-      const ParameterPlacement& place = layout_.placements[p];
-      const int64_t lo = std::max(place.offset, begin);
-      const int64_t hi = std::min(place.offset + place.numel, begin + flat.shard_numel);
-      for (int64_t i = lo; i < hi; ++i) host[i - begin] = initial_[p][i - place.offset];
+    if (values) {
+      const std::vector<float> host = initial(flat.shard_begin(comm_.rank()), flat.shard_numel);
+      kernels::cpu::Kernels().cast(host.data(), DType::kF32, group.params.data(), dtype,
+                                   flat.shard_numel);
     }
-    kernels::cpu::Kernels().cast(host.data(), DType::kF32, group.params.data(), dtype,
-                                 flat.shard_numel);
   } else if (stage() == 3) {
     MW_RETURN_IF_ERROR(upload(flat.shard_begin(comm_.rank()), flat.shard_numel,
                               group.params.data(), dtype));
@@ -228,17 +229,7 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
     if (state->empty()) continue;
     MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, state->data(), DType::kF32, n, 0.0f));
   }
-  if (k > 0) {
-    std::vector<float> master(k, 0.0f);
-    const int64_t begin = update_begin(flat);
-    for (int p : flat.parameters) {
-      const ParameterPlacement& place = layout_.placements[p];
-      const int64_t lo = std::max(place.offset, begin);
-      const int64_t hi = std::min(place.offset + place.numel, begin + k);
-      for (int64_t i = lo; i < hi; ++i) master[i - begin] = initial_[p][i - place.offset];
-    }
-    MW_RETURN_IF_ERROR(group.host->SetMaster(master));
-  }
+  if (k > 0 && values) MW_RETURN_IF_ERROR(group.host->SetMaster(initial(update_begin(flat), k)));
   return stream_->Synchronize();
 }
 

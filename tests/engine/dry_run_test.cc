@@ -26,6 +26,7 @@ struct Strategy {
   bool paging;
   std::string planner;
   bool overlap = false;
+  std::string model = "gpt-tiny:layers=4";
 };
 
 AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned) {
@@ -36,7 +37,7 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned) 
   std::unique_ptr<Communicator> simulated;
   if (backend == Backend::kMeta) simulated = SimulatedCommunicator::Create(rank, world).value();
   Communicator& comm = backend == Backend::kMeta ? *simulated : testing::World();
-  const GptConfig c = ParseGptModel("gpt-tiny:layers=4").value();
+  const GptConfig c = ParseGptModel(s.model).value();
   ShardingOptions options;
   options.zero.stage = s.stage;
   options.zero.reduce_bucket_size = 30000;
@@ -87,6 +88,10 @@ TEST_CASE("a meta step allocates exactly what the host step does, for every stra
       {"stage 3, bf16, overlap, sqrt", 3, true, 0, false, "sqrt", true},
       {"stage 2, bf16, offload, overlap", 2, true, 1.0f, false, "none", true},
       {"stage 3, bf16, offload + paging, overlap, optimal", 3, true, 1.0f, true, "optimal", true},
+      // Large enough that the optimizer's initialisation staging, cached by
+      // the allocator, shapes the step's segments.
+      {"stage 0, bf16, hidden 448", 0, true, 0, false, "none", false,
+       "gpt-tiny:layers=4,hidden=448,heads=7"},
   };
   for (const Strategy& s : strategies) {
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());
