@@ -62,30 +62,44 @@ absl::StatusOr<std::pair<DeviceBuffer, char*>> HostOptimizerSlice::Aligned(
   return std::make_pair(std::move(buffer), reinterpret_cast<char*>(aligned));
 }
 
-absl::Status HostOptimizerSlice::SetMaster(absl::Span<const float> values) {
+absl::Status HostOptimizerSlice::WriteState(int which, int64_t begin, int64_t count,
+                                            const float* in) {
+  if (which < 0 || which >= states_ || begin < 0 || count < 0 || begin + count > numel_) {
+    return absl::OutOfRangeError(absl::StrCat("optimizer state ", which, " of '", owner_,
+                                              "': elements [", begin, ", ", begin + count,
+                                              ") of ", states_, " x ", numel_));
+  }
   if (!device_.holds_bytes()) return absl::OkStatus();
-  const size_t bytes = numel_ * sizeof(float);
+  const size_t bytes = count * sizeof(float);
   if (store_ == nullptr) {
-    std::memcpy(master_.data(), values.data(), bytes);
+    DeviceBuffer* arrays[] = {&master_, &first_, &second_};
+    std::memcpy(static_cast<float*>(arrays[which]->data()) + begin, in, bytes);
     return absl::OkStatus();
   }
+  // The slot holds master, then the moments: read, change, write, commit.
   MW_ASSIGN_OR_RETURN(auto staging, Aligned(store_->slot_bytes(slot_), ".nvme_staging"));
-  std::memset(staging.second, 0, store_->slot_bytes(slot_));
-  std::memcpy(staging.second, values.data(), bytes);
+  MW_RETURN_IF_ERROR(store_->Read(slot_, staging.second));
+  std::memcpy(reinterpret_cast<float*>(staging.second) + which * numel_ + begin, in, bytes);
   MW_RETURN_IF_ERROR(store_->Write(slot_, staging.second));
   return store_->Commit(slot_);
 }
 
-absl::Status HostOptimizerSlice::ReadMaster(float* out) {
+absl::Status HostOptimizerSlice::ReadState(int which, int64_t begin, int64_t count, float* out) {
+  if (which < 0 || which >= states_ || begin < 0 || count < 0 || begin + count > numel_) {
+    return absl::OutOfRangeError(absl::StrCat("optimizer state ", which, " of '", owner_,
+                                              "': elements [", begin, ", ", begin + count,
+                                              ") of ", states_, " x ", numel_));
+  }
   if (!device_.holds_bytes()) return absl::OkStatus();
-  const size_t bytes = numel_ * sizeof(float);
+  const size_t bytes = count * sizeof(float);
   if (store_ == nullptr) {
-    std::memcpy(out, master_.data(), bytes);
+    const DeviceBuffer* arrays[] = {&master_, &first_, &second_};
+    std::memcpy(out, static_cast<const float*>(arrays[which]->data()) + begin, bytes);
     return absl::OkStatus();
   }
   MW_ASSIGN_OR_RETURN(auto staging, Aligned(store_->slot_bytes(slot_), ".nvme_staging"));
   MW_RETURN_IF_ERROR(store_->Read(slot_, staging.second));
-  std::memcpy(out, staging.second, bytes);
+  std::memcpy(out, reinterpret_cast<const float*>(staging.second) + which * numel_ + begin, bytes);
   return absl::OkStatus();
 }
 

@@ -44,7 +44,7 @@ class HostOptimizerSlice {
   // `store` (which must outlive the slice), in one slot of it. Also the
   // gradients' landing buffer ("<owner>.grad_host", pinned, category
   // gradient, parameter dtype). Moments start at zero, master weights at
-  // zero until SetMaster. Errors: kFailedPrecondition without a pinned
+  // zero until WriteState. Errors: kFailedPrecondition without a pinned
   // pool; kResourceExhausted naming the pool (or the file) when it is full,
   // with nothing left allocated.
   static absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> Create(
@@ -53,10 +53,15 @@ class HostOptimizerSlice {
 
   int64_t numel() const { return numel_; }
 
-  // REQUIRES: values.size() == numel() (ignored on meta).
-  absl::Status SetMaster(absl::Span<const float> values);
-  // The committed f32 master weights into `out` (numel() floats).
-  absl::Status ReadMaster(float* out);
+  // The f32 arrays a slice keeps: master weights, then Adam's m and v (or
+  // SGD's momentum buffer).
+  int num_states() const { return states_; }
+  // Elements [begin, begin + count) of committed state `which` (0: master,
+  // 1: first moment or momentum, 2: second moment) from `in`, or into
+  // `out`. Nothing happens on meta. kOutOfRange for a range outside
+  // numel() or a state the slice does not keep; NVMe errors name the file.
+  absl::Status WriteState(int which, int64_t begin, int64_t count, const float* in);
+  absl::Status ReadState(int which, int64_t begin, int64_t count, float* out);
 
   // Enqueues on `stream` the copy of `grads` (numel() elements of the
   // parameter dtype, device memory that stays valid until the stream has

@@ -229,7 +229,9 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
     if (state->empty()) continue;
     MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, state->data(), DType::kF32, n, 0.0f));
   }
-  if (k > 0 && values) MW_RETURN_IF_ERROR(group.host->SetMaster(initial(update_begin(flat), k)));
+  if (k > 0 && values) {
+    MW_RETURN_IF_ERROR(group.host->WriteState(0, 0, k, initial(update_begin(flat), k).data()));
+  }
   return stream_->Synchronize();
 }
 
@@ -844,6 +846,124 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   return result;
 }
 
+int ShardedOptimizer::num_states() const {
+  if (config_.optimizer.type == OptimizerType::kAdam) return 3;
+  return config_.optimizer.momentum > 0 ? 2 : 1;
+}
+
+ShardedOptimizer::Progress ShardedOptimizer::progress() const {
+  return Progress{steps_applied_, steps_skipped_, loss_scale_, clean_steps_, overflows_left_};
+}
+
+void ShardedOptimizer::set_progress(const Progress& p) {
+  steps_applied_ = p.steps_applied;
+  steps_skipped_ = p.steps_skipped;
+  loss_scale_ = p.loss_scale;
+  clean_steps_ = p.clean_steps;
+  overflows_left_ = p.overflows_left;
+}
+
+absl::StatusOr<ShardedOptimizer::StateSlice> ShardedOptimizer::DeviceStateOf(int g, int which) {
+  const FlatGroup& flat = layout_.groups[g];
+  Group& group = groups_[g];
+  const int64_t k = host_numel(flat);
+  // Element i of the update range lives at [offset + i - k] of `buffer`.
+  if (which == 1) return StateSlice{group.exp_avg.data(), 0};
+  if (which == 2) return StateSlice{group.exp_avg_sq.data(), 0};
+  if (mixed()) return StateSlice{group.master.data(), 0};
+  // f32: the parameters are the master weights (full at stages 0-2).
+  return StateSlice{group.params.data(), (stage() == 3 ? 0 : update_begin(flat)) + k};
+}
+
+absl::Status ShardedOptimizer::CheckState(absl::string_view call, int g, int which,
+                                          size_t size) const {
+  MW_RETURN_IF_ERROR(RequireFinalized(call));
+  MW_RETURN_IF_ERROR(CheckGroup(g, call));
+  if (which < 0 || which >= num_states()) {
+    return absl::InvalidArgumentError(absl::StrCat(call, ": state ", which, " of ", num_states(),
+                                                   " kept by this optimizer"));
+  }
+  const int64_t padded = layout_.groups[g].padded_numel;
+  if (static_cast<int64_t>(size) != padded) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": ", size, " slots for group ", g, "'s ", padded, " elements"));
+  }
+  if (!device_.holds_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat(call, ": ", device_.name(), " holds no values"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> out) {
+  MW_RETURN_IF_ERROR(CheckState("GatherState", g, which, out.size()));
+  const FlatGroup& flat = layout_.groups[g];
+  Group& group = groups_[g];
+  const int64_t un = update_numel(flat), k = host_numel(flat);
+  // This rank's update range: the host part, then the device part.
+  std::vector<float> part(un);
+  if (k > 0) MW_RETURN_IF_ERROR(group.host->ReadState(which, 0, k, part.data()));
+  if (un > k) {
+    MW_ASSIGN_OR_RETURN(const StateSlice slice, DeviceStateOf(g, which));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(part.data() + k, Offset(slice.buffer, slice.offset, DType::kF32),
+                                         (un - k) * 4, *comm_stream_));
+  }
+  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
+  if (stage() == 0) {  // every rank updates (and holds) the whole group
+    std::copy(part.begin(), part.end(), out.begin());
+    return absl::OkStatus();
+  }
+  MW_ASSIGN_OR_RETURN(DeviceBuffer mine, device_.Allocate(un * 4, MemoryCategory::kWorkspace,
+                                                          absl::StrCat(flat.name, ".state_shard")));
+  MW_ASSIGN_OR_RETURN(DeviceBuffer full,
+                      device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
+                                       absl::StrCat(flat.name, ".state_gather")));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(mine.data(), part.data(), un * 4, *comm_stream_));
+  MW_RETURN_IF_ERROR(comm_.AllGather(mine.data(), full.data(), un, DType::kF32, *comm_stream_));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), full.data(), flat.padded_numel * 4, *comm_stream_));
+  return comm_stream_->Synchronize();
+}
+
+absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float> full) {
+  MW_RETURN_IF_ERROR(CheckState("SetState", g, which, full.size()));
+  const FlatGroup& flat = layout_.groups[g];
+  Group& group = groups_[g];
+  const DType dtype = config_.param_dtype();
+  const int64_t ub = update_begin(flat), un = update_numel(flat), k = host_numel(flat);
+  if (k > 0) MW_RETURN_IF_ERROR(group.host->WriteState(which, 0, k, full.data() + ub));
+  // What the rank holds of the parameters: the whole group at stages 0-2,
+  // its shard at stage 3.
+  const int64_t held_begin = stage() == 3 ? ub : 0;
+  const int64_t held = stage() == 3 ? flat.shard_numel : flat.padded_numel;
+  if (which == 0 && !mixed()) {
+    // f32: the parameters are the master weights; every copy is set.
+    MW_RETURN_IF_ERROR(device_.CopyAsync(group.params.data(), full.data() + held_begin, held * 4,
+                                         *comm_stream_));
+    return comm_stream_->Synchronize();
+  }
+  if (un > k) {
+    MW_ASSIGN_OR_RETURN(const StateSlice slice, DeviceStateOf(g, which));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(Offset(slice.buffer, slice.offset, DType::kF32),
+                                         full.data() + ub + k, (un - k) * 4, *comm_stream_));
+  }
+  if (which == 0) {
+    // The parameters the rank holds, rounded from the master weights as
+    // Step() refreshes them.
+    if (paged()) {
+      kernels::cpu::Kernels().cast(full.data() + held_begin, DType::kF32, group.params.data(),
+                                   dtype, held);
+    } else {
+      MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(held * 4, MemoryCategory::kWorkspace,
+                                                              absl::StrCat(flat.name, ".state_in")));
+      MW_RETURN_IF_ERROR(
+          device_.CopyAsync(wide.data(), full.data() + held_begin, held * 4, *comm_stream_));
+      MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, wide.data(), DType::kF32,
+                                       group.params.data(), dtype, held));
+      return comm_stream_->Synchronize();
+    }
+  }
+  return comm_stream_->Synchronize();
+}
+
 absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<float> out) {
   MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
   const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
@@ -855,48 +975,10 @@ absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<
     return absl::FailedPreconditionError(
         absl::StrCat("MasterWeights('", name, "'): ", device_.name(), " holds no values"));
   }
-  const FlatGroup& flat = layout_.groups[g];
-  Group& group = groups_[g];
-  // Where full f32 weights live on every rank, read them; else gather.
-  const DeviceBuffer* full = nullptr;
-  if (stage() == 0) full = mixed() ? &group.master : &group.params;
-  if (!mixed() && stage() <= 2) full = &group.params;
-  DeviceBuffer gathered;
-  if (full == nullptr) {
-    const DeviceBuffer* shard = mixed() ? &group.master : &group.params;
-    // Offloaded master weights: this rank's shard assembled on the device.
-    DeviceBuffer assembled;
-    std::vector<float> host;  // read by an asynchronous copy: lives to the sync below
-    const int64_t k = host_numel(flat);
-    if (mixed() && k > 0) {
-      MW_ASSIGN_OR_RETURN(assembled, device_.Allocate(flat.shard_numel * 4, MemoryCategory::kWorkspace,
-                                                      absl::StrCat(flat.name, ".master_shard")));
-      host.resize(k);
-      MW_RETURN_IF_ERROR(group.host->ReadMaster(host.data()));
-      MW_RETURN_IF_ERROR(device_.CopyAsync(assembled.data(), host.data(), k * 4, *comm_stream_));
-      if (k < flat.shard_numel) {
-        MW_RETURN_IF_ERROR(device_.CopyAsync(At(assembled, k, DType::kF32), group.master.data(),
-                                             (flat.shard_numel - k) * 4, *comm_stream_));
-      }
-      shard = &assembled;
-    } else if (paged()) {
-      // f32 paging: the shard is in the pinned pool; collectives read device memory.
-      MW_ASSIGN_OR_RETURN(assembled, device_.Allocate(flat.shard_numel * 4, MemoryCategory::kWorkspace,
-                                                      absl::StrCat(flat.name, ".master_shard")));
-      MW_RETURN_IF_ERROR(device_.CopyAsync(assembled.data(), group.params.data(),
-                                           flat.shard_numel * 4, *comm_stream_));
-      shard = &assembled;
-    }
-    MW_ASSIGN_OR_RETURN(gathered, device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
-                                                   absl::StrCat(flat.name, ".master_gather")));
-    MW_RETURN_IF_ERROR(comm_.AllGather(shard->data(), gathered.data(), flat.shard_numel,
-                                       DType::kF32, *comm_stream_));
-    MW_RETURN_IF_ERROR(comm_stream_->Synchronize());  // before `assembled` goes
-    full = &gathered;
-  }
-  MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), At(*full, place.offset, DType::kF32),
-                                       place.numel * 4, *comm_stream_));
-  return comm_stream_->Synchronize();
+  std::vector<float> full(layout_.groups[g].padded_numel);
+  MW_RETURN_IF_ERROR(GatherState(g, 0, absl::MakeSpan(full)));
+  std::copy(full.begin() + place.offset, full.begin() + place.offset + place.numel, out.begin());
+  return absl::OkStatus();
 }
 
 }  // namespace memwall

@@ -195,8 +195,34 @@ class ShardedOptimizer {
   NvmeStore* nvme_store() { return nvme_.get(); }
 
   // Collective: copies the f32 master weights of `name` (the parameters in
-  // f32 mode) into `out`, gathering shards. For tests and checkpoints.
+  // f32 mode) into `out`, gathering shards. For tests.
   absl::Status MasterWeights(absl::string_view name, absl::Span<float> out);
+
+  // Checkpoints. The f32 arrays the optimizer keeps per element: 0 master
+  // weights (the parameters in f32 runs), then Adam's m and v, or SGD's
+  // momentum buffer (none without momentum).
+  int num_states() const;
+  // Collective: state `which` of group g, all padded_numel elements (padding
+  // included), into `out` on every rank, wherever its parts live (device,
+  // pinned pool, NVMe). kInvalidArgument for a bad group, state or size;
+  // kFailedPrecondition on meta.
+  absl::Status GatherState(int g, int which, absl::Span<float> out);
+  // Not collective: sets this rank's part of group g's state `which` from
+  // the whole group `full` (every rank passes the same values). Setting the
+  // master weights also sets the parameters this rank holds, rounded to the
+  // parameter dtype as Step() rounds them, so after every group's master
+  // weights are set the model is the one whose master weights those are.
+  absl::Status SetState(int g, int which, absl::Span<const float> full);
+  // The step counters and the dynamic loss scaler, to save and restore.
+  struct Progress {
+    int64_t steps_applied = 0;
+    int64_t steps_skipped = 0;
+    float loss_scale = 1.0f;
+    int clean_steps = 0;
+    int overflows_left = 0;
+  };
+  Progress progress() const;
+  void set_progress(const Progress& progress);
 
  private:
   struct Group {
@@ -236,6 +262,14 @@ class ShardedOptimizer {
                    std::unique_ptr<Stream> stream, std::unique_ptr<Stream> comm_stream);
 
   bool mixed() const { return config_.param_dtype() != DType::kF32; }
+  // Where the device part of state `which` of group g lives: element i of
+  // the update range (i >= host_numel) at buffer[offset + i - host_numel].
+  struct StateSlice {
+    void* buffer;
+    int64_t offset;
+  };
+  absl::StatusOr<StateSlice> DeviceStateOf(int g, int which);
+  absl::Status CheckState(absl::string_view call, int g, int which, size_t size) const;
   // The view of registered parameter `name` inside its group's `buffer`.
   View ViewOf(absl::string_view name, const DeviceBuffer& buffer) const;
   int stage() const { return config_.zero.stage; }
