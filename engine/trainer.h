@@ -88,6 +88,11 @@ class Trainer {
   const Plan& recomputation_plan() const { return plan_; }
 
   ShardedOptimizer& optimizer() { return *optimizer_; }
+  Device& device() { return device_; }
+  // Training steps taken (TrainStep calls, skipped steps included): the
+  // data position of a resumed run. Set by LoadCheckpoint.
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 
  private:

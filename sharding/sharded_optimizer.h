@@ -154,6 +154,7 @@ class ShardedOptimizer {
 
   const FlatLayout& layout() const { return layout_; }
   const ShardingOptions& config() const { return config_; }
+  Communicator& communicator() { return comm_; }
   // Index of the group holding `name`, or kNotFound.
   absl::StatusOr<int> GroupOf(absl::string_view name) const;
 

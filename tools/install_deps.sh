@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages memwall builds with, if any is missing, and
 # with --tests also those its tests use (chromium renders the HTML memory
-# report; zlib decodes its screenshot). Idempotent: does nothing (and needs
+# report). Idempotent: does nothing (and needs
 # no network) when all are present. The CUDA toolkit is expected under
 # /usr/local/cuda; without it, build with --config=nocuda.
 set -euo pipefail
 packages=(
   bazel-bootstrap bazel-platforms g++ catch2 libabsl-dev libopenmpi-dev
-  openmpi-bin libopenblas-dev nlohmann-json3-dev
+  openmpi-bin libopenblas-dev nlohmann-json3-dev zlib1g-dev
 )
 if [ "${1:-}" = "--tests" ]; then
-  packages+=(chromium zlib1g-dev)
+  packages+=(chromium)
 fi
 missing=()
 for p in "${packages[@]}"; do

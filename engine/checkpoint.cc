@@ -1,0 +1,518 @@
+#include "engine/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "runtime/status.h"
+
+namespace memwall {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr char kSchema[] = "memwall.checkpoint/1";
+constexpr char kManifest[] = "manifest.json";
+
+struct Param {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 1;
+};
+
+// The model's parameters in registration order (the optimizer's indices).
+std::vector<Param> ParamsOf(Trainer& trainer) {
+  std::vector<Param> params;
+  for (const auto& layer : trainer.layers()) {
+    for (const ParameterDecl& d : layer->Parameters()) {
+      Param p{absl::StrCat(layer->name(), ".", d.name), d.shape, 1};
+      for (int64_t x : d.shape) p.numel *= x;
+      params.push_back(std::move(p));
+    }
+  }
+  return params;
+}
+
+std::vector<std::string> StateNames(const ShardedOptimizer& opt) {
+  if (opt.config().optimizer.type == OptimizerType::kAdam) return {"master", "exp_avg", "exp_avg_sq"};
+  if (opt.num_states() == 2) return {"master", "momentum"};
+  return {"master"};
+}
+
+std::string StepDir(const std::string& dir, int64_t step) {
+  return (fs::path(dir) / absl::StrFormat("step-%08d", step)).string();
+}
+
+std::string RankFile(int rank) { return absl::StrFormat("rank-%05d.safetensors", rank); }
+
+absl::Status Errno(const std::string& path, const char* what) {
+  return absl::InternalError(absl::StrCat("checkpoint ", path, ": ", what, ": ", std::strerror(errno)));
+}
+
+// Writes `bytes` at the end of an open file, updating `crc`.
+absl::Status WriteAll(int fd, const std::string& path, const void* data, size_t bytes, uLong& crc) {
+  const char* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < bytes;) {  // crc32 takes at most 4 GiB at once
+    const size_t chunk = std::min<size_t>(bytes - done, size_t{1} << 30);
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(p + done), static_cast<uInt>(chunk));
+    done += chunk;
+  }
+  for (size_t left = bytes; left > 0;) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno(path, "write");
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncPath(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return Errno(path, "open for fsync");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  return rc == 0 ? absl::OkStatus() : Errno(path, "fsync");
+}
+
+// Writes `text` to `path` atomically: a temporary name, fsync, rename.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Errno(tmp, "create");
+  uLong crc = crc32(0L, Z_NULL, 0);
+  absl::Status written = WriteAll(fd, tmp, text.data(), text.size(), crc);
+  if (written.ok() && ::fsync(fd) != 0) written = Errno(tmp, "fsync");
+  ::close(fd);
+  MW_RETURN_IF_ERROR(written);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno(path, "rename");
+  return absl::OkStatus();
+}
+
+// Every rank's `mine` (the same count on each), via the communicator: the
+// 64-bit values travel as pairs of f32 slots of an all-gather (a copy).
+absl::StatusOr<std::vector<int64_t>> AllGatherInts(Trainer& trainer,
+                                                   const std::vector<int64_t>& mine) {
+  Communicator& comm = trainer.optimizer().communicator();
+  Device& device = trainer.device();
+  const size_t n = mine.size(), world = comm.world_size();
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
+  MW_ASSIGN_OR_RETURN(DeviceBuffer buffer, device.Allocate(n * 8 * world, MemoryCategory::kCommBuffer,
+                                                           "checkpoint.exchange"));
+  char* own = static_cast<char*>(buffer.data()) + n * 8 * comm.rank();
+  MW_RETURN_IF_ERROR(device.CopyAsync(own, mine.data(), n * 8, *stream));
+  MW_RETURN_IF_ERROR(comm.AllGather(own, buffer.data(), 2 * n, DType::kF32, *stream));
+  std::vector<int64_t> all(n * world);
+  MW_RETURN_IF_ERROR(device.CopyAsync(all.data(), buffer.data(), n * 8 * world, *stream));
+  MW_RETURN_IF_ERROR(stream->Synchronize());
+  return all;
+}
+
+struct Found {
+  int64_t step;
+  std::string path;
+  bool complete;
+};
+
+// The step-* directories under `dir`, oldest first.
+std::vector<Found> StepDirs(const std::string& dir) {
+  std::vector<Found> found;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int64_t step = 0;
+    if (!e.is_directory() || !absl::StartsWith(name, "step-") ||
+        !absl::SimpleAtoi(name.substr(5), &step)) {
+      continue;
+    }
+    found.push_back({step, e.path().string(), fs::exists(e.path() / kManifest)});
+  }
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.step < b.step; });
+  return found;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& dir, int keep) {
+  if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("checkpoint keep: expected >= 1, got ", keep));
+  ShardedOptimizer& opt = trainer.optimizer();
+  Communicator& comm = opt.communicator();
+  const int rank = comm.rank(), world = comm.world_size();
+  const FlatLayout& layout = opt.layout();
+  const std::vector<Param> params = ParamsOf(trainer);
+  const std::vector<std::string> states = StateNames(opt);
+  const std::string out = StepDir(dir, trainer.steps());
+  std::error_code ec;
+  if (rank == 0) {
+    fs::create_directories(out, ec);
+    if (ec) return absl::InternalError(absl::StrCat("checkpoint ", out, ": create: ", ec.message()));
+  }
+  MW_RETURN_IF_ERROR(comm.Barrier());
+
+  // This rank's file: its groups' parameters, state by state, in order.
+  json header = json::object();
+  int64_t offset = 0;
+  for (size_t g = rank; g < layout.groups.size(); g += world) {
+    for (const std::string& state : states) {
+      for (int p : layout.groups[g].parameters) {
+        const int64_t bytes = 4 * params[p].numel;
+        header[absl::StrCat(params[p].name, "/", state)] = {
+            {"dtype", "F32"}, {"shape", params[p].shape}, {"data_offsets", {offset, offset + bytes}}};
+        offset += bytes;
+      }
+    }
+  }
+  const std::string text = header.dump();
+  const std::string path = (fs::path(out) / RankFile(rank)).string(), tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Errno(tmp, "create");
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const uint64_t length = text.size();  // little-endian on every target memwall builds for
+  absl::Status written = WriteAll(fd, tmp, &length, 8, crc);
+  if (written.ok()) written = WriteAll(fd, tmp, text.data(), text.size(), crc);
+  // Every rank joins every group's gathers, whoever writes the group.
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    const FlatGroup& flat = layout.groups[g];
+    std::vector<float> full(flat.padded_numel);
+    for (size_t s = 0; s < states.size(); ++s) {
+      absl::Status gathered = opt.GatherState(static_cast<int>(g), static_cast<int>(s),
+                                              absl::MakeSpan(full));
+      if (!gathered.ok()) {
+        ::close(fd);
+        return gathered;
+      }
+      if (static_cast<int>(g % world) != rank || !written.ok()) continue;
+      for (int p : flat.parameters) {
+        const ParameterPlacement& place = layout.placements[p];
+        written = WriteAll(fd, tmp, full.data() + place.offset, 4 * place.numel, crc);
+        if (!written.ok()) break;
+      }
+    }
+  }
+  if (written.ok() && ::fsync(fd) != 0) written = Errno(tmp, "fsync");
+  ::close(fd);
+  if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) written = Errno(path, "rename");
+  // Every rank learns whether every file landed, and its size and CRC.
+  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> files,
+                      AllGatherInts(trainer, {written.ok() ? 1 : 0, 8 + int64_t(text.size()) + offset,
+                                              static_cast<int64_t>(crc)}));
+  MW_RETURN_IF_ERROR(written);
+  for (int r = 0; r < world; ++r) {
+    if (files[3 * r] == 0) {
+      return absl::InternalError(absl::StrCat("checkpoint ", out, ": rank ", r,
+                                              " could not write its file; the previous "
+                                              "checkpoint stays the newest"));
+    }
+  }
+  if (rank == 0) {
+    const ShardedOptimizer::Progress progress = opt.progress();
+    const ShardingOptions& config = opt.config();
+    json manifest = {
+        {"schema", kSchema},
+        {"step", trainer.steps()},
+        {"trainer_steps", trainer.steps()},
+        {"progress",
+         {{"steps_applied", progress.steps_applied},
+          {"steps_skipped", progress.steps_skipped},
+          {"loss_scale", progress.loss_scale},
+          {"clean_steps", progress.clean_steps},
+          {"overflows_left", progress.overflows_left}}},
+        {"world_size", world},
+        {"zero_stage", config.zero.stage},
+        {"param_dtype", DTypeName(config.param_dtype())},
+        {"optimizer", config.optimizer.type == OptimizerType::kAdam ? "adam" : "sgd"},
+        {"states", states},
+    };
+    json list = json::array();
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+      for (int p : layout.groups[g].parameters) {
+        list.push_back({{"name", params[p].name},
+                        {"shape", params[p].shape},
+                        {"file", RankFile(static_cast<int>(g % world))}});
+      }
+    }
+    manifest["parameters"] = list;
+    json file_list = json::array();
+    for (int r = 0; r < world; ++r) {
+      file_list.push_back({{"name", RankFile(r)}, {"bytes", files[3 * r + 1]},
+                           {"crc32", files[3 * r + 2]}});
+    }
+    manifest["files"] = file_list;
+    MW_RETURN_IF_ERROR(SyncPath(out, /*directory=*/true));  // the rank files' renames
+    MW_RETURN_IF_ERROR(WriteFileAtomically((fs::path(out) / kManifest).string(), manifest.dump(1)));
+    MW_RETURN_IF_ERROR(SyncPath(out, /*directory=*/true));
+    // Keep the newest `keep` complete checkpoints; drop older incomplete ones.
+    std::vector<Found> found = StepDirs(dir);
+    int complete = 0;
+    for (auto it = found.rbegin(); it != found.rend(); ++it) {
+      if (it->path == out) {
+        ++complete;
+        continue;
+      }
+      const bool drop = it->complete ? ++complete > keep : it->step < trainer.steps();
+      if (drop) fs::remove_all(it->path, ec);
+    }
+  }
+  MW_RETURN_IF_ERROR(comm.Barrier());
+  return out;
+}
+
+absl::StatusOr<std::string> FindCheckpoint(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / kManifest)) return dir;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", dir, ": no such directory"));
+  }
+  const std::vector<Found> found = StepDirs(dir);
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    if (it->complete) return it->path;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("checkpoint ", dir, ": no complete checkpoint (a step-* directory with ", kManifest, ")"));
+}
+
+namespace {
+
+struct Tensor32 {
+  std::string file;
+  int64_t offset;  // absolute, in the file
+  int64_t numel;
+};
+
+// A field of the manifest, or an error naming it.
+template <typename T>
+absl::StatusOr<T> Field(const json& j, const std::string& path, const std::string& name) {
+  if (!j.is_object() || !j.contains(name)) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": field '", name, "' is missing"));
+  }
+  try {
+    return j.at(name).get<T>();
+  } catch (const json::exception&) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": field '", name,
+                                                   "' has the wrong type (", j.at(name).dump(), ")"));
+  }
+}
+
+absl::StatusOr<uLong> FileCrc(const std::string& path, int64_t expected_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": cannot open"));
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<char> chunk(size_t{1} << 20);
+  int64_t total = 0;
+  while (in) {
+    in.read(chunk.data(), chunk.size());
+    const std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(chunk.data()), static_cast<uInt>(n));
+    total += n;
+  }
+  if (total != expected_bytes) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", total, " bytes, the manifest says ",
+                                            expected_bytes, " (truncated or replaced)"));
+  }
+  return crc;
+}
+
+// The tensors of a safetensors file, validated against its size.
+absl::Status ReadHeader(const std::string& path, int64_t bytes, std::map<std::string, Tensor32>& out) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t length = 0;
+  if (!in.read(reinterpret_cast<char*>(&length), 8) || length > uint64_t(bytes - 8)) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": header length ", length,
+                                            " does not fit the file's ", bytes, " bytes"));
+  }
+  std::string text(length, '\0');
+  in.read(text.data(), length);
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::exception& e) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": header is not JSON: ", e.what()));
+  }
+  if (!header.is_object()) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": header is not a JSON object"));
+  }
+  const int64_t data_bytes = bytes - 8 - int64_t(length);
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const std::string where = absl::StrCat(path, " tensor '", it.key(), "'");
+    MW_ASSIGN_OR_RETURN(const std::string dtype, Field<std::string>(it.value(), where, "dtype"));
+    MW_ASSIGN_OR_RETURN(const std::vector<int64_t> shape, Field<std::vector<int64_t>>(it.value(), where, "shape"));
+    MW_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
+                        Field<std::vector<int64_t>>(it.value(), where, "data_offsets"));
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    if (dtype != "F32" || offsets.size() != 2 || offsets[0] < 0 || offsets[1] > data_bytes ||
+        offsets[1] - offsets[0] != 4 * numel) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", where, ": expected F32 data of ", 4 * numel,
+                                              " bytes within the file's ", data_bytes,
+                                              ", got dtype ", dtype, " at ", it.value()["data_offsets"].dump()));
+    }
+    out[it.key()] = Tensor32{path, 8 + int64_t(length) + offsets[0], numel};
+  }
+  return absl::OkStatus();
+}
+
+struct Loaded {
+  ShardedOptimizer::Progress progress;
+  int64_t trainer_steps = 0;
+  std::map<std::string, Tensor32> tensors;
+};
+
+// Everything a load reads, checked before anything changes.
+absl::StatusOr<Loaded> Validate(Trainer& trainer, const std::string& at) {
+  const std::string manifest_path = (fs::path(at) / kManifest).string();
+  std::ifstream in(manifest_path);
+  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint ", manifest_path, ": cannot open"));
+  json m;
+  try {
+    m = json::parse(in);
+  } catch (const json::exception& e) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", manifest_path, ": not JSON: ", e.what()));
+  }
+  MW_ASSIGN_OR_RETURN(const std::string schema, Field<std::string>(m, manifest_path, "schema"));
+  if (schema != kSchema) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": field 'schema' is '", schema,
+                                                   "', expected '", kSchema, "'"));
+  }
+  Loaded loaded;
+  MW_ASSIGN_OR_RETURN(loaded.trainer_steps, Field<int64_t>(m, manifest_path, "trainer_steps"));
+  const std::string pp = manifest_path + " progress";
+  if (!m.contains("progress")) return Field<int64_t>(m, manifest_path, "progress").status();
+  const json& p = m["progress"];
+  MW_ASSIGN_OR_RETURN(loaded.progress.steps_applied, Field<int64_t>(p, pp, "steps_applied"));
+  MW_ASSIGN_OR_RETURN(loaded.progress.steps_skipped, Field<int64_t>(p, pp, "steps_skipped"));
+  MW_ASSIGN_OR_RETURN(loaded.progress.loss_scale, Field<float>(p, pp, "loss_scale"));
+  MW_ASSIGN_OR_RETURN(loaded.progress.clean_steps, Field<int>(p, pp, "clean_steps"));
+  MW_ASSIGN_OR_RETURN(loaded.progress.overflows_left, Field<int>(p, pp, "overflows_left"));
+  const std::vector<std::string> states = StateNames(trainer.optimizer());
+  MW_ASSIGN_OR_RETURN(const std::vector<std::string> saved_states,
+                      Field<std::vector<std::string>>(m, manifest_path, "states"));
+  if (saved_states != states) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", manifest_path, ": field 'states' is [", absl::StrJoin(saved_states, ", "),
+        "], this run's optimizer keeps [", absl::StrJoin(states, ", "), "]"));
+  }
+  // The model's parameters, by name and shape.
+  std::map<std::string, std::vector<int64_t>> model;
+  for (const Param& param : ParamsOf(trainer)) model[param.name] = param.shape;
+  if (!m.contains("parameters") || !m["parameters"].is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": field 'parameters' is missing or not a list"));
+  }
+  std::map<std::string, std::vector<int64_t>> saved;
+  for (size_t i = 0; i < m["parameters"].size(); ++i) {
+    const std::string where = absl::StrCat(manifest_path, " parameters[", i, "]");
+    MW_ASSIGN_OR_RETURN(const std::string name, Field<std::string>(m["parameters"][i], where, "name"));
+    MW_ASSIGN_OR_RETURN(saved[name], Field<std::vector<int64_t>>(m["parameters"][i], where, "shape"));
+  }
+  for (const auto& [name, shape] : model) {
+    auto it = saved.find(name);
+    if (it == saved.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": no parameter '", name,
+                                                     "' (the checkpoint is of another model)"));
+    }
+    if (it->second != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", manifest_path, ": parameter '", name, "' has shape [", absl::StrJoin(it->second, ", "),
+          "], the model's is [", absl::StrJoin(shape, ", "), "]"));
+    }
+  }
+  for (const auto& [name, shape] : saved) {
+    if (!model.count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": parameter '", name,
+                                                     "' is not in the model (the checkpoint is of another model)"));
+    }
+  }
+  // Every file whole (size and CRC-32), every header sound.
+  if (!m.contains("files") || !m["files"].is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": field 'files' is missing or not a list"));
+  }
+  for (size_t i = 0; i < m["files"].size(); ++i) {
+    const std::string where = absl::StrCat(manifest_path, " files[", i, "]");
+    MW_ASSIGN_OR_RETURN(const std::string name, Field<std::string>(m["files"][i], where, "name"));
+    MW_ASSIGN_OR_RETURN(const int64_t bytes, Field<int64_t>(m["files"][i], where, "bytes"));
+    MW_ASSIGN_OR_RETURN(const int64_t crc, Field<int64_t>(m["files"][i], where, "crc32"));
+    if (name.find('/') != std::string::npos || bytes < 8) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", where, ": bad file entry ", m["files"][i].dump()));
+    }
+    const std::string path = (fs::path(at) / name).string();
+    MW_ASSIGN_OR_RETURN(const uLong actual, FileCrc(path, bytes));
+    if (static_cast<int64_t>(actual) != crc) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", path, ": CRC-32 ", actual,
+                                              ", the manifest says ", crc, " (the file is corrupted)"));
+    }
+    MW_RETURN_IF_ERROR(ReadHeader(path, bytes, loaded.tensors));
+  }
+  for (const auto& [name, shape] : model) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    for (const std::string& state : states) {
+      auto it = loaded.tensors.find(absl::StrCat(name, "/", state));
+      if (it == loaded.tensors.end() || it->second.numel != numel) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", at, ": tensor '", name, "/", state,
+                                                "' is missing from the files or has the wrong size"));
+      }
+    }
+  }
+  return loaded;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& path) {
+  MW_ASSIGN_OR_RETURN(const std::string at, FindCheckpoint(path));
+  absl::StatusOr<Loaded> loaded = Validate(trainer, at);
+  // No rank changes anything unless every rank's check passed.
+  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> verdicts,
+                      AllGatherInts(trainer, {loaded.ok() ? 1 : 0}));
+  MW_RETURN_IF_ERROR(loaded.status());
+  for (size_t r = 0; r < verdicts.size(); ++r) {
+    if (verdicts[r] == 0) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", at, ": rank ", r,
+                                              " could not read it (see that rank's error)"));
+    }
+  }
+  ShardedOptimizer& opt = trainer.optimizer();
+  const FlatLayout& layout = opt.layout();
+  const std::vector<Param> params = ParamsOf(trainer);
+  const std::vector<std::string> states = StateNames(opt);
+  std::map<std::string, std::ifstream> files;
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    const FlatGroup& flat = layout.groups[g];
+    for (size_t s = 0; s < states.size(); ++s) {
+      std::vector<float> full(flat.padded_numel, 0.0f);
+      for (int p : flat.parameters) {
+        const Tensor32& t = loaded->tensors.at(absl::StrCat(params[p].name, "/", states[s]));
+        std::ifstream& in = files[t.file];
+        if (!in.is_open()) in.open(t.file, std::ios::binary);
+        in.seekg(t.offset);
+        if (!in.read(reinterpret_cast<char*>(full.data() + layout.placements[p].offset), 4 * t.numel)) {
+          return absl::DataLossError(absl::StrCat("checkpoint ", t.file, ": read of '", params[p].name,
+                                                  "/", states[s], "' failed"));
+        }
+      }
+      MW_RETURN_IF_ERROR(opt.SetState(static_cast<int>(g), static_cast<int>(s), full));
+    }
+  }
+  opt.set_progress(loaded->progress);
+  trainer.set_steps(loaded->trainer_steps);
+  return at;
+}
+
+}  // namespace memwall

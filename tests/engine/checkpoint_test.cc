@@ -1,0 +1,313 @@
+// Training checkpoints on real ranks (mpirun -np 1, 2, 4): a run saved
+// mid-way and resumed in a fresh trainer continues bit for bit like the
+// run that never stopped (every stage, f32 and bf16, optimizer offload,
+// parameter paging, the NVMe tier, SGD); a checkpoint saved at one stage
+// loads at another; only the newest `keep` survive; and damaged or foreign
+// checkpoints are refused by name with the trainer unchanged.
+#include "engine/checkpoint.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "models/layers.h"
+#include "runtime/units.h"
+#include "tests/support/mpi_world.h"
+#include "tests/support/values.h"
+
+namespace memwall {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::SameBits;
+using testing::World;
+
+constexpr int kIn = 16, kOut = 4, kRows = 8;
+
+Batch MakeBatch(Device& device, int step) {
+  const int rank = World().rank();
+  std::vector<float> x(kRows * kIn), y(kRows * kOut);
+  for (int r = 0; r < kRows; ++r) {
+    const int sample = 1000 * step + 37 * rank + r;
+    for (int i = 0; i < kIn; ++i) x[r * kIn + i] = std::sin(0.37f * sample + 1.1f * i);
+    for (int o = 0; o < kOut; ++o) y[r * kOut + o] = std::cos(0.21f * sample + 0.9f * o);
+  }
+  Batch b;
+  b.input = Tensor::FromHost(device, x, {kRows, kIn}, MemoryCategory::kOther, "x").value();
+  b.target = Tensor::FromHost(device, y, {kRows, kOut}, MemoryCategory::kOther, "y").value();
+  return b;
+}
+
+struct Setup {
+  std::string name;
+  int stage;
+  bool bf16;
+  float offload = 0;
+  bool paging = false;
+  bool nvme = false;
+  bool sgd = false;
+};
+
+std::string TempDir(const std::string& leaf) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  // One directory for all ranks (they share the machine).
+  return (fs::path(tmp ? tmp : "/tmp") / leaf).string();
+}
+
+struct Run {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Trainer> trainer;
+};
+
+Run Start(const Setup& s, uint64_t seed = 7) {
+  DeviceOptions d{Backend::kHost, 0, 64 * kMiB};
+  d.pinned_capacity_bytes = 64 * kMiB;
+  Run run;
+  run.device = CreateDevice(d).value();
+  ShardingOptions o;
+  o.zero.stage = s.stage;
+  o.zero.reduce_bucket_size = 700;
+  o.zero.overlap_comm = true;
+  o.bf16 = s.bf16;
+  o.zero.offload_optimizer_ratio = s.offload;
+  o.zero.offload_param = s.paging;
+  if (s.nvme) o.zero.offload_nvme_path = TempDir("");
+  o.optimizer.lr = 1e-2f;
+  if (s.sgd) {
+    o.optimizer.type = OptimizerType::kSgd;
+    o.optimizer.momentum = 0.9f;
+  }
+  run.trainer = Trainer::Create(MakeMlp({kIn, 48, 48, kOut}), std::make_unique<MseLoss>(), o,
+                                *run.device, World(), seed)
+                    .value();
+  return run;
+}
+
+std::vector<float> Step(Run& run) {
+  const int step = static_cast<int>(run.trainer->steps());
+  Batch b = MakeBatch(*run.device, step);
+  const auto report = run.trainer->TrainStep({&b, 1});
+  REQUIRE(report.ok());
+  return {report->loss};
+}
+
+std::vector<float> Weights(Run& run) {
+  std::vector<float> all;
+  for (const auto& layer : run.trainer->layers()) {
+    for (const ParameterDecl& d : layer->Parameters()) {
+      int64_t n = 1;
+      for (int64_t x : d.shape) n *= x;
+      std::vector<float> w(n);
+      REQUIRE(run.trainer->optimizer().MasterWeights(layer->name() + "." + d.name, absl::MakeSpan(w)).ok());
+      all.insert(all.end(), w.begin(), w.end());
+    }
+  }
+  return all;
+}
+
+const std::vector<Setup> kSetups = {
+    {"stage 0, f32", 0, false},
+    {"stage 1, f32", 1, false},
+    {"stage 2, bf16", 2, true},
+    {"stage 3, bf16", 3, true},
+    {"stage 3, f32", 3, false},
+    {"stage 2, bf16, optimizer offload 0.5", 2, true, 0.5f},
+    {"stage 3, bf16, offload + paging", 3, true, 1.0f, true},
+    {"stage 2, bf16, NVMe", 2, true, 1.0f, false, true},
+    {"stage 1, f32, SGD with momentum", 1, false, 0, false, false, true},
+};
+
+TEST_CASE("a resumed run continues bit for bit like the run that never stopped", "[checkpoint]") {
+  for (const Setup& s : kSetups) {
+    INFO(s.name << ", " << World().world_size() << " ranks");
+    const std::string dir = TempDir(absl::StrCat("resume-", &s - kSetups.data()));
+    Run straight = Start(s);
+    std::vector<float> want_losses;
+    for (int k = 0; k < 5; ++k) want_losses.push_back(Step(straight)[0]);
+    const std::vector<float> want = Weights(straight);
+
+    Run first = Start(s);
+    for (int k = 0; k < 2; ++k) Step(first);
+    const auto saved = SaveCheckpoint(*first.trainer, dir, 2);
+    REQUIRE(saved.ok());
+    CHECK(*saved == dir + "/step-00000002");
+    // A fresh trainer from another seed: everything must come from the file.
+    Run resumed = Start(s, /*seed=*/99);
+    const auto loaded = LoadCheckpoint(*resumed.trainer, dir);
+    REQUIRE(loaded.ok());
+    CHECK(*loaded == *saved);
+    CHECK(resumed.trainer->steps() == 2);
+    CHECK(resumed.trainer->optimizer().steps_applied() == 2);
+    std::vector<float> losses(want_losses.begin(), want_losses.begin() + 2);
+    for (int k = 2; k < 5; ++k) losses.push_back(Step(resumed)[0]);
+    CHECK(SameBits(losses, want_losses));
+    CHECK(SameBits(Weights(resumed), want));
+  }
+}
+
+// Every state of every group, gathered, in order.
+std::vector<float> States(Run& run) {
+  ShardedOptimizer& opt = run.trainer->optimizer();
+  std::vector<float> all;
+  for (size_t g = 0; g < opt.layout().groups.size(); ++g) {
+    std::vector<float> full(opt.layout().groups[g].padded_numel);
+    for (int s = 0; s < opt.num_states(); ++s) {
+      REQUIRE(opt.GatherState(static_cast<int>(g), s, absl::MakeSpan(full)).ok());
+      all.insert(all.end(), full.begin(), full.end());
+    }
+  }
+  return all;
+}
+
+TEST_CASE("a checkpoint saved at one stage loads at another", "[checkpoint][reshard]") {
+  // The load is lossless (every state bit for bit), and the continued run
+  // tracks the run that never changed stage within the sharding
+  // equivalence tests' tolerance: stage 0 all-reduces where the others
+  // reduce-scatter, which MPI may sum in another order on 4 ranks.
+  for (const auto& [from, to] : std::vector<std::pair<int, int>>{{3, 1}, {0, 3}, {2, 0}, {1, 2}}) {
+    INFO("stage " << from << " -> " << to << ", " << World().world_size() << " ranks");
+    const std::string dir = TempDir(absl::StrCat("reshard-", from, "-", to));
+    const Setup a{"", from, false}, b{"", to, false};
+    Run straight = Start(b);
+    for (int k = 0; k < 4; ++k) Step(straight);
+    Run first = Start(a);
+    for (int k = 0; k < 2; ++k) Step(first);
+    REQUIRE(SaveCheckpoint(*first.trainer, dir, 1).ok());
+    Run second = Start(b, 5);
+    REQUIRE(LoadCheckpoint(*second.trainer, dir).ok());
+    CHECK(SameBits(States(second), States(first)));
+    for (int k = 2; k < 4; ++k) Step(second);
+    const std::vector<float> got = Weights(second), want = Weights(straight);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) REQUIRE(std::fabs(got[i] - want[i]) <= 2e-4f);
+  }
+}
+
+TEST_CASE("only the newest `keep` checkpoints stay; an incomplete one is never loaded",
+          "[checkpoint]") {
+  const std::string dir = TempDir("keep");
+  Run run = Start({"", 2, true});
+  for (int k = 0; k < 4; ++k) {
+    Step(run);
+    REQUIRE(SaveCheckpoint(*run.trainer, dir, 2).ok());
+  }
+  World().Barrier().IgnoreError();
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::string>{"step-00000003", "step-00000004"});
+  World().Barrier().IgnoreError();  // every rank has looked
+  // A later save that died before its manifest: the newest complete wins.
+  if (World().rank() == 0) fs::create_directories(dir + "/step-00000009");
+  World().Barrier().IgnoreError();
+  CHECK(FindCheckpoint(dir).value() == dir + "/step-00000004");
+  World().Barrier().IgnoreError();
+}
+
+// Damage `file` in the saved checkpoint and expect the load to fail with
+// `code` and a message starting with `prefix`, leaving the trainer as it was.
+void ExpectRefused(const std::string& name, const std::function<void(const std::string&)>& damage,
+                   absl::StatusCode code, const std::string& contains) {
+  INFO(name);
+  const std::string dir = TempDir(absl::StrCat("damaged-", name));
+  Run saver = Start({"", 2, true});
+  Step(saver);
+  const std::string at = SaveCheckpoint(*saver.trainer, dir, 1).value();
+  if (World().rank() == 0) damage(at);
+  World().Barrier().IgnoreError();
+  Run victim = Start({"", 2, true}, 11);
+  const std::vector<float> before = Weights(victim);
+  const absl::Status s = LoadCheckpoint(*victim.trainer, dir).status();
+  CHECK(s.code() == code);
+  CHECK_THAT(std::string(s.message()), Catch::Contains(contains));
+  CHECK(SameBits(Weights(victim), before));
+  CHECK(victim.trainer->steps() == 0);
+  World().Barrier().IgnoreError();
+}
+
+void Rewrite(const std::string& path, const std::function<void(std::string&)>& edit) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  edit(bytes);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST_CASE("damaged, truncated, foreign and mismatched checkpoints are refused by name",
+          "[checkpoint][errors]") {
+  ExpectRefused(
+      "flipped-byte",
+      [](const std::string& at) {
+        Rewrite(at + "/rank-00000.safetensors", [](std::string& b) { b[b.size() - 5] ^= 0x40; });
+      },
+      absl::StatusCode::kDataLoss, "rank-00000.safetensors: CRC-32");
+  ExpectRefused(
+      "truncated",
+      [](const std::string& at) {
+        Rewrite(at + "/rank-00000.safetensors", [](std::string& b) { b.resize(b.size() - 100); });
+      },
+      absl::StatusCode::kDataLoss, "(truncated or replaced)");
+  ExpectRefused(
+      "manifest-not-json",
+      [](const std::string& at) { Rewrite(at + "/manifest.json", [](std::string& b) { b.resize(10); }); },
+      absl::StatusCode::kDataLoss, "manifest.json: not JSON");
+  ExpectRefused(
+      "other-version",
+      [](const std::string& at) {
+        Rewrite(at + "/manifest.json", [](std::string& b) {
+          const size_t i = b.find("memwall.checkpoint/1");
+          b.replace(i, 20, "memwall.checkpoint/9");
+        });
+      },
+      absl::StatusCode::kInvalidArgument,
+      "field 'schema' is 'memwall.checkpoint/9', expected 'memwall.checkpoint/1'");
+  ExpectRefused(
+      "missing-field",
+      [](const std::string& at) {
+        Rewrite(at + "/manifest.json", [](std::string& b) {
+          const size_t i = b.find("\"trainer_steps\"");
+          b.replace(i, 15, "\"trainer_stepz\"");
+        });
+      },
+      absl::StatusCode::kInvalidArgument, "field 'trainer_steps' is missing");
+  ExpectRefused(
+      "another-model",
+      [](const std::string& at) {
+        Rewrite(at + "/manifest.json", [](std::string& b) {
+          const size_t i = b.find("fc0.weight");
+          b.replace(i, 10, "fcX.weight");
+        });
+      },
+      absl::StatusCode::kInvalidArgument, "no parameter 'fc0.weight' (the checkpoint is of another model)");
+  ExpectRefused(
+      "missing-file",
+      [](const std::string& at) { fs::remove(at + "/rank-00000.safetensors"); },
+      absl::StatusCode::kNotFound, "rank-00000.safetensors: cannot open");
+}
+
+TEST_CASE("a checkpoint of another optimizer is refused", "[checkpoint][errors]") {
+  const std::string dir = TempDir("other-optimizer");
+  Run adam = Start({"", 1, false});
+  Step(adam);
+  REQUIRE(SaveCheckpoint(*adam.trainer, dir, 1).ok());
+  Run sgd = Start({"", 1, false, 0, false, false, true});
+  const absl::Status s = LoadCheckpoint(*sgd.trainer, dir).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("field 'states' is [master, exp_avg, exp_avg_sq], this run's optimizer "
+                             "keeps [master, momentum]"));
+  const absl::Status none = LoadCheckpoint(*sgd.trainer, TempDir("nothing-here")).status();
+  CHECK(none.code() == absl::StatusCode::kNotFound);
+  World().Barrier().IgnoreError();
+}
+
+}  // namespace
+}  // namespace memwall
