@@ -46,6 +46,14 @@ ABSL_FLAG(std::string, data, "",
           "train: a text file to train on, byte-level; empty uses a built-in synthetic corpus.");
 ABSL_FLAG(uint64_t, seed, 1, "train: seed of the parameter initialisation.");
 ABSL_FLAG(int64_t, log_every, 10, "train: print progress every this many steps.");
+ABSL_FLAG(std::string, save, "",
+          "train: save training checkpoints into this directory (at the end, and every "
+          "--save_every steps).");
+ABSL_FLAG(int64_t, save_every, 0, "train: with --save, also save every this many steps (0: only at the end).");
+ABSL_FLAG(int, keep_checkpoints, 3, "train: with --save, keep the newest this many checkpoints.");
+ABSL_FLAG(std::string, resume, "",
+          "train: resume from the newest complete checkpoint in this directory (any number of "
+          "ranks and any ZeRO stage may have saved it); --steps is the step to train up to.");
 ABSL_FLAG(int, simulate_ranks, 1,
           "train with --backend meta: the number of ranks the single process plays rank 0 of.");
 ABSL_FLAG(int, ranks, 2, "launch: the number of MPI ranks (processes) to start.");
@@ -77,6 +85,7 @@ usage:
                 [--backend host|cuda|meta] [--device_memory SIZE] [--seed S]
                 [--pinned_memory SIZE]
                 [--log_every N] [--simulate_ranks N] [--out DIR]
+                [--save DIR [--save_every N] [--keep_checkpoints K]] [--resume DIR]
       Trains a GPT (byte-level text) with ZeRO sharding across the MPI ranks
       it was launched on, printing loss, tokens/s and peak device memory by
       category, then a summary. Out of memory writes the memory reports of
@@ -96,6 +105,12 @@ usage:
       "nvme_path" keeps them in a file on a local disk instead); at stage 3
       offload_param {"device": "cpu"} pages the parameter shards in from
       there too.
+      --save DIR writes training checkpoints (every rank's shard of the f32
+      master weights and optimizer states, step counters and loss scaler,
+      a manifest with CRC-32s written last) to DIR/step-<N>; --resume DIR
+      continues from the newest complete one, bit for bit as if never
+      stopped, on any number of ranks and at any ZeRO stage; --steps is
+      then the step to train up to.
       With --backend cuda each rank trains on a GPU (rank modulo the visible
       GPUs; cuBLAS and memwall's CUDA kernels) and the ranks reduce over
       NCCL; --device_memory caps the memwall allocator there. With --backend
@@ -255,6 +270,10 @@ int Train() {
   options.data_path = absl::GetFlag(FLAGS_data);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.log_every = absl::GetFlag(FLAGS_log_every);
+  options.save_dir = absl::GetFlag(FLAGS_save);
+  options.save_every = absl::GetFlag(FLAGS_save_every);
+  options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  options.resume_dir = absl::GetFlag(FLAGS_resume);
   if (!absl::GetFlag(FLAGS_out).empty()) options.oom_dir = absl::GetFlag(FLAGS_out);
   const absl::Status status = memwall::RunTrain(options);
   return status.ok() ? 0 : Fail(status);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/trainer.h"
 #include "models/corpus.h"
@@ -145,9 +146,32 @@ absl::Status RunTrain(const TrainOptions& options) {
     std::fflush(stdout);
   }
 
+  if (options.save_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--save_every: expected >= 0, got ", options.save_every));
+  }
+  if (!options.resume_dir.empty()) {
+    MW_ASSIGN_OR_RETURN(const std::string loaded, LoadCheckpoint(*trainer, options.resume_dir));
+    if (rank == 0) {
+      std::printf("resumed from %s at step %lld\n", loaded.c_str(),
+                  static_cast<long long>(trainer->steps()));
+      std::fflush(stdout);
+    }
+  }
+  auto save = [&]() -> absl::Status {
+    MW_ASSIGN_OR_RETURN(const std::string saved,
+                        SaveCheckpoint(*trainer, options.save_dir, options.keep_checkpoints));
+    if (rank == 0) {
+      std::printf("saved %s\n", saved.c_str());
+      std::fflush(stdout);
+    }
+    return absl::OkStatus();
+  };
+
   float first_loss = 0, last_loss = 0;
   double seconds = 0;
-  for (int64_t step = 0; step < options.steps; ++step) {
+  const int64_t first_step = trainer->steps();
+  for (int64_t step = first_step; step < options.steps; ++step) {
     std::vector<Batch> batches;
     for (int u = 0; u < accumulation; ++u) {
       MW_ASSIGN_OR_RETURN(Batch b, corpus.MakeBatch(*device, rank, micro, gpt.seq,
@@ -180,9 +204,14 @@ absl::Status RunTrain(const TrainOptions& options) {
           MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_FLOAT, MPI_SUM, world->comm()), "MPI_Allreduce"));
       loss /= ranks;
     }
-    if (step == 0) first_loss = loss;
+    if (step == first_step) first_loss = loss;
     last_loss = loss;
-    const bool log = (step + 1) % options.log_every == 0 || step + 1 == options.steps || step == 0;
+    if (!options.save_dir.empty() && options.save_every > 0 && (step + 1) % options.save_every == 0 &&
+        step + 1 < options.steps) {
+      MW_RETURN_IF_ERROR(save());
+    }
+    const bool log =
+        (step + 1) % options.log_every == 0 || step + 1 == options.steps || step == first_step;
     if (!log) continue;
     const AllocatorStats s = device->allocator().stats();
     std::array<int64_t, 5> peaks;
@@ -208,10 +237,12 @@ absl::Status RunTrain(const TrainOptions& options) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
-  if (world->rank() == 0) {
-    std::printf("summary: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(options.steps),
+  if (!options.save_dir.empty()) MW_RETURN_IF_ERROR(save());
+  const int64_t ran = options.steps - first_step;
+  if (world->rank() == 0 && ran > 0) {
+    std::printf("summary: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(ran),
                 static_cast<long long>(trainer->optimizer().steps_skipped()),
-                tokens_per_step * options.steps / seconds);
+                tokens_per_step * ran / seconds);
     if (computes) {
       std::printf(", loss %.4f -> %.4f (ln(vocab) = %.4f)", first_loss, last_loss,
                   std::log(double(gpt.vocab)));

@@ -22,7 +22,17 @@ struct TrainOptions {
   // The pinned host pool (offloaded optimizer states and activations); 0:
   // what PinnedBytes (cli/session.h) derives from the config.
   int64_t pinned_bytes = 0;
+  // The step the run trains up to (a resumed run continues from the
+  // checkpoint's step to this one).
   int64_t steps = 100;
+  // Training checkpoints (engine/checkpoint.h): saved into `save_dir`
+  // every `save_every` steps (0: only at the end) and at the end, keeping
+  // the newest `keep_checkpoints`; `resume_dir` loads the newest complete
+  // checkpoint under it first (at any world size and stage).
+  std::string save_dir;
+  int64_t save_every = 0;
+  int keep_checkpoints = 3;
+  std::string resume_dir;
   // A text file; empty means the built-in synthetic corpus.
   std::string data_path;
   uint64_t seed = 1;
