@@ -17,6 +17,7 @@
 #include "cli/plan.h"
 #include "cli/profile.h"
 #include "cli/train.h"
+#include "engine/checkpoint.h"
 #include "runtime/device.h"
 #include "runtime/units.h"
 
@@ -51,6 +52,8 @@ ABSL_FLAG(std::string, save, "",
           "--save_every steps).");
 ABSL_FLAG(int64_t, save_every, 0, "train: with --save, also save every this many steps (0: only at the end).");
 ABSL_FLAG(int, keep_checkpoints, 3, "train: with --save, keep the newest this many checkpoints.");
+ABSL_FLAG(std::string, checkpoint, "", "export: a checkpoint directory (or a --save directory).");
+ABSL_FLAG(std::string, dtype, "f32", "export: f32 or bf16.");
 ABSL_FLAG(std::string, resume, "",
           "train: resume from the newest complete checkpoint in this directory (any number of "
           "ranks and any ZeRO stage may have saved it); --steps is the step to train up to.");
@@ -142,6 +145,11 @@ usage:
       of stage, optimizer offload, parameter paging, NVMe and recomputation,
       predicts each one's step time on a hardware profile, and prints the
       fastest that fits as a config file (written to --out FILE if given).
+
+  memwall export --checkpoint DIR --out FILE [--dtype f32|bf16]
+      Writes the master weights of the newest complete checkpoint under DIR
+      (or DIR itself) as one safetensors file, a tensor per parameter by
+      name, reading one parameter at a time (default dtype f32).
 
   memwall launch [--ranks K] -- COMMAND [ARGS...]
       Runs COMMAND as K MPI ranks on this machine (mpirun with the settings
@@ -279,6 +287,23 @@ int Train() {
   return status.ok() ? 0 : Fail(status);
 }
 
+int Export() {
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  if (dtype != "f32" && dtype != "bf16") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--dtype: expected f32 or bf16, got '", dtype, "'")));
+  }
+  if (absl::GetFlag(FLAGS_checkpoint).empty() || absl::GetFlag(FLAGS_out).empty()) {
+    return Fail(absl::InvalidArgumentError("export: --checkpoint DIR and --out FILE are required"));
+  }
+  const absl::StatusOr<std::string> exported =
+      memwall::ExportCheckpoint(absl::GetFlag(FLAGS_checkpoint), absl::GetFlag(FLAGS_out),
+                                dtype == "f32" ? memwall::DType::kF32 : memwall::DType::kBF16);
+  if (!exported.ok()) return Fail(exported.status());
+  std::printf("exported %s to %s (%s)\n", exported->c_str(), absl::GetFlag(FLAGS_out).c_str(),
+              dtype.c_str());
+  return 0;
+}
+
 // Replaces this process with mpirun starting `command` on K ranks.
 int Launch(const std::vector<char*>& command) {
   const int ranks = absl::GetFlag(FLAGS_ranks);
@@ -347,5 +372,6 @@ int main(int argc, char** argv) {
   if (command == "demo") return Demo();
   if (command == "profile") return Profile();
   if (command == "plan") return Plan();
+  if (command == "export") return Export();
   return Usage();
 }

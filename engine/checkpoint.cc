@@ -372,11 +372,16 @@ absl::Status ReadHeader(const std::string& path, int64_t bytes, std::map<std::st
 struct Loaded {
   ShardedOptimizer::Progress progress;
   int64_t trainer_steps = 0;
+  std::vector<std::string> states;
+  // The saved parameters, in the manifest's order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameters;
   std::map<std::string, Tensor32> tensors;
+  std::string manifest;
 };
 
-// Everything a load reads, checked before anything changes.
-absl::StatusOr<Loaded> Validate(Trainer& trainer, const std::string& at) {
+// Everything in the checkpoint at `at`, checked: the manifest's fields,
+// every file's size and CRC-32, every header, every tensor present.
+absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
   const std::string manifest_path = (fs::path(at) / kManifest).string();
   std::ifstream in(manifest_path);
   if (!in) return absl::NotFoundError(absl::StrCat("checkpoint ", manifest_path, ": cannot open"));
@@ -392,6 +397,7 @@ absl::StatusOr<Loaded> Validate(Trainer& trainer, const std::string& at) {
                                                    "', expected '", kSchema, "'"));
   }
   Loaded loaded;
+  loaded.manifest = manifest_path;
   MW_ASSIGN_OR_RETURN(loaded.trainer_steps, Field<int64_t>(m, manifest_path, "trainer_steps"));
   const std::string pp = manifest_path + " progress";
   if (!m.contains("progress")) return Field<int64_t>(m, manifest_path, "progress").status();
@@ -401,47 +407,26 @@ absl::StatusOr<Loaded> Validate(Trainer& trainer, const std::string& at) {
   MW_ASSIGN_OR_RETURN(loaded.progress.loss_scale, Field<float>(p, pp, "loss_scale"));
   MW_ASSIGN_OR_RETURN(loaded.progress.clean_steps, Field<int>(p, pp, "clean_steps"));
   MW_ASSIGN_OR_RETURN(loaded.progress.overflows_left, Field<int>(p, pp, "overflows_left"));
-  const std::vector<std::string> states = StateNames(trainer.optimizer());
-  MW_ASSIGN_OR_RETURN(const std::vector<std::string> saved_states,
-                      Field<std::vector<std::string>>(m, manifest_path, "states"));
-  if (saved_states != states) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ", manifest_path, ": field 'states' is [", absl::StrJoin(saved_states, ", "),
-        "], this run's optimizer keeps [", absl::StrJoin(states, ", "), "]"));
+  MW_ASSIGN_OR_RETURN(loaded.states, Field<std::vector<std::string>>(m, manifest_path, "states"));
+  if (loaded.states.empty() || loaded.states[0] != "master") {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path,
+                                                   ": field 'states' must start with \"master\""));
   }
-  // The model's parameters, by name and shape.
-  std::map<std::string, std::vector<int64_t>> model;
-  for (const Param& param : ParamsOf(trainer)) model[param.name] = param.shape;
   if (!m.contains("parameters") || !m["parameters"].is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": field 'parameters' is missing or not a list"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", manifest_path, ": field 'parameters' is missing or not a list"));
   }
-  std::map<std::string, std::vector<int64_t>> saved;
   for (size_t i = 0; i < m["parameters"].size(); ++i) {
     const std::string where = absl::StrCat(manifest_path, " parameters[", i, "]");
     MW_ASSIGN_OR_RETURN(const std::string name, Field<std::string>(m["parameters"][i], where, "name"));
-    MW_ASSIGN_OR_RETURN(saved[name], Field<std::vector<int64_t>>(m["parameters"][i], where, "shape"));
-  }
-  for (const auto& [name, shape] : model) {
-    auto it = saved.find(name);
-    if (it == saved.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": no parameter '", name,
-                                                     "' (the checkpoint is of another model)"));
-    }
-    if (it->second != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint ", manifest_path, ": parameter '", name, "' has shape [", absl::StrJoin(it->second, ", "),
-          "], the model's is [", absl::StrJoin(shape, ", "), "]"));
-    }
-  }
-  for (const auto& [name, shape] : saved) {
-    if (!model.count(name)) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": parameter '", name,
-                                                     "' is not in the model (the checkpoint is of another model)"));
-    }
+    MW_ASSIGN_OR_RETURN(const std::vector<int64_t> shape,
+                        Field<std::vector<int64_t>>(m["parameters"][i], where, "shape"));
+    loaded.parameters.emplace_back(name, shape);
   }
   // Every file whole (size and CRC-32), every header sound.
   if (!m.contains("files") || !m["files"].is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": field 'files' is missing or not a list"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", manifest_path, ": field 'files' is missing or not a list"));
   }
   for (size_t i = 0; i < m["files"].size(); ++i) {
     const std::string where = absl::StrCat(manifest_path, " files[", i, "]");
@@ -459,10 +444,15 @@ absl::StatusOr<Loaded> Validate(Trainer& trainer, const std::string& at) {
     }
     MW_RETURN_IF_ERROR(ReadHeader(path, bytes, loaded.tensors));
   }
-  for (const auto& [name, shape] : model) {
+  return loaded;
+}
+
+// Every state of every parameter the manifest lists is in the files.
+absl::Status CheckTensors(const Loaded& loaded, const std::string& at) {
+  for (const auto& [name, shape] : loaded.parameters) {
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
-    for (const std::string& state : states) {
+    for (const std::string& state : loaded.states) {
       auto it = loaded.tensors.find(absl::StrCat(name, "/", state));
       if (it == loaded.tensors.end() || it->second.numel != numel) {
         return absl::DataLossError(absl::StrCat("checkpoint ", at, ": tensor '", name, "/", state,
@@ -470,6 +460,40 @@ absl::StatusOr<Loaded> Validate(Trainer& trainer, const std::string& at) {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// The checkpoint at `at` read and checked against `trainer`'s model and
+// optimizer, before anything changes.
+absl::StatusOr<Loaded> Validate(Trainer& trainer, const std::string& at) {
+  MW_ASSIGN_OR_RETURN(Loaded loaded, ReadVerified(at));
+  const std::vector<std::string> states = StateNames(trainer.optimizer());
+  if (loaded.states != states) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", loaded.manifest, ": field 'states' is [", absl::StrJoin(loaded.states, ", "),
+        "], this run's optimizer keeps [", absl::StrJoin(states, ", "), "]"));
+  }
+  std::map<std::string, std::vector<int64_t>> model, saved(loaded.parameters.begin(), loaded.parameters.end());
+  for (const Param& param : ParamsOf(trainer)) model[param.name] = param.shape;
+  for (const auto& [name, shape] : model) {
+    auto it = saved.find(name);
+    if (it == saved.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", loaded.manifest, ": no parameter '", name,
+                                                     "' (the checkpoint is of another model)"));
+    }
+    if (it->second != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", loaded.manifest, ": parameter '", name, "' has shape [",
+          absl::StrJoin(it->second, ", "), "], the model's is [", absl::StrJoin(shape, ", "), "]"));
+    }
+  }
+  for (const auto& [name, shape] : saved) {
+    if (!model.count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", loaded.manifest, ": parameter '", name,
+                                                     "' is not in the model (the checkpoint is of another model)"));
+    }
+  }
+  MW_RETURN_IF_ERROR(CheckTensors(loaded, at));
   return loaded;
 }
 
@@ -512,6 +536,67 @@ absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& 
   }
   opt.set_progress(loaded->progress);
   trainer.set_steps(loaded->trainer_steps);
+  return at;
+}
+
+absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
+                                             DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("export: dtype ", DTypeName(dtype),
+                                                   "; expected f32 or bf16"));
+  }
+  MW_ASSIGN_OR_RETURN(const std::string at, FindCheckpoint(path));
+  MW_ASSIGN_OR_RETURN(const Loaded loaded, ReadVerified(at));
+  MW_RETURN_IF_ERROR(CheckTensors(loaded, at));
+  const size_t size = DTypeSize(dtype);
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"},
+                            {"memwall_checkpoint", at},
+                            {"step", std::to_string(loaded.trainer_steps)}};
+  int64_t offset = 0;
+  for (const auto& [name, shape] : loaded.parameters) {
+    const int64_t bytes = size * loaded.tensors.at(name + "/master").numel;
+    header[name] = {{"dtype", dtype == DType::kF32 ? "F32" : "BF16"},
+                    {"shape", shape},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data 8-byte aligned, as safetensors writers do
+  const std::string tmp = out + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Errno(tmp, "create");
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const uint64_t length = text.size();
+  absl::Status written = WriteAll(fd, tmp, &length, 8, crc);
+  if (written.ok()) written = WriteAll(fd, tmp, text.data(), text.size(), crc);
+  // One parameter in memory at a time.
+  std::map<std::string, std::ifstream> files;
+  for (size_t i = 0; i < loaded.parameters.size() && written.ok(); ++i) {
+    const Tensor32& t = loaded.tensors.at(loaded.parameters[i].first + "/master");
+    std::vector<float> values(t.numel);
+    std::ifstream& in = files[t.file];
+    if (!in.is_open()) in.open(t.file, std::ios::binary);
+    in.seekg(t.offset);
+    if (!in.read(reinterpret_cast<char*>(values.data()), 4 * t.numel)) {
+      written = absl::DataLossError(absl::StrCat("checkpoint ", t.file, ": read failed"));
+      break;
+    }
+    if (dtype == DType::kF32) {
+      written = WriteAll(fd, tmp, values.data(), 4 * t.numel, crc);
+    } else {
+      std::vector<uint16_t> low(t.numel);
+      for (int64_t j = 0; j < t.numel; ++j) low[j] = F32ToBf16(values[j]);
+      written = WriteAll(fd, tmp, low.data(), 2 * t.numel, crc);
+    }
+  }
+  if (written.ok() && ::fsync(fd) != 0) written = Errno(tmp, "fsync");
+  ::close(fd);
+  if (written.ok() && ::rename(tmp.c_str(), out.c_str()) != 0) written = Errno(out, "rename");
+  if (!written.ok()) {
+    ::unlink(tmp.c_str());
+    return written;
+  }
   return at;
 }
 

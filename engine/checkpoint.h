@@ -1,5 +1,6 @@
 // Training checkpoints (model state, not activation checkpointing): save,
-// resume on any number of ranks and any ZeRO stage, and export.
+// resume on any number of ranks and any ZeRO stage, and export of the
+// consolidated model.
 //
 // A checkpoint is a directory `<dir>/step-<8 digits>` holding one file per
 // saving rank, `rank-<5 digits>.safetensors`, and `manifest.json`, written
@@ -42,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/trainer.h"
+#include "runtime/dtype.h"
 
 namespace memwall {
 
@@ -58,6 +60,14 @@ absl::StatusOr<std::string> FindCheckpoint(const std::string& dir);
 // `trainer`, whatever world size and stage saved it. Returns the directory
 // loaded.
 absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& path);
+
+// Not collective: writes the master weights of the checkpoint at `path`
+// (see FindCheckpoint) as one safetensors file `out` with a tensor per
+// parameter, by name, in `dtype` (f32, or bf16 rounded to nearest even),
+// reading one parameter at a time; written under a temporary name and
+// renamed, so `out` is whole or absent. Returns the checkpoint exported.
+absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
+                                             DType dtype);
 
 }  // namespace memwall
 

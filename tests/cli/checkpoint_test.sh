@@ -89,6 +89,14 @@ out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/zero3.json" --steps 10 --lo
 check "stage 2 -> stage 3" "$out" "ZeRO stage 3" "resumed from $tmp/four/step-00000006 at step 6" \
   "summary: 4 steps (0 skipped)"
 
+# Export: one safetensors file of the master weights.
+out=$("$memwall" export --checkpoint "$tmp/four" --out "$tmp/model.safetensors" --dtype bf16 2>&1)
+check "export" "$out" "exported $tmp/four/step-00000006 to $tmp/model.safetensors (bf16)"
+[ -s "$tmp/model.safetensors" ] && head -c 4000 "$tmp/model.safetensors" | grep -q '"BF16"' && pass ||
+  fail "export wrote no BF16 safetensors file"
+out=$("$memwall" export --checkpoint "$tmp/four" --out "$tmp/m.safetensors" --dtype f16 2>&1)
+check "export bad dtype" "$out" "--dtype: expected f32 or bf16, got 'f16'"
+
 # Bad input.
 out=$("$memwall" train --resume "$tmp/nothing" 2>&1)
 check "missing checkpoint" "$out" "NOT_FOUND: checkpoint $tmp/nothing: no such directory"

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "nlohmann/json.hpp"
 #include "models/layers.h"
 #include "runtime/units.h"
 #include "tests/support/mpi_world.h"
@@ -291,6 +292,57 @@ TEST_CASE("damaged, truncated, foreign and mismatched checkpoints are refused by
       "missing-file",
       [](const std::string& at) { fs::remove(at + "/rank-00000.safetensors"); },
       absl::StatusCode::kNotFound, "rank-00000.safetensors: cannot open");
+}
+
+TEST_CASE("export writes the master weights as one safetensors file, f32 or bf16",
+          "[checkpoint][export]") {
+  const std::string dir = TempDir("export");
+  Run run = Start({"", 3, true});
+  for (int k = 0; k < 2; ++k) Step(run);
+  const std::string at = SaveCheckpoint(*run.trainer, dir, 1).value();
+  const std::vector<float> master = Weights(run);
+  if (World().rank() == 0) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      INFO(DTypeName(dtype));
+      const std::string out = absl::StrCat(dir, "/model-", DTypeName(dtype), ".safetensors");
+      REQUIRE(ExportCheckpoint(dir, out, dtype).value() == at);
+      std::ifstream in(out, std::ios::binary);
+      uint64_t length = 0;
+      in.read(reinterpret_cast<char*>(&length), 8);
+      std::string text(length, '\0');
+      in.read(text.data(), length);
+      const nlohmann::json header = nlohmann::json::parse(text);
+      CHECK(header["__metadata__"]["step"] == "2");
+      const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      // Parameters in the model's order, each at its offsets, exact.
+      size_t next = 0;
+      for (const auto& layer : run.trainer->layers()) {
+        for (const ParameterDecl& d : layer->Parameters()) {
+          const nlohmann::json& t = header.at(layer->name() + "." + d.name);
+          CHECK(t["dtype"] == (dtype == DType::kF32 ? "F32" : "BF16"));
+          CHECK(t["shape"].get<std::vector<int64_t>>() == d.shape);
+          const int64_t begin = t["data_offsets"][0], end = t["data_offsets"][1];
+          const int64_t n = (end - begin) / static_cast<int64_t>(DTypeSize(dtype));
+          for (int64_t j = 0; j < n; ++j, ++next) {
+            if (dtype == DType::kF32) {
+              float v;
+              std::memcpy(&v, data.data() + begin + 4 * j, 4);
+              REQUIRE(std::memcmp(&v, &master[next], 4) == 0);
+            } else {
+              uint16_t v;
+              std::memcpy(&v, data.data() + begin + 2 * j, 2);
+              REQUIRE(v == F32ToBf16(master[next]));
+            }
+          }
+        }
+      }
+      CHECK(next == master.size());
+    }
+    const absl::Status bad = ExportCheckpoint(dir, dir + "/x.safetensors", DType::kF16).status();
+    CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(bad.message() == "export: dtype f16; expected f32 or bf16");
+  }
+  World().Barrier().IgnoreError();
 }
 
 TEST_CASE("a checkpoint of another optimizer is refused", "[checkpoint][errors]") {
