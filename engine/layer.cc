@@ -148,4 +148,13 @@ absl::StatusOr<Tensor> LayerContext::Workspace(std::vector<int64_t> shape) {
                        absl::StrCat(layer_, ".workspace"));
 }
 
+void LayerContext::Discard() {
+  (void)stream_.Synchronize();  // a failed step's error is already the caller's
+  saved_.clear();
+  param_copies_.clear();
+  grad_copies_.clear();
+  staged_.clear();
+  reads_.clear();
+}
+
 }  // namespace memwall

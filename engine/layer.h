@@ -120,6 +120,9 @@ class LayerContext {
   // Engine side: waits for the stream, then frees the f32 parameter copies
   // and the f32 copies Read made.
   absl::Status ReleaseWorkspace();
+  // Engine side, after a failed step: waits for the stream and drops all the
+  // context holds (saved tensors, workspaces, unflushed gradient copies).
+  void Discard();
 
  private:
   struct Widened {

@@ -294,16 +294,31 @@ absl::StatusOr<Trainer::StepReport> Trainer::TrainStep(absl::Span<const Batch> m
         expected));
   }
   StepReport report;
-  ScopedPhase step(profiler_, absl::StrCat("step ", steps_++));
+  ScopedPhase step(profiler_, absl::StrCat("step ", steps_));
+  absl::Status failed = absl::OkStatus();
   double sum = 0;
-  for (size_t u = 0; u < micro_batches.size(); ++u) {
+  for (size_t u = 0; u < micro_batches.size() && failed.ok(); ++u) {
     ScopedPhase micro(profiler_, absl::StrCat("micro-batch ", u));
-    MW_ASSIGN_OR_RETURN(const float loss, MicroBatch(micro_batches[u]));
-    sum += loss;
+    absl::StatusOr<float> loss = MicroBatch(micro_batches[u]);
+    if (loss.ok()) sum += *loss;
+    failed = loss.status();
   }
-  report.loss = static_cast<float>(sum / expected);
-  ScopedPhase update(profiler_, "optimizer step");
-  MW_ASSIGN_OR_RETURN(report.step, optimizer_->Step());
+  if (failed.ok()) {
+    report.loss = static_cast<float>(sum / expected);
+    ScopedPhase update(profiler_, "optimizer step");
+    absl::StatusOr<ShardedOptimizer::StepResult> stepped = optimizer_->Step();
+    if (stepped.ok()) report.step = *stepped;
+    failed = stepped.status();
+  }
+  if (!failed.ok()) {
+    // Nothing of the failed step stays: activations, gathered parameters,
+    // gradients. The model is as before it, and the next step starts clean.
+    for (auto& context : contexts_) context->Discard();
+    loss_context_->Discard();
+    (void)optimizer_->AbortStep();  // `failed` is the error to report
+    return failed;
+  }
+  ++steps_;
   return report;
 }
 

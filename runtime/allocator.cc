@@ -116,6 +116,10 @@ absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(size_t bytes,
                                                         MemoryCategory category,
                                                         absl::string_view owner) {
   absl::MutexLock lock(&mu_);
+  if (++allocate_calls_ == fail_at_call_) {
+    fail_at_call_ = 0;
+    return OutOfMemory(bytes, category, owner, "injected failure");
+  }
   const size_t rounded = RoundUp(std::max<size_t>(bytes, 1), kMinBlockSize);
   if (rounded < bytes || rounded > static_cast<size_t>(capacity_)) {
     return OutOfMemory(bytes, category, owner, "the request alone exceeds the capacity");
@@ -149,6 +153,16 @@ absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(size_t bytes,
        static_cast<int64_t>(block->size), block->address);
   void* data = touch_bytes_ ? reinterpret_cast<void*>(block->address) : nullptr;
   return DeviceBuffer(this, block, data, bytes);
+}
+
+void CachingAllocator::InjectFailure(int64_t nth) {
+  absl::MutexLock lock(&mu_);
+  fail_at_call_ = nth > 0 ? allocate_calls_ + nth : 0;
+}
+
+int64_t CachingAllocator::allocate_calls() const {
+  absl::MutexLock lock(&mu_);
+  return allocate_calls_;
 }
 
 CachingAllocator::Block* CachingAllocator::FindFreeBlock(FreeSet& pool,

@@ -121,6 +121,13 @@ class CachingAllocator {
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, MemoryCategory category,
                                         absl::string_view owner);
 
+  // Fault injection (tests): the `nth` Allocate call from now (1 = the
+  // next) fails with kResourceExhausted ("injected failure"), as a full
+  // device would, once; 0 cancels. Thread-safe.
+  void InjectFailure(int64_t nth);
+  // Allocate calls so far (failed ones included).
+  int64_t allocate_calls() const;
+
   // Gives every fully free cached segment back to the backend.
   void EmptyCache();
 
@@ -189,6 +196,8 @@ class CachingAllocator {
   std::vector<MemoryListener*> listeners_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_segment_serial_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t allocate_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t fail_at_call_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no injected failure
 };
 
 }  // namespace memwall

@@ -593,7 +593,7 @@ kernels::SgdParams SgdFor(const OptimizerConfig& o, float grad_scale) {
 }  // namespace
 
 absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale,
-                                           void* host_scratch) {
+                                           void* host_scratch, void* device_scratch) {
   const DType dtype = config_.param_dtype();
   const int64_t k = host_numel(flat), n = update_numel(flat) - k, begin = update_begin(flat);
   const OptimizerConfig& o = config_.optimizer;
@@ -610,12 +610,9 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
   const void* grads = device_.holds_bytes()
                           ? static_cast<const char*>(UpdateGradients(flat, group)) + k * DTypeSize(dtype)
                           : nullptr;
-  DeviceBuffer grads32;
   if (dtype != DType::kF32) {
-    MW_ASSIGN_OR_RETURN(grads32, device_.Allocate(n * 4, MemoryCategory::kWorkspace,
-                                                  absl::StrCat(flat.name, ".grad_f32")));
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, grads, dtype, grads32.data(), DType::kF32, n));
-    grads = grads32.data();
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, grads, dtype, device_scratch, DType::kF32, n));
+    grads = device_scratch;
   }
   // The f32 weights updated, and the parameter copy refreshed in the same
   // pass (mixed precision only).
@@ -644,6 +641,25 @@ absl::Status ShardedOptimizer::ZeroGradients(const FlatGroup& flat, Group& group
   if (group.grads.empty()) return absl::OkStatus();  // streamed to host: nothing kept
   const int64_t n = stage() <= 1 ? flat.padded_numel : flat.shard_numel;
   return kernels::Fill(device_, *comm_stream_, group.grads.data(), config_.param_dtype(), n, 0.0f);
+}
+
+absl::Status ShardedOptimizer::AbortStep() {
+  // Whatever the communication stream still runs finishes first (its
+  // error, if any, is the caller's to see).
+  const absl::Status drained = comm_stream_->Synchronize();
+  retired_.clear();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    Group& group = groups_[g];
+    group.gathered.Reset();
+    group.prefetched = false;
+    group.grad_bucket.Reset();
+    group.reductions = 0;
+    if (group.host != nullptr) group.host->DropGradients();
+    MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], group));
+  }
+  last_gathered_ = -1;
+  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
+  return drained;
 }
 
 void ShardedOptimizer::UpdateLossScale(bool overflow) {
@@ -794,6 +810,20 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
       return groups_[g].host->Commit(*comm_stream_, params_at);
     };
     const bool two_phase = nvme_ != nullptr;
+    // The device part's gradients widened to f32, one group at a time:
+    // allocated before any group changes, so that no allocation can fail
+    // once the first group has updated (a failed step changes nothing).
+    DeviceBuffer widened;
+    if (mixed()) {
+      int64_t largest = 0;
+      for (const FlatGroup& flat : layout_.groups) {
+        largest = std::max(largest, update_numel(flat) - host_numel(flat));
+      }
+      if (largest > 0) {
+        MW_ASSIGN_OR_RETURN(widened, device_.Allocate(largest * 4, MemoryCategory::kWorkspace,
+                                                      "optimizer.grad_f32"));
+      }
+    }
     std::vector<DeviceBuffer> scratch;
     if (!two_phase) {
       int64_t largest = 0;
@@ -816,7 +846,8 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
         scratch.push_back(std::move(own));
       }
       void* host_scratch = scratch.empty() ? nullptr : scratch.back().data();
-      MW_RETURN_IF_ERROR(ApplyUpdate(layout_.groups[g], group, grad_scale, host_scratch));
+      MW_RETURN_IF_ERROR(
+          ApplyUpdate(layout_.groups[g], group, grad_scale, host_scratch, widened.data()));
       if (group.host != nullptr && !two_phase) MW_RETURN_IF_ERROR(commit(g));
     }
     if (two_phase) {

@@ -199,6 +199,15 @@ class ShardedOptimizer {
   // f32 mode) into `out`, gathering shards. For tests.
   absl::Status MasterWeights(absl::string_view name, absl::Span<float> out);
 
+  // Forgets a step that failed part-way (an allocation or a collective
+  // error in a micro-batch or in Step before its update): waits for the
+  // communication stream, drops gathered groups, prefetches, gradient
+  // buckets and reductions in flight, and zeroes the accumulated gradients.
+  // Parameters and optimizer states are untouched: Step() allocates all it
+  // needs before the first group updates, so a failure never leaves part
+  // of the model updated. The next micro-batch starts a fresh step.
+  absl::Status AbortStep();
+
   // Checkpoints. The f32 arrays the optimizer keeps per element: 0 master
   // weights (the parameters in f32 runs), then Adam's m and v, or SGD's
   // momentum buffer (none without momentum).
@@ -319,9 +328,10 @@ class ShardedOptimizer {
   // This rank's gradient elements of group g (param_dtype).
   void* UpdateGradients(const FlatGroup& flat, Group& group);
   // `host_scratch`: pinned scratch for the group's host part (see
-  // HostOptimizerSlice::Update); unused without one.
+  // HostOptimizerSlice::Update); unused without one. `device_scratch`: f32
+  // room for the device part's gradients (mixed precision).
   absl::Status ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale,
-                           void* host_scratch);
+                           void* host_scratch, void* device_scratch);
   absl::Status ZeroGradients(const FlatGroup& flat, Group& group);
   void UpdateLossScale(bool overflow);
 
