@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -65,8 +66,19 @@ absl::Status Errno(const std::string& path, const char* what) {
   return absl::InternalError(absl::StrCat("checkpoint ", path, ": ", what, ": ", std::strerror(errno)));
 }
 
+// Fault injection (InjectCheckpointWriteFailure): bytes this process may
+// still write to checkpoint files before writes fail; < 0: no limit.
+std::atomic<int64_t> write_budget{-1};
+
 // Writes `bytes` at the end of an open file, updating `crc`.
 absl::Status WriteAll(int fd, const std::string& path, const void* data, size_t bytes, uLong& crc) {
+  if (write_budget.load() >= 0) {
+    if (write_budget.fetch_sub(static_cast<int64_t>(bytes)) < static_cast<int64_t>(bytes)) {
+      write_budget = 0;
+      errno = EIO;
+      return Errno(path, "write (injected failure)");
+    }
+  }
   const char* p = static_cast<const char*>(data);
   for (size_t done = 0; done < bytes;) {  // crc32 takes at most 4 GiB at once
     const size_t chunk = std::min<size_t>(bytes - done, size_t{1} << 30);
@@ -148,6 +160,8 @@ std::vector<Found> StepDirs(const std::string& dir) {
 }
 
 }  // namespace
+
+void InjectCheckpointWriteFailure(int64_t after_bytes) { write_budget = after_bytes; }
 
 absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& dir, int keep) {
   if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("checkpoint keep: expected >= 1, got ", keep));

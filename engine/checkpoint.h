@@ -52,6 +52,10 @@ namespace memwall {
 // checkpoints. Returns the checkpoint's directory. Errors name the path.
 absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& dir, int keep);
 
+// Fault injection (tests): in this process, checkpoint file writes fail
+// (EIO) once `after_bytes` more bytes have been written; -1 cancels.
+void InjectCheckpointWriteFailure(int64_t after_bytes);
+
 // The newest complete checkpoint under `dir` (a directory of step-*
 // checkpoints), or `dir` itself if it holds a manifest. kNotFound if none.
 absl::StatusOr<std::string> FindCheckpoint(const std::string& dir);

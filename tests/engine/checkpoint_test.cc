@@ -345,6 +345,42 @@ TEST_CASE("export writes the master weights as one safetensors file, f32 or bf16
   World().Barrier().IgnoreError();
 }
 
+TEST_CASE("a save whose write fails on one rank fails everywhere and keeps the previous one",
+          "[checkpoint][fault]") {
+  const int world = World().world_size();
+  const int bad = world > 1 ? 1 : 0;  // a rank that writes a group's data
+  for (int64_t after : {int64_t{0}, int64_t{100}, int64_t{5000}}) {
+    INFO("rank " << bad << "'s writes fail after " << after << " bytes, " << world << " ranks");
+    const std::string dir = TempDir(absl::StrCat("write-fault-", after));
+    Run run = Start({"", 2, true});
+    Step(run);
+    REQUIRE(SaveCheckpoint(*run.trainer, dir, 3).ok());
+    const std::vector<float> saved = States(run);
+    Step(run);
+    if (World().rank() == bad) InjectCheckpointWriteFailure(after);
+    const absl::Status failed = SaveCheckpoint(*run.trainer, dir, 3).status();
+    InjectCheckpointWriteFailure(-1);
+    CHECK(failed.code() == absl::StatusCode::kInternal);
+    if (World().rank() == bad) {
+      CHECK_THAT(std::string(failed.message()), Catch::Contains("write (injected failure)"));
+    } else {
+      CHECK_THAT(std::string(failed.message()),
+                 Catch::Contains(absl::StrCat("rank ", bad, " could not write its file; the "
+                                              "previous checkpoint stays the newest")));
+    }
+    // The failed one has no manifest; the previous loads as it was saved.
+    CHECK_FALSE(fs::exists(dir + "/step-00000002/manifest.json"));
+    CHECK(FindCheckpoint(dir).value() == dir + "/step-00000001");
+    Run back = Start({"", 2, true}, 3);
+    REQUIRE(LoadCheckpoint(*back.trainer, dir).ok());
+    CHECK(SameBits(States(back), saved));
+    // Retried, the save succeeds and becomes the newest.
+    REQUIRE(SaveCheckpoint(*run.trainer, dir, 3).ok());
+    CHECK(FindCheckpoint(dir).value() == dir + "/step-00000002");
+    World().Barrier().IgnoreError();
+  }
+}
+
 TEST_CASE("a checkpoint of another optimizer is refused", "[checkpoint][errors]") {
   const std::string dir = TempDir("other-optimizer");
   Run adam = Start({"", 1, false});
