@@ -553,15 +553,21 @@ absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& 
   return at;
 }
 
+absl::StatusOr<std::string> VerifyCheckpoint(const std::string& path) {
+  MW_ASSIGN_OR_RETURN(const std::string at, FindCheckpoint(path));
+  MW_ASSIGN_OR_RETURN(const Loaded loaded, ReadVerified(at));
+  MW_RETURN_IF_ERROR(CheckTensors(loaded, at));
+  return at;
+}
+
 absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
                                              DType dtype) {
   if (dtype != DType::kF32 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("export: dtype ", DTypeName(dtype),
                                                    "; expected f32 or bf16"));
   }
-  MW_ASSIGN_OR_RETURN(const std::string at, FindCheckpoint(path));
+  MW_ASSIGN_OR_RETURN(const std::string at, VerifyCheckpoint(path));
   MW_ASSIGN_OR_RETURN(const Loaded loaded, ReadVerified(at));
-  MW_RETURN_IF_ERROR(CheckTensors(loaded, at));
   const size_t size = DTypeSize(dtype);
   json header = json::object();
   header["__metadata__"] = {{"format", "pt"},

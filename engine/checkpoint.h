@@ -60,6 +60,11 @@ void InjectCheckpointWriteFailure(int64_t after_bytes);
 // checkpoints), or `dir` itself if it holds a manifest. kNotFound if none.
 absl::StatusOr<std::string> FindCheckpoint(const std::string& dir);
 
+// Not collective, no model needed: checks the checkpoint at `path` (see
+// FindCheckpoint) as a load would (manifest fields, file sizes and CRC-32s,
+// safetensors headers, every tensor present). Returns the directory checked.
+absl::StatusOr<std::string> VerifyCheckpoint(const std::string& path);
+
 // Collective: loads the checkpoint at `path` (see FindCheckpoint) into
 // `trainer`, whatever world size and stage saved it. Returns the directory
 // loaded.

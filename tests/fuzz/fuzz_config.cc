@@ -1,0 +1,11 @@
+// libFuzzer entry for memwall::fuzz::Config (tests/fuzz/targets.h); built and
+// run by tools/fuzz.sh with clang.
+#include <cstddef>
+#include <cstdint>
+
+#include "tests/fuzz/targets.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  memwall::fuzz::Config(data, size);
+  return 0;
+}
