@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the test suite under the sanitizers (configs in .bazelrc):
+#   tools/sanitize.sh            ASan+UBSan over every test, then TSan over
+#                                the threaded parts (the host backend's
+#                                communication thread and streams, the
+#                                sharded optimizer's overlap, the profiler)
+#   tools/sanitize.sh asan|tsan  one of them
+# Not part of .ci/run: the instrumented rebuild and the slower tests take
+# about 20 minutes on 2 cores, more than CI's budget allows; run it before
+# landing changes to memory handling or threading.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh --tests
+which=${1:-all}
+if [ "$which" = all ] || [ "$which" = asan ]; then
+  bazel test --config=asan //...
+fi
+if [ "$which" = all ] || [ "$which" = tsan ]; then
+  bazel test --config=tsan //tests/runtime:device_test //tests/runtime:allocator_test \
+    //tests/sharding:sharded_optimizer_test_np1 //tests/engine:trainer_test_np1 \
+    //tests/engine:fault_test_np1 //tests/profiler/...
+fi
