@@ -426,29 +426,27 @@ absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path,
                                                    ": field 'states' must start with \"master\""));
   }
-  if (!m.contains("parameters") || !m["parameters"].is_array()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint ", manifest_path, ": field 'parameters' is missing or not a list"));
+  MW_ASSIGN_OR_RETURN(const json parameters, Field<json>(m, manifest_path, "parameters"));
+  MW_ASSIGN_OR_RETURN(const json files, Field<json>(m, manifest_path, "files"));
+  if (!parameters.is_array() || !files.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", manifest_path, ": fields 'parameters' and 'files' must be lists"));
   }
-  for (size_t i = 0; i < m["parameters"].size(); ++i) {
+  for (size_t i = 0; i < parameters.size(); ++i) {
     const std::string where = absl::StrCat(manifest_path, " parameters[", i, "]");
-    MW_ASSIGN_OR_RETURN(const std::string name, Field<std::string>(m["parameters"][i], where, "name"));
+    MW_ASSIGN_OR_RETURN(const std::string name, Field<std::string>(parameters[i], where, "name"));
     MW_ASSIGN_OR_RETURN(const std::vector<int64_t> shape,
-                        Field<std::vector<int64_t>>(m["parameters"][i], where, "shape"));
+                        Field<std::vector<int64_t>>(parameters[i], where, "shape"));
     loaded.parameters.emplace_back(name, shape);
   }
   // Every file whole (size and CRC-32), every header sound.
-  if (!m.contains("files") || !m["files"].is_array()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint ", manifest_path, ": field 'files' is missing or not a list"));
-  }
-  for (size_t i = 0; i < m["files"].size(); ++i) {
+  for (size_t i = 0; i < files.size(); ++i) {
     const std::string where = absl::StrCat(manifest_path, " files[", i, "]");
-    MW_ASSIGN_OR_RETURN(const std::string name, Field<std::string>(m["files"][i], where, "name"));
-    MW_ASSIGN_OR_RETURN(const int64_t bytes, Field<int64_t>(m["files"][i], where, "bytes"));
-    MW_ASSIGN_OR_RETURN(const int64_t crc, Field<int64_t>(m["files"][i], where, "crc32"));
+    MW_ASSIGN_OR_RETURN(const std::string name, Field<std::string>(files[i], where, "name"));
+    MW_ASSIGN_OR_RETURN(const int64_t bytes, Field<int64_t>(files[i], where, "bytes"));
+    MW_ASSIGN_OR_RETURN(const int64_t crc, Field<int64_t>(files[i], where, "crc32"));
     if (name.find('/') != std::string::npos || bytes < 8) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", where, ": bad file entry ", m["files"][i].dump()));
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", where, ": bad file entry ", files[i].dump()));
     }
     const std::string path = (fs::path(at) / name).string();
     MW_ASSIGN_OR_RETURN(const uLong actual, FileCrc(path, bytes));

@@ -62,13 +62,18 @@ absl::StatusOr<std::pair<DeviceBuffer, char*>> HostOptimizerSlice::Aligned(
   return std::make_pair(std::move(buffer), reinterpret_cast<char*>(aligned));
 }
 
-absl::Status HostOptimizerSlice::WriteState(int which, int64_t begin, int64_t count,
-                                            const float* in) {
+absl::Status HostOptimizerSlice::CheckStateRange(int which, int64_t begin, int64_t count) const {
   if (which < 0 || which >= states_ || begin < 0 || count < 0 || begin + count > numel_) {
     return absl::OutOfRangeError(absl::StrCat("optimizer state ", which, " of '", owner_,
                                               "': elements [", begin, ", ", begin + count,
                                               ") of ", states_, " x ", numel_));
   }
+  return absl::OkStatus();
+}
+
+absl::Status HostOptimizerSlice::WriteState(int which, int64_t begin, int64_t count,
+                                            const float* in) {
+  MW_RETURN_IF_ERROR(CheckStateRange(which, begin, count));
   if (!device_.holds_bytes()) return absl::OkStatus();
   const size_t bytes = count * sizeof(float);
   if (store_ == nullptr) {
@@ -85,11 +90,7 @@ absl::Status HostOptimizerSlice::WriteState(int which, int64_t begin, int64_t co
 }
 
 absl::Status HostOptimizerSlice::ReadState(int which, int64_t begin, int64_t count, float* out) {
-  if (which < 0 || which >= states_ || begin < 0 || count < 0 || begin + count > numel_) {
-    return absl::OutOfRangeError(absl::StrCat("optimizer state ", which, " of '", owner_,
-                                              "': elements [", begin, ", ", begin + count,
-                                              ") of ", states_, " x ", numel_));
-  }
+  MW_RETURN_IF_ERROR(CheckStateRange(which, begin, count));
   if (!device_.holds_bytes()) return absl::OkStatus();
   const size_t bytes = count * sizeof(float);
   if (store_ == nullptr) {

@@ -111,6 +111,9 @@ class HostOptimizerSlice {
         dtype_(param_dtype),
         numel_(numel),
         owner_(std::move(owner)) {}
+  // kOutOfRange unless state `which` is kept and [begin, begin + count)
+  // lies within numel().
+  absl::Status CheckStateRange(int which, int64_t begin, int64_t count) const;
   // Pinned bytes aligned for O_DIRECT: the buffer and the aligned address.
   absl::StatusOr<std::pair<DeviceBuffer, char*>> Aligned(int64_t bytes, absl::string_view suffix);
 

@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 
+#include <cpuid.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,14 +25,19 @@ const char* IsaName(Isa isa) {
   return "unknown";
 }
 
+// CPUID leaf 1, ECX bit 29 (clang before 15 lacks __builtin_cpu_supports("f16c")).
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+}
+
 bool IsaSupported(Isa isa) {
   __builtin_cpu_init();
   switch (isa) {
     case Isa::kGeneric:
       return true;
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
     case Isa::kAvx512:
       return IsaSupported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&

@@ -8,22 +8,9 @@
 set -u
 mpirun_sh=$1
 memwall=$2
-passed=0 failed=0
 tmp=${TEST_TMPDIR:-/tmp}
+source "$(dirname "$0")/check.sh"
 
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAILED: $*" >&2; failed=$((failed + 1)); }
-check() {  # check NAME OUTPUT EXPECTED_SUBSTRING...
-  local name=$1 output=$2 ok=1
-  shift 2
-  for want in "$@"; do
-    if ! grep -qF -- "$want" <<<"$output"; then
-      echo "FAILED: $name: output lacks: $want" >&2
-      ok=0
-    fi
-  done
-  if [ $ok -eq 1 ]; then pass; else failed=$((failed + 1)); echo "$output" >&2; fi
-}
 # The per-step losses of a run's log: "step N loss".
 losses() { sed -nE 's/.* step ([0-9]+)\/[0-9]+ \| loss ([0-9.]+).*/\1 \2/p' <<<"$1"; }
 same_files() {  # same_files DIR_A DIR_B: every rank file byte for byte
@@ -108,5 +95,4 @@ check "bad save_every" "$out" "--save_every: expected >= 0, got -2"
 out=$("$memwall" train --model gpt-tiny:layers=3 --resume "$tmp/four" 2>&1)
 check "another model" "$out" "no parameter 'block2.attn_proj_bias' (the checkpoint is of another model)"
 
-echo "memwall-tests: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+report

@@ -6,20 +6,8 @@
 set -u
 mpirun_sh=$1
 memwall=$2
-passed=0 failed=0
 tmp=${TEST_TMPDIR:-/tmp}
-
-check() {  # check NAME OUTPUT EXPECTED_SUBSTRING...
-  local name=$1 output=$2 ok=1
-  shift 2
-  for want in "$@"; do
-    if ! grep -qF -- "$want" <<<"$output"; then
-      echo "FAILED: $name: output lacks: $want" >&2
-      ok=0
-    fi
-  done
-  if [ $ok -eq 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "$output" >&2; fi
-}
+source "$(dirname "$0")/check.sh"
 
 # The loss falls: the summary's first loss is above its last by a margin.
 out=$("$mpirun_sh" 2 "$memwall" train --steps 40 --log_every 20 2>&1)
@@ -206,5 +194,4 @@ else
   failed=$((failed + 1))
 fi
 
-echo "memwall-tests: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+report

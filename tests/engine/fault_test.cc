@@ -14,6 +14,7 @@
 #include "engine/trainer.h"
 #include "models/layers.h"
 #include "runtime/units.h"
+#include "tests/support/mlp_task.h"
 #include "tests/support/mpi_world.h"
 #include "tests/support/values.h"
 
@@ -23,19 +24,8 @@ namespace {
 using testing::SameBits;
 using testing::World;
 
-constexpr int kIn = 16, kOut = 4, kRows = 8;
-
 Batch MakeBatch(Device& device, int step) {
-  std::vector<float> x(kRows * kIn), y(kRows * kOut);
-  for (int r = 0; r < kRows; ++r) {
-    const int sample = 1000 * step + 37 * World().rank() + r;
-    for (int i = 0; i < kIn; ++i) x[r * kIn + i] = std::sin(0.37f * sample + 1.1f * i);
-    for (int o = 0; o < kOut; ++o) y[r * kOut + o] = std::cos(0.21f * sample + 0.9f * o);
-  }
-  Batch b;
-  b.input = Tensor::FromHost(device, x, {kRows, kIn}, MemoryCategory::kOther, "x").value();
-  b.target = Tensor::FromHost(device, y, {kRows, kOut}, MemoryCategory::kOther, "y").value();
-  return b;
+  return testing::MlpTaskBatch(device, World().rank(), step);
 }
 
 struct Setup {
@@ -65,7 +55,7 @@ Run Start(const Setup& s) {
   o.zero.offload_param = s.paging;
   o.optimizer.lr = 1e-2f;
   o.gradient_accumulation_steps = 2;
-  run.trainer = Trainer::Create(MakeMlp({kIn, 48, 48, kOut}), std::make_unique<MseLoss>(), o,
+  run.trainer = Trainer::Create(MakeMlp(testing::MlpTaskWidths()), std::make_unique<MseLoss>(), o,
                                 *run.device, World(), 7)
                     .value();
   return run;
@@ -81,19 +71,7 @@ absl::StatusOr<Trainer::StepReport> Step(Run& run, int step) {
   return run.trainer->TrainStep(Batches(run, step));
 }
 
-// Every state of every group, gathered.
-std::vector<float> States(Run& run) {
-  ShardedOptimizer& opt = run.trainer->optimizer();
-  std::vector<float> all;
-  for (size_t g = 0; g < opt.layout().groups.size(); ++g) {
-    std::vector<float> full(opt.layout().groups[g].padded_numel);
-    for (int s = 0; s < opt.num_states(); ++s) {
-      REQUIRE(opt.GatherState(static_cast<int>(g), s, absl::MakeSpan(full)).ok());
-      all.insert(all.end(), full.begin(), full.end());
-    }
-  }
-  return all;
-}
+std::vector<float> States(Run& run) { return testing::AllStates(run.trainer->optimizer()); }
 
 TEST_CASE("an allocation failing anywhere in a step changes nothing", "[fault]") {
   const std::vector<Setup> setups = {

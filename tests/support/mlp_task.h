@@ -1,0 +1,52 @@
+// A small regression task and optimizer-state snapshot shared by the
+// checkpoint and fault-injection tests: an MLP of widths {16, 48, 48, 4}
+// on y = cos(...) of x = sin(...), different rows per rank and step.
+#ifndef MEMWALL_TESTS_SUPPORT_MLP_TASK_H_
+#define MEMWALL_TESTS_SUPPORT_MLP_TASK_H_
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "engine/trainer.h"
+#include "sharding/sharded_optimizer.h"
+
+namespace memwall::testing {
+
+inline const std::vector<int64_t>& MlpTaskWidths() {
+  static const std::vector<int64_t> widths = {16, 48, 48, 4};
+  return widths;
+}
+
+// Eight rows of the task for `rank` at data position `position`.
+inline Batch MlpTaskBatch(Device& device, int rank, int position) {
+  constexpr int kIn = 16, kOut = 4, kRows = 8;
+  std::vector<float> x(kRows * kIn), y(kRows * kOut);
+  for (int r = 0; r < kRows; ++r) {
+    const int sample = 1000 * position + 37 * rank + r;
+    for (int i = 0; i < kIn; ++i) x[r * kIn + i] = std::sin(0.37f * sample + 1.1f * i);
+    for (int o = 0; o < kOut; ++o) y[r * kOut + o] = std::cos(0.21f * sample + 0.9f * o);
+  }
+  Batch b;
+  b.input = Tensor::FromHost(device, x, {kRows, kIn}, MemoryCategory::kOther, "x").value();
+  b.target = Tensor::FromHost(device, y, {kRows, kOut}, MemoryCategory::kOther, "y").value();
+  return b;
+}
+
+// Collective: every state of every group, gathered, in order (empty if a
+// gather fails, which the caller's comparison then reports).
+inline std::vector<float> AllStates(ShardedOptimizer& opt) {
+  std::vector<float> all;
+  for (size_t g = 0; g < opt.layout().groups.size(); ++g) {
+    std::vector<float> full(opt.layout().groups[g].padded_numel);
+    for (int s = 0; s < opt.num_states(); ++s) {
+      if (!opt.GatherState(static_cast<int>(g), s, absl::MakeSpan(full)).ok()) return {};
+      all.insert(all.end(), full.begin(), full.end());
+    }
+  }
+  return all;
+}
+
+}  // namespace memwall::testing
+
+#endif  // MEMWALL_TESTS_SUPPORT_MLP_TASK_H_
