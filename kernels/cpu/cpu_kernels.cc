@@ -25,11 +25,15 @@ const char* IsaName(Isa isa) {
   return "unknown";
 }
 
+namespace {
+
 // CPUID leaf 1, ECX bit 29 (clang before 15 lacks __builtin_cpu_supports("f16c")).
 bool HasF16c() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
 }
+
+}  // namespace
 
 bool IsaSupported(Isa isa) {
   __builtin_cpu_init();
