@@ -6,6 +6,7 @@
 // happened. Real ranks: 1 and 2 (a failure on one rank is injected on every
 // rank at the same allocation, as a symmetric out-of-memory would occur).
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,11 @@ TEST_CASE("an allocation failing anywhere in a step changes nothing", "[fault]")
     const int64_t device_calls = clean.device->allocator().allocate_calls() - calls_before;
     const int64_t pinned_calls = clean.device->pinned_allocator()->allocate_calls() - pinned_before;
     const std::vector<float> want = States(clean);
+    if (World().rank() == 0) {
+      std::printf("%s, %d ranks: failing each of %lld device and %lld pinned-pool allocations\n",
+                  s.name.c_str(), World().world_size(), static_cast<long long>(device_calls),
+                  static_cast<long long>(pinned_calls));
+    }
     for (bool pinned : {false, true}) {
       const int64_t calls = pinned ? pinned_calls : device_calls;
       for (int64_t nth = 1; nth <= calls; ++nth) {
