@@ -302,7 +302,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
   Json root;
   try {
     root = Json::parse(json_text.begin(), json_text.end());
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse errors, and numbers out of range
     return absl::InvalidArgumentError(absl::StrCat("config: not valid JSON: ", e.what()));
   }
   MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(root, ""));

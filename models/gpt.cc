@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -520,6 +521,17 @@ absl::Status ValidateGptConfig(const GptConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("gpt hidden: ", c.hidden,
                                                    " is not divisible by heads ", c.heads));
   }
+  // Counted in doubles first: the int64 arithmetic of GptParameterCount and
+  // of every tensor size must not overflow (found by fuzzing --model).
+  const double h = double(c.hidden);
+  const double parameters = (double(c.vocab) + double(c.seq) + 2) * h +
+                            double(c.layers) * (12 * h * h + 13 * h);
+  const double activations = double(c.seq) * double(c.seq) * double(c.heads);
+  if (!(parameters <= kMaxGptParameters) || !(activations <= kMaxGptParameters)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "gpt: %.3g parameters (%.3g attention scores per sequence); at most %.0e are supported",
+        parameters, activations, kMaxGptParameters));
+  }
   return absl::OkStatus();
 }
 
@@ -581,9 +593,11 @@ absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec) {
     const std::vector<absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     if (kv.size() == 2 && kv[0] == "params") {
       double parameters = 0;
-      if (!absl::SimpleAtod(kv[1], &parameters) || !(parameters >= 1)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model '", spec, "': params: expected a count such as 80e9, got '", kv[1], "'"));
+      if (!absl::SimpleAtod(kv[1], &parameters) || !(parameters >= 1) ||
+          !(parameters <= kMaxGptParameters)) {
+        return absl::InvalidArgumentError(absl::StrCat("model '", spec,
+                                                       "': params: expected a count such as 80e9 "
+                                                       "(1 to 1e18), got '", kv[1], "'"));
       }
       const GptConfig shape = GptShapeForParameters(parameters);
       config.hidden = shape.hidden;

@@ -51,7 +51,12 @@ GptConfig GptShapeForParameters(double parameters);
 // Parameters of the model (the LM head is tied, so not counted twice).
 int64_t GptParameterCount(const GptConfig& config);
 
-// Checks divisibility and positivity; errors name the field.
+// The most parameters (and attention scores per sequence) a shape may
+// have: sizes stay far from int64 overflow.
+constexpr double kMaxGptParameters = 1e18;
+
+// Checks positivity, divisibility and size (at most kMaxGptParameters);
+// errors name the field.
 absl::Status ValidateGptConfig(const GptConfig& config);
 
 // The layers: "embed", "block0" .. "block<L-1>", "head".

@@ -152,7 +152,7 @@ else
   failed=$((failed + 1))
 fi
 out=$("$memwall" plan --model gpt:params=lots 2>&1)
-check "plan: bad params" "$out" "model 'gpt:params=lots': params: expected a count such as 80e9, got 'lots'"
+check "plan: bad params" "$out" "model 'gpt:params=lots': params: expected a count such as 80e9 (1 to 1e18), got 'lots'"
 out=$("$memwall" plan --model gpt --gpus 8 2>&1)
 check "plan: gpt without a shape" "$out" "model 'gpt': expected gpt:params=N or gpt:layers=L,hidden=H,heads=A"
 out=$("$memwall" plan --gpus 0 2>&1)

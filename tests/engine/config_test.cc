@@ -109,6 +109,11 @@ TEST_CASE("bad configs name the key path and what was expected", "[config]") {
         "zero_optimization: expected an object, got 3");
   CHECK(Error("[1, 2]") == "config: expected an object, got [1,2]");
   CHECK_THAT(Error("{\"fp16\": {"), Catch::StartsWith("config: not valid JSON: "));
+  // Found by fuzzing (tests/fuzz/corpus/config/crash-4c67119): a number
+  // beyond double's range threw out of the parser.
+  CHECK_THAT(Error("{\"lr\": 1e999}"),
+             Catch::StartsWith("config: not valid JSON: [json.exception.out_of_range.406] number "
+                               "overflow parsing '1e999'"));
 }
 
 TEST_CASE("activation_checkpointing: DeepSpeed's keys and memwall's planner", "[config]") {

@@ -167,6 +167,16 @@ TEST_CASE("the parameter-count shape rule follows GPT-3's family", "[gpt]") {
   CHECK(explicit_shape.hidden == 6400);
   CHECK(explicit_shape.vocab == 50257);
   CHECK(ParseGptModel("gpt:layers=4").status().message() == "gpt hidden: expected >= 1, got 0");
+  // Found by fuzzing --model: sizes whose counts overflowed int64.
+  CHECK(ParseGptModel("gpt-tiny:hidden=3000000000000,heads=1").status().message() ==
+        "gpt: 2.16e+26 parameters (4.1e+03 attention scores per sequence); at most 1e+18 are "
+        "supported");
+  CHECK(ParseGptModel("gpt-tiny:seq=2000000000").status().message() ==
+        "gpt: 1.28e+11 parameters (1.6e+19 attention scores per sequence); at most 1e+18 are "
+        "supported");
+  CHECK(ParseGptModel("gpt:params=1e300").status().message() ==
+        "model 'gpt:params=1e300': params: expected a count such as 80e9 (1 to 1e18), got '1e300'");
+  CHECK(ParseGptModel("gpt:params=1e15").ok());
 }
 
 TEST_CASE("a block's activations stay under Megatron's formula", "[gpt][memory]") {
