@@ -30,7 +30,7 @@ check "uninterrupted run saves" "$ref" "saved $tmp/ref/step-00000300"
 setsid "$mpirun_sh" 2 "$memwall" train --steps $steps --log_every 1 --save "$tmp/ck" \
   --save_every 5 --keep_checkpoints 2 > "$tmp/killed.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 600); do
+for _ in $(seq 1 6000); do  # up to 5 minutes (slow under sanitizers)
   [ -e "$tmp/ck/step-00000020/manifest.json" ] && break
   sleep 0.05
 done
