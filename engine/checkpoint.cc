@@ -414,8 +414,7 @@ absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
   loaded.manifest = manifest_path;
   MW_ASSIGN_OR_RETURN(loaded.trainer_steps, Field<int64_t>(m, manifest_path, "trainer_steps"));
   const std::string pp = manifest_path + " progress";
-  if (!m.contains("progress")) return Field<int64_t>(m, manifest_path, "progress").status();
-  const json& p = m["progress"];
+  MW_ASSIGN_OR_RETURN(const json p, Field<json>(m, manifest_path, "progress"));
   MW_ASSIGN_OR_RETURN(loaded.progress.steps_applied, Field<int64_t>(p, pp, "steps_applied"));
   MW_ASSIGN_OR_RETURN(loaded.progress.steps_skipped, Field<int64_t>(p, pp, "steps_skipped"));
   MW_ASSIGN_OR_RETURN(loaded.progress.loss_scale, Field<float>(p, pp, "loss_scale"));
