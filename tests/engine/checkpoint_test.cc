@@ -36,15 +36,8 @@ Batch MakeBatch(Device& device, int step) {
   return testing::MlpTaskBatch(device, World().rank(), step);
 }
 
-struct Setup {
-  std::string name;
-  int stage;
-  bool bf16;
-  float offload = 0;
-  bool paging = false;
-  bool nvme = false;
-  bool sgd = false;
-};
+using Setup = testing::MlpSetup;
+using Run = testing::MlpRun;
 
 std::string TempDir(const std::string& leaf) {
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -52,34 +45,8 @@ std::string TempDir(const std::string& leaf) {
   return (fs::path(tmp ? tmp : "/tmp") / leaf).string();
 }
 
-struct Run {
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Trainer> trainer;
-};
 
-Run Start(const Setup& s, uint64_t seed = 7) {
-  DeviceOptions d{Backend::kHost, 0, 64 * kMiB};
-  d.pinned_capacity_bytes = 64 * kMiB;
-  Run run;
-  run.device = CreateDevice(d).value();
-  ShardingOptions o;
-  o.zero.stage = s.stage;
-  o.zero.reduce_bucket_size = 700;
-  o.zero.overlap_comm = true;
-  o.bf16 = s.bf16;
-  o.zero.offload_optimizer_ratio = s.offload;
-  o.zero.offload_param = s.paging;
-  if (s.nvme) o.zero.offload_nvme_path = TempDir("");
-  o.optimizer.lr = 1e-2f;
-  if (s.sgd) {
-    o.optimizer.type = OptimizerType::kSgd;
-    o.optimizer.momentum = 0.9f;
-  }
-  run.trainer = Trainer::Create(MakeMlp(testing::MlpTaskWidths()), std::make_unique<MseLoss>(), o,
-                                *run.device, World(), seed)
-                    .value();
-  return run;
-}
+Run Start(const Setup& s, uint64_t seed = 7) { return testing::StartMlpTask(s, World(), seed); }
 
 std::vector<float> Step(Run& run) {
   const int step = static_cast<int>(run.trainer->steps());

@@ -29,37 +29,13 @@ Batch MakeBatch(Device& device, int step) {
   return testing::MlpTaskBatch(device, World().rank(), step);
 }
 
-struct Setup {
-  std::string name;
-  int stage;
-  bool bf16;
-  float offload = 0;
-  bool paging = false;
-};
+using Setup = testing::MlpSetup;
+using Run = testing::MlpRun;
 
-struct Run {
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Trainer> trainer;
-};
 
-Run Start(const Setup& s) {
-  DeviceOptions d{Backend::kHost, 0, 64 * kMiB};
-  d.pinned_capacity_bytes = 64 * kMiB;
-  Run run;
-  run.device = CreateDevice(d).value();
-  ShardingOptions o;
-  o.zero.stage = s.stage;
-  o.zero.reduce_bucket_size = 700;
-  o.zero.overlap_comm = true;
-  o.bf16 = s.bf16;
-  o.zero.offload_optimizer_ratio = s.offload;
-  o.zero.offload_param = s.paging;
-  o.optimizer.lr = 1e-2f;
-  o.gradient_accumulation_steps = 2;
-  run.trainer = Trainer::Create(MakeMlp(testing::MlpTaskWidths()), std::make_unique<MseLoss>(), o,
-                                *run.device, World(), 7)
-                    .value();
-  return run;
+Run Start(Setup s) {
+  s.accumulation = 2;
+  return testing::StartMlpTask(s, World());
 }
 
 std::vector<Batch> Batches(Run& run, int step) {

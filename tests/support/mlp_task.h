@@ -6,9 +6,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/trainer.h"
+#include "models/layers.h"
 #include "sharding/sharded_optimizer.h"
 
 namespace memwall::testing {
@@ -31,6 +35,52 @@ inline Batch MlpTaskBatch(Device& device, int rank, int position) {
   b.input = Tensor::FromHost(device, x, {kRows, kIn}, MemoryCategory::kOther, "x").value();
   b.target = Tensor::FromHost(device, y, {kRows, kOut}, MemoryCategory::kOther, "y").value();
   return b;
+}
+
+// A strategy for the task: ZeRO stage, precision, offload.
+struct MlpSetup {
+  std::string name;
+  int stage = 0;
+  bool bf16 = false;
+  float offload = 0;       // optimizer offload ratio
+  bool paging = false;     // stage-3 parameter paging
+  bool nvme = false;       // optimizer states in a file under $TEST_TMPDIR
+  bool sgd = false;        // SGD with momentum instead of AdamW
+  int accumulation = 1;    // micro-batches per step
+};
+
+struct MlpRun {
+  std::unique_ptr<Device> device;  // host, 64 MiB, a 64 MiB pinned pool
+  std::unique_ptr<Trainer> trainer;
+};
+
+// A trainer of the task's MLP under `s` on `comm`, parameters from `seed`.
+inline MlpRun StartMlpTask(const MlpSetup& s, Communicator& comm, uint64_t seed = 7) {
+  DeviceOptions d{Backend::kHost, 0, int64_t{64} << 20};
+  d.pinned_capacity_bytes = int64_t{64} << 20;
+  MlpRun run;
+  run.device = CreateDevice(d).value();
+  ShardingOptions o;
+  o.zero.stage = s.stage;
+  o.zero.reduce_bucket_size = 700;  // a group per layer
+  o.zero.overlap_comm = true;
+  o.bf16 = s.bf16;
+  o.zero.offload_optimizer_ratio = s.offload;
+  o.zero.offload_param = s.paging;
+  if (s.nvme) {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    o.zero.offload_nvme_path = tmp ? tmp : "/tmp";
+  }
+  o.optimizer.lr = 1e-2f;
+  if (s.sgd) {
+    o.optimizer.type = OptimizerType::kSgd;
+    o.optimizer.momentum = 0.9f;
+  }
+  o.gradient_accumulation_steps = s.accumulation;
+  run.trainer = Trainer::Create(MakeMlp(MlpTaskWidths()), std::make_unique<MseLoss>(), o,
+                                *run.device, comm, seed)
+                    .value();
+  return run;
 }
 
 // Collective: every state of every group, gathered, in order (empty if a
