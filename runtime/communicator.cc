@@ -99,6 +99,57 @@ absl::Status Communicator::Prepare(const Signature& signature,
   return local;
 }
 
+absl::Status Communicator::health() const {
+  absl::MutexLock lock(&mutex_);
+  return broken_;
+}
+
+int64_t Communicator::calls() const {
+  absl::MutexLock lock(&mutex_);
+  return calls_;
+}
+
+void Communicator::InjectFailure(int64_t call) {
+  absl::MutexLock lock(&mutex_);
+  fail_at_ = call;
+}
+
+absl::Status Communicator::Guard(Collective collective,
+                                 const std::function<absl::Status()>& body) {
+  const std::string call =
+      absl::StrCat(CollectiveName(collective), " on rank ", rank_, " of ", world_size_);
+  {
+    absl::MutexLock lock(&mutex_);
+    ++calls_;
+    if (!broken_.ok()) {
+      return absl::Status(broken_.code(), absl::StrCat(call, ": the communicator failed earlier (",
+                                                       broken_.message(), ")"));
+    }
+    if (calls_ == fail_at_) {
+      broken_ = absl::UnavailableError(absl::StrCat(
+          call, ": injected failure of collective call ", calls_,
+          "; this rank left without joining the others; the communicator is unusable now: "
+          "end the job and resume from the last checkpoint"));
+      return broken_;
+    }
+  }
+  absl::Status status = body();
+  if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) return Break(status);
+  return status;
+}
+
+absl::Status Communicator::Break(const absl::Status& error) {
+  absl::MutexLock lock(&mutex_);
+  // Already broken: `error` is the breaking error on its way out (a control
+  // exchange inside a collective broke it), or one after it.
+  if (!broken_.ok()) return error;
+  broken_ = absl::Status(error.code(),
+                         absl::StrCat(error.message(),
+                                      "; the communicator is unusable now: end the job and "
+                                      "resume from the last checkpoint"));
+  return broken_;
+}
+
 void Communicator::Count(Collective collective, int64_t bytes) {
   CollectiveStats& s = stats_[static_cast<int>(collective)];
   ++s.calls;
@@ -108,11 +159,14 @@ void Communicator::Count(Collective collective, int64_t bytes) {
 absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
                                      DType dtype, ReduceOp op, Stream& stream) {
   return Execute(stream, [=, &stream] {
-    MW_RETURN_IF_ERROR(Prepare({Collective::kAllReduce, static_cast<int64_t>(count), dtype, op, 0},
-                               send == nullptr || recv == nullptr));
-    MW_RETURN_IF_ERROR(DoAllReduce(send, recv, count, dtype, op, stream));
-    Count(Collective::kAllReduce, static_cast<int64_t>(count * DTypeSize(dtype)));
-    return absl::OkStatus();
+    return Guard(Collective::kAllReduce, [&] {
+      MW_RETURN_IF_ERROR(
+          Prepare({Collective::kAllReduce, static_cast<int64_t>(count), dtype, op, 0},
+                  send == nullptr || recv == nullptr));
+      MW_RETURN_IF_ERROR(DoAllReduce(send, recv, count, dtype, op, stream));
+      Count(Collective::kAllReduce, static_cast<int64_t>(count * DTypeSize(dtype)));
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -120,13 +174,15 @@ absl::Status Communicator::ReduceScatter(const void* send, void* recv,
                                          size_t recv_count, DType dtype,
                                          ReduceOp op, Stream& stream) {
   return Execute(stream, [=, &stream] {
-    MW_RETURN_IF_ERROR(Prepare(
-        {Collective::kReduceScatter, static_cast<int64_t>(recv_count), dtype, op, 0},
-        send == nullptr || recv == nullptr));
-    MW_RETURN_IF_ERROR(DoReduceScatter(send, recv, recv_count, dtype, op, stream));
-    Count(Collective::kReduceScatter,
-          static_cast<int64_t>(recv_count * world_size_ * DTypeSize(dtype)));
-    return absl::OkStatus();
+    return Guard(Collective::kReduceScatter, [&] {
+      MW_RETURN_IF_ERROR(Prepare(
+          {Collective::kReduceScatter, static_cast<int64_t>(recv_count), dtype, op, 0},
+          send == nullptr || recv == nullptr));
+      MW_RETURN_IF_ERROR(DoReduceScatter(send, recv, recv_count, dtype, op, stream));
+      Count(Collective::kReduceScatter,
+            static_cast<int64_t>(recv_count * world_size_ * DTypeSize(dtype)));
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -134,32 +190,38 @@ absl::Status Communicator::AllGather(const void* send, void* recv,
                                      size_t send_count, DType dtype,
                                      Stream& stream) {
   return Execute(stream, [=, &stream] {
-    MW_RETURN_IF_ERROR(Prepare(
-        {Collective::kAllGather, static_cast<int64_t>(send_count), dtype, ReduceOp::kSum, 0},
-        send == nullptr || recv == nullptr));
-    MW_RETURN_IF_ERROR(DoAllGather(send, recv, send_count, dtype, stream));
-    Count(Collective::kAllGather,
-          static_cast<int64_t>(send_count * world_size_ * DTypeSize(dtype)));
-    return absl::OkStatus();
+    return Guard(Collective::kAllGather, [&] {
+      MW_RETURN_IF_ERROR(Prepare(
+          {Collective::kAllGather, static_cast<int64_t>(send_count), dtype, ReduceOp::kSum, 0},
+          send == nullptr || recv == nullptr));
+      MW_RETURN_IF_ERROR(DoAllGather(send, recv, send_count, dtype, stream));
+      Count(Collective::kAllGather,
+            static_cast<int64_t>(send_count * world_size_ * DTypeSize(dtype)));
+      return absl::OkStatus();
+    });
   });
 }
 
 absl::Status Communicator::Broadcast(void* buffer, size_t count, DType dtype,
                                      int root, Stream& stream) {
   return Execute(stream, [=, &stream] {
-    MW_RETURN_IF_ERROR(Prepare(
-        {Collective::kBroadcast, static_cast<int64_t>(count), dtype, ReduceOp::kSum, root},
-        buffer == nullptr));
-    MW_RETURN_IF_ERROR(DoBroadcast(buffer, count, dtype, root, stream));
-    Count(Collective::kBroadcast, static_cast<int64_t>(count * DTypeSize(dtype)));
-    return absl::OkStatus();
+    return Guard(Collective::kBroadcast, [&] {
+      MW_RETURN_IF_ERROR(Prepare(
+          {Collective::kBroadcast, static_cast<int64_t>(count), dtype, ReduceOp::kSum, root},
+          buffer == nullptr));
+      MW_RETURN_IF_ERROR(DoBroadcast(buffer, count, dtype, root, stream));
+      Count(Collective::kBroadcast, static_cast<int64_t>(count * DTypeSize(dtype)));
+      return absl::OkStatus();
+    });
   });
 }
 
 absl::Status Communicator::Barrier() {
-  MW_RETURN_IF_ERROR(DoBarrier());
-  Count(Collective::kBarrier, 0);
-  return absl::OkStatus();
+  return Guard(Collective::kBarrier, [this] {
+    MW_RETURN_IF_ERROR(DoBarrier());
+    Count(Collective::kBarrier, 0);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace memwall

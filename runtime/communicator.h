@@ -10,6 +10,13 @@
 // the same kInvalidArgument on every rank when ranks disagree, instead of
 // hanging or corrupting memory.
 //
+// No collective waits forever: a rank waits at most options.timeout for the
+// others (MPI; see CommunicatorOptions). A collective that times out or fails
+// in transfer breaks the communicator: MPI cannot cancel a collective it has
+// started, so every later call returns the first error at once, and the job
+// must end (memwall's CLI ends every rank) and resume from its last
+// checkpoint. Disagreement and argument errors leave it usable.
+//
 // Byte counters (per collective, SUM over calls, counted on success) use the
 // size of the whole logical buffer of one call, in bytes:
 //   AllReduce      count * dtype size            (the buffer reduced)
@@ -28,8 +35,11 @@
 #include <cstdint>
 #include <functional>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 
@@ -62,6 +72,14 @@ struct CommunicatorOptions {
   // signature) that every rank called the same collective with the same
   // count, dtype, operation and root. Costs one latency per call.
   bool check_agreement = true;
+  // How long one rank waits for the others in one MPI call of a collective
+  // (the agreement round, each piece of the transfer) before the collective
+  // fails with kDeadlineExceeded and breaks the communicator. A rank that
+  // crashed, hangs or stopped calling collectives then stops the job within
+  // this time instead of never. Infinite: wait as long as MPI does.
+  // NCCL transfers are asynchronous on the GPU stream and not covered (their
+  // agreement round, over MPI, is).
+  absl::Duration timeout = absl::Minutes(10);
 };
 
 // Not thread-safe: one thread issues a rank's collectives. A collective on
@@ -76,6 +94,8 @@ class Communicator {
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  // CommunicatorOptions::timeout.
+  absl::Duration timeout() const { return options_.timeout; }
   // "mpi", "nccl" or "simulated".
   virtual absl::string_view kind() const = 0;
 
@@ -99,6 +119,20 @@ class Communicator {
   // Returns when every rank has entered the barrier.
   absl::Status Barrier();
 
+  // OK while the communicator is usable; once a collective has failed in
+  // transfer or timed out, the error every later call returns (kUnavailable
+  // or kDeadlineExceeded; see the top of this file). Thread-safe.
+  absl::Status health() const;
+  // Collectives called so far, every kind, failed ones included (the count
+  // InjectFailure refers to).
+  int64_t calls() const;
+  // Fault injection for tests: the collective that is this communicator's
+  // call number `call` (1-based, as counted by calls()) fails on this rank
+  // without joining the others, as if the rank had lost its link: it
+  // returns kUnavailable and breaks the communicator; the other ranks'
+  // calls time out. 0 cancels.
+  void InjectFailure(int64_t call);
+
   CollectiveStats stats(Collective collective) const {
     return stats_[static_cast<int>(collective)];
   }
@@ -118,6 +152,12 @@ class Communicator {
 
   Communicator(int rank, int world_size, CommunicatorOptions options)
       : rank_(rank), world_size_(world_size), options_(options) {}
+
+  const CommunicatorOptions& options() const { return options_; }
+  // Breaks the communicator with `error` (see health()) and returns `error`
+  // with what to do next appended; when it is already broken, returns
+  // `error` as it is.
+  absl::Status Break(const absl::Status& error);
 
   // Runs one whole collective (checks, transfer, counting) in `stream`'s
   // order. The default runs it now, on the calling thread.
@@ -153,11 +193,20 @@ class Communicator {
  private:
   absl::Status Prepare(const Signature& signature, bool has_null_buffer);
   void Count(Collective collective, int64_t bytes);
+  // Runs one collective's `body` unless the communicator is broken or this
+  // is the injected failure, and breaks it when `body` fails other than
+  // with kInvalidArgument (ranks agreed on those before moving a byte).
+  absl::Status Guard(Collective collective, const std::function<absl::Status()>& body);
 
   const int rank_;
   const int world_size_;
   const CommunicatorOptions options_;
   std::array<CollectiveStats, kNumCollectives> stats_{};
+
+  mutable absl::Mutex mutex_;
+  absl::Status broken_ ABSL_GUARDED_BY(mutex_);
+  int64_t calls_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t fail_at_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace memwall

@@ -4,10 +4,14 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -96,6 +100,14 @@ MPI_Op MpiOp(DType dtype, ReduceOp op) {
 // elements (a multiple of every dtype's vector width).
 constexpr size_t kMaxChunkElements = size_t{1} << 30;
 
+// Wait's polling: a collective among ranks that are all present completes
+// in microseconds to milliseconds, so it spins this many MPI_Tests first,
+// then yields the core between tests (ranks often share cores with each
+// other and with their compute threads), and reads the clock once per this
+// many polls.
+constexpr int64_t kSpinPolls = 4096;
+constexpr int64_t kPollsPerClockRead = 256;
+
 void FinalizeMpi() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -151,8 +163,56 @@ MpiCommunicator::~MpiCommunicator() {
   if (!finalized) MPI_Comm_free(&comm_);
 }
 
-absl::Status MpiCommunicator::MinMaxOverRanks(MPI_Comm comm,
-                                              const std::array<int64_t, 5>& values,
+absl::Status MpiCommunicator::Wait(MPI_Request& request, absl::string_view call) {
+  const absl::Duration timeout = options().timeout;
+  if (timeout == absl::InfiniteDuration()) {
+    return MpiStatus(MPI_Wait(&request, MPI_STATUS_IGNORE), call);
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int64_t polls = 0;; ++polls) {
+    int done = 0;
+    MW_RETURN_IF_ERROR(MpiStatus(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call));
+    if (done) return absl::OkStatus();
+    if (polls >= kSpinPolls) std::this_thread::yield();
+    if (polls % kPollsPerClockRead == 0 && absl::Now() >= deadline) {
+      // MPI cannot cancel a collective: the request stays posted and the
+      // communicator breaks (Guard), so this rank issues nothing after it.
+      return absl::DeadlineExceededError(absl::StrCat(
+          call, " on rank ", rank(), " of ", world_size(), ": not every rank joined within ",
+          absl::FormatDuration(timeout),
+          " (a rank failed, is stuck or stopped calling collectives)"));
+    }
+  }
+}
+
+absl::Status MpiCommunicator::AllReduceHost(void* values, int count, MPI_Datatype type,
+                                            MPI_Op op, absl::string_view what) {
+  if (absl::Status health = this->health(); !health.ok()) {
+    return absl::Status(health.code(), absl::StrCat(what, " on rank ", rank(), " of ",
+                                                    world_size(), ": the communicator failed "
+                                                    "earlier (", health.message(), ")"));
+  }
+  int size = 0;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Type_size(type, &size), "MPI_Type_size"));
+  const size_t bytes = static_cast<size_t>(size) * count;
+  // Reduced in a buffer of its own that a timed-out exchange leaves to MPI,
+  // so a rank arriving late never writes into the caller's memory.
+  std::unique_ptr<char[]> buffer(new char[bytes]);
+  std::memcpy(buffer.get(), values, bytes);
+  MPI_Request request = MPI_REQUEST_NULL;
+  absl::Status status = MpiStatus(
+      MPI_Iallreduce(MPI_IN_PLACE, buffer.get(), count, type, op, comm_, &request),
+      absl::StrCat("MPI_Iallreduce (", what, ")"));
+  if (status.ok()) status = Wait(request, absl::StrCat("MPI_Iallreduce (", what, ")"));
+  if (!status.ok()) {
+    if (status.code() == absl::StatusCode::kDeadlineExceeded) buffer.release();
+    return Break(status);
+  }
+  std::memcpy(values, buffer.get(), bytes);
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::MinMaxOverRanks(const std::array<int64_t, 5>& values,
                                               std::array<int64_t, 5>& min,
                                               std::array<int64_t, 5>& max) {
   // One all-reduce of (v, -v) per field gives each field's max and min.
@@ -161,9 +221,7 @@ absl::Status MpiCommunicator::MinMaxOverRanks(MPI_Comm comm,
     both[i] = values[i];
     both[5 + i] = -values[i];
   }
-  MW_RETURN_IF_ERROR(MpiStatus(
-      MPI_Allreduce(MPI_IN_PLACE, both, 10, MPI_INT64_T, MPI_MAX, comm),
-      "MPI_Allreduce (agreement check)"));
+  MW_RETURN_IF_ERROR(AllReduceHost(both, 10, MPI_INT64_T, MPI_MAX, "agreement check"));
   for (int i = 0; i < 5; ++i) {
     max[i] = both[i];
     min[i] = -both[5 + i];
@@ -179,7 +237,7 @@ absl::Status MpiCommunicator::Execute(Stream& stream,
 
 absl::Status MpiCommunicator::Agree(const Signature& signature) {
   std::array<int64_t, 5> min, max;
-  MW_RETURN_IF_ERROR(MinMaxOverRanks(comm_, Encode(signature), min, max));
+  MW_RETURN_IF_ERROR(MinMaxOverRanks(Encode(signature), min, max));
   if (min == max) return absl::OkStatus();
   return DisagreementError(signature, min, max);
 }
@@ -194,9 +252,11 @@ absl::Status MpiCommunicator::DoAllReduce(const void* send, void* recv,
     char* out = static_cast<char*>(recv) + done * size;
     const void* in = send == recv ? MPI_IN_PLACE
                                   : static_cast<const char*>(send) + done * size;
-    MW_RETURN_IF_ERROR(MpiStatus(MPI_Allreduce(in, out, static_cast<int>(n),
-                                               MpiType(dtype), MpiOp(dtype, op), comm_),
-                                 "MPI_Allreduce"));
+    MPI_Request request = MPI_REQUEST_NULL;
+    MW_RETURN_IF_ERROR(MpiStatus(MPI_Iallreduce(in, out, static_cast<int>(n), MpiType(dtype),
+                                                MpiOp(dtype, op), comm_, &request),
+                                 "MPI_Iallreduce"));
+    MW_RETURN_IF_ERROR(Wait(request, "AllReduce (MPI_Iallreduce)"));
   }
   return absl::OkStatus();
 }
@@ -213,17 +273,25 @@ absl::Status MpiCommunicator::DoReduceScatter(const void* send, void* recv,
   const char* own_chunk = static_cast<const char*>(send) + rank() * bytes;
   // MPI's in-place form reads the whole input from recv, a different layout
   // from NCCL's (recv inside send); reduce into a temporary instead.
-  std::vector<char> staging;
+  std::unique_ptr<char[]> staging;
   void* out = recv;
   if (recv == own_chunk) {
-    staging.resize(bytes);
-    out = staging.data();
+    staging.reset(new char[bytes]);
+    out = staging.get();
   }
+  MPI_Request request = MPI_REQUEST_NULL;
   MW_RETURN_IF_ERROR(MpiStatus(
-      MPI_Reduce_scatter_block(send, out, static_cast<int>(recv_count),
-                               MpiType(dtype), MpiOp(dtype, op), comm_),
-      "MPI_Reduce_scatter_block"));
-  if (!staging.empty()) std::memcpy(recv, staging.data(), bytes);
+      MPI_Ireduce_scatter_block(send, out, static_cast<int>(recv_count), MpiType(dtype),
+                                MpiOp(dtype, op), comm_, &request),
+      "MPI_Ireduce_scatter_block"));
+  if (absl::Status done = Wait(request, "ReduceScatter (MPI_Ireduce_scatter_block)");
+      !done.ok()) {
+    // The request stays posted: leave the staging to it (the caller's
+    // buffers are the caller's; see communicator.h).
+    if (done.code() == absl::StatusCode::kDeadlineExceeded) staging.release();
+    return done;
+  }
+  if (staging) std::memcpy(recv, staging.get(), bytes);
   return absl::OkStatus();
 }
 
@@ -239,10 +307,12 @@ absl::Status MpiCommunicator::DoAllGather(const void* send, void* recv,
   const void* in = send == static_cast<const char*>(recv) + rank() * bytes
                        ? MPI_IN_PLACE
                        : send;
-  return MpiStatus(MPI_Allgather(in, static_cast<int>(send_count), MpiType(dtype),
-                                 recv, static_cast<int>(send_count),
-                                 MpiType(dtype), comm_),
-                   "MPI_Allgather");
+  MPI_Request request = MPI_REQUEST_NULL;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Iallgather(in, static_cast<int>(send_count), MpiType(dtype),
+                                              recv, static_cast<int>(send_count),
+                                              MpiType(dtype), comm_, &request),
+                               "MPI_Iallgather"));
+  return Wait(request, "AllGather (MPI_Iallgather)");
 }
 
 absl::Status MpiCommunicator::DoBroadcast(void* buffer, size_t count, DType dtype,
@@ -251,16 +321,20 @@ absl::Status MpiCommunicator::DoBroadcast(void* buffer, size_t count, DType dtyp
   const size_t size = DTypeSize(dtype);
   for (size_t done = 0; done < count; done += kMaxChunkElements) {
     const size_t n = std::min(kMaxChunkElements, count - done);
-    MW_RETURN_IF_ERROR(MpiStatus(
-        MPI_Bcast(static_cast<char*>(buffer) + done * size, static_cast<int>(n),
-                  MpiType(dtype), root, comm_),
-        "MPI_Bcast"));
+    MPI_Request request = MPI_REQUEST_NULL;
+    MW_RETURN_IF_ERROR(MpiStatus(MPI_Ibcast(static_cast<char*>(buffer) + done * size,
+                                            static_cast<int>(n), MpiType(dtype), root, comm_,
+                                            &request),
+                                 "MPI_Ibcast"));
+    MW_RETURN_IF_ERROR(Wait(request, "Broadcast (MPI_Ibcast)"));
   }
   return absl::OkStatus();
 }
 
 absl::Status MpiCommunicator::DoBarrier() {
-  return MpiStatus(MPI_Barrier(comm_), "MPI_Barrier");
+  MPI_Request request = MPI_REQUEST_NULL;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier"));
+  return Wait(request, "Barrier (MPI_Ibarrier)");
 }
 
 }  // namespace memwall

@@ -4,6 +4,10 @@
 // on the stream's thread, in order, so communication overlaps the caller's
 // compute. That needs MPI_THREAD_SERIALIZED or better from the MPI library;
 // with less, collectives run on the calling thread.
+//
+// Every MPI call is non-blocking and polled against options.timeout (see
+// communicator.h): a rank that is gone or stuck makes the others fail with
+// kDeadlineExceeded, never wait forever.
 #ifndef MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
 #define MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
 
@@ -35,12 +39,18 @@ class MpiCommunicator final : public Communicator {
   // The duplicated communicator (NCCL bootstraps over it).
   MPI_Comm comm() const { return comm_; }
 
-  // Per-field minimum and maximum of `values` over the ranks of `comm` (one
-  // MPI_Allreduce). Used by the agreement checks of MPI and NCCL.
-  static absl::Status MinMaxOverRanks(MPI_Comm comm,
-                                      const std::array<int64_t, 5>& values,
-                                      std::array<int64_t, 5>& min,
-                                      std::array<int64_t, 5>& max);
+  // `count` values of `type` in host memory reduced in place over the ranks
+  // with `op`, on the calling thread, waiting at most options.timeout: for
+  // small exchanges of control values (agreement checks, progress lines),
+  // not counted in stats() and not a collective for InjectFailure. Fails at
+  // once on a broken communicator, and a failure here breaks it. `what`
+  // names the exchange in errors.
+  absl::Status AllReduceHost(void* values, int count, MPI_Datatype type, MPI_Op op,
+                             absl::string_view what);
+  // Per-field minimum and maximum of `values` over the ranks (one
+  // AllReduceHost). Used by the agreement checks of MPI and NCCL.
+  absl::Status MinMaxOverRanks(const std::array<int64_t, 5>& values,
+                               std::array<int64_t, 5>& min, std::array<int64_t, 5>& max);
 
  private:
   MpiCommunicator(MPI_Comm comm, int rank, int world_size, CommunicatorOptions options,
@@ -58,6 +68,9 @@ class MpiCommunicator final : public Communicator {
   absl::Status DoBroadcast(void* buffer, size_t count, DType dtype, int root,
                            Stream& stream) override;
   absl::Status DoBarrier() override;
+  // Completes `request` (from the non-blocking MPI call `call`), polling it
+  // until options.timeout has passed: then kDeadlineExceeded.
+  absl::Status Wait(MPI_Request& request, absl::string_view call);
 
   MPI_Comm comm_;
   // Whether the MPI library lets another thread make the calls.

@@ -75,8 +75,7 @@ NcclCommunicator::~NcclCommunicator() { (void)ncclCommDestroy(comm_); }
 
 absl::Status NcclCommunicator::Agree(const Signature& signature) {
   std::array<int64_t, 5> min, max;
-  MW_RETURN_IF_ERROR(
-      MpiCommunicator::MinMaxOverRanks(bootstrap_.comm(), Encode(signature), min, max));
+  MW_RETURN_IF_ERROR(bootstrap_.MinMaxOverRanks(Encode(signature), min, max));
   if (min == max) return absl::OkStatus();
   return DisagreementError(signature, min, max);
 }
@@ -117,7 +116,7 @@ absl::Status NcclCommunicator::DoBroadcast(void* buffer, size_t count, DType dty
 
 absl::Status NcclCommunicator::DoBarrier() {
   // NCCL has no barrier; the host-side ranks meet over MPI.
-  return MpiStatus(MPI_Barrier(bootstrap_.comm()), "MPI_Barrier");
+  return bootstrap_.Barrier();
 }
 
 }  // namespace memwall

@@ -1,7 +1,9 @@
 // Collectives between GPUs with NCCL, one process (and one GPU) per rank.
 // The NCCL unique id is created on rank 0 and broadcast over MPI; the
-// agreement check also runs over MPI (host-side counts only). Collectives
-// are enqueued on the caller's cuda stream and complete asynchronously.
+// agreement check and Barrier also run over MPI (host-side counts only),
+// within the MPI communicator's timeout. Collectives are enqueued on the
+// caller's cuda stream and complete asynchronously; the transfers have no
+// timeout of memwall's (a stuck peer stalls the stream's synchronisation).
 #ifndef MEMWALL_RUNTIME_CUDA_NCCL_COMMUNICATOR_H_
 #define MEMWALL_RUNTIME_CUDA_NCCL_COMMUNICATOR_H_
 

@@ -1,10 +1,14 @@
 // Collectives over real MPI processes (run under mpirun -np 1, 2 and 4 by
-// tests/mpi_test.sh): exact values, in-place forms, byte counters, and
-// agreement errors on every rank.
+// tests/mpi_test.sh): exact values, in-place forms, byte counters,
+// agreement errors on every rank, and timeouts: a rank that leaves (an
+// injected failure) fails the collective on every rank, none hangs.
 #include "runtime/communicator.h"
 
+#include <chrono>
+#include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -267,6 +271,127 @@ TEST_CASE("collectives on an asynchronous stream run in order off the calling th
     CHECK(status.code() == absl::StatusCode::kInvalidArgument);
     CHECK_THAT(std::string(status.message()), Catch::Contains("ranks disagree on the element count"));
   }
+}
+
+// A communicator of its own (the failures below break it), waiting at most
+// `timeout` for the other ranks.
+std::unique_ptr<MpiCommunicator> Fresh(absl::Duration timeout, bool check_agreement = true) {
+  CommunicatorOptions options;
+  options.timeout = timeout;
+  options.check_agreement = check_agreement;
+  return MpiCommunicator::Create(options).value();
+}
+
+// Calls `collective` on `comm` with buffers for its world.
+absl::Status Call(Collective collective, MpiCommunicator& comm, Stream& stream) {
+  const int n = comm.world_size(), r = comm.rank();
+  static std::vector<float>* buffer = new std::vector<float>(256 * 4);
+  float* b = buffer->data();
+  switch (collective) {
+    case Collective::kAllReduce:
+      return comm.AllReduce(b, b, 200, DType::kF32, ReduceOp::kSum, stream);
+    case Collective::kReduceScatter:
+      return comm.ReduceScatter(b, b + 200 * r, 200, DType::kF32, ReduceOp::kSum, stream);
+    case Collective::kAllGather:
+      return comm.AllGather(b + 200 * r, b, 200, DType::kF32, stream);
+    case Collective::kBroadcast:
+      return comm.Broadcast(b, 200, DType::kF32, n - 1, stream);
+    case Collective::kBarrier:
+      return comm.Barrier();
+  }
+  return absl::InternalError("unknown collective");
+}
+
+TEST_CASE("a rank that leaves a collective fails it on every rank within the timeout",
+          "[mpi][timeout]") {
+  const int n = World().world_size(), r = World().rank();
+  const absl::Duration timeout = absl::Milliseconds(300);
+  for (bool agreement : {true, false}) {
+    for (int c = 0; c < kNumCollectives; ++c) {
+      const Collective collective = static_cast<Collective>(c);
+      INFO(CollectiveName(collective) << (agreement ? ", with" : ", without")
+                                      << " the agreement check, " << n << " ranks");
+      std::unique_ptr<MpiCommunicator> comm = Fresh(timeout, agreement);
+      // Two good calls, then the last rank's third fails.
+      REQUIRE(Call(collective, *comm, HostStream()).ok());
+      REQUIRE(Call(collective, *comm, HostStream()).ok());
+      REQUIRE(comm->calls() == 2);
+      if (r == n - 1) comm->InjectFailure(3);
+      const auto start = std::chrono::steady_clock::now();
+      const absl::Status status = Call(collective, *comm, HostStream());
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const std::string where = std::string(CollectiveName(collective)) + " on rank " +
+                                std::to_string(r) + " of " + std::to_string(n);
+      if (r == n - 1) {
+        REQUIRE(status.code() == absl::StatusCode::kUnavailable);
+        CHECK(std::string(status.message()) ==
+              where + ": injected failure of collective call 3; this rank left without joining "
+                      "the others; the communicator is unusable now: end the job and resume "
+                      "from the last checkpoint");
+      } else {
+        // The others waited the whole timeout, then gave up.
+        REQUIRE(status.code() == absl::StatusCode::kDeadlineExceeded);
+        const std::string call =
+            agreement && collective != Collective::kBarrier
+                ? "MPI_Iallreduce (agreement check)"
+                : collective == Collective::kAllReduce     ? "AllReduce (MPI_Iallreduce)"
+                : collective == Collective::kReduceScatter ? "ReduceScatter (MPI_Ireduce_scatter_block)"
+                : collective == Collective::kAllGather     ? "AllGather (MPI_Iallgather)"
+                : collective == Collective::kBroadcast     ? "Broadcast (MPI_Ibcast)"
+                                                           : "Barrier (MPI_Ibarrier)";
+        CHECK(std::string(status.message()) ==
+              call + " on rank " + std::to_string(r) + " of " + std::to_string(n) +
+                  ": not every rank joined within 300ms (a rank failed, is stuck or stopped "
+                  "calling collectives); the communicator is unusable now: end the job and "
+                  "resume from the last checkpoint");
+        CHECK(waited >= 0.3);
+      }
+      CHECK(comm->health().code() == status.code());
+      // Broken for good: every later call fails at once with the first error,
+      // on the asynchronous stream too, and the control exchange as well.
+      const absl::Status again = Call(Collective::kAllGather, *comm, HostStream());
+      CHECK(again.code() == status.code());
+      CHECK_THAT(std::string(again.message()),
+                 Catch::StartsWith("AllGather on rank " + std::to_string(r) + " of " +
+                                   std::to_string(n) + ": the communicator failed earlier ("));
+      int64_t value = 1;
+      const absl::Status control = comm->AllReduceHost(&value, 1, MPI_INT64_T, MPI_SUM, "a value");
+      CHECK(control.code() == status.code());
+      CHECK_THAT(std::string(control.message()),
+                 Catch::StartsWith("a value on rank " + std::to_string(r) +
+                                   " of " + std::to_string(n) + ": the communicator failed earlier"));
+      static Device* device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value().release();
+      auto async = device->CreateAsyncStream().value();
+      REQUIRE(Call(Collective::kAllReduce, *comm, *async).ok());
+      CHECK(async->Synchronize().code() == status.code());
+      CHECK(comm->stats(collective).calls == 2);
+      CHECK(comm->calls() == 5);
+    }
+  }
+  // The world's own communicator was never involved: the ranks still meet.
+  REQUIRE(World().Barrier().ok());
+}
+
+TEST_CASE("a rank that arrives late but within the timeout is waited for", "[mpi][timeout]") {
+  const int n = World().world_size(), r = World().rank();
+  std::unique_ptr<MpiCommunicator> comm = Fresh(absl::Seconds(60));
+  std::vector<float> buffer(16, float(r + 1));
+  if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  REQUIRE(comm->AllReduce(buffer.data(), buffer.data(), 16, DType::kF32, ReduceOp::kSum,
+                          HostStream()).ok());
+  CHECK(buffer[15] == float(n * (n + 1) / 2));
+  int64_t values[2] = {r, -r};
+  REQUIRE(comm->AllReduceHost(values, 2, MPI_INT64_T, MPI_MAX, "extremes").ok());
+  CHECK(values[0] == n - 1);
+  CHECK(values[1] == 0);
+  CHECK(comm->health().ok());
+  // Disagreements are errors of the call, not of the communicator.
+  const absl::Status status = comm->AllReduce(buffer.data(), buffer.data(), r == 0 ? 3 : 4,
+                                              DType::kF32, ReduceOp::kSum, HostStream());
+  CHECK(status.code() == (n == 1 ? absl::StatusCode::kOk : absl::StatusCode::kInvalidArgument));
+  CHECK(comm->health().ok());
+  CHECK(comm->Barrier().ok());
 }
 
 TEST_CASE("the simulated communicator validates and counts without bytes", "[simulated]") {
