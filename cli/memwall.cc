@@ -1,4 +1,5 @@
 // The `memwall` command: train, launch, demo.
+#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,6 +58,10 @@ ABSL_FLAG(std::string, dtype, "f32", "export: f32 or bf16.");
 ABSL_FLAG(std::string, resume, "",
           "train: resume from the newest complete checkpoint in this directory (any number of "
           "ranks and any ZeRO stage may have saved it); --steps is the step to train up to.");
+ABSL_FLAG(double, collective_timeout, 600,
+          "train, profile: seconds a rank waits for the others in one collective before the "
+          "job ends with an error (a rank crashed, hangs or stopped calling collectives); 0 "
+          "waits forever.");
 ABSL_FLAG(int, simulate_ranks, 1,
           "train with --backend meta: the number of ranks the single process plays rank 0 of.");
 ABSL_FLAG(int, ranks, 2, "launch: the number of MPI ranks (processes) to start.");
@@ -89,6 +94,7 @@ usage:
                 [--pinned_memory SIZE]
                 [--log_every N] [--simulate_ranks N] [--out DIR]
                 [--save DIR [--save_every N] [--keep_checkpoints K]] [--resume DIR]
+                [--collective_timeout SECONDS]
       Trains a GPT (byte-level text) with ZeRO sharding across the MPI ranks
       it was launched on, printing loss, tokens/s and peak device memory by
       category, then a summary. Out of memory writes the memory reports of
@@ -113,7 +119,10 @@ usage:
       a manifest with CRC-32s written last) to DIR/step-<N>; --resume DIR
       continues from the newest complete one, bit for bit as if never
       stopped, on any number of ranks and at any ZeRO stage; --steps is
-      then the step to train up to.
+      then the step to train up to. A rank that waits longer than
+      --collective_timeout (default 600 s) for the others in a collective,
+      or any error on any rank, ends every rank of the job with the error;
+      resume from the last checkpoint.
       With --backend cuda each rank trains on a GPU (rank modulo the visible
       GPUs; cuBLAS and memwall's CUDA kernels) and the ranks reduce over
       NCCL; --device_memory caps the memwall allocator there. With --backend
@@ -124,6 +133,7 @@ usage:
                   [--device_memory SIZE] [--pinned_memory SIZE] [--out DIR]
                   [--batch N] [--seq N]
                   [--image N] [--steps N] [--simulate_ranks N]
+                  [--collective_timeout SECONDS]
       Runs training steps under the memory profiler and writes profile.txt,
       profile.json (schema memwall.profile/1), trace.json (Perfetto) and
       profile.html to DIR/rank<k>/. M is a GPT spec or a zoo model: resnet50,
@@ -168,6 +178,23 @@ exit status: 0 on success, 1 on an error (printed), 2 on bad usage.)";
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "memwall: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+// An error on one rank of a multi-rank job ends every rank (MPI_Abort): the
+// others may be waiting in a collective this rank will never join.
+int FailRanks(const absl::Status& status) {
+  Fail(status);
+  int initialized = 0, finalized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) {
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) {
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
   return 1;
 }
 
@@ -238,7 +265,7 @@ int Demo() {
   }
   options.parameters = static_cast<int64_t>(params);
   const absl::Status status = memwall::RunDemo(options);
-  return status.ok() ? 0 : Fail(status);
+  return status.ok() ? 0 : FailRanks(status);
 }
 
 // The flags `train` and `profile` share, into either's options.
@@ -256,6 +283,13 @@ absl::Status ReadModelFlags(memwall::Backend fallback, Options& options) {
   options.model = absl::GetFlag(FLAGS_model);
   options.config_path = absl::GetFlag(FLAGS_config);
   options.simulate_ranks = absl::GetFlag(FLAGS_simulate_ranks);
+  const double timeout = absl::GetFlag(FLAGS_collective_timeout);
+  if (!(timeout >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--collective_timeout: expected seconds >= 0 (0: wait forever), got ", timeout));
+  }
+  options.collective_timeout =
+      timeout == 0 ? absl::InfiniteDuration() : absl::Seconds(timeout);
   return absl::OkStatus();
 }
 
@@ -268,7 +302,7 @@ int Profile() {
   options.image = absl::GetFlag(FLAGS_image);
   options.steps = StepsFlag(1);
   const absl::Status status = memwall::RunProfile(options);
-  return status.ok() ? 0 : Fail(status);
+  return status.ok() ? 0 : FailRanks(status);
 }
 
 int Train() {
@@ -284,7 +318,7 @@ int Train() {
   options.resume_dir = absl::GetFlag(FLAGS_resume);
   if (!absl::GetFlag(FLAGS_out).empty()) options.oom_dir = absl::GetFlag(FLAGS_out);
   const absl::Status status = memwall::RunTrain(options);
-  return status.ok() ? 0 : Fail(status);
+  return status.ok() ? 0 : FailRanks(status);
 }
 
 int Export() {

@@ -27,7 +27,8 @@ absl::Status RunProfile(const ProfileOptions& options) {
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   const int64_t batch = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
   MW_ASSIGN_OR_RETURN(Model model, MakeModel(options.model, batch, options.seq, options.image));
-  MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks));
+  MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks,
+                                                 options.collective_timeout));
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
                       UseDevice(session, options.backend, options.capacity_bytes,
                                 PinnedBytes(options.pinned_bytes, options.capacity_bytes,
@@ -93,9 +94,8 @@ absl::Status RunProfile(const ProfileOptions& options) {
     extremes[kFields + i] = -v;
   }
   if (options.backend != Backend::kMeta) {
-    MW_RETURN_IF_ERROR(MpiStatus(MPI_Allreduce(MPI_IN_PLACE, extremes, 2 * kFields, MPI_INT64_T,
-                                               MPI_MAX, world->comm()),
-                                 "MPI_Allreduce"));
+    MW_RETURN_IF_ERROR(world->AllReduceHost(extremes, 2 * kFields, MPI_INT64_T, MPI_MAX,
+                                            "the per-rank peaks"));
   }
   if (world->rank() == 0) {
     std::printf("%s", TerminalReport(profiler).c_str());

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "runtime/device.h"
 
 namespace memwall {
@@ -28,6 +29,9 @@ struct ProfileOptions {
   int64_t image = 224;  // CNNs: square images of this size
   int64_t steps = 1;
   int simulate_ranks = 1;  // meta: the world rank 0 belongs to
+  // How long a rank waits for the others in one collective before the run
+  // fails (CommunicatorOptions::timeout).
+  absl::Duration collective_timeout = absl::Minutes(10);
 };
 
 // Every rank writes its reports to <out_dir>/rank<k>/; rank 0 prints its

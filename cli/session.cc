@@ -29,9 +29,11 @@ absl::StatusOr<Config> LoadConfigOrDefault(const std::string& path) {
   return path.empty() ? ParseConfig(kDefaultTrainConfig) : LoadConfig(path);
 }
 
-absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks) {
+absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks, absl::Duration timeout) {
   Ranks ranks;
-  MW_ASSIGN_OR_RETURN(ranks.world, MpiCommunicator::Create());
+  CommunicatorOptions options;
+  options.timeout = timeout;
+  MW_ASSIGN_OR_RETURN(ranks.world, MpiCommunicator::Create(options));
   ranks.comm = ranks.world.get();
   if (backend == Backend::kMeta) {
     if (ranks.world->world_size() != 1) {
@@ -57,7 +59,9 @@ absl::StatusOr<std::unique_ptr<Device>> UseDevice(Ranks& ranks, Backend backend,
   }
   options.ordinal = rank % gpus;
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(options));
-  MW_ASSIGN_OR_RETURN(ranks.owned, NcclCommunicator::Create(*ranks.world, *device));
+  CommunicatorOptions nccl_options;
+  nccl_options.timeout = ranks.world->timeout();
+  MW_ASSIGN_OR_RETURN(ranks.owned, NcclCommunicator::Create(*ranks.world, *device, nccl_options));
   ranks.comm = ranks.owned.get();
   return device;
 #else

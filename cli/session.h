@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "checkpointing/plan.h"
 #include "engine/config.h"
 #include "engine/layer.h"
@@ -28,13 +29,15 @@ absl::StatusOr<Config> LoadConfigOrDefault(const std::string& path);
 // The MPI world (initialised), and the communicator to train with: the
 // world itself, or on meta a simulated world of `simulate_ranks` in which
 // this single process is rank 0, or on cuda (after UseDevice) NCCL over the
-// world's ranks.
+// world's ranks. The world's collectives wait at most `timeout` for the
+// other ranks (CommunicatorOptions::timeout).
 struct Ranks {
   std::unique_ptr<MpiCommunicator> world;
   std::unique_ptr<Communicator> owned;  // the simulated or NCCL communicator
   Communicator* comm = nullptr;
 };
-absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks);
+absl::StatusOr<Ranks> StartRanks(Backend backend, int simulate_ranks,
+                                 absl::Duration timeout = absl::Minutes(10));
 
 // The device this rank trains on: on cuda, GPU rank % (visible GPUs), and
 // the ranks then communicate over NCCL; on host and meta, device `rank`.

@@ -64,7 +64,8 @@ absl::Status RunTrain(const TrainOptions& options) {
   }
   MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(options.model));
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
-  MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks));
+  MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks,
+                                                 options.collective_timeout));
   std::string chosen;
   if (config.zero.stage == kAutoStage) {
     // The auto strategy, for this world and device; every rank computes the
@@ -200,8 +201,7 @@ absl::Status RunTrain(const TrainOptions& options) {
     seconds += took.count();
     float loss = report.loss;
     if (options.backend != Backend::kMeta) {
-      MW_RETURN_IF_ERROR(MpiStatus(
-          MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_FLOAT, MPI_SUM, world->comm()), "MPI_Allreduce"));
+      MW_RETURN_IF_ERROR(world->AllReduceHost(&loss, 1, MPI_FLOAT, MPI_SUM, "the mean loss"));
       loss /= ranks;
     }
     if (step == first_step) first_loss = loss;
@@ -218,9 +218,8 @@ absl::Status RunTrain(const TrainOptions& options) {
     for (size_t i = 0; i < kShown.size(); ++i) peaks[i] = s.by_category[int(kShown[i])].peak;
     peaks[4] = s.requested.peak;
     if (options.backend != Backend::kMeta) {
-      MW_RETURN_IF_ERROR(MpiStatus(MPI_Allreduce(MPI_IN_PLACE, peaks.data(), 5, MPI_INT64_T,
-                                                 MPI_MAX, world->comm()),
-                                   "MPI_Allreduce"));
+      MW_RETURN_IF_ERROR(
+          world->AllReduceHost(peaks.data(), 5, MPI_INT64_T, MPI_MAX, "the peak memory"));
     }
     if (world->rank() != 0) continue;
     std::string line = absl::StrFormat("%s step %lld/%lld", Bar(step + 1, options.steps),
@@ -228,7 +227,7 @@ absl::Status RunTrain(const TrainOptions& options) {
                                        static_cast<long long>(options.steps));
     if (computes) absl::StrAppendFormat(&line, " | loss %.4f", loss);
     absl::StrAppendFormat(&line, " | %.0f tokens/s", tokens_per_step / took.count());
-    if (!report.step.applied) absl::StrAppend(&line, " | step skipped (overflow)");
+    if (!report.step.applied) absl::StrAppend(&line, " | step skipped (inf/nan gradients)");
     absl::StrAppend(&line, " | peak memory/rank:");
     for (size_t i = 0; i < kShown.size(); ++i) {
       absl::StrAppend(&line, " ", MemoryCategoryName(kShown[i]), " ", FormatBytes(peaks[i]));

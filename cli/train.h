@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "runtime/device.h"
 
 namespace memwall {
@@ -39,6 +40,9 @@ struct TrainOptions {
   int64_t log_every = 10;
   // Meta only: the world the single process plays rank 0 of.
   int simulate_ranks = 1;
+  // How long a rank waits for the others in one collective before the run
+  // fails (CommunicatorOptions::timeout).
+  absl::Duration collective_timeout = absl::Minutes(10);
   // Where each rank writes its memory reports if it runs out of memory
   // (<oom_dir>/rank<k>/).
   std::string oom_dir = "memwall-oom";

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `memwall train --save/--resume` end to end on real MPI jobs: a run killed
 # with SIGKILL mid-way and resumed ends with the same losses and the same
-# checkpoint bytes as the run that was never interrupted (host, f32); a
+# checkpoint bytes as the run that was never interrupted (host, f32); so
+# does one whose rank hung (SIGSTOP), which ends by the collective timeout; a
 # checkpoint saved on 4 ranks loads on 2 and back on 4 without losing a
 # bit; bad flags and missing checkpoints are named.
 # Usage (from Bazel): checkpoint_test.sh MPIRUN_SH MEMWALL_BINARY
@@ -57,6 +58,49 @@ got=$(losses "$resumed")
 [ -n "$got" ] && [ "$want" = "$got" ] && pass || fail "resumed losses differ: $(diff <(echo "$want") <(echo "$got") | head -5)"
 same_files "$tmp/ref/step-00000300" "$tmp/ck/step-00000300" && pass ||
   fail "the resumed run's final checkpoint differs from the uninterrupted run's"
+
+# A rank that hangs (SIGSTOP) mid-run: the other gives up after
+# --collective_timeout and the whole job ends with its error instead of
+# waiting forever; resuming then gives the uninterrupted run's result.
+setsid "$mpirun_sh" 2 "$memwall" train --steps $steps --log_every 1 --save "$tmp/stuck" \
+  --save_every 5 --keep_checkpoints 2 --collective_timeout 2 > "$tmp/stuck.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 6000); do
+  [ -e "$tmp/stuck/step-00000020/manifest.json" ] && break
+  sleep 0.05
+done
+stopped=""
+for p in $(pgrep -f -- "--save $tmp/stuck"); do
+  tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && stopped=$p
+done
+if [ -n "$stopped" ]; then
+  kill -STOP "$stopped"
+  pass
+else
+  fail "found no rank 1 process to stop"
+fi
+for _ in $(seq 1 1200); do  # the job must end by itself: 2 s, and up to 2 minutes of slack
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+if kill -0 "$pid" 2>/dev/null; then
+  fail "the job with a stopped rank still runs 2 minutes later"
+  kill -9 -- -"$pid" 2>/dev/null
+  [ -n "$stopped" ] && kill -9 "$stopped" 2>/dev/null
+else
+  pass
+fi
+wait "$pid"
+rc=$?
+[ $rc -ne 0 ] && pass || fail "the job with a stopped rank exited with status 0"
+check "a stuck rank ends the job" "$(cat "$tmp/stuck.log")" \
+  "on rank 0 of 2: not every rank joined within 2s (a rank failed, is stuck or stopped calling collectives); the communicator is unusable now: end the job and resume from the last checkpoint"
+resumed=$("$mpirun_sh" 2 "$memwall" train --steps $steps --log_every 1 --save "$tmp/stuck" \
+  --resume "$tmp/stuck" 2>&1)
+check "resume after a stuck rank" "$resumed" "resumed from $tmp/stuck/step-" \
+  "saved $tmp/stuck/step-00000300"
+same_files "$tmp/ref/step-00000300" "$tmp/stuck/step-00000300" && pass ||
+  fail "the run resumed after a stuck rank ends with a different checkpoint"
 
 # Resharding: 4 ranks -> 2 -> 4, losslessly; and the 2-rank load trains on.
 "$mpirun_sh" 4 "$memwall" train --steps 6 --log_every 6 --save "$tmp/four" > /dev/null 2>&1
