@@ -714,9 +714,15 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     }
   }
   reduce_phase.reset();
-  // 2. Overflow and squared norm over the elements this rank updates.
-  const bool need_overflow = config_.fp16;
+  // 2. Non-finite gradients and the squared norm over the elements this
+  // rank updates. An inf or nan on any rank skips the step on every rank in
+  // every precision mode (fp16 also lowers the scale): applying it would
+  // turn the master weights into nan. With clipping the norm's sum of
+  // squares shows them (an inf or nan makes it non-finite, and squares of
+  // finite 16- or 32-bit values cannot overflow a double), so the scan for
+  // them runs only without clipping.
   const bool need_norm = config_.gradient_clipping > 0;
+  const bool need_overflow = !need_norm;
   bool overflow = false;
   double squares = 0.0;
   const DType dtype = config_.param_dtype();
@@ -769,6 +775,9 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
       squares += partial;
     }
   }
+  // Every rank holds the same sum here (stage 0: of the same all-reduced
+  // gradients; stages 1-3: of the same partials in the same order).
+  if (need_norm && !std::isfinite(squares)) overflow = true;
   const double unscale =
       1.0 / (double(comm_.world_size()) * config_.gradient_accumulation_steps * loss_scale_);
   StepResult result;

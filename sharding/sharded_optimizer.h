@@ -25,8 +25,9 @@
 // Gradient contract: backward ADDS the gradient of (micro-batch mean loss x
 // loss_scale()) into the gradient views, over gradient_accumulation_steps
 // micro-batches; Step() then averages over ranks and micro-batches, unscales,
-// checks for inf/nan (fp16: a step with any non-finite gradient on any rank
-// is skipped on every rank and the scale lowered), clips to
+// checks for inf/nan (in every precision mode a step with any non-finite
+// gradient on any rank is skipped on every rank; fp16 also lowers the
+// scale), clips to
 // gradient_clipping by the global norm (exchanged once across ranks),
 // updates the master weights, refreshes the parameters, and zeroes the
 // gradients.
@@ -123,7 +124,7 @@ class ShardedOptimizer {
   };
 
   struct StepResult {
-    // False when the step was skipped (fp16 overflow on some rank).
+    // False when the step was skipped (a non-finite gradient on some rank).
     bool applied = false;
     // The global gradient norm after unscaling (before clipping); 0 when
     // neither clipping nor fp16 needed it.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,10 @@ inline const std::vector<int64_t>& MlpTaskWidths() {
   return widths;
 }
 
-// Eight rows of the task for `rank` at data position `position`.
-inline Batch MlpTaskBatch(Device& device, int rank, int position) {
+// Eight rows of the task for `rank` at data position `position`; with
+// `poison`, its first input value is that instead (an inf or nan).
+inline Batch MlpTaskBatch(Device& device, int rank, int position,
+                          std::optional<float> poison = std::nullopt) {
   constexpr int kIn = 16, kOut = 4, kRows = 8;
   std::vector<float> x(kRows * kIn), y(kRows * kOut);
   for (int r = 0; r < kRows; ++r) {
@@ -31,6 +34,7 @@ inline Batch MlpTaskBatch(Device& device, int rank, int position) {
     for (int i = 0; i < kIn; ++i) x[r * kIn + i] = std::sin(0.37f * sample + 1.1f * i);
     for (int o = 0; o < kOut; ++o) y[r * kOut + o] = std::cos(0.21f * sample + 0.9f * o);
   }
+  if (poison) x[0] = *poison;
   Batch b;
   b.input = Tensor::FromHost(device, x, {kRows, kIn}, MemoryCategory::kOther, "x").value();
   b.target = Tensor::FromHost(device, y, {kRows, kOut}, MemoryCategory::kOther, "y").value();
@@ -41,12 +45,14 @@ inline Batch MlpTaskBatch(Device& device, int rank, int position) {
 struct MlpSetup {
   std::string name;
   int stage = 0;
-  bool bf16 = false;
+  bool bf16 = false;        // bf16 parameters and gradients (else f32, or fp16 below)
   float offload = 0;       // optimizer offload ratio
   bool paging = false;     // stage-3 parameter paging
   bool nvme = false;       // optimizer states in a file under $TEST_TMPDIR
   bool sgd = false;        // SGD with momentum instead of AdamW
   int accumulation = 1;    // micro-batches per step
+  bool fp16 = false;       // fp16 with dynamic loss scaling from 2^8
+  float clipping = 0;      // gradient_clipping (0: none)
 };
 
 struct MlpRun {
@@ -65,6 +71,11 @@ inline MlpRun StartMlpTask(const MlpSetup& s, Communicator& comm, uint64_t seed 
   o.zero.reduce_bucket_size = 700;  // a group per layer
   o.zero.overlap_comm = true;
   o.bf16 = s.bf16;
+  o.fp16 = s.fp16;
+  // The task's gradients overflow fp16 at DeepSpeed's 2^16; start where
+  // they do not, so that every overflow is one a test made.
+  o.loss_scale.initial_scale_power = 8;
+  o.gradient_clipping = s.clipping;
   o.zero.offload_optimizer_ratio = s.offload;
   o.zero.offload_param = s.paging;
   if (s.nvme) {
