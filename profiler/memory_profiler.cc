@@ -22,7 +22,7 @@ MemoryProfiler::MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity
   // Start from the allocator's books (what was allocated before us), taken
   // atomically with the registration.
   allocator_.AddListener(this, [this](const AllocatorStats& s, const auto& owners) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (int c = 0; c < kNumMemoryCategories; ++c) current_[c] = s.by_category[c].current;
     category_peaks_ = current_;
     total_ = s.requested.current;
@@ -45,7 +45,7 @@ double MemoryProfiler::NowUs() const {
 }
 
 void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   switch (e.kind) {
     case MemoryEvent::Kind::kAlloc:
     case MemoryEvent::Kind::kFree: {
@@ -92,7 +92,7 @@ void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
 }
 
 void MemoryProfiler::BeginPhase(absl::string_view name) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   PhaseRecord p;
   p.name = std::string(name);
   p.depth = static_cast<int>(open_.size());
@@ -103,7 +103,7 @@ void MemoryProfiler::BeginPhase(absl::string_view name) {
 }
 
 bool MemoryProfiler::EndPhase() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (open_.empty()) return false;
   PhaseRecord p = std::move(open_.back());
   open_.pop_back();
@@ -114,7 +114,7 @@ bool MemoryProfiler::EndPhase() {
 }
 
 CategoryBytes MemoryProfiler::category_peaks() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return category_peaks_;
 }
 
@@ -125,7 +125,7 @@ void MemoryProfiler::SnapshotPeakOwners() {
 }
 
 PeakSnapshot MemoryProfiler::peak() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   PeakSnapshot out = peak_;
   std::vector<OwnerBytes> owners;
   for (const auto& [owner, bytes] : peak_owners_) {
@@ -144,22 +144,22 @@ PeakSnapshot MemoryProfiler::peak() const {
 }
 
 CategoryBytes MemoryProfiler::current() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return current_;
 }
 
 std::vector<PhaseRecord> MemoryProfiler::phases() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return closed_;
 }
 
 std::vector<TimelinePoint> MemoryProfiler::timeline() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return {ring_.begin(), ring_.end()};
 }
 
 int64_t MemoryProfiler::dropped_events() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return dropped_;
 }
 

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,7 +32,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "runtime/allocator.h"
 #include "runtime/memory.h"
 
@@ -122,7 +122,9 @@ class MemoryProfiler : public MemoryListener {
   const size_t ring_capacity_;
   const std::chrono::steady_clock::time_point start_;
 
-  mutable absl::Mutex mu_;
+  // std::mutex, which ThreadSanitizer sees (see runtime/host_device.cc).
+
+  mutable std::mutex mu_;
   CategoryBytes current_ ABSL_GUARDED_BY(mu_){};
   CategoryBytes category_peaks_ ABSL_GUARDED_BY(mu_){};
   int64_t total_ ABSL_GUARDED_BY(mu_) = 0;

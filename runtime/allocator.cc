@@ -107,7 +107,7 @@ CachingAllocator::CachingAllocator(std::string device_name, int64_t capacity,
 }
 
 CachingAllocator::~CachingAllocator() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   MW_CHECK(stats_.num_allocations == 0);
   ReleaseFreeSegments();
 }
@@ -115,7 +115,7 @@ CachingAllocator::~CachingAllocator() {
 absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(size_t bytes,
                                                         MemoryCategory category,
                                                         absl::string_view owner) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (++allocate_calls_ == fail_at_call_) {
     fail_at_call_ = 0;
     return OutOfMemory(bytes, category, owner, "injected failure");
@@ -156,12 +156,12 @@ absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(size_t bytes,
 }
 
 void CachingAllocator::InjectFailure(int64_t nth) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   fail_at_call_ = nth > 0 ? allocate_calls_ + nth : 0;
 }
 
 int64_t CachingAllocator::allocate_calls() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return allocate_calls_;
 }
 
@@ -234,7 +234,7 @@ void CachingAllocator::MaybeSplit(Block* block, size_t rounded) {
 }
 
 void CachingAllocator::Free(Block* block) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   MW_CHECK(block->allocated);
   const int64_t requested = static_cast<int64_t>(block->requested);
   stats_.by_category[static_cast<int>(block->category)].Subtract(requested);
@@ -293,18 +293,18 @@ void CachingAllocator::ReleaseFreeSegments() {
 }
 
 void CachingAllocator::EmptyCache() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   ReleaseFreeSegments();
 }
 
 AllocatorStats CachingAllocator::stats() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return stats_;
 }
 
 std::vector<std::pair<std::pair<std::string, MemoryCategory>, int64_t>>
 CachingAllocator::OwnerBytes() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<std::pair<std::string, MemoryCategory>, int64_t>> out(
       owner_bytes_.begin(), owner_bytes_.end());
   std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
@@ -314,7 +314,7 @@ CachingAllocator::OwnerBytes() const {
 }
 
 std::string CachingAllocator::DescribeOccupancy(int top_owners) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return DescribeOccupancyLocked(top_owners);
 }
 
@@ -384,7 +384,7 @@ void CachingAllocator::Emit(MemoryEvent::Kind kind, MemoryCategory category,
 }
 
 void CachingAllocator::AddListener(MemoryListener* listener) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   listeners_.push_back(listener);
 }
 
@@ -393,13 +393,13 @@ void CachingAllocator::AddListener(
     const std::function<void(const AllocatorStats&,
                              const std::map<std::pair<std::string, MemoryCategory>, int64_t>&)>&
         snapshot) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   snapshot(stats_, owner_bytes_);
   listeners_.push_back(listener);
 }
 
 void CachingAllocator::RemoveListener(MemoryListener* listener) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), listener),
                    listeners_.end());
 }

@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
@@ -34,7 +35,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "runtime/memory.h"
 
 namespace memwall {
@@ -186,7 +186,9 @@ class CachingAllocator {
   const std::unique_ptr<SegmentSource> source_;
   const bool touch_bytes_;
 
-  mutable absl::Mutex mu_;
+  // std::mutex, which ThreadSanitizer sees (see runtime/host_device.cc).
+
+  mutable std::mutex mu_;
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   FreeSet small_free_ ABSL_GUARDED_BY(mu_);
   FreeSet large_free_ ABSL_GUARDED_BY(mu_);

@@ -100,17 +100,17 @@ absl::Status Communicator::Prepare(const Signature& signature,
 }
 
 absl::Status Communicator::health() const {
-  absl::MutexLock lock(&mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   return broken_;
 }
 
 int64_t Communicator::calls() const {
-  absl::MutexLock lock(&mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   return calls_;
 }
 
 void Communicator::InjectFailure(int64_t call) {
-  absl::MutexLock lock(&mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   fail_at_ = call;
 }
 
@@ -119,7 +119,7 @@ absl::Status Communicator::Guard(Collective collective,
   const std::string call =
       absl::StrCat(CollectiveName(collective), " on rank ", rank_, " of ", world_size_);
   {
-    absl::MutexLock lock(&mutex_);
+    std::lock_guard<std::mutex> lock(mutex_);
     ++calls_;
     if (!broken_.ok()) {
       return absl::Status(broken_.code(), absl::StrCat(call, ": the communicator failed earlier (",
@@ -139,7 +139,7 @@ absl::Status Communicator::Guard(Collective collective,
 }
 
 absl::Status Communicator::Break(const absl::Status& error) {
-  absl::MutexLock lock(&mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   // Already broken: `error` is the breaking error on its way out (a control
   // exchange inside a collective broke it), or one after it.
   if (!broken_.ok()) return error;

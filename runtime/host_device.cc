@@ -2,15 +2,16 @@
 
 #include <cstdlib>
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -54,43 +55,49 @@ class MetaSegmentSource final : public SegmentSource {
 // Host events count generations: Record() on a stream asks for one more,
 // and the stream completes it when its work up to that point has run. An
 // event is complete when every generation asked for has completed.
+//
+// The host backend's threads synchronise with std::mutex, not absl::Mutex:
+// ThreadSanitizer understands pthread mutexes but not Debian's prebuilt,
+// uninstrumented Abseil, under which every guarded access reads as a race.
 class HostEvent final : public Event {
  public:
   absl::Status Synchronize() override {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     const uint64_t target = recorded_;
-    while (completed_ < target) done_.Wait(&mu_);
+    done_.wait(lock, [&] { return completed_ >= target; });
     return absl::OkStatus();
   }
   absl::StatusOr<bool> Query() override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return completed_ >= recorded_;
   }
   void* native_handle() const override { return nullptr; }
 
   // Asks for one more generation; returns its number.
   uint64_t Ask() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return ++recorded_;
   }
   void Complete(uint64_t generation) {
-    absl::MutexLock lock(&mu_);
+    // Notified under the lock: a waiter that sees the generation complete
+    // may destroy the event as soon as it can take the lock.
+    std::lock_guard<std::mutex> lock(mu_);
     completed_ = std::max(completed_, generation);
-    done_.SignalAll();
+    done_.notify_all();
   }
   // Blocks until `generation` has completed.
   void AwaitGeneration(uint64_t generation) {
-    absl::MutexLock lock(&mu_);
-    while (completed_ < generation) done_.Wait(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return completed_ >= generation; });
   }
   uint64_t recorded() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return recorded_;
   }
 
  private:
-  absl::Mutex mu_;
-  absl::CondVar done_;
+  std::mutex mu_;
+  std::condition_variable done_;
   uint64_t recorded_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -141,15 +148,16 @@ class WorkerStream final : public Stream {
   WorkerStream() : thread_([this] { Loop(); }) {}
   ~WorkerStream() override {
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
     }
+    work_.notify_one();
     thread_.join();
   }
 
   absl::Status Synchronize() override {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &WorkerStream::IdleLocked));
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [this] { return IdleLocked(); });
     return first_error_;
   }
   absl::Status Record(Event& event) override {
@@ -172,8 +180,11 @@ class WorkerStream final : public Stream {
   }
   void* native_handle() const override { return nullptr; }
   absl::Status RunHost(std::function<absl::Status()> work) override {
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(std::move(work));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(work));
+    }
+    work_.notify_one();
     return absl::OkStatus();
   }
   bool asynchronous() const override { return true; }
@@ -187,22 +198,25 @@ class WorkerStream final : public Stream {
   }
 
   void Loop() {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      mu_.Await(absl::Condition(this, &WorkerStream::HasWorkOrStopping));
+      work_.wait(lock, [this] { return HasWorkOrStopping(); });
       if (queue_.empty()) return;  // stopping, and all work done
       std::function<absl::Status()> work = std::move(queue_.front());
       queue_.pop_front();
       running_ = true;
-      mu_.Unlock();
+      lock.unlock();
       absl::Status status = work();
-      mu_.Lock();
+      lock.lock();
       running_ = false;
       if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
+      if (queue_.empty()) idle_.notify_all();
     }
   }
 
-  absl::Mutex mu_;
+  std::mutex mu_;
+  std::condition_variable work_;  // the worker waits for work or stopping
+  std::condition_variable idle_;  // Synchronize() waits for an empty queue
   std::deque<std::function<absl::Status()>> queue_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -2,8 +2,9 @@
 # Runs the test suite under the sanitizers (configs in .bazelrc):
 #   tools/sanitize.sh            ASan+UBSan over every test, then TSan over
 #                                the threaded parts (the host backend's
-#                                communication thread and streams, the
-#                                sharded optimizer's overlap, the profiler)
+#                                asynchronous streams, the communicators
+#                                and their timeouts, the sharded optimizer's
+#                                overlap and offload pager, the profiler)
 #   tools/sanitize.sh asan|tsan  one of them
 # Not part of .ci/run: the instrumented rebuild and the slower tests take
 # about 20 minutes on 2 cores, more than CI's budget allows; run it before
@@ -17,6 +18,8 @@ if [ "$which" = all ] || [ "$which" = asan ]; then
 fi
 if [ "$which" = all ] || [ "$which" = tsan ]; then
   bazel test --config=tsan //tests/runtime:device_test //tests/runtime:allocator_test \
-    //tests/sharding:sharded_optimizer_test_np1 //tests/engine:trainer_test_np1 \
-    //tests/engine:fault_test_np1 //tests/profiler/...
+    //tests/runtime:communicator_test_np1 //tests/runtime:communicator_test_np2 \
+    //tests/offload:host_optimizer_test //tests/offload:nvme_store_test \
+    //tests/sharding:sharded_optimizer_test_np1 //tests/sharding:sharded_optimizer_test_np2 \
+    //tests/engine:trainer_test_np1 //tests/engine:fault_test_np1 //tests/profiler/...
 fi
