@@ -6,6 +6,7 @@
 #                                and their timeouts, the sharded optimizer's
 #                                overlap and offload pager, the profiler)
 #   tools/sanitize.sh asan|tsan  one of them
+#   tools/sanitize.sh ubsan      UBSan alone over every test (asan includes it)
 # Not part of .ci/run: the instrumented rebuild and the slower tests take
 # about 20 minutes on 2 cores, more than CI's budget allows; run it before
 # landing changes to memory handling or threading.
@@ -15,6 +16,9 @@ bash tools/install_deps.sh --tests
 which=${1:-all}
 if [ "$which" = all ] || [ "$which" = asan ]; then
   bazel test --config=asan //...
+fi
+if [ "$which" = ubsan ]; then
+  bazel test --config=ubsan //...
 fi
 if [ "$which" = all ] || [ "$which" = tsan ]; then
   bazel test --config=tsan //tests/runtime:device_test //tests/runtime:allocator_test \
