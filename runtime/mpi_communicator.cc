@@ -275,7 +275,7 @@ absl::Status MpiCommunicator::DoReduceScatter(const void* send, void* recv,
   // from NCCL's (recv inside send); reduce into a temporary instead.
   std::unique_ptr<char[]> staging;
   void* out = recv;
-  if (recv == own_chunk) {
+  if (recv == own_chunk && bytes > 0) {
     staging.reset(new char[bytes]);
     out = staging.get();
   }

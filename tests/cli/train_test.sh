@@ -182,6 +182,13 @@ out=$("$memwall" train --data "$tmp/short.txt" 2>&1)
 check "short data" "$out" "data file $tmp/short.txt: 5 bytes; expected at least 65 (one sequence plus its next byte)"
 out=$("$memwall" train --steps -1 2>&1)
 check "bad steps" "$out" "--steps: expected >= 1, got -1"
+out=$("$memwall" train --collective_timeout -1 2>&1)
+check "bad collective timeout" "$out" "--collective_timeout: expected seconds >= 0 (0: wait forever), got -1"
+# On several ranks an error ends the whole job with it, non-zero.
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/bad.json" 2>&1)
+rc=$?
+check "bad config on 2 ranks" "$out" "zero_optimization.stage: expected an integer 0..3, got 9"
+[ $rc -ne 0 ] && pass || fail "a 2-rank job with a bad config exited with status 0"
 echo '{"bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 4,
        "zero_optimization": {"stage": 2}}' > "$tmp/bf16.json"
 out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/bf16.json" --steps 30 --log_every 30 2>&1)
