@@ -751,8 +751,10 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   }
   // Stages 1-3 each see a shard: exchange (overflow, squares) once. The
   // double travels bit for bit as two f32 slots of an all-gather, and every
-  // rank adds the partials in rank order, so all ranks agree exactly.
-  if (stage() >= 1 && (need_overflow || need_norm) && device_.holds_bytes()) {
+  // rank adds the partials in rank order, so all ranks agree exactly. On
+  // meta nothing moves (the values read as zero), but the buffer and the
+  // collective are a real run's, so the dry run books and counts them too.
+  if (stage() >= 1 && (need_overflow || need_norm)) {
     const int world = comm_.world_size();
     std::vector<float> mine(4, 0.0f), all(4 * world);
     mine[0] = overflow ? 1.0f : 0.0f;

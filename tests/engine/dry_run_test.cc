@@ -29,7 +29,10 @@ struct Strategy {
   std::string model = "gpt-tiny:layers=4";
 };
 
-AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned) {
+// One step's books on `backend`: the device's (returned), the pinned
+// pool's, and the collectives' calls and bytes (creation included).
+AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
+                    std::vector<CollectiveStats>* traffic) {
   DeviceOptions o{backend, 0, 256 * kMiB};
   o.pinned_capacity_bytes = 256 * kMiB;
   auto device = CreateDevice(o).value();
@@ -37,6 +40,7 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned) 
   std::unique_ptr<Communicator> simulated;
   if (backend == Backend::kMeta) simulated = SimulatedCommunicator::Create(rank, world).value();
   Communicator& comm = backend == Backend::kMeta ? *simulated : testing::World();
+  comm.ResetStats();
   const GptConfig c = ParseGptModel(s.model).value();
   ShardingOptions options;
   options.zero.stage = s.stage;
@@ -69,11 +73,13 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned) 
     batches.push_back(std::move(b));
   }
   REQUIRE(trainer->TrainStep(batches).ok());
+  traffic->clear();
+  for (int k = 0; k < kNumCollectives; ++k) traffic->push_back(comm.stats(Collective(k)));
   *pinned = device->pinned_allocator()->stats();
   return device->allocator().stats();
 }
 
-TEST_CASE("a meta step allocates exactly what the host step does, for every strategy",
+TEST_CASE("a meta step allocates and communicates exactly what the host step does, for every strategy",
           "[dryrun]") {
   const std::vector<Strategy> strategies = {
       {"stage 0, f32", 0, false, 0, false, "none"},
@@ -96,8 +102,15 @@ TEST_CASE("a meta step allocates exactly what the host step does, for every stra
   for (const Strategy& s : strategies) {
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());
     AllocatorStats host_pinned, meta_pinned;
-    const AllocatorStats host = Step(Backend::kHost, s, &host_pinned);
-    const AllocatorStats meta = Step(Backend::kMeta, s, &meta_pinned);
+    std::vector<CollectiveStats> host_traffic, meta_traffic;
+    const AllocatorStats host = Step(Backend::kHost, s, &host_pinned, &host_traffic);
+    const AllocatorStats meta = Step(Backend::kMeta, s, &meta_pinned, &meta_traffic);
+    // The same collectives, to the byte.
+    for (int k = 0; k < kNumCollectives; ++k) {
+      INFO(CollectiveName(Collective(k)));
+      CHECK(meta_traffic[k].calls == host_traffic[k].calls);
+      CHECK(meta_traffic[k].bytes == host_traffic[k].bytes);
+    }
     CHECK(meta.requested.peak == host.requested.peak);
     CHECK(meta.reserved.peak == host.reserved.peak);
     for (MemoryCategory c : kAllMemoryCategories) {
