@@ -114,24 +114,29 @@ void Communicator::InjectFailure(int64_t call) {
   fail_at_ = call;
 }
 
+absl::Status Communicator::FailedEarlier(absl::string_view what) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (broken_.ok()) return absl::OkStatus();
+  return absl::Status(broken_.code(),
+                      absl::StrCat(what, " on rank ", rank_, " of ", world_size_,
+                                   ": the communicator failed earlier (", broken_.message(), ")"));
+}
+
 absl::Status Communicator::Guard(Collective collective,
                                  const std::function<absl::Status()>& body) {
-  const std::string call =
-      absl::StrCat(CollectiveName(collective), " on rank ", rank_, " of ", world_size_);
+  int64_t call = 0;
+  bool inject = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    ++calls_;
-    if (!broken_.ok()) {
-      return absl::Status(broken_.code(), absl::StrCat(call, ": the communicator failed earlier (",
-                                                       broken_.message(), ")"));
-    }
-    if (calls_ == fail_at_) {
-      broken_ = absl::UnavailableError(absl::StrCat(
-          call, ": injected failure of collective call ", calls_,
-          "; this rank left without joining the others; the communicator is unusable now: "
-          "end the job and resume from the last checkpoint"));
-      return broken_;
-    }
+    call = ++calls_;
+    inject = call == fail_at_;
+  }
+  MW_RETURN_IF_ERROR(FailedEarlier(CollectiveName(collective)));
+  if (inject) {
+    return Break(absl::UnavailableError(
+        absl::StrCat(CollectiveName(collective), " on rank ", rank_, " of ", world_size_,
+                     ": injected failure of collective call ", call,
+                     "; this rank left without joining the others")));
   }
   absl::Status status = body();
   if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) return Break(status);

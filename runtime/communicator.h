@@ -154,6 +154,9 @@ class Communicator {
       : rank_(rank), world_size_(world_size), options_(options) {}
 
   const CommunicatorOptions& options() const { return options_; }
+  // OK while usable; else "<what> on rank r of n: the communicator failed
+  // earlier (<the first error>)", with the first error's code.
+  absl::Status FailedEarlier(absl::string_view what) const;
   // Breaks the communicator with `error` (see health()) and returns `error`
   // with what to do next appended; when it is already broken, returns
   // `error` as it is.

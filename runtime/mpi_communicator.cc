@@ -187,11 +187,7 @@ absl::Status MpiCommunicator::Wait(MPI_Request& request, absl::string_view call)
 
 absl::Status MpiCommunicator::AllReduceHost(void* values, int count, MPI_Datatype type,
                                             MPI_Op op, absl::string_view what) {
-  if (absl::Status health = this->health(); !health.ok()) {
-    return absl::Status(health.code(), absl::StrCat(what, " on rank ", rank(), " of ",
-                                                    world_size(), ": the communicator failed "
-                                                    "earlier (", health.message(), ")"));
-  }
+  MW_RETURN_IF_ERROR(FailedEarlier(what));
   int size = 0;
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Type_size(type, &size), "MPI_Type_size"));
   const size_t bytes = static_cast<size_t>(size) * count;

@@ -186,6 +186,17 @@ void Rewrite(const std::string& path, const std::function<void(std::string&)>& e
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
+// A damage that replaces the first `from` in a checkpoint's manifest with `to`.
+std::function<void(const std::string&)> InManifest(const std::string& from, const std::string& to) {
+  return [from, to](const std::string& at) {
+    Rewrite(at + "/manifest.json", [&](std::string& b) {
+      const size_t i = b.find(from);
+      REQUIRE(i != std::string::npos);
+      b.replace(i, from.size(), to);
+    });
+  };
+}
+
 TEST_CASE("damaged, truncated, foreign and mismatched checkpoints are refused by name",
           "[checkpoint][errors]") {
   ExpectRefused(
@@ -204,34 +215,14 @@ TEST_CASE("damaged, truncated, foreign and mismatched checkpoints are refused by
       "manifest-not-json",
       [](const std::string& at) { Rewrite(at + "/manifest.json", [](std::string& b) { b.resize(10); }); },
       absl::StatusCode::kDataLoss, "manifest.json: not JSON");
-  ExpectRefused(
-      "other-version",
-      [](const std::string& at) {
-        Rewrite(at + "/manifest.json", [](std::string& b) {
-          const size_t i = b.find("memwall.checkpoint/1");
-          b.replace(i, 20, "memwall.checkpoint/9");
-        });
-      },
-      absl::StatusCode::kInvalidArgument,
-      "field 'schema' is 'memwall.checkpoint/9', expected 'memwall.checkpoint/1'");
-  ExpectRefused(
-      "missing-field",
-      [](const std::string& at) {
-        Rewrite(at + "/manifest.json", [](std::string& b) {
-          const size_t i = b.find("\"trainer_steps\"");
-          b.replace(i, 15, "\"trainer_stepz\"");
-        });
-      },
-      absl::StatusCode::kInvalidArgument, "field 'trainer_steps' is missing");
-  ExpectRefused(
-      "another-model",
-      [](const std::string& at) {
-        Rewrite(at + "/manifest.json", [](std::string& b) {
-          const size_t i = b.find("fc0.weight");
-          b.replace(i, 10, "fcX.weight");
-        });
-      },
-      absl::StatusCode::kInvalidArgument, "no parameter 'fc0.weight' (the checkpoint is of another model)");
+  ExpectRefused("other-version", InManifest("memwall.checkpoint/1", "memwall.checkpoint/9"),
+                absl::StatusCode::kInvalidArgument,
+                "field 'schema' is 'memwall.checkpoint/9', expected 'memwall.checkpoint/1'");
+  ExpectRefused("missing-field", InManifest("\"trainer_steps\"", "\"trainer_stepz\""),
+                absl::StatusCode::kInvalidArgument, "field 'trainer_steps' is missing");
+  ExpectRefused("another-model", InManifest("fc0.weight", "fcX.weight"),
+                absl::StatusCode::kInvalidArgument,
+                "no parameter 'fc0.weight' (the checkpoint is of another model)");
   ExpectRefused(
       "missing-file",
       [](const std::string& at) { fs::remove(at + "/rank-00000.safetensors"); },

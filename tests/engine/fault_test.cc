@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,23 +36,23 @@ namespace {
 
 using testing::SameBits;
 using testing::World;
-
-Batch MakeBatch(Device& device, int step) {
-  return testing::MlpTaskBatch(device, World().rank(), step);
-}
-
 using Setup = testing::MlpSetup;
 using Run = testing::MlpRun;
-
 
 Run Start(Setup s) {
   s.accumulation = 2;
   return testing::StartMlpTask(s, World());
 }
 
-std::vector<Batch> Batches(Run& run, int step) {
+// The step's two micro-batches; with `poison`, the last rank's first one
+// carries it (an inf or nan).
+std::vector<Batch> Batches(Run& run, int step, std::optional<float> poison = std::nullopt) {
+  const bool last = World().rank() == World().world_size() - 1;
   std::vector<Batch> batches;
-  for (int u = 0; u < 2; ++u) batches.push_back(MakeBatch(*run.device, 2 * step + u));
+  for (int u = 0; u < 2; ++u) {
+    batches.push_back(testing::MlpTaskBatch(*run.device, World().rank(), 2 * step + u,
+                                            u == 0 && last ? poison : std::nullopt));
+  }
   return batches;
 }
 
@@ -179,7 +180,7 @@ TEST_CASE("a rank leaving a collective anywhere in a step fails it on every rank
 
 TEST_CASE("an inf or nan on one rank skips the step on every rank in every precision mode",
           "[fault][overflow]") {
-  const int n = World().world_size(), r = World().rank();
+  const int n = World().world_size();
   std::vector<Setup> setups;
   for (const char* precision : {"f32", "bf16", "fp16"}) {
     for (int stage = 0; stage <= 3; ++stage) {
@@ -210,14 +211,7 @@ TEST_CASE("an inf or nan on one rank skips the step on every rank in every preci
       const std::vector<float> before = States(run);
       ShardedOptimizer& opt = run.trainer->optimizer();
       const float scale = opt.loss_scale();
-      // The step's first micro-batch carries it, on the last rank only.
-      std::vector<Batch> batches;
-      for (int u = 0; u < 2; ++u) {
-        batches.push_back(testing::MlpTaskBatch(
-            *run.device, r, 2 + u,
-            u == 0 && r == n - 1 ? std::optional<float>(poison) : std::nullopt));
-      }
-      const auto report = run.trainer->TrainStep(batches);
+      const auto report = run.trainer->TrainStep(Batches(run, 1, poison));
       REQUIRE(report.ok());
       CHECK_FALSE(report->step.applied);
       CHECK(SameBits(States(run), before));

@@ -334,12 +334,6 @@ TEST_CASE("meta simulates a 32 GiB device holding far more than this machine",
   CHECK(device->allocator().stats().requested.peak == params * 2);
 }
 
-}  // namespace
-}  // namespace memwall
-
-namespace memwall {
-namespace {
-
 // Hands out segment addresses upwards or downwards: backends place
 // segments where they like (cudaMalloc, malloc), and the allocator's
 // choices must not depend on it.
