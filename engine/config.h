@@ -80,10 +80,6 @@
 
 namespace memwall {
 
-// zero_optimization.stage "auto": the auto strategy (cli/auto_strategy.h)
-// picks the stage, offload and recomputation before training.
-constexpr int kAutoStage = -1;
-
 // activation_checkpointing: which recomputation plan to train with.
 struct RecomputeConfig {
   std::string planner = "none";

@@ -56,13 +56,17 @@ absl::StatusOr<FlatLayout> PlanFlatLayout(const std::vector<ParameterSpec>& para
     group.shard_numel = group.padded_numel / world_size;
     const std::string& first = parameters[group.parameters.front()].name;
     const std::string& last = parameters[group.parameters.back()].name;
-    group.name = group.parameters.size() == 1 ? first : absl::StrCat(first, "..", last);
+    const std::string& unit = parameters[group.parameters.front()].group;
+    group.name = !unit.empty()                  ? unit
+                 : group.parameters.size() == 1 ? first
+                                                : absl::StrCat(first, "..", last);
     layout.numel += group.numel;
     layout.padded_numel += group.padded_numel;
     layout.groups.push_back(std::move(group));
   };
   // Validate, then cut the parameter list into layers.
   std::vector<std::pair<size_t, size_t>> layers;  // [begin, end) into parameters
+  std::set<std::string> units_closed;
   for (size_t i = 0; i < parameters.size(); ++i) {
     const ParameterSpec& p = parameters[i];
     if (p.name.empty()) {
@@ -78,7 +82,17 @@ absl::StatusOr<FlatLayout> PlanFlatLayout(const std::vector<ParameterSpec>& para
             "parameter '", p.name, "': shape[", d, "] is ", p.shape[d], "; expected >= 1"));
       }
     }
-    if (i == 0 || LayerOf(p.name) != LayerOf(parameters[i - 1].name)) {
+    const std::string* previous = i == 0 ? nullptr : &parameters[i - 1].group;
+    const bool new_layer = i == 0 || p.group != *previous ||
+                           (p.group.empty() && LayerOf(p.name) != LayerOf(parameters[i - 1].name));
+    if (new_layer) {
+      if (previous != nullptr && !previous->empty()) units_closed.insert(*previous);
+      if (units_closed.count(p.group) > 0) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "': group '",
+                                                       p.group,
+                                                       "' already ended; a group's parameters "
+                                                       "must be registered consecutively"));
+      }
       layers.push_back({i, i});
     }
     layers.back().second = i + 1;
@@ -87,7 +101,12 @@ absl::StatusOr<FlatLayout> PlanFlatLayout(const std::vector<ParameterSpec>& para
   for (const auto& [begin, end] : layers) {
     int64_t layer_numel = 0;
     for (size_t i = begin; i < end; ++i) layer_numel += NumElements(parameters[i].shape);
-    if (!current.parameters.empty() && current.numel + layer_numel > bucket_elements) {
+    // An explicit unit is a group of its own: it closes what came before it
+    // and nothing joins it.
+    const bool unit = !parameters[begin].group.empty() ||
+                      (!current.parameters.empty() &&
+                       !parameters[current.parameters.front()].group.empty());
+    if (!current.parameters.empty() && (unit || current.numel + layer_numel > bucket_elements)) {
       close_group(current);
       current = FlatGroup();
     }

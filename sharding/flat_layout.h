@@ -5,7 +5,10 @@
 // prefix before the last '.' ("block3.attn.qkv" for "block3.attn.qkv.weight"
 // and ".bias"), and layers are packed whole into groups of at most
 // `bucket_elements` (a layer larger than that gets a group of its own; no
-// layer, and so no parameter, is ever split between groups). Each group
+// layer, and so no parameter, is ever split between groups). A caller may
+// instead name the units itself (ParameterSpec::group, as FSDP2's
+// fully_shard names modules): the consecutive parameters of one named unit
+// form exactly one group of that name, whatever the bucket size. Each group
 // is one contiguous buffer, padded at its end so it splits evenly into
 // `world_size` shards of a multiple of `alignment_elements`; rank r owns
 // elements [r * shard_numel, (r + 1) * shard_numel) of every group. Sharding
@@ -24,6 +27,9 @@ namespace memwall {
 struct ParameterSpec {
   std::string name;
   std::vector<int64_t> shape;
+  // Non-empty: the explicit unit (flat group) this parameter belongs to;
+  // its parameters must be consecutive. Empty: grouped by layer and bucket.
+  std::string group;
 };
 
 // Where one parameter lives: elements [offset, offset + numel) of a group.
@@ -65,7 +71,8 @@ int64_t NumElements(const std::vector<int64_t>& shape);
 
 // Plans the groups. Errors (kInvalidArgument) name the offending parameter
 // or argument: no parameters, an empty or duplicate name, a dimension < 1,
-// world_size < 1, bucket_elements < 1, alignment_elements < 1.
+// an explicit group whose parameters are not consecutive, world_size < 1,
+// bucket_elements < 1, alignment_elements < 1.
 absl::StatusOr<FlatLayout> PlanFlatLayout(const std::vector<ParameterSpec>& parameters,
                                           int world_size, int64_t bucket_elements,
                                           int64_t alignment_elements);

@@ -37,8 +37,13 @@ struct LossScaleConfig {
   float min_loss_scale = 1.0f;
 };
 
+// zero_optimization.stage "auto": the engine's auto strategy picks the
+// stage (engine/auto_strategy.h) before anything is built; the sharded
+// optimizer itself refuses it.
+constexpr int kAutoStage = -1;
+
 struct ZeroConfig {
-  int stage = 0;
+  int stage = 0;  // 0..3, or kAutoStage before the engine resolves it
   // Elements per flat group: the unit of reduction, of sharding, and (stage
   // 3) of gathering.
   int64_t reduce_bucket_size = 500'000'000;

@@ -34,6 +34,14 @@ const void* Offset(const void* base, int64_t element, DType dtype) {
 absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const ShardingOptions& config,
                                                                            Device& device,
                                                                            Communicator& comm) {
+  // An unresolved "auto" (-1) or any other stage would run with no gradient
+  // reduction at all: ranks would drift apart while every step succeeds.
+  if (config.zero.stage < 0 || config.zero.stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ShardedOptimizer: zero_optimization.stage: expected 0, 1, 2 or 3, got ",
+        config.zero.stage,
+        config.zero.stage == kAutoStage ? " (\"auto\" unresolved: the engine resolves it)" : ""));
+  }
   const bool simulated = comm.kind() == "simulated";
   if (device.backend() == Backend::kMeta && !simulated && comm.world_size() > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -98,6 +106,40 @@ ShardedOptimizer::~ShardedOptimizer() {
 
 absl::Status ShardedOptimizer::AddParameter(std::string name, std::vector<int64_t> shape,
                                             absl::Span<const float> initial_values) {
+  return Register(std::move(name), std::move(shape), initial_values, "");
+}
+
+absl::Status ShardedOptimizer::AddParameterGroup(std::string group,
+                                                 std::vector<ParameterInit> parameters) {
+  if (group.empty()) return absl::InvalidArgumentError("AddParameterGroup: the group name is empty");
+  if (parameters.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AddParameterGroup('", group, "'): the group has no parameters"));
+  }
+  for (const ParameterSpec& spec : specs_) {
+    if (spec.group == group) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AddParameterGroup('", group, "'): a group of that name exists"));
+    }
+  }
+  const size_t before = specs_.size();
+  for (ParameterInit& p : parameters) {
+    absl::Status added = Register(std::move(p.name), std::move(p.shape), p.values, group);
+    if (!added.ok()) {
+      while (specs_.size() > before) {
+        index_.erase(specs_.back().name);
+        specs_.pop_back();
+        initial_.pop_back();
+      }
+      return added;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::Register(std::string name, std::vector<int64_t> shape,
+                                        absl::Span<const float> initial_values,
+                                        std::string group) {
   if (finalized_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "AddParameter('", name, "'): the optimizer is finalized; register every parameter first"));
@@ -119,7 +161,7 @@ absl::Status ShardedOptimizer::AddParameter(std::string name, std::vector<int64_
                      " initial values for a shape of ", numel, " elements"));
   }
   index_[name] = static_cast<int>(specs_.size());
-  specs_.push_back({std::move(name), std::move(shape)});
+  specs_.push_back({std::move(name), std::move(shape), std::move(group)});
   initial_.emplace_back(initial_values.begin(), initial_values.end());
   return absl::OkStatus();
 }
@@ -328,6 +370,34 @@ absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Gradient(absl::string_v
                      "') has no gradient buffer; call AcquireGradients(", g, ") first"));
   }
   return ViewOf(name, groups_[g].grad_bucket);
+}
+
+absl::StatusOr<DeviceBuffer> ShardedOptimizer::F32Workspace(absl::string_view name,
+                                                             const View& view, size_t given) {
+  if (given != static_cast<size_t>(view.numel) && device_.holds_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "': ", given,
+                                                   " f32 values for ", view.numel, " elements"));
+  }
+  return device_.Allocate(view.numel * sizeof(float), MemoryCategory::kWorkspace,
+                          absl::StrCat(name, ".f32"));
+}
+
+absl::Status ShardedOptimizer::ReadParameter(absl::string_view name, absl::Span<float> out) {
+  MW_ASSIGN_OR_RETURN(const View view, Parameter(name));
+  MW_ASSIGN_OR_RETURN(DeviceBuffer f32, F32Workspace(name, view, out.size()));
+  MW_RETURN_IF_ERROR(
+      kernels::Cast(device_, *stream_, view.data, view.dtype, f32.data(), DType::kF32, view.numel));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), f32.data(), f32.size(), *stream_));
+  return stream_->Synchronize();
+}
+
+absl::Status ShardedOptimizer::AddGradient(absl::string_view name, absl::Span<const float> grad) {
+  MW_ASSIGN_OR_RETURN(const View view, Gradient(name));
+  MW_ASSIGN_OR_RETURN(DeviceBuffer f32, F32Workspace(name, view, grad.size()));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(f32.data(), grad.data(), f32.size(), *stream_));
+  MW_RETURN_IF_ERROR(kernels::Accumulate(device_, *stream_, f32.data(), DType::kF32, view.data,
+                                         view.dtype, view.numel));
+  return stream_->Synchronize();
 }
 
 absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {

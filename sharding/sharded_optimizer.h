@@ -134,8 +134,9 @@ class ShardedOptimizer {
   };
 
   // `device` and `comm` must outlive the optimizer. Errors: kInvalidArgument
-  // for a config the sharded optimizer cannot run (e.g. a stage above 0 with
-  // a communicator of the wrong kind for the device).
+  // for a config the sharded optimizer cannot run: a stage outside 0-3 (an
+  // unresolved "auto" included), or a communicator of the wrong kind for
+  // the device.
   static absl::StatusOr<std::unique_ptr<ShardedOptimizer>> Create(const ShardingOptions& config,
                                                                   Device& device,
                                                                   Communicator& comm);
@@ -149,6 +150,18 @@ class ShardedOptimizer {
   // name the parameter (duplicate name, bad shape, wrong number of values).
   absl::Status AddParameter(std::string name, std::vector<int64_t> shape,
                             absl::Span<const float> initial_values);
+  // A parameter with its initial values, for AddParameterGroup.
+  struct ParameterInit {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> values;  // NumElements(shape) of them; may be empty on meta
+  };
+  // Registers `parameters`, in order, as one explicit unit named `group`:
+  // one flat group that gathers, releases and reduces together, whatever
+  // reduce_bucket_size says (flat_layout.h). Before Finalize() only. Errors
+  // (kInvalidArgument) name the group or the parameter; on error none of
+  // the group's parameters stays registered.
+  absl::Status AddParameterGroup(std::string group, std::vector<ParameterInit> parameters);
   // Plans the flat groups and allocates this rank's model states. On error
   // nothing stays allocated and registration may be retried after fixing it.
   absl::Status Finalize();
@@ -156,6 +169,10 @@ class ShardedOptimizer {
   const FlatLayout& layout() const { return layout_; }
   const ShardingOptions& config() const { return config_; }
   Communicator& communicator() { return comm_; }
+  Device& device() { return device_; }
+  // Every registered parameter, in registration order (layout().placements'
+  // order).
+  const std::vector<ParameterSpec>& parameters() const { return specs_; }
   // Index of the group holding `name`, or kNotFound.
   absl::StatusOr<int> GroupOf(absl::string_view name) const;
 
@@ -165,6 +182,16 @@ class ShardedOptimizer {
   // Where backward adds the parameter's gradient (param_dtype). Stages 2/3:
   // only between AcquireGradients and ReduceGradients of its group.
   absl::StatusOr<View> Gradient(absl::string_view name);
+
+  // The same two in f32 for a caller that computes in f32 whatever the
+  // storage dtype, available when the views are. ReadParameter copies the
+  // parameter, converted from param_dtype, into `out` (its numel elements;
+  // nothing is written on meta). AddGradient adds `grad` into the gradient,
+  // added in f32 and rounded once to param_dtype, as memwall's own layers
+  // add their f32 workspaces. Both wait for their copies; kInvalidArgument
+  // for a size that is not the parameter's.
+  absl::Status ReadParameter(absl::string_view name, absl::Span<float> out);
+  absl::Status AddGradient(absl::string_view name, absl::Span<const float> grad);
 
   // Stage 3: all-gathers group `g`'s parameters; no-op for stages 0-2.
   absl::Status GatherParameters(int g);
@@ -297,6 +324,12 @@ class ShardedOptimizer {
   // Parameter paging: group.params lives in the pinned pool.
   bool paged() const { return config_.zero.offload_param; }
 
+  absl::Status Register(std::string name, std::vector<int64_t> shape,
+                        absl::Span<const float> initial_values, std::string group);
+  // The f32 staging behind ReadParameter and AddGradient: a device
+  // workspace of `view`'s elements.
+  absl::StatusOr<DeviceBuffer> F32Workspace(absl::string_view name, const View& view,
+                                            size_t given);
   absl::Status RequireFinalized(absl::string_view call) const;
   absl::Status CheckGroup(int g, absl::string_view call) const;
   absl::Status AllocateGroup(const FlatGroup& flat, Group& group);

@@ -93,6 +93,34 @@ TEST_CASE("shards tile every group exactly for any world size", "[flat]") {
   }
 }
 
+TEST_CASE("explicit groups are one group each, whatever the bucket size", "[flat]") {
+  std::vector<ParameterSpec> specs = Specs();
+  // embed alone in "input"; both blocks in "trunk"; the head by name prefix.
+  specs[0].group = "input";
+  for (int p = 1; p <= 4; ++p) specs[p].group = "trunk";
+  for (int64_t bucket : {int64_t{1}, int64_t{300}, int64_t{1} << 40}) {
+    CAPTURE(bucket);
+    auto layout = PlanFlatLayout(specs, /*world_size=*/2, bucket, /*alignment=*/8);
+    REQUIRE(layout.ok());
+    REQUIRE(layout->groups.size() == 3);
+    CHECK(layout->groups[0].name == "input");
+    CHECK(layout->groups[0].numel == 1600);
+    CHECK(layout->groups[1].name == "trunk");
+    CHECK(layout->groups[1].parameters == std::vector<int>{1, 2, 3, 4});
+    CHECK(layout->groups[1].numel == 544);
+    CHECK(layout->groups[1].padded_numel == 544);  // 34 * 16
+    CHECK(layout->groups[2].name == "head");  // never joins a named group
+    CHECK(layout->placements[3].group == 1);
+    CHECK(layout->placements[3].offset == 272);
+  }
+  specs[3].group = "input";  // "input" again after "trunk" began
+  auto split = PlanFlatLayout(specs, 2, 300, 8);
+  CHECK(split.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(split.status().message()) ==
+        "parameter 'block1.w': group 'input' already ended; a group's parameters must be "
+        "registered consecutively");
+}
+
 TEST_CASE("bad parameter lists are rejected by name", "[flat]") {
   auto dup = PlanFlatLayout({{"a", {2}}, {"a", {3}}}, 2, 10, 1);
   CHECK(std::string(dup.status().message()) == "parameter 'a': registered twice");

@@ -789,6 +789,22 @@ TEST_CASE("optimizer offload: bad settings and a full host pool name the cause",
   CHECK(tiny->pinned_allocator()->stats().requested.current == 0);
 }
 
+TEST_CASE("a stage outside 0-3, an unresolved auto included, is refused on every rank",
+          "[zero][errors]") {
+  auto device = CreateDevice({Backend::kHost, World().rank(), 64 * kMiB}).value();
+  auto unresolved = ShardedOptimizer::Create(Options(kAutoStage, DType::kF32, 1, 0.0f), *device,
+                                             World());
+  CHECK(unresolved.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(unresolved.status().message()) ==
+        "ShardedOptimizer: zero_optimization.stage: expected 0, 1, 2 or 3, got -1 (\"auto\" "
+        "unresolved: the engine resolves it)");
+  auto four = ShardedOptimizer::Create(Options(4, DType::kF32, 1, 0.0f), *device, World());
+  CHECK(four.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(four.status().message()) ==
+        "ShardedOptimizer: zero_optimization.stage: expected 0, 1, 2 or 3, got 4");
+  CHECK(device->allocator().stats().requested.peak == 0);
+}
+
 TEST_CASE("misuse gets the specific error", "[zero][errors]") {
   auto device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value();
   auto opt = ShardedOptimizer::Create(Options(3, DType::kBF16, 1, 0.0f), *device, World()).value();
