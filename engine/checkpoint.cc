@@ -38,14 +38,10 @@ struct Param {
 };
 
 // The model's parameters in registration order (the optimizer's indices).
-std::vector<Param> ParamsOf(Trainer& trainer) {
+std::vector<Param> ParamsOf(const ShardedOptimizer& opt) {
   std::vector<Param> params;
-  for (const auto& layer : trainer.layers()) {
-    for (const ParameterDecl& d : layer->Parameters()) {
-      Param p{absl::StrCat(layer->name(), ".", d.name), d.shape, 1};
-      for (int64_t x : d.shape) p.numel *= x;
-      params.push_back(std::move(p));
-    }
+  for (const ParameterSpec& spec : opt.parameters()) {
+    params.push_back({spec.name, spec.shape, NumElements(spec.shape)});
   }
   return params;
 }
@@ -119,10 +115,10 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
 
 // Every rank's `mine` (the same count on each), via the communicator: the
 // 64-bit values travel as pairs of f32 slots of an all-gather (a copy).
-absl::StatusOr<std::vector<int64_t>> AllGatherInts(Trainer& trainer,
+absl::StatusOr<std::vector<int64_t>> AllGatherInts(ShardedOptimizer& opt,
                                                    const std::vector<int64_t>& mine) {
-  Communicator& comm = trainer.optimizer().communicator();
-  Device& device = trainer.device();
+  Communicator& comm = opt.communicator();
+  Device& device = opt.device();
   const size_t n = mine.size(), world = comm.world_size();
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
   MW_ASSIGN_OR_RETURN(DeviceBuffer buffer, device.Allocate(n * 8 * world, MemoryCategory::kCommBuffer,
@@ -164,14 +160,18 @@ std::vector<Found> StepDirs(const std::string& dir) {
 void InjectCheckpointWriteFailure(int64_t after_bytes) { write_budget = after_bytes; }
 
 absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& dir, int keep) {
+  return SaveCheckpoint(trainer.optimizer(), trainer.steps(), dir, keep);
+}
+
+absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
+                                           const std::string& dir, int keep) {
   if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("checkpoint keep: expected >= 1, got ", keep));
-  ShardedOptimizer& opt = trainer.optimizer();
   Communicator& comm = opt.communicator();
   const int rank = comm.rank(), world = comm.world_size();
   const FlatLayout& layout = opt.layout();
-  const std::vector<Param> params = ParamsOf(trainer);
+  const std::vector<Param> params = ParamsOf(opt);
   const std::vector<std::string> states = StateNames(opt);
-  const std::string out = StepDir(dir, trainer.steps());
+  const std::string out = StepDir(dir, steps);
   std::error_code ec;
   if (rank == 0) {
     fs::create_directories(out, ec);
@@ -224,7 +224,7 @@ absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& 
   if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) written = Errno(path, "rename");
   // Every rank learns whether every file landed, and its size and CRC.
   MW_ASSIGN_OR_RETURN(const std::vector<int64_t> files,
-                      AllGatherInts(trainer, {written.ok() ? 1 : 0, 8 + int64_t(text.size()) + offset,
+                      AllGatherInts(opt, {written.ok() ? 1 : 0, 8 + int64_t(text.size()) + offset,
                                               static_cast<int64_t>(crc)}));
   MW_RETURN_IF_ERROR(written);
   for (int r = 0; r < world; ++r) {
@@ -239,8 +239,8 @@ absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& 
     const ShardingOptions& config = opt.config();
     json manifest = {
         {"schema", kSchema},
-        {"step", trainer.steps()},
-        {"trainer_steps", trainer.steps()},
+        {"step", steps},
+        {"trainer_steps", steps},
         {"progress",
          {{"steps_applied", progress.steps_applied},
           {"steps_skipped", progress.steps_skipped},
@@ -279,7 +279,7 @@ absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& 
         ++complete;
         continue;
       }
-      const bool drop = it->complete ? ++complete > keep : it->step < trainer.steps();
+      const bool drop = it->complete ? ++complete > keep : it->step < steps;
       if (drop) fs::remove_all(it->path, ec);
     }
   }
@@ -474,18 +474,18 @@ absl::Status CheckTensors(const Loaded& loaded, const std::string& at) {
   return absl::OkStatus();
 }
 
-// The checkpoint at `at` read and checked against `trainer`'s model and
+// The checkpoint at `at` read and checked against `opt`'s parameters and
 // optimizer, before anything changes.
-absl::StatusOr<Loaded> Validate(Trainer& trainer, const std::string& at) {
+absl::StatusOr<Loaded> Validate(const ShardedOptimizer& opt, const std::string& at) {
   MW_ASSIGN_OR_RETURN(Loaded loaded, ReadVerified(at));
-  const std::vector<std::string> states = StateNames(trainer.optimizer());
+  const std::vector<std::string> states = StateNames(opt);
   if (loaded.states != states) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", loaded.manifest, ": field 'states' is [", absl::StrJoin(loaded.states, ", "),
         "], this run's optimizer keeps [", absl::StrJoin(states, ", "), "]"));
   }
   std::map<std::string, std::vector<int64_t>> model, saved(loaded.parameters.begin(), loaded.parameters.end());
-  for (const Param& param : ParamsOf(trainer)) model[param.name] = param.shape;
+  for (const Param& param : ParamsOf(opt)) model[param.name] = param.shape;
   for (const auto& [name, shape] : model) {
     auto it = saved.find(name);
     if (it == saved.end()) {
@@ -511,11 +511,17 @@ absl::StatusOr<Loaded> Validate(Trainer& trainer, const std::string& at) {
 }  // namespace
 
 absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& path) {
+  MW_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded, LoadCheckpoint(trainer.optimizer(), path));
+  trainer.set_steps(loaded.steps);
+  return loaded.path;
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std::string& path) {
   MW_ASSIGN_OR_RETURN(const std::string at, FindCheckpoint(path));
-  absl::StatusOr<Loaded> loaded = Validate(trainer, at);
+  absl::StatusOr<Loaded> loaded = Validate(opt, at);
   // No rank changes anything unless every rank's check passed.
   MW_ASSIGN_OR_RETURN(const std::vector<int64_t> verdicts,
-                      AllGatherInts(trainer, {loaded.ok() ? 1 : 0}));
+                      AllGatherInts(opt, {loaded.ok() ? 1 : 0}));
   MW_RETURN_IF_ERROR(loaded.status());
   for (size_t r = 0; r < verdicts.size(); ++r) {
     if (verdicts[r] == 0) {
@@ -523,9 +529,8 @@ absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& 
                                               " could not read it (see that rank's error)"));
     }
   }
-  ShardedOptimizer& opt = trainer.optimizer();
   const FlatLayout& layout = opt.layout();
-  const std::vector<Param> params = ParamsOf(trainer);
+  const std::vector<Param> params = ParamsOf(opt);
   const std::vector<std::string> states = StateNames(opt);
   std::map<std::string, std::ifstream> files;
   for (size_t g = 0; g < layout.groups.size(); ++g) {
@@ -546,8 +551,7 @@ absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& 
     }
   }
   opt.set_progress(loaded->progress);
-  trainer.set_steps(loaded->trainer_steps);
-  return at;
+  return LoadedCheckpoint{at, loaded->trainer_steps};
 }
 
 absl::StatusOr<std::string> VerifyCheckpoint(const std::string& path) {

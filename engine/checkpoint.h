@@ -32,7 +32,7 @@
 // Loading checks everything before it changes anything: the manifest's
 // fields, that it describes this model (names, shapes, optimizer), every
 // file's size and CRC-32 and every safetensors header. Errors name the
-// file, the field and the problem; a failed load leaves the trainer as it
+// file, the field and the problem; a failed load leaves the optimizer as it
 // was. Host memory stays bounded while saving and loading: one flat group's
 // state at a time.
 #ifndef MEMWALL_ENGINE_CHECKPOINT_H_
@@ -43,13 +43,18 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/trainer.h"
+#include "sharding/sharded_optimizer.h"
 #include "runtime/dtype.h"
 
 namespace memwall {
 
-// Collective: saves `trainer` after trainer.steps() steps into
+// Collective: saves `opt` (whatever model registered its parameters: the
+// engine's layers or a caller's own) after `steps` training steps into
 // `<dir>/step-<steps>` (creating `dir`), then keeps the newest `keep` (>= 1)
 // checkpoints. Returns the checkpoint's directory. Errors name the path.
+absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
+                                           const std::string& dir, int keep);
+// The same for `trainer`'s optimizer after trainer.steps() steps.
 absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& dir, int keep);
 
 // Fault injection (tests): in this process, checkpoint file writes fail
@@ -66,8 +71,15 @@ absl::StatusOr<std::string> FindCheckpoint(const std::string& dir);
 absl::StatusOr<std::string> VerifyCheckpoint(const std::string& path);
 
 // Collective: loads the checkpoint at `path` (see FindCheckpoint) into
-// `trainer`, whatever world size and stage saved it. Returns the directory
-// loaded.
+// `opt`, whatever world size and stage saved it; the parameters registered
+// must be the saved ones by name and shape (in any grouping). Returns the
+// directory loaded and the training steps it was saved after.
+struct LoadedCheckpoint {
+  std::string path;
+  int64_t steps = 0;
+};
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std::string& path);
+// The same into `trainer`, whose steps() it sets. Returns the directory.
 absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& path);
 
 // Not collective: writes the master weights of the checkpoint at `path`
