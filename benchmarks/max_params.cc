@@ -3,7 +3,7 @@
 // GptShapeForParameters: hidden a multiple of 128, layers = heads =
 // hidden / 128, vocabulary 50257), seq 1024, at micro-batch 1 and 8, each
 // candidate dry-run as one whole step on meta by `memwall plan`'s engine
-// (cli/plan.h DryRunPlan: device memory counted with allocator rounding and
+// (engine/dry_run.h DryRun: device memory counted with allocator rounding and
 // a 1 GiB CUDA runtime allowance; pinned host memory and NVMe as the step
 // uses them).
 //
@@ -21,7 +21,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cli/plan.h"
+#include "engine/dry_run.h"
+#include "models/spec.h"
 #include "engine/config.h"
 #include "models/gpt.h"
 #include "runtime/units.h"
@@ -57,7 +58,7 @@ int64_t Parameters(int64_t hidden) {
   return GptParameterCount(c);
 }
 
-absl::StatusOr<PlanResult> Try(const Row& row, int64_t batch, int64_t hidden) {
+absl::StatusOr<DryRunResult> Try(const Row& row, int64_t batch, int64_t hidden) {
   Config config;
   config.bf16 = true;
   config.optimizer.adamw = true;
@@ -71,18 +72,18 @@ absl::StatusOr<PlanResult> Try(const Row& row, int64_t batch, int64_t hidden) {
   config.zero.offload_nvme_path = row.nvme ? "/local_nvme" : "";
   config.activation_checkpointing.planner = row.planner;
   config.activation_checkpointing.offload = row.activation_offload;
-  PlanOptions options;
-  options.model = Spec(hidden);
+  DryRunOptions options;
+  options.model = SpecModel(Spec(hidden));
   options.gpus = row.gpus;
   options.device_bytes = 32 * kGiB;
   options.host_bytes = row.host_bytes;
   options.nvme_bytes = row.nvme ? 4 * 1024 * kGiB : 0;
   options.batch = batch;
-  return DryRunPlan(options, config);
+  return DryRun(options, config);
 }
 
 bool Fits(const Row& row, int64_t batch, int64_t hidden) {
-  const absl::StatusOr<PlanResult> r = Try(row, batch, hidden);
+  const absl::StatusOr<DryRunResult> r = Try(row, batch, hidden);
   return r.ok() && r->fits;
 }
 
@@ -100,7 +101,7 @@ int64_t Largest(const Row& row, int64_t batch) {
 
 // What stops the next size up: its plan's "no (...)" reason.
 std::string Binds(const Row& row, int64_t batch, int64_t hidden) {
-  const absl::StatusOr<PlanResult> r = Try(row, batch, hidden + 128);
+  const absl::StatusOr<DryRunResult> r = Try(row, batch, hidden + 128);
   if (!r.ok()) return std::string(r.status().message());
   std::string why = r->fits_text;
   if (absl::StartsWith(why, "no (") && absl::EndsWith(why, ")")) why = why.substr(4, why.size() - 5);

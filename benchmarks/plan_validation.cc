@@ -17,7 +17,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "cli/plan.h"
+#include "engine/dry_run.h"
+#include "models/spec.h"
 #include "engine/trainer.h"
 #include "models/gpt.h"
 #include "runtime/simulated_communicator.h"
@@ -51,13 +52,13 @@ Config ConfigFor(const Strategy& s) {
   return c;
 }
 
-absl::StatusOr<PlanResult> Predict(const Strategy& s, int64_t m, int64_t capacity) {
-  PlanOptions o;
-  o.model = Spec(m);
+absl::StatusOr<DryRunResult> Predict(const Strategy& s, int64_t m, int64_t capacity) {
+  DryRunOptions o;
+  o.model = SpecModel(Spec(m));
   o.device_bytes = capacity;
   o.host_bytes = kHost;
   o.runtime_allowance = 0;  // host backend: no CUDA runtime
-  return DryRunPlan(o, ConfigFor(s));
+  return DryRun(o, ConfigFor(s));
 }
 
 struct Measured {
@@ -119,7 +120,7 @@ int Main() {
   for (int64_t capacity : {128 * kMiB, 256 * kMiB, 512 * kMiB}) {
     for (const Strategy& s : strategies) {
       auto fits = [&](int64_t m) {
-        const absl::StatusOr<PlanResult> r = Predict(s, m, capacity);
+        const absl::StatusOr<DryRunResult> r = Predict(s, m, capacity);
         return r.ok() && r->fits;
       };
       if (!fits(1)) {
@@ -132,8 +133,8 @@ int Main() {
         const int64_t mid = (lo + hi) / 2;
         (fits(mid) ? lo : hi) = mid;
       }
-      const PlanResult at = Predict(s, lo, capacity).value();
-      const PlanResult up = Predict(s, lo + 1, capacity).value();
+      const DryRunResult at = Predict(s, lo, capacity).value();
+      const DryRunResult up = Predict(s, lo + 1, capacity).value();
       const Measured real = RealStep(s, lo, capacity, at.recompute);
       const Measured next = RealStep(s, lo + 1, capacity, up.recompute);
       const double off_req = Off(real.requested_peak, at.device_requested_peak);

@@ -8,7 +8,8 @@
 #include "absl/strings/str_format.h"
 #include "cli/session.h"
 #include "engine/config.h"
-#include "engine/trainer.h"
+#include "engine/engine.h"
+#include "models/spec.h"
 #include "profiler/memory_profiler.h"
 #include "profiler/report.h"
 #include "runtime/mpi_communicator.h"
@@ -16,6 +17,37 @@
 #include "runtime/units.h"
 
 namespace memwall {
+
+namespace {
+
+// A step's micro-batches of token ids / pixels: small integers valid for
+// every model here (no values on meta). Out of memory is explained.
+absl::StatusOr<std::vector<Batch>> SyntheticBatches(Engine& engine, int count) {
+  Device& device = engine.device();
+  const std::vector<int64_t>& in_shape = engine.input_shape();
+  const std::vector<int64_t>& out_shape = engine.target_shape();
+  std::vector<float> input_values, target_values;
+  if (device.holds_bytes()) {
+    for (int64_t i = 0; i < NumElements(in_shape); ++i) input_values.push_back(float(i % 97));
+    for (int64_t i = 0; i < NumElements(out_shape); ++i) target_values.push_back(float(i % 89));
+  }
+  std::vector<Batch> batches;
+  for (int u = 0; u < count; ++u) {
+    absl::StatusOr<Tensor> input = Tensor::FromHost(device, input_values, in_shape,
+                                                    MemoryCategory::kOther, "data.input");
+    MW_RETURN_IF_ERROR(engine.Explain(input.status()));
+    absl::StatusOr<Tensor> target = Tensor::FromHost(device, target_values, out_shape,
+                                                     MemoryCategory::kOther, "data.target");
+    MW_RETURN_IF_ERROR(engine.Explain(target.status()));
+    Batch b;
+    b.input = std::move(input).value();
+    b.target = std::move(target).value();
+    batches.push_back(std::move(b));
+  }
+  return batches;
+}
+
+}  // namespace
 
 absl::Status RunProfile(const ProfileOptions& options) {
   if (options.steps < 1) {
@@ -25,62 +57,34 @@ absl::Status RunProfile(const ProfileOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--batch: expected >= 1, got ", options.batch));
   }
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
-  const int64_t batch = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
-  MW_ASSIGN_OR_RETURN(Model model, MakeModel(options.model, batch, options.seq, options.image));
-  MW_ASSIGN_OR_RETURN(Ranks session, StartRanks(options.backend, options.simulate_ranks,
-                                                 options.collective_timeout));
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
-                      UseDevice(session, options.backend, options.capacity_bytes,
-                                PinnedBytes(options.pinned_bytes, options.capacity_bytes,
-                                            config)));
-  MpiCommunicator* world = session.world.get();
-  Communicator* comm = session.comm;
-  const std::string dir = absl::StrCat(options.out_dir, "/rank", comm->rank());
-  MemoryProfiler profiler(device->allocator());
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(
-      std::move(model.layers), std::move(model.loss), config, *device, *comm, /*seed=*/1);
-  MW_RETURN_IF_ERROR(ReportOutOfMemory(trainer.status(), profiler, dir));
-  (*trainer)->set_profiler(&profiler);
-  // The recomputation plan of the config; optimal's derived budget comes
-  // from a dry run of a fresh copy of the model.
+  if (options.batch > 0) config.train_micro_batch_size_per_gpu = options.batch;
+  CommunicatorOptions world_options;
+  world_options.timeout = options.collective_timeout;
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world,
+                      MpiCommunicator::Create(world_options));
+  EngineOptions engine_options;
+  engine_options.backend = options.backend;
+  engine_options.device_bytes = options.capacity_bytes;
+  engine_options.pinned_bytes = options.pinned_bytes;
+  engine_options.simulate_ranks = options.simulate_ranks;
+  engine_options.world = world.get();
+  engine_options.oom_dir = options.out_dir;
+  engine_options.oom_advice = false;
   MW_ASSIGN_OR_RETURN(
-      const Plan plan,
-      ApplyRecomputation(**trainer, config.activation_checkpointing, model.input,
-                         device->allocator().capacity(),
-                         [&]() -> absl::StatusOr<AllocatorStats> {
-                           MW_ASSIGN_OR_RETURN(Model copy, MakeModel(options.model, batch, options.seq, options.image));
-                           return DryRunStep(std::move(copy.layers), std::move(copy.loss), config,
-                                             comm->rank(), comm->world_size(), copy.input,
-                                             copy.target);
-                         }));
-  if (plan.planner != "none" && comm->rank() == 0) {
-    MW_ASSIGN_OR_RETURN(const Chain chain, (*trainer)->ChainFor(model.input));
-    std::printf("activation recomputation: %s\n", PlanSummary(chain, plan).c_str());
+      std::unique_ptr<Engine> engine,
+      Engine::Create(engine_options, config,
+                     SpecModel(options.model, options.seq, options.image)));
+  const MemoryProfiler& profiler = engine->profiler();
+  const std::string dir = absl::StrCat(options.out_dir, "/rank", engine->communicator().rank());
+  if (engine->recomputation_plan().planner != "none" && world->rank() == 0) {
+    MW_ASSIGN_OR_RETURN(const Chain chain, engine->trainer()->ChainFor(engine->input_shape()));
+    std::printf("activation recomputation: %s\n",
+                PlanSummary(chain, engine->recomputation_plan()).c_str());
   }
   for (int64_t step = 0; step < options.steps; ++step) {
-    std::vector<Batch> batches;
-    for (int u = 0; u < config.gradient_accumulation_steps; ++u) {
-      // Token ids / pixels: small integers valid for every model here.
-      std::vector<float> input_values, target_values;
-      if (device->holds_bytes()) {
-        int64_t in = 1, out = 1;
-        for (int64_t d : model.input) in *= d;
-        for (int64_t d : model.target) out *= d;
-        for (int64_t i = 0; i < in; ++i) input_values.push_back(float(i % 97));
-        for (int64_t i = 0; i < out; ++i) target_values.push_back(float(i % 89));
-      }
-      absl::StatusOr<Tensor> input = Tensor::FromHost(*device, input_values, model.input,
-                                                      MemoryCategory::kOther, "data.input");
-      MW_RETURN_IF_ERROR(ReportOutOfMemory(input.status(), profiler, dir));
-      absl::StatusOr<Tensor> target = Tensor::FromHost(*device, target_values, model.target,
-                                                       MemoryCategory::kOther, "data.target");
-      MW_RETURN_IF_ERROR(ReportOutOfMemory(target.status(), profiler, dir));
-      Batch b;
-      b.input = std::move(input).value();
-      b.target = std::move(target).value();
-      batches.push_back(std::move(b));
-    }
-    MW_RETURN_IF_ERROR(ReportOutOfMemory((*trainer)->TrainStep(batches).status(), profiler, dir));
+    MW_ASSIGN_OR_RETURN(std::vector<Batch> batches,
+                        SyntheticBatches(*engine, config.gradient_accumulation_steps));
+    MW_RETURN_IF_ERROR(engine->TrainStep(batches).status());
   }
   MW_RETURN_IF_ERROR(WriteReports(profiler, dir));
   // Per-rank figures at each rank's peak, gathered as max and min: the

@@ -1,4 +1,4 @@
-#include "cli/auto_strategy.h"
+#include "engine/auto_strategy.h"
 
 #include <cblas.h>
 #include <unistd.h>
@@ -9,31 +9,22 @@
 #include <cstring>
 #include <memory>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
-#include "nlohmann/json.hpp"
 #include "offload/nvme_store.h"
 #include "runtime/status.h"
+#include "runtime/units.h"
 
 namespace memwall {
 namespace {
 
-constexpr double kGiB = double(int64_t{1} << 30);
 constexpr double kMfu = 0.4;  // sustained share of peak dense FLOP/s
 constexpr double kHbmEfficiency = 0.8;  // sustained share of peak HBM bandwidth
 constexpr double kGpuLaunchSeconds = 5e-6;  // a CUDA launch from an eager host loop
-
-// A float as the shortest decimal that reads back to it (0.001, not
-// 0.0010000000474974513).
-double Decimal(float x) {
-  double d = 0;
-  return absl::SimpleAtod(absl::StrCat(x), &d) ? d : x;
-}
 
 }  // namespace
 
@@ -138,7 +129,7 @@ absl::StatusOr<Hardware> HardwarePreset(const std::string& name) {
     if (name != r.name) continue;
     Hardware hw;
     hw.name = r.name;
-    hw.device_bytes = static_cast<int64_t>(r.device_gib * kGiB);
+    hw.device_bytes = static_cast<int64_t>(r.device_gib * double(kGiB));
     hw.flops = r.tflops * 1e12 * kMfu;
     hw.memory_bps = r.hbm_gbs * 1e9 * kHbmEfficiency;
     hw.launch_seconds = kGpuLaunchSeconds;
@@ -158,7 +149,7 @@ std::string PresetForMemory(int64_t device_bytes) {
   return gib <= 32 ? "v100-32gb" : gib <= 40 ? "a100-40gb" : gib <= 80 ? "h100-80gb" : "h200";
 }
 
-StepTime PredictStep(const PlanResult& plan, const Config& config, const Hardware& hw) {
+StepTime PredictStep(const DryRunResult& plan, const Config& config, const Hardware& hw) {
   StepTime t;
   t.flops = (3.0 * plan.forward_flops + plan.extra_flops) / hw.flops;
   t.memory = 2.0 * plan.transient_bytes / hw.memory_bps;
@@ -183,11 +174,11 @@ std::string StepTime::ToString() const {
       total, flops, memory, launches, communication, host_link, cpu_update, nvme);
 }
 
-double PredictStepSeconds(const PlanResult& plan, const Config& config, const Hardware& hw) {
+double PredictStepSeconds(const DryRunResult& plan, const Config& config, const Hardware& hw) {
   return PredictStep(plan, config, hw).total;
 }
 
-absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config& base,
+absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Config& base,
                                         const Hardware& hw) {
   struct Choice {
     int stage;
@@ -228,7 +219,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config
                              c.ratio == 0 ? "" : absl::StrCat(", optimizer offload ", c.ratio),
                              c.paging ? ", parameter paging" : "", c.nvme ? " (NVMe)" : "",
                              ", recomputation ", c.planner, ", buckets ", c.bucket / 1e6, "M");
-    MW_ASSIGN_OR_RETURN(cand.plan, DryRunPlan(options, config));
+    MW_ASSIGN_OR_RETURN(cand.plan, DryRun(options, config));
     cand.step_seconds = PredictStepSeconds(cand.plan, config, hw);
     result.candidates.push_back(std::move(cand));
     const Candidate& added = result.candidates.back();
@@ -240,34 +231,19 @@ absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config
   return result;
 }
 
-std::string ConfigJson(const Config& c) {
-  nlohmann::json j;
-  j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
-  j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
-  j["optimizer"] = {{"type", c.optimizer.type == OptimizerType::kSgd
-                                 ? "SGD"
-                                 : (c.optimizer.adamw ? "AdamW" : "Adam")},
-                    {"params",
-                     {{"lr", Decimal(c.optimizer.lr)},
-                      {"weight_decay", Decimal(c.optimizer.weight_decay)}}}};
-  if (c.gradient_clipping > 0) j["gradient_clipping"] = Decimal(c.gradient_clipping);
-  if (c.bf16) j["bf16"] = {{"enabled", true}};
-  if (c.fp16) j["fp16"] = {{"enabled", true}};
-  nlohmann::json zero = {{"stage", c.zero.stage},
-                         {"overlap_comm", c.zero.overlap_comm},
-                         {"reduce_bucket_size", c.zero.reduce_bucket_size},
-                         {"stage3_prefetch_bucket_size", c.zero.stage3_prefetch_bucket_size}};
-  if (c.zero.offload_optimizer_ratio > 0) {
-    zero["offload_optimizer"] = {{"device", c.zero.offload_nvme_path.empty() ? "cpu" : "nvme"},
-                                 {"ratio", Decimal(c.zero.offload_optimizer_ratio)}};
-    if (!c.zero.offload_nvme_path.empty()) {
-      zero["offload_optimizer"]["nvme_path"] = c.zero.offload_nvme_path;
-    }
+std::string OutOfMemoryAdvice(const DryRunOptions& options, const Config& config) {
+  const absl::StatusOr<Hardware> hw = HardwarePreset(PresetForMemory(options.device_bytes));
+  if (!hw.ok()) return "";
+  const absl::StatusOr<AutoResult> found = AutoStrategy(options, config, *hw);
+  if (!found.ok()) return "";
+  if (found->best < 0) {
+    return absl::StrCat(" No configuration memwall can run fits ",
+                        FormatBytes(options.device_bytes), " per device");
   }
-  if (c.zero.offload_param) zero["offload_param"] = {{"device", "cpu"}};
-  j["zero_optimization"] = zero;
-  j["activation_checkpointing"] = {{"planner", c.activation_checkpointing.planner}};
-  return j.dump(2);
+  const Candidate& best = found->candidates[found->best];
+  return absl::StrCat(" The auto strategy fits it with ", best.name, " (",
+                      FormatBytes(best.plan.device_needed), " of ",
+                      FormatBytes(options.device_bytes), ")");
 }
 
 }  // namespace memwall

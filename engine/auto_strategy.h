@@ -1,16 +1,16 @@
 // The auto strategy: among ZeRO stages, optimizer offload (and its ratio),
 // parameter paging, the NVMe tier and recomputation, the configuration whose
-// dry-run step (cli/plan.h) fits the device, host and NVMe budgets with the
-// lowest predicted step time on a hardware profile.
-#ifndef MEMWALL_CLI_AUTO_STRATEGY_H_
-#define MEMWALL_CLI_AUTO_STRATEGY_H_
+// dry-run step (engine/dry_run.h) fits the device, host and NVMe budgets
+// with the lowest predicted step time on a hardware profile.
+#ifndef MEMWALL_ENGINE_AUTO_STRATEGY_H_
+#define MEMWALL_ENGINE_AUTO_STRATEGY_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cli/plan.h"
 #include "engine/config.h"
+#include "engine/dry_run.h"
 
 namespace memwall {
 
@@ -47,7 +47,7 @@ std::string PresetForMemory(int64_t device_bytes);
 struct Candidate {
   std::string name;  // "stage 3 + optimizer offload + optimal recomputation"
   Config config;
-  PlanResult plan;
+  DryRunResult plan;
   double step_seconds = 0;  // meaningful when plan.fits
 };
 
@@ -71,19 +71,22 @@ struct StepTime {
   // "0.0070 s (FLOPs 0.0021 s, memory ..., ...)"
   std::string ToString() const;
 };
-StepTime PredictStep(const PlanResult& plan, const Config& config, const Hardware& hw);
-double PredictStepSeconds(const PlanResult& plan, const Config& config, const Hardware& hw);
+StepTime PredictStep(const DryRunResult& plan, const Config& config, const Hardware& hw);
+double PredictStepSeconds(const DryRunResult& plan, const Config& config, const Hardware& hw);
 
 // Tries every candidate built from `base` (its optimizer, precision, batch
 // and accumulation kept): stages, optimizer offload, paging, recomputation,
 // and flat-group (bucket and prefetch) sizes of 5e6 and 5e7 elements;
 // offload to NVMe only when options.nvme_bytes > 0.
-absl::StatusOr<AutoResult> AutoStrategy(const PlanOptions& options, const Config& base,
+absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Config& base,
                                         const Hardware& hw);
 
-// The chosen configuration as a DeepSpeed-style JSON config memwall reads.
-std::string ConfigJson(const Config& config);
+// For an out-of-memory error of a run under `config`: " The auto strategy
+// fits it with <candidate> (<need> of <device>)" or " No configuration
+// memwall can run fits <device> per device", searched on the preset that
+// matches options.device_bytes. Empty if the search itself fails.
+std::string OutOfMemoryAdvice(const DryRunOptions& options, const Config& config);
 
 }  // namespace memwall
 
-#endif  // MEMWALL_CLI_AUTO_STRATEGY_H_
+#endif  // MEMWALL_ENGINE_AUTO_STRATEGY_H_

@@ -1,6 +1,7 @@
 #include "engine/config.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
@@ -333,6 +335,81 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
         "fp16.enabled and bf16.enabled: expected at most one of them, got both true");
   }
   return config;
+}
+
+namespace {
+
+// A float as the shortest decimal that reads back to the same float (0.001,
+// not 0.0010000000474974513), so a written config parses to the same values.
+double Decimal(float x) {
+  for (int digits = 6; digits < 9; ++digits) {
+    const double d = std::strtod(absl::StrFormat("%.*g", digits, x).c_str(), nullptr);
+    if (static_cast<float>(d) == x) return d;
+  }
+  return x;
+}
+
+const char* DTypeKey(DType dtype) {
+  return dtype == DType::kF16 ? "fp16" : dtype == DType::kBF16 ? "bf16" : "fp32";
+}
+
+}  // namespace
+
+std::string ConfigToJson(const Config& c) {
+  Json j;
+  j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
+  j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  j["gradient_clipping"] = Decimal(c.gradient_clipping);
+  j["communication_data_type"] = DTypeKey(c.reduce_dtype);
+  const OptimizerConfig& o = c.optimizer;
+  Json params = {{"lr", Decimal(o.lr)}, {"eps", Decimal(o.eps)},
+                 {"weight_decay", Decimal(o.weight_decay)}};
+  if (o.type == OptimizerType::kSgd) {
+    params["momentum"] = Decimal(o.momentum);
+  } else {
+    params["betas"] = {Decimal(o.beta1), Decimal(o.beta2)};
+    if (!o.adamw) params["adam_w_mode"] = false;
+  }
+  j["optimizer"] = {
+      {"type", o.type == OptimizerType::kSgd ? "SGD" : (o.adamw ? "AdamW" : "Adam")},
+      {"params", params}};
+  const LossScaleConfig& s = c.loss_scale;
+  j["fp16"] = {{"enabled", c.fp16},
+               {"loss_scale", Decimal(s.static_scale)},
+               {"initial_scale_power", s.initial_scale_power},
+               {"loss_scale_window", s.loss_scale_window},
+               {"hysteresis", s.hysteresis},
+               {"min_loss_scale", Decimal(s.min_loss_scale)}};
+  j["bf16"] = {{"enabled", c.bf16}};
+  const ZeroConfig& z = c.zero;
+  Json zero = {{"stage", z.stage == kAutoStage ? Json("auto") : Json(z.stage)},
+               {"reduce_bucket_size", z.reduce_bucket_size},
+               {"allgather_bucket_size", z.allgather_bucket_size},
+               {"overlap_comm", z.overlap_comm},
+               {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size},
+               {"stage3_max_live_parameters", z.stage3_max_live_parameters}};
+  if (z.offload_optimizer_ratio > 0) {
+    zero["offload_optimizer"] = {{"device", z.offload_nvme_path.empty() ? "cpu" : "nvme"},
+                                 {"ratio", Decimal(z.offload_optimizer_ratio)}};
+    if (!z.offload_nvme_path.empty()) zero["offload_optimizer"]["nvme_path"] = z.offload_nvme_path;
+  }
+  if (z.offload_param) zero["offload_param"] = {{"device", "cpu"}};
+  j["zero_optimization"] = zero;
+  const RecomputeConfig& r = c.activation_checkpointing;
+  // number_checkpoints and planner exclude each other: number_checkpoints
+  // stands for its uniform planner.
+  Json recompute = {{"budget_bytes", r.budget_bytes},
+                    {"resolution", r.resolution},
+                    {"selective", r.selective},
+                    {"offload", r.offload},
+                    {"offload_flops_per_byte", Decimal(r.offload_flops_per_byte)}};
+  if (r.number_checkpoints > 0) {
+    recompute["number_checkpoints"] = r.number_checkpoints;
+  } else {
+    recompute["planner"] = r.planner;
+  }
+  j["activation_checkpointing"] = recompute;
+  return j.dump(2);
 }
 
 absl::StatusOr<Config> LoadConfig(const std::string& path) {

@@ -44,7 +44,7 @@
 //                                     (checkpointing/planner.h)
 //   activation_checkpointing.budget_bytes   int >= 0; optimal's activation
 //                                     budget, 0 = the device capacity less
-//                                     the rest of a step (cli/session.h) (0)
+//                                     the rest of a step (engine/dry_run.h) (0)
 //   activation_checkpointing.resolution     int 0..1000000: optimal's budget
 //                                     steps, 0 = exact               (4096)
 //   activation_checkpointing.selective      bool: optimal may mix in
@@ -105,6 +105,11 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text);
 
 // Reads and parses a config file; errors name the file as well.
 absl::StatusOr<Config> LoadConfig(const std::string& path);
+
+// The config as JSON with every key above written out (DeepSpeed's names),
+// so that ParseConfig(ConfigToJson(c)) is `c` again, float for float: what
+// `memwall plan --auto` prints is exactly what it planned.
+std::string ConfigToJson(const Config& config);
 
 }  // namespace memwall
 

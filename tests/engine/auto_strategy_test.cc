@@ -1,13 +1,14 @@
 // The auto strategy's step-time model: each term is its counted quantity
 // over the profile's rate, and the dry run's counts are those of a real
 // step (kernels launched, activation and workspace bytes written).
-#include "cli/auto_strategy.h"
+#include "engine/auto_strategy.h"
 
 #include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "cli/plan.h"
+#include "engine/dry_run.h"
+#include "models/spec.h"
 #include "engine/trainer.h"
 #include "models/gpt.h"
 #include "runtime/simulated_communicator.h"
@@ -26,7 +27,7 @@ TEST_CASE("each predicted term is its count over the profile's rate", "[auto]") 
   hw.pcie_bps = 2e10;
   hw.cpu_adam_bps = 2.8e10;
   hw.nvme_bps = 4e9;
-  PlanResult plan;
+  DryRunResult plan;
   plan.forward_flops = 1e12;   // x3 for forward and backward: 3 s
   plan.extra_flops = 5e11;     // recomputation: 0.5 s
   plan.transient_bytes = 5e10;  // written and read: 1 s
@@ -74,17 +75,18 @@ TEST_CASE("the dry run counts the kernels and transient bytes a real step has", 
   config.train_micro_batch_size_per_gpu = 4;
   config.zero.stage = 2;
   config.activation_checkpointing.planner = "sqrt";
-  PlanOptions options;
-  options.model = "gpt-tiny:layers=4";
+  const std::string spec = "gpt-tiny:layers=4";
+  DryRunOptions options;
+  options.model = SpecModel(spec);
   options.device_bytes = 256 * kMiB;
   options.runtime_allowance = 0;
-  const PlanResult plan = DryRunPlan(options, config).value();
+  const DryRunResult plan = DryRun(options, config).value();
   CHECK(plan.kernel_launches > 0);
 
   // The same step on host, with the same recomputation plan.
   auto device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
   auto comm = SimulatedCommunicator::Create(0, 1).value();
-  const GptConfig c = ParseGptModel(options.model).value();
+  const GptConfig c = ParseGptModel(spec).value();
   auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), config,
                                  *device, *comm, 1)
                      .value();

@@ -232,5 +232,70 @@ TEST_CASE("config files: errors name the file", "[config]") {
   std::remove(path.c_str());
 }
 
+TEST_CASE("ConfigToJson writes every key, and parses back to the same config", "[config]") {
+  const Config c = ParseConfig(R"({
+    "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 4,
+    "gradient_clipping": 0.7, "communication_data_type": "bf16",
+    "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6,
+                                             "weight_decay": 0.1, "adam_w_mode": false}},
+    "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+             "loss_scale_window": 500, "hysteresis": 3, "min_loss_scale": 0.25},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 1234567, "overlap_comm": true,
+                          "allgather_bucket_size": 7654321,
+                          "stage3_prefetch_bucket_size": 4e6, "stage3_max_live_parameters": 9e8,
+                          "offload_optimizer": {"device": "nvme", "nvme_path": "/scratch",
+                                                "ratio": 0.3}},
+    "activation_checkpointing": {"number_checkpoints": 4, "budget_bytes": 1000,
+                                 "resolution": 64, "selective": false, "offload": true,
+                                 "offload_flops_per_byte": 100}
+  })").value();
+  const std::string json = ConfigToJson(c);
+  const Config back = ParseConfig(json).value();
+  CHECK(ConfigToJson(back) == json);
+  CHECK(back.train_micro_batch_size_per_gpu == 3);
+  CHECK(back.gradient_accumulation_steps == 4);
+  CHECK(back.gradient_clipping == 0.7f);
+  CHECK(back.reduce_dtype == DType::kBF16);
+  CHECK(back.optimizer.lr == 3e-4f);
+  CHECK(back.optimizer.beta1 == 0.8f);
+  CHECK(back.optimizer.beta2 == 0.95f);
+  CHECK(back.optimizer.eps == 1e-6f);
+  CHECK(back.optimizer.weight_decay == 0.1f);
+  CHECK_FALSE(back.optimizer.adamw);
+  CHECK(back.fp16);
+  CHECK(back.loss_scale.initial_scale_power == 12);
+  CHECK(back.loss_scale.loss_scale_window == 500);
+  CHECK(back.loss_scale.hysteresis == 3);
+  CHECK(back.loss_scale.min_loss_scale == 0.25f);
+  CHECK(back.zero.stage == 3);
+  CHECK(back.zero.reduce_bucket_size == 1234567);
+  CHECK(back.zero.allgather_bucket_size == 7654321);
+  CHECK(back.zero.overlap_comm);
+  CHECK(back.zero.stage3_prefetch_bucket_size == 4000000);
+  CHECK(back.zero.stage3_max_live_parameters == 900000000);
+  CHECK(back.zero.offload_optimizer_ratio == 0.3f);
+  CHECK(back.zero.offload_nvme_path == "/scratch");
+  CHECK(back.activation_checkpointing.number_checkpoints == 4);
+  CHECK(back.activation_checkpointing.budget_bytes == 1000);
+  CHECK(back.activation_checkpointing.resolution == 64);
+  CHECK_FALSE(back.activation_checkpointing.selective);
+  CHECK(back.activation_checkpointing.offload);
+  CHECK(back.activation_checkpointing.offload_flops_per_byte == 100.0f);
+  // The shortest decimals that read back to the same floats.
+  CHECK_THAT(json, Catch::Contains("\"lr\": 0.0003") && Catch::Contains("\"ratio\": 0.3"));
+
+  Config automatic;
+  automatic.zero.stage = kAutoStage;
+  automatic.optimizer.type = OptimizerType::kSgd;
+  automatic.optimizer.momentum = 0.9f;
+  automatic.zero.offload_optimizer_ratio = 1.0f;
+  const Config sgd = ParseConfig(ConfigToJson(automatic)).value();
+  CHECK(sgd.zero.stage == kAutoStage);
+  CHECK(sgd.optimizer.type == OptimizerType::kSgd);
+  CHECK(sgd.optimizer.momentum == 0.9f);
+  CHECK(sgd.zero.offload_optimizer_ratio == 1.0f);
+  CHECK(sgd.zero.offload_nvme_path.empty());
+}
+
 }  // namespace
 }  // namespace memwall

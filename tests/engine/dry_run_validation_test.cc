@@ -8,7 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "checkpointing/planner.h"
-#include "cli/plan.h"
+#include "engine/dry_run.h"
+#include "models/spec.h"
 #include "runtime/status.h"
 #include "engine/trainer.h"
 #include "models/gpt.h"
@@ -34,13 +35,13 @@ Config StrategyConfig(int stage, bool recompute) {
 }
 
 bool PlanFits(const Config& config, int64_t m, int64_t capacity) {
-  PlanOptions o;
-  o.model = Spec(m);
+  DryRunOptions o;
+  o.model = SpecModel(Spec(m));
   o.device_bytes = capacity;
   o.gpus = testing::World().world_size();
   o.runtime_allowance = 0;  // host: no CUDA runtime
   o.batch = config.train_micro_batch_size_per_gpu;
-  const absl::StatusOr<PlanResult> r = DryRunPlan(o, config);
+  const absl::StatusOr<DryRunResult> r = DryRun(o, config);
   REQUIRE(r.ok());
   return r->fits;
 }

@@ -1,0 +1,264 @@
+#include "engine/dry_run.h"
+
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpointing/planner.h"
+#include "engine/chain.h"
+#include "offload/nvme_store.h"
+#include "runtime/simulated_communicator.h"
+#include "runtime/status.h"
+#include "runtime/units.h"
+
+namespace memwall {
+
+absl::StatusOr<std::vector<Batch>> EmptyBatches(Device& device, int count,
+                                                const std::vector<int64_t>& input,
+                                                const std::vector<int64_t>& target) {
+  std::vector<Batch> batches;
+  for (int u = 0; u < count; ++u) {
+    Batch b;
+    MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(device, DType::kF32, input, MemoryCategory::kOther,
+                                               "data.input"));
+    MW_ASSIGN_OR_RETURN(b.target, Tensor::Empty(device, DType::kF32, target,
+                                                MemoryCategory::kOther, "data.target"));
+    batches.push_back(std::move(b));
+  }
+  return batches;
+}
+
+absl::StatusOr<AllocatorStats> DryRunStep(Model model, const Config& config, int rank,
+                                          int world_size, int64_t capacity, const Plan* plan) {
+  DeviceOptions options{Backend::kMeta, 0, capacity};
+  options.pinned_capacity_bytes = int64_t{1} << 60;  // for offloading configs
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> meta, CreateDevice(options));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedCommunicator> comm,
+                      SimulatedCommunicator::Create(rank, world_size));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(std::move(model.layers), std::move(model.loss), config,
+                                      *meta, *comm, /*seed=*/1));
+  MW_ASSIGN_OR_RETURN(Chain chain, trainer->ChainFor(model.input));
+  MW_RETURN_IF_ERROR(
+      trainer->SetRecomputationPlan(plan != nullptr ? *plan : FullRecomputation(chain), chain));
+  MW_ASSIGN_OR_RETURN(std::vector<Batch> batches, EmptyBatches(*meta, config.gradient_accumulation_steps,
+                                                               model.input, model.target));
+  MW_RETURN_IF_ERROR(trainer->TrainStep(batches).status());
+  return meta->allocator().stats();
+}
+
+absl::StatusOr<Plan> ApplyRecomputation(
+    Trainer& trainer, const RecomputeConfig& config, const std::vector<int64_t>& input,
+    int64_t capacity, const std::function<absl::StatusOr<AllocatorStats>()>& dry_run) {
+  MW_ASSIGN_OR_RETURN(Chain chain, trainer.ChainFor(input));
+  chain.offload_flops_per_byte = config.offload_flops_per_byte;
+  std::string planner = config.planner;
+  if (config.number_checkpoints > 0) {
+    const int64_t n = static_cast<int64_t>(chain.layers.size());
+    planner = absl::StrCat("uniform:", (n + config.number_checkpoints - 1) / config.number_checkpoints);
+  }
+  PlannerOptions options;
+  options.budget = config.budget_bytes;
+  options.resolution = config.resolution;
+  options.allow_selective = config.selective;
+  options.allow_offload = config.offload;
+  if (planner == "optimal" && options.budget == 0) {
+    MW_ASSIGN_OR_RETURN(const AllocatorStats stats, dry_run());
+    int64_t rest = 0;
+    for (MemoryCategory c : kAllMemoryCategories) {
+      if (c == MemoryCategory::kActivation || c == MemoryCategory::kCheckpointedActivation) continue;
+      rest += stats.by_category[static_cast<int>(c)].peak;
+    }
+    options.budget = capacity - capacity / 20 - rest;
+    if (options.budget <= 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "activation_checkpointing: no room for activations: the device holds ",
+          FormatBytes(capacity), " and the rest of a step needs ", FormatBytes(rest),
+          " plus a 5% margin"));
+    }
+  }
+  MW_ASSIGN_OR_RETURN(Plan plan, MakePlan(chain, planner, options));
+  MW_RETURN_IF_ERROR(trainer.SetRecomputationPlan(plan, chain));
+  return plan;
+}
+
+namespace {
+
+// Bytes of the activations and workspaces the allocator has handed out.
+int64_t TransientBytes(const AllocatorStats& s) {
+  int64_t bytes = 0;
+  for (MemoryCategory c : {MemoryCategory::kActivation, MemoryCategory::kCheckpointedActivation,
+                           MemoryCategory::kWorkspace}) {
+    bytes += s.by_category[static_cast<int>(c)].allocated;
+  }
+  return bytes;
+}
+
+// The config's recomputation plan on `trainer`, with optimal's budget
+// derived from the device memory the dry run is for; when no plan fits
+// that budget, the least activation memory instead, with `note` saying why.
+absl::StatusOr<Plan> PlanRecomputation(const DryRunOptions& options, const Config& config,
+                                       int64_t batch, Trainer& trainer,
+                                       const std::vector<int64_t>& input, std::string& note) {
+  const int world = static_cast<int>(options.gpus);
+  absl::StatusOr<Plan> applied = ApplyRecomputation(
+      trainer, config.activation_checkpointing, input,
+      options.device_bytes - options.runtime_allowance,
+      [&]() -> absl::StatusOr<AllocatorStats> {
+        MW_ASSIGN_OR_RETURN(Model copy, options.model(batch));
+        return DryRunStep(std::move(copy), config, 0, world);
+      });
+  if (!applied.ok() && applied.status().code() == absl::StatusCode::kResourceExhausted) {
+    note = std::string(applied.status().message());
+    MW_ASSIGN_OR_RETURN(const Chain chain, trainer.ChainFor(input));
+    PlannerOptions least;
+    least.allow_selective = config.activation_checkpointing.selective;
+    applied = MinimumPeakPlan(chain, least);
+    applied->planner = "least-peak";
+    MW_RETURN_IF_ERROR(trainer.SetRecomputationPlan(*applied, chain));
+  }
+  return applied;
+}
+
+// Sets r.device_reserved_peak, device_needed, fits and fits_text from the
+// measured step. Unbounded, the allocator keeps freed segments cached; on a
+// full device it releases them and retries. So when the unbounded peak
+// overflows, the step runs again at the real capacity: if it completes,
+// the plan fits with what it reserved there.
+absl::Status JudgeFit(const DryRunOptions& options, const Config& config, int64_t batch,
+                      DryRunResult& r) {
+  const int64_t usable = options.device_bytes - options.runtime_allowance;
+  r.device_needed = r.device_reserved_peak + options.runtime_allowance;
+  if (r.device_needed > options.device_bytes && usable > 0) {
+    MW_ASSIGN_OR_RETURN(Model copy, options.model(batch));
+    const absl::StatusOr<AllocatorStats> capped =
+        DryRunStep(std::move(copy), config, 0, static_cast<int>(options.gpus), usable,
+                   &r.recompute);
+    if (capped.ok()) {
+      r.device_reserved_peak = capped->reserved.peak;
+      r.device_needed = r.device_reserved_peak + options.runtime_allowance;
+    } else if (capped.status().code() != absl::StatusCode::kResourceExhausted) {
+      return capped.status();
+    }
+  }
+  std::vector<std::string> overflow;
+  if (r.device_needed > options.device_bytes) {
+    overflow.push_back(
+        absl::StrCat("device memory by ", FormatBytes(r.device_needed - options.device_bytes)));
+  }
+  if (r.host_peak > options.host_bytes) {
+    overflow.push_back(absl::StrCat("host memory by ", FormatBytes(r.host_peak - options.host_bytes)));
+  }
+  if (r.nvme_used > options.nvme_bytes) {
+    overflow.push_back(absl::StrCat("NVMe by ", FormatBytes(r.nvme_used - options.nvme_bytes)));
+  }
+  r.fits = overflow.empty();
+  r.fits_text = r.fits ? "yes" : absl::StrCat("no (", absl::StrJoin(overflow, ", "), ")");
+  return absl::OkStatus();
+}
+
+// Host traffic per step, from the layout: offloaded gradients down and
+// parameters up, paged shards in for each gather (forward and backward),
+// offloaded activations out and back, and the NVMe tier's read and write
+// of every offloaded state.
+void AddHostTraffic(const Config& config, const ShardedOptimizer& opt, bool nvme,
+                    DryRunResult& r) {
+  const int64_t size = static_cast<int64_t>(DTypeSize(config.param_dtype()));
+  const int64_t states = config.optimizer.type == OptimizerType::kAdam ? 3 : 2;
+  const int64_t accumulation = config.gradient_accumulation_steps;
+  for (const FlatGroup& g : opt.layout().groups) {
+    const int64_t k = std::llround(double(config.zero.offload_optimizer_ratio) * g.shard_numel);
+    r.offloaded_elements += k;
+    r.pcie_bytes += 2 * k * size;
+    if (config.zero.offload_param) r.pcie_bytes += 2 * accumulation * g.shard_numel * size;
+    if (nvme) r.nvme_bytes_per_step += 2 * states * 4 * k;
+  }
+  r.pcie_bytes += 2 * r.recompute.offloaded_bytes * accumulation;
+}
+
+absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Config& config) {
+  if (options.gpus < 1 || options.gpus > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpus: expected 1..1048576, got ", options.gpus));
+  }
+  if (options.batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch: expected >= 0, got ", options.batch));
+  }
+  DryRunResult r;
+  r.batch = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
+  MW_ASSIGN_OR_RETURN(Model model, options.model(r.batch));
+  // Meta devices with room for anything: the dry run measures, then compares.
+  const int64_t unbounded = int64_t{1} << 60;
+  DeviceOptions device_options{Backend::kMeta, 0, unbounded};
+  device_options.pinned_capacity_bytes = unbounded;
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(device_options));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedCommunicator> comm,
+                      SimulatedCommunicator::Create(0, static_cast<int>(options.gpus)));
+  MemoryProfiler profiler(device->allocator());
+  for (const auto& layer : model.layers) {
+    for (const ParameterDecl& d : layer->Parameters()) r.parameters += NumElements(d.shape);
+  }
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(std::move(model.layers), std::move(model.loss), config,
+                                      *device, *comm, /*seed=*/1));
+  trainer->set_profiler(&profiler);
+  MW_ASSIGN_OR_RETURN(r.recompute, PlanRecomputation(options, config, r.batch, *trainer,
+                                                     model.input, r.recompute_note));
+  MW_ASSIGN_OR_RETURN(std::vector<Batch> batches,
+                      EmptyBatches(*device, config.gradient_accumulation_steps, model.input,
+                                   model.target));
+  // What the step itself launches and writes, for the step-time model:
+  // kernels, and the bytes of every activation and workspace it allocates.
+  const int64_t launches_before = device->launches();
+  const int64_t transient_before = TransientBytes(device->allocator().stats());
+  MW_RETURN_IF_ERROR(trainer->TrainStep(batches).status());
+  const AllocatorStats dev = device->allocator().stats();
+  r.kernel_launches = device->launches() - launches_before;
+  r.transient_bytes = TransientBytes(dev) - transient_before;
+  r.device_requested_peak = dev.requested.peak;
+  r.device_reserved_peak = dev.reserved.peak;
+  r.peak = profiler.peak();
+  r.host_peak = device->pinned_allocator()->stats().reserved.peak;
+  const NvmeStore* nvme = trainer->optimizer().nvme_store();
+  r.nvme_used = nvme != nullptr ? nvme->size() : 0;
+  for (int c = 0; c < kNumCollectives; ++c) {
+    r.collectives[c] = comm->stats(static_cast<Collective>(c));
+    r.comm_bytes += r.collectives[c].bytes;
+  }
+  MW_ASSIGN_OR_RETURN(const Chain chain, trainer->ChainFor(model.input));
+  for (const ChainLayer& l : chain.layers) r.forward_flops += l.forward_flops;
+  r.forward_flops *= config.gradient_accumulation_steps;
+  r.extra_flops = r.recompute.extra_flops * config.gradient_accumulation_steps;
+  AddHostTraffic(config, trainer->optimizer(), nvme != nullptr, r);
+  MW_RETURN_IF_ERROR(JudgeFit(options, config, r.batch, r));
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<DryRunResult> DryRun(const DryRunOptions& options, const Config& config) {
+  if (!options.model) return absl::InvalidArgumentError("dry run: no model given");
+  MW_ASSIGN_OR_RETURN(DryRunResult r, DryRunOnce(options, config));
+  // optimal's derived budget leaves 5% for the allocator's rounding and
+  // fragmentation; when the measured step still overflows the device,
+  // tighten the activation budget by the overflow and measure again.
+  if (config.activation_checkpointing.planner != "optimal" ||
+      config.activation_checkpointing.budget_bytes != 0) {
+    return r;
+  }
+  Config tighter = config;
+  for (int attempt = 0; attempt < 4 && !r.fits; ++attempt) {
+    const int64_t over = r.device_needed - options.device_bytes;
+    const int64_t budget = r.recompute.predicted_peak - over;
+    if (over <= 0 || budget <= 0) break;  // not the device, or nothing left to cut
+    tighter.activation_checkpointing.budget_bytes = budget;
+    absl::StatusOr<DryRunResult> next = DryRunOnce(options, tighter);
+    if (!next.ok()) break;
+    r = std::move(next).value();
+  }
+  return r;
+}
+
+}  // namespace memwall

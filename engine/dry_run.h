@@ -1,0 +1,106 @@
+// The dry run: one whole training step of a model on the meta backend as
+// rank 0 of N (forward, backward, reductions, optimizer step, offload
+// traffic, recomputation), every allocation made and accounted as a real
+// run makes it and no byte touched, so its peaks are the real run's
+// (benchmarks/plan_validation checks them against host runs). What
+// `memwall plan` prints, what the auto strategy (engine/auto_strategy.h)
+// compares, and what sizes the optimal recomputation budget.
+#ifndef MEMWALL_ENGINE_DRY_RUN_H_
+#define MEMWALL_ENGINE_DRY_RUN_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "checkpointing/plan.h"
+#include "engine/config.h"
+#include "engine/model.h"
+#include "engine/trainer.h"
+#include "profiler/memory_profiler.h"
+#include "runtime/allocator.h"
+#include "runtime/communicator.h"
+
+namespace memwall {
+
+// Room the CUDA context, cuBLAS and NCCL keep on a GPU outside memwall's
+// allocator; a dry run takes it off the device memory before comparing.
+constexpr int64_t kDeviceRuntimeAllowance = int64_t{1} << 30;
+
+struct DryRunOptions {
+  ModelFactory model;      // required
+  std::string model_name;  // for messages and reports
+  int64_t gpus = 1;        // N: the data-parallel world
+  int64_t device_bytes = int64_t{32} << 30;
+  int64_t host_bytes = int64_t{512} << 30;  // pinned host memory per GPU
+  int64_t nvme_bytes = 0;                   // 0: no NVMe budget (none used)
+  int64_t batch = 0;                        // micro-batch; 0: the config's
+  // Device memory outside memwall's allocator: kDeviceRuntimeAllowance for
+  // a GPU, 0 to plan a host-backend run.
+  int64_t runtime_allowance = kDeviceRuntimeAllowance;
+};
+
+// What one dry-run step of a model under a config measured.
+struct DryRunResult {
+  int64_t parameters = 0;
+  int64_t batch = 0;
+  Plan recompute;              // the recomputation plan followed
+  std::string recompute_note;  // why it is the least-peak plan, if so
+  int64_t device_requested_peak = 0;
+  int64_t device_reserved_peak = 0;
+  int64_t device_needed = 0;  // reserved peak + runtime allowance
+  PeakSnapshot peak;          // the device's peak moment
+  int64_t host_peak = 0;      // pinned pool, reserved
+  int64_t nvme_used = 0;
+  std::array<CollectiveStats, kNumCollectives> collectives{};
+  int64_t comm_bytes = 0;
+  double forward_flops = 0;  // one step's forwards (all micro-batches)
+  double extra_flops = 0;    // recomputation's, likewise
+  int64_t kernel_launches = 0;  // kernels one step launches on the device
+  // Bytes of the activations and workspaces one step allocates (each is
+  // written once and read at least once: the element-wise traffic).
+  int64_t transient_bytes = 0;
+  int64_t offloaded_elements = 0;  // updated on the CPU per step
+  int64_t pcie_bytes = 0;          // host link traffic per step (derived)
+  int64_t nvme_bytes_per_step = 0;
+  bool fits = false;
+  std::string fits_text;  // "yes" or "no (...)"
+};
+
+// Runs the step of options.model under `config` on meta and measures it.
+// With the optimal planner and no budget, the budget is derived from the
+// device memory and tightened (up to four more dry runs) while the measured
+// step still overflows the device. Errors name the option or the model.
+absl::StatusOr<DryRunResult> DryRun(const DryRunOptions& options, const Config& config);
+
+// A step's micro-batches of the given shapes on `device`: `count` of them,
+// f32 inputs and targets, allocated (no values written).
+absl::StatusOr<std::vector<Batch>> EmptyBatches(Device& device, int count,
+                                                const std::vector<int64_t>& input,
+                                                const std::vector<int64_t>& target);
+
+// One training step of `model` on a meta device of `capacity` bytes (and
+// an unbounded pinned pool) playing rank `rank` of `world_size`, following
+// `plan` (null: every layer recomputed, the least activation memory a
+// fixed plan gives): the allocator's books afterwards, or the step's error
+// (kResourceExhausted when it does not fit).
+absl::StatusOr<AllocatorStats> DryRunStep(Model model, const Config& config, int rank,
+                                          int world_size, int64_t capacity = int64_t{1} << 60,
+                                          const Plan* plan = nullptr);
+
+// Sets `trainer`'s recomputation plan from config.activation_checkpointing
+// for micro-batches whose first input has shape `input`, and returns it.
+// For `optimal` without budget_bytes the budget is the device's `capacity`
+// less what the rest of a step holds (each category but activations at its
+// own peak in `dry_run`'s books, so never less than at any one moment),
+// less 5% for the caching allocator's rounding and fragmentation. With
+// `offload`, segment inputs may wait in the device's pinned pool.
+absl::StatusOr<Plan> ApplyRecomputation(
+    Trainer& trainer, const RecomputeConfig& config, const std::vector<int64_t>& input,
+    int64_t capacity, const std::function<absl::StatusOr<AllocatorStats>()>& dry_run);
+
+}  // namespace memwall
+
+#endif  // MEMWALL_ENGINE_DRY_RUN_H_

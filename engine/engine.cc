@@ -1,0 +1,255 @@
+#include "engine/engine.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/auto_strategy.h"
+#include "engine/checkpoint.h"
+#include "profiler/report.h"
+#include "runtime/simulated_communicator.h"
+#include "runtime/status.h"
+#include "runtime/units.h"
+
+#if MEMWALL_HAS_CUDA
+#include "runtime/cuda/nccl_communicator.h"
+#endif
+
+namespace memwall {
+
+namespace {
+
+// The phases open when a step failed: the unwinding closed them innermost
+// first, so the last records, read backwards from the outermost, are the
+// path ("step 0 > micro-batch 0 > forward > block5"); empty outside a step.
+std::string PhaseAtFailure(const MemoryProfiler& profiler) {
+  const std::vector<PhaseRecord> phases = profiler.phases();
+  std::vector<std::string> path;
+  int depth = 0;
+  for (auto it = phases.rbegin(); it != phases.rend() && it->depth == depth; ++it, ++depth) {
+    path.push_back(it->name);
+  }
+  return absl::StrJoin(path, " > ");
+}
+
+}  // namespace
+
+int64_t PinnedBytes(int64_t flag, int64_t capacity, const Config& config) {
+  if (flag > 0) return flag;
+  if (config.zero.offload_optimizer_ratio > 0) return int64_t{64} << 30;
+  return config.activation_checkpointing.offload ? capacity : 0;
+}
+
+Engine::~Engine() = default;
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                                       const Config& config, ModelFactory model) {
+  if (!model) return absl::InvalidArgumentError("Engine: no model given");
+  std::unique_ptr<Engine> engine(new Engine());
+  engine->options_ = options;
+  engine->config_ = config;
+  engine->model_ = std::move(model);
+  MW_RETURN_IF_ERROR(engine->StartRanks(options));
+  MW_RETURN_IF_ERROR(engine->ResolveAuto(options));
+  MW_RETURN_IF_ERROR(engine->StartDevice(options));
+  MW_RETURN_IF_ERROR(engine->BuildTrainer(options));
+  return engine;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                                       const Config& config,
+                                                       std::vector<ParameterGroup> groups) {
+  if (config.zero.stage == kAutoStage) {
+    return absl::InvalidArgumentError(
+        "zero_optimization.stage: \"auto\" dry-runs whole training steps, which needs a model "
+        "of memwall layers; a caller-owned model names its stage (0..3)");
+  }
+  if (config.activation_checkpointing.planner != "none" ||
+      config.activation_checkpointing.number_checkpoints > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "activation_checkpointing: a caller-owned model runs its own forward and backward, so "
+        "memwall cannot recompute it; expected planner \"none\", got \"",
+        config.activation_checkpointing.planner, "\""));
+  }
+  if (groups.empty()) return absl::InvalidArgumentError("Engine: no parameter groups given");
+  std::unique_ptr<Engine> engine(new Engine());
+  engine->options_ = options;
+  engine->config_ = config;
+  MW_RETURN_IF_ERROR(engine->StartRanks(options));
+  MW_RETURN_IF_ERROR(engine->StartDevice(options));
+  Engine& e = *engine;
+  MW_ASSIGN_OR_RETURN(e.owned_optimizer_, ShardedOptimizer::Create(config, *e.device_, *e.comm_));
+  e.optimizer_ = e.owned_optimizer_.get();
+  for (ParameterGroup& group : groups) {
+    MW_RETURN_IF_ERROR(
+        e.optimizer_->AddParameterGroup(std::move(group.name), std::move(group.parameters)));
+  }
+  MW_RETURN_IF_ERROR(e.Explain(e.optimizer_->Finalize()));
+  e.optimizer_->set_profiler(e.profiler_.get());
+  return engine;
+}
+
+absl::Status Engine::StartRanks(const EngineOptions& options) {
+  if (options.device_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device memory: expected > 0 bytes, got ", options.device_bytes));
+  }
+  world_ = options.world;
+  if (world_ == nullptr) {
+    CommunicatorOptions world_options;
+    world_options.timeout = options.collective_timeout;
+    MW_ASSIGN_OR_RETURN(owned_world_, MpiCommunicator::Create(world_options));
+    world_ = owned_world_.get();
+  }
+  comm_ = world_;
+  const Backend backend = options.backend;
+  if (backend == Backend::kMeta) {
+    if (world_->world_size() != 1) {
+      return absl::InvalidArgumentError(
+          "--backend meta: run one process and set --simulate_ranks to the world it plays");
+    }
+    MW_ASSIGN_OR_RETURN(owned_comm_, SimulatedCommunicator::Create(0, options.simulate_ranks));
+    comm_ = owned_comm_.get();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::StartDevice(const EngineOptions& options) {
+  const Backend backend = options.backend;
+  DeviceOptions device{backend, world_->rank(), options.device_bytes};
+  device.pinned_capacity_bytes = PinnedBytes(options.pinned_bytes, options.device_bytes, config_);
+  if (backend == Backend::kCuda) {
+#if MEMWALL_HAS_CUDA
+    const int gpus = CudaDeviceCount();
+    if (gpus < 1) return absl::UnavailableError("--backend cuda: no usable GPU on this machine");
+    device.ordinal = world_->rank() % gpus;
+    MW_ASSIGN_OR_RETURN(device_, CreateDevice(device));
+    CommunicatorOptions nccl_options;
+    nccl_options.timeout = world_->timeout();
+    MW_ASSIGN_OR_RETURN(owned_comm_, NcclCommunicator::Create(*world_, *device_, nccl_options));
+    comm_ = owned_comm_.get();
+#else
+    return absl::UnimplementedError(
+        "--backend cuda: this build has no CUDA (it was built with --config=nocuda)");
+#endif
+  } else {
+    MW_ASSIGN_OR_RETURN(device_, CreateDevice(device));
+  }
+  profiler_ = std::make_unique<MemoryProfiler>(device_->allocator());
+  return absl::OkStatus();
+}
+
+DryRunOptions Engine::DryRunOptionsFor() const {
+  DryRunOptions dry;
+  dry.model = model_;
+  dry.gpus = comm_->world_size();  // on cuda, NCCL's world is the MPI world
+  // The capacity is memwall's allocator's own: the CUDA runtime lies outside it.
+  dry.device_bytes = options_.device_bytes;
+  dry.runtime_allowance = 0;
+  dry.host_bytes = options_.pinned_bytes > 0 ? options_.pinned_bytes : int64_t{64} << 30;
+  dry.batch = config_.train_micro_batch_size_per_gpu;
+  return dry;
+}
+
+absl::Status Engine::ResolveAuto(const EngineOptions& options) {
+  if (config_.zero.stage != kAutoStage) return absl::OkStatus();
+  // Every rank computes the same answer from the same inputs.
+  MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(options.hardware));
+  MW_ASSIGN_OR_RETURN(const AutoResult found, AutoStrategy(DryRunOptionsFor(), config_, hw));
+  if (found.best < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "zero_optimization.stage \"auto\": no configuration fits ",
+        FormatBytes(options.device_bytes), " per device",
+        options.plan_command.empty() ? ""
+                                     : absl::StrCat(" (", options.plan_command,
+                                                    " shows each one's needs)")));
+  }
+  config_ = found.candidates[found.best].config;
+  auto_choice_ = found.candidates[found.best].name;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::BuildTrainer(const EngineOptions& options) {
+  MW_ASSIGN_OR_RETURN(Model model, model_(config_.train_micro_batch_size_per_gpu));
+  input_ = model.input;
+  target_ = model.target;
+  absl::StatusOr<std::unique_ptr<Trainer>> created =
+      Trainer::Create(std::move(model.layers), std::move(model.loss), config_, *device_, *comm_,
+                      options.seed);
+  MW_RETURN_IF_ERROR(Explain(created.status()));
+  trainer_ = std::move(created).value();
+  optimizer_ = &trainer_->optimizer();
+  trainer_->set_profiler(profiler_.get());
+  const int rank = comm_->rank(), world = comm_->world_size();
+  MW_ASSIGN_OR_RETURN(
+      plan_, ApplyRecomputation(*trainer_, config_.activation_checkpointing, input_,
+                                device_->allocator().capacity(),
+                                [&]() -> absl::StatusOr<AllocatorStats> {
+                                  MW_ASSIGN_OR_RETURN(
+                                      Model copy, model_(config_.train_micro_batch_size_per_gpu));
+                                  return DryRunStep(std::move(copy), config_, rank, world);
+                                }));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Trainer::StepReport> Engine::TrainStep(absl::Span<const Batch> micro_batches) {
+  if (trainer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "TrainStep: this engine trains a caller-owned model; call Step() after its backward");
+  }
+  absl::StatusOr<Trainer::StepReport> report = trainer_->TrainStep(micro_batches);
+  if (!report.ok()) return Explain(report.status());
+  return report;
+}
+
+absl::StatusOr<ShardedOptimizer::StepResult> Engine::Step() {
+  if (trainer_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "Step: this engine drives its layers' steps; call TrainStep(micro_batches)");
+  }
+  absl::StatusOr<ShardedOptimizer::StepResult> result = optimizer_->Step();
+  if (!result.ok()) return Explain(result.status());
+  ++caller_steps_;
+  return result;
+}
+
+int64_t Engine::steps() const {
+  return trainer_ != nullptr ? trainer_->steps() : caller_steps_;
+}
+
+absl::StatusOr<std::string> Engine::SaveCheckpoint(const std::string& dir, int keep) {
+  return memwall::SaveCheckpoint(*optimizer_, steps(), dir, keep);
+}
+
+absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& path) {
+  MW_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded, memwall::LoadCheckpoint(*optimizer_, path));
+  if (trainer_ != nullptr) {
+    trainer_->set_steps(loaded.steps);
+  } else {
+    caller_steps_ = loaded.steps;
+  }
+  return loaded.path;
+}
+
+absl::Status Engine::Explain(absl::Status status) {
+  if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+  std::string advice;
+  if (model_ && options_.oom_advice) {
+    advice = OutOfMemoryAdvice(DryRunOptionsFor(), config_);
+    if (!advice.empty() && !options_.plan_command.empty()) {
+      absl::StrAppend(&advice, "; the config and full plan: ", options_.plan_command);
+    }
+  }
+  const std::string phase = PhaseAtFailure(*profiler_);
+  status = absl::Status(
+      status.code(),
+      absl::StrCat(status.message(), ". It happened ",
+                   phase.empty() ? "while allocating the model states"
+                                 : absl::StrCat("during ", phase),
+                   ".", advice));
+  if (options_.oom_dir.empty()) return status;
+  return ReportOutOfMemory(status, *profiler_,
+                           absl::StrCat(options_.oom_dir, "/rank", comm_->rank()));
+}
+
+}  // namespace memwall

@@ -1,0 +1,191 @@
+// Engine: the one way into memwall for every caller (the `memwall` command,
+// C++ programs, the Python package).
+//
+// An engine is built from the full Config (engine/config.h) and a model,
+// and owns everything a data-parallel rank trains with:
+//   - the ranks: an MPI world (started by the engine, or the caller's), and
+//     the communicator the optimizer uses on it: MPI on host, NCCL between
+//     GPUs on cuda, a simulated world of EngineOptions::simulate_ranks on
+//     meta, where this single process plays rank 0;
+//   - the device of this rank (its capacity and pinned pool) and a memory
+//     profiler attached to its allocator;
+//   - the resolved config: zero_optimization.stage "auto" becomes the
+//     configuration the auto strategy (engine/auto_strategy.h) finds
+//     fastest among those whose dry run fits, before anything is allocated;
+//   - the model and its sharded optimizer (sharding/sharded_optimizer.h):
+//       * a model of memwall layers (engine/layer.h), from a ModelFactory:
+//         the engine drives forward, backward and the optimizer step
+//         (TrainStep) and follows the activation_checkpointing plan;
+//       * or a caller-owned model: the caller registers its parameters in
+//         explicit groups (each one flat group that gathers, releases and
+//         reduces together, as FSDP2's fully_shard names modules), keeps
+//         its own forward and backward, reads parameters and adds
+//         gradients through optimizer()'s views (or their f32 forms
+//         ReadParameter/AddGradient), and calls Step();
+//   - training checkpoints of either kind of model (engine/checkpoint.h);
+//   - out-of-memory errors explained: where in the step it happened, what
+//     the auto strategy would run instead (layer models), and the memory
+//     reports of that moment (EngineOptions::oom_dir).
+//
+// Every method that communicates is collective: all ranks call it in the
+// same order with the same arguments. Not thread-safe.
+#ifndef MEMWALL_ENGINE_ENGINE_H_
+#define MEMWALL_ENGINE_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "checkpointing/plan.h"
+#include "engine/config.h"
+#include "engine/dry_run.h"
+#include "engine/model.h"
+#include "engine/trainer.h"
+#include "profiler/memory_profiler.h"
+#include "runtime/communicator.h"
+#include "runtime/device.h"
+#include "runtime/mpi_communicator.h"
+#include "sharding/sharded_optimizer.h"
+
+namespace memwall {
+
+struct EngineOptions {
+  Backend backend = Backend::kHost;
+  // Capacity of memwall's allocator on this rank's device.
+  int64_t device_bytes = int64_t{256} << 20;
+  // The pinned host pool; 0: derived from the config (PinnedBytes).
+  int64_t pinned_bytes = 0;
+  // meta: the data-parallel world this single process plays rank 0 of.
+  int simulate_ranks = 1;
+  // The longest any rank waits in a collective for the others.
+  absl::Duration collective_timeout = absl::Minutes(10);
+  // An MPI world to run on (not owned; must outlive the engine). Null: the
+  // engine creates one (initialising MPI if no one has).
+  MpiCommunicator* world = nullptr;
+  // Layer models: parameters are initialised from this seed and each
+  // parameter's name, so every rank starts identical.
+  uint64_t seed = 1;
+  // The hardware profile (engine/auto_strategy.h) whose step-time model
+  // ranks the candidates of stage "auto".
+  std::string hardware = "a100-40gb";
+  // Out of memory: the profiler's reports of that moment are written to
+  // <oom_dir>/rank<r>/; empty: none are written.
+  std::string oom_dir;
+  // Out of memory in a layer model: search what would fit (the auto
+  // strategy's dry runs, about a second for GPT-2 sizes and longer for
+  // large CNNs) and say so in the error.
+  bool oom_advice = true;
+  // How the caller shows the full plan, quoted by out-of-memory advice
+  // ("...; the config and full plan: <plan_command>"); empty: not quoted.
+  std::string plan_command;
+};
+
+// The pinned pool for `flag` bytes: the flag when > 0; else, when `config`
+// offloads optimizer states, 64 GiB (a limit: the pool takes host memory as
+// it is used); else as much as the device when activation offload is
+// allowed; else none.
+int64_t PinnedBytes(int64_t flag, int64_t capacity, const Config& config);
+
+// One explicit unit of a caller-owned model.
+struct ParameterGroup {
+  std::string name;
+  std::vector<ShardedOptimizer::ParameterInit> parameters;
+};
+
+class Engine {
+ public:
+  // A model of memwall layers: `model(micro_batch)` builds it (and, for
+  // stage "auto" and the optimal recomputation budget, fresh copies to
+  // dry-run). Errors: kInvalidArgument naming the option or config key;
+  // kResourceExhausted when nothing fits (stage "auto") or the model
+  // states do not fit the device (with the memory reports under oom_dir);
+  // kUnavailable / kUnimplemented for a backend this machine or build
+  // lacks.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
+                                                        const Config& config, ModelFactory model);
+  // A caller-owned model, registered group by group in this order (every
+  // rank passes the same groups and values). Stage "auto" and a
+  // recomputation planner need the engine's own layers: kInvalidArgument.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
+                                                        const Config& config,
+                                                        std::vector<ParameterGroup> groups);
+  ~Engine();
+
+  // The config in force: "auto" resolved, never kAutoStage.
+  const Config& config() const { return config_; }
+  // The auto strategy's choice ("stage 2, recomputation none, ..."), or
+  // empty when the config named its stage.
+  const std::string& auto_choice() const { return auto_choice_; }
+
+  MpiCommunicator& world() { return *world_; }
+  Communicator& communicator() { return *comm_; }
+  Device& device() { return *device_; }
+  MemoryProfiler& profiler() { return *profiler_; }
+  ShardedOptimizer& optimizer() { return *optimizer_; }
+  // Layer models only (null otherwise).
+  Trainer* trainer() { return trainer_.get(); }
+  // Layer models: one micro-batch's input and target shapes.
+  const std::vector<int64_t>& input_shape() const { return input_; }
+  const std::vector<int64_t>& target_shape() const { return target_; }
+  // Layer models: the recomputation plan followed (planner "none" without).
+  const Plan& recomputation_plan() const { return plan_; }
+
+  // Layer models: one optimizer step over gradient_accumulation_steps
+  // micro-batches (Trainer::TrainStep). Errors pass through Explain().
+  absl::StatusOr<Trainer::StepReport> TrainStep(absl::Span<const Batch> micro_batches);
+  // Caller-owned models: the optimizer step after the caller's forward and
+  // backward (ShardedOptimizer::Step). Errors pass through Explain().
+  absl::StatusOr<ShardedOptimizer::StepResult> Step();
+  // Training steps taken (skipped ones included): the data position.
+  int64_t steps() const;
+
+  // Training checkpoints (engine/checkpoint.h), of either kind of model;
+  // loading also restores steps().
+  absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int keep);
+  absl::StatusOr<std::string> LoadCheckpoint(const std::string& path);
+
+  // `status` unchanged unless it is out of memory; then with where in the
+  // step it happened (the profiler's open phases), what the auto strategy
+  // would run instead (layer models), and the reports of this moment
+  // written under oom_dir.
+  absl::Status Explain(absl::Status status);
+
+ private:
+  Engine() = default;
+  // The MPI world and the communicator; then (config_ resolved) the
+  // device and its profiler.
+  absl::Status StartRanks(const EngineOptions& options);
+  absl::Status StartDevice(const EngineOptions& options);
+  absl::Status ResolveAuto(const EngineOptions& options);
+  absl::Status BuildTrainer(const EngineOptions& options);
+  // The dry-run options of this run's model, world and device.
+  DryRunOptions DryRunOptionsFor() const;
+
+  EngineOptions options_;
+  Config config_;
+  std::string auto_choice_;
+  ModelFactory model_;
+  std::vector<int64_t> input_, target_;
+  Plan plan_;
+  int64_t caller_steps_ = 0;  // caller-owned models
+
+  // Declared in the order they are built: destroyed model first, ranks last.
+  std::unique_ptr<MpiCommunicator> owned_world_;
+  MpiCommunicator* world_ = nullptr;
+  std::unique_ptr<Communicator> owned_comm_;  // simulated or NCCL
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<MemoryProfiler> profiler_;
+  std::unique_ptr<ShardedOptimizer> owned_optimizer_;  // caller-owned models
+  std::unique_ptr<Trainer> trainer_;
+  ShardedOptimizer* optimizer_ = nullptr;
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_ENGINE_ENGINE_H_

@@ -1,0 +1,28 @@
+// Models by name, for the command line and the benchmarks: a zoo name or a
+// GPT spec turned into the engine's Model (engine/model.h).
+#ifndef MEMWALL_MODELS_SPEC_H_
+#define MEMWALL_MODELS_SPEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/model.h"
+
+namespace memwall {
+
+// `spec` is a zoo name (models/zoo.h: resnet50, resnest269, llama-7b,
+// llama2-70b) or a GPT spec (models/gpt.h: presets, overrides,
+// gpt:params=N), for micro-batches of `batch` samples. `seq` > 0 overrides
+// a transformer's sequence length; CNNs take square `image`s. Errors name
+// the flag or the model.
+absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t seq,
+                                int64_t image);
+
+// MakeModel as the engine's factory: the same spec, seq and image for
+// every micro-batch size asked for.
+ModelFactory SpecModel(const std::string& spec, int64_t seq = 0, int64_t image = 224);
+
+}  // namespace memwall
+
+#endif  // MEMWALL_MODELS_SPEC_H_
