@@ -1,9 +1,11 @@
-// Wrapping an existing model's optimizer step with memwall's ShardedOptimizer.
+// Wrapping an existing model's optimizer step with memwall's engine
+// (engine/engine.h).
 //
 // The model below is a plain two-layer MLP (tanh hidden layer, squared-error
 // loss) written with loops over float pointers: it knows nothing of memwall
 // except that it reads its weights from, and adds its gradients into, the
-// pointers the optimizer hands out. Each MPI rank trains on its own samples
+// pointers the engine's sharded optimizer hands out. The engine starts the
+// MPI ranks and the device, registers each layer as one unit, and steps. Each MPI rank trains on its own samples
 // of a synthetic regression task (data parallelism); the ZeRO stage comes
 // from a DeepSpeed-style config.
 //
@@ -17,16 +19,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/config.h"
-#include "runtime/device.h"
-#include "runtime/mpi_communicator.h"
+#include "engine/engine.h"
 #include "runtime/units.h"
-#include "sharding/sharded_optimizer.h"
 
 namespace {
 
@@ -108,9 +107,25 @@ std::vector<float> InitialValues(int n, int fan_in, unsigned seed) {
 
 // ---- Wiring it to memwall. ----
 
-int Fail(const absl::Status& status) {
+[[noreturn]] void Fail(const absl::Status& status) {
   std::fprintf(stderr, "mlp_zero: %s\n", status.ToString().c_str());
-  return 1;
+  std::exit(1);
+}
+template <typename T>
+T Check(absl::StatusOr<T> value) {
+  if (!value.ok()) Fail(value.status());
+  return std::move(value).value();
+}
+void Check(const absl::Status& status) {
+  if (!status.ok()) Fail(status);
+}
+
+// Each layer is one unit: one flat group that gathers, reduces and
+// releases together.
+memwall::ParameterGroup Unit(const std::string& layer, int in, int out, unsigned seed) {
+  return {layer,
+          {{layer + ".weight", {in, out}, InitialValues(in * out, in, seed)},
+           {layer + ".bias", {out}, std::vector<float>(out, 0.0f)}}};
 }
 
 }  // namespace
@@ -126,40 +141,19 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto comm = memwall::MpiCommunicator::Create();
-  if (!comm.ok()) return Fail(comm.status());
-  const int rank = (*comm)->rank(), ranks = (*comm)->world_size();
-  // One flat group per layer: layer 1 has kIn*kHidden + kHidden elements.
-  auto config = memwall::ParseConfig(absl::StrCat(R"({
+  const memwall::Config config = Check(memwall::ParseConfig(absl::StrCat(R"({
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0001}},
       "gradient_clipping": 1.0,
-      "zero_optimization": {"stage": )", stage, R"(, "overlap_comm": true,
-                            "reduce_bucket_size": )", kIn * kHidden + kHidden, "}}"));
-  if (!config.ok()) return Fail(config.status());
-  auto device = memwall::CreateDevice({memwall::Backend::kHost, rank, 64 * memwall::kMiB});
-  if (!device.ok()) return Fail(device.status());
-  auto created = memwall::ShardedOptimizer::Create(*config, **device, **comm);
-  if (!created.ok()) return Fail(created.status());
-  memwall::ShardedOptimizer& opt = **created;
+      "zero_optimization": {"stage": )", stage, R"(, "overlap_comm": true}})")));
+  memwall::EngineOptions options;  // host backend, this process's MPI rank
+  options.device_bytes = 64 * memwall::kMiB;
+  const std::unique_ptr<memwall::Engine> engine = Check(memwall::Engine::Create(
+      options, config, {Unit("layer1", kIn, kHidden, 1), Unit("layer2", kHidden, kOut, 2)}));
+  memwall::ShardedOptimizer& opt = engine->optimizer();
+  const int rank = engine->communicator().rank(), ranks = engine->communicator().world_size();
+  auto param = [&](const char* name) { return static_cast<const float*>(Check(opt.Parameter(name)).data); };
+  auto grad = [&](const char* name) { return static_cast<float*>(Check(opt.Gradient(name)).data); };
 
-  const std::vector<std::pair<std::string, std::vector<int64_t>>> params = {
-      {"layer1.weight", {kIn, kHidden}}, {"layer1.bias", {kHidden}},
-      {"layer2.weight", {kHidden, kOut}}, {"layer2.bias", {kOut}}};
-  unsigned seed = 1;
-  for (const auto& [name, shape] : params) {
-    const int n = static_cast<int>(memwall::NumElements(shape));
-    const std::vector<float> init = name.find("bias") != std::string::npos
-                                        ? std::vector<float>(n, 0.0f)
-                                        : InitialValues(n, static_cast<int>(shape[0]), seed++);
-    if (auto s = opt.AddParameter(name, shape, init); !s.ok()) return Fail(s);
-  }
-  if (auto s = opt.Finalize(); !s.ok()) return Fail(s);
-  const int layer1 = opt.GroupOf("layer1.weight").value(), layer2 = opt.GroupOf("layer2.weight").value();
-
-  auto weights = [&]() {
-    auto f = [&](const char* name) { return static_cast<const float*>(opt.Parameter(name)->data); };
-    return Weights{f("layer1.weight"), f("layer1.bias"), f("layer2.weight"), f("layer2.bias")};
-  };
   std::vector<float> x(kBatch * kIn), y(kBatch * kOut), h(kBatch * kHidden), dout(kBatch * kOut),
       dh(kBatch * kHidden);
   double first_loss = 0, last_loss = 0;
@@ -167,56 +161,50 @@ int main(int argc, char** argv) {
     for (int b = 0; b < kBatch; ++b) {
       Sample(long(step) * ranks * kBatch + rank * kBatch + b, &x[b * kIn], &y[b * kOut]);
     }
-    // Forward: stage 3 gathers each layer's group just before it runs.
+    // Forward: stage 3 gathers each unit just before it runs (else no-ops).
+    Check(opt.GatherParameters(0));
+    Check(opt.GatherParameters(1));
+    const Weights w{param("layer1.weight"), param("layer1.bias"), param("layer2.weight"),
+                    param("layer2.bias")};
     float loss = 0;
-    auto check = [](const absl::Status& s) {
-      if (!s.ok()) std::exit(Fail(s));
-    };
-    check(opt.GatherParameters(layer1));
-    if (layer2 != layer1) check(opt.GatherParameters(layer2));
-    const Weights w = weights();
     for (int b = 0; b < kBatch; ++b) Layer1Forward(w, &x[b * kIn], &h[b * kHidden]);
     for (int b = 0; b < kBatch; ++b) {
       loss += Layer2Forward(w, &h[b * kHidden], &y[b * kOut], &dout[b * kOut]);
     }
-    // Backward in reverse, each group's gradients reduced right after.
-    check(opt.AcquireGradients(layer2));
-    auto grad = [&](const char* name) { return static_cast<float*>(opt.Gradient(name)->data); };
+    // Backward in reverse, each unit's gradients reduced right after it.
+    Check(opt.AcquireGradients(1));
     Grads g{nullptr, nullptr, grad("layer2.weight"), grad("layer2.bias")};
     for (int b = 0; b < kBatch; ++b) {
       Layer2Backward(w, &h[b * kHidden], &dout[b * kOut], g, &dh[b * kHidden]);
     }
-    if (layer2 != layer1) {
-      check(opt.ReduceGradients(layer2));
-      check(opt.ReleaseParameters(layer2));
-      check(opt.AcquireGradients(layer1));
-    }
+    Check(opt.ReduceGradients(1));
+    Check(opt.ReleaseParameters(1));
+    Check(opt.AcquireGradients(0));
     g.w1 = grad("layer1.weight");
     g.b1 = grad("layer1.bias");
     for (int b = 0; b < kBatch; ++b) Layer1Backward(&x[b * kIn], &h[b * kHidden], &dh[b * kHidden], g);
-    check(opt.ReduceGradients(layer1));
-    check(opt.ReleaseParameters(layer1));
-    auto result = opt.Step();
-    if (!result.ok()) return Fail(result.status());
+    Check(opt.ReduceGradients(0));
+    Check(opt.ReleaseParameters(0));
+    const memwall::ShardedOptimizer::StepResult result = Check(engine->Step());
 
     float mean = loss;
-    MPI_Allreduce(MPI_IN_PLACE, &mean, 1, MPI_FLOAT, MPI_SUM, (*comm)->comm());
+    MPI_Allreduce(MPI_IN_PLACE, &mean, 1, MPI_FLOAT, MPI_SUM, engine->world().comm());
     mean /= ranks;
     if (step == 0) first_loss = mean;
     last_loss = mean;
     if (rank == 0 && (step % 20 == 0 || step == steps - 1)) {
-      std::printf("step %4d  loss %.5f  grad norm %.4f\n", step, mean, result->grad_norm);
+      std::printf("step %4d  loss %.5f  grad norm %.4f\n", step, mean, result.grad_norm);
     }
   }
 
-  const memwall::AllocatorStats s = (*device)->allocator().stats();
+  const memwall::AllocatorStats s = engine->device().allocator().stats();
   const long long mine[4] = {
       static_cast<long long>(s.by_category[int(memwall::MemoryCategory::kParameter)].current),
       static_cast<long long>(s.by_category[int(memwall::MemoryCategory::kGradient)].current),
       static_cast<long long>(s.by_category[int(memwall::MemoryCategory::kOptimizerState)].current),
       static_cast<long long>(s.requested.peak)};
   std::vector<long long> all(4 * ranks);
-  MPI_Gather(mine, 4, MPI_LONG_LONG, all.data(), 4, MPI_LONG_LONG, 0, (*comm)->comm());
+  MPI_Gather(mine, 4, MPI_LONG_LONG, all.data(), 4, MPI_LONG_LONG, 0, engine->world().comm());
   if (rank == 0) {
     std::printf("\nZeRO stage %d on %d rank%s: loss %.5f -> %.5f\n", stage, ranks,
                 ranks == 1 ? "" : "s", first_loss, last_loss);
