@@ -89,14 +89,8 @@ ShardedOptimizer::ShardedOptimizer(const ShardingOptions& config, Device& device
       device_(device),
       comm_(comm),
       stream_(std::move(stream)),
-      comm_stream_(std::move(comm_stream)) {
-  if (config_.fp16) {
-    loss_scale_ = config_.loss_scale.static_scale > 0
-                      ? config_.loss_scale.static_scale
-                      : std::ldexp(1.0f, config_.loss_scale.initial_scale_power);
-  }
-  overflows_left_ = config_.loss_scale.hysteresis;
-}
+      comm_stream_(std::move(comm_stream)),
+      scaler_(config.loss_scale, config.fp16) {}
 
 ShardedOptimizer::~ShardedOptimizer() {
   // A failure here was already reported by the call that failed, or would
@@ -309,6 +303,7 @@ absl::Status ShardedOptimizer::Finalize() {
     if (absl::Status s = InitializeGroup(layout_.groups[g], groups[g]); !s.ok()) return fail(s);
   }
   groups_ = std::move(groups);
+  scheduler_ = GatherScheduler(static_cast<int>(groups_.size()));
   initial_.clear();
   initial_.shrink_to_fit();
   finalized_ = true;
@@ -428,17 +423,14 @@ absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
   return absl::OkStatus();
 }
 
-absl::Status ShardedOptimizer::Prefetch(int g) {
+absl::Status ShardedOptimizer::Prefetch() {
   if (!comm_stream_->asynchronous()) return absl::OkStatus();  // nothing could overlap
-  // Backward revisits the group forward ended on, so a repeat means backward.
-  const int direction = g > last_gathered_ ? 1 : -1;
   int64_t live = 0;
   for (size_t i = 0; i < groups_.size(); ++i) {
     if (!groups_[i].gathered.empty()) live += layout_.groups[i].padded_numel;
   }
   int64_t ahead = 0;
-  for (int next = g + direction; next >= 0 && next < static_cast<int>(groups_.size());
-       next += direction) {
+  for (int next : scheduler_.Upcoming()) {
     const int64_t size = layout_.groups[next].padded_numel;
     if (!groups_[next].gathered.empty()) continue;
     if (ahead + size > config_.zero.stage3_prefetch_bucket_size ||
@@ -463,10 +455,10 @@ absl::Status ShardedOptimizer::GatherParameters(int g) {
   }
   if (group.gathered.empty()) MW_RETURN_IF_ERROR(StartGather(g, /*prefetch=*/false));
   group.prefetched = false;
+  scheduler_.OnGather(g);
   // Queue the next gathers before waiting, so they run while the caller
   // computes with this group.
-  MW_RETURN_IF_ERROR(Prefetch(g));
-  last_gathered_ = g;
+  MW_RETURN_IF_ERROR(Prefetch());
   return group.gathered_event->Synchronize();
 }
 
@@ -727,29 +719,12 @@ absl::Status ShardedOptimizer::AbortStep() {
     if (group.host != nullptr) group.host->DropGradients();
     MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], group));
   }
-  last_gathered_ = -1;
+  scheduler_.AbortStep();
   MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
   return drained;
 }
 
-void ShardedOptimizer::UpdateLossScale(bool overflow) {
-  if (!config_.fp16 || config_.loss_scale.static_scale > 0) return;
-  const LossScaleConfig& s = config_.loss_scale;
-  if (overflow) {
-    clean_steps_ = 0;
-    if (--overflows_left_ <= 0) {
-      loss_scale_ = std::max(loss_scale_ / 2.0f, s.min_loss_scale);
-      overflows_left_ = s.hysteresis;
-    }
-    return;
-  }
-  if (++clean_steps_ % s.loss_scale_window == 0) {
-    loss_scale_ *= 2.0f;
-    overflows_left_ = s.hysteresis;
-  }
-}
-
-absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
+absl::Status ShardedOptimizer::CheckStepReady() {
   MW_RETURN_IF_ERROR(RequireFinalized("Step"));
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!groups_[g].grad_bucket.empty()) {
@@ -761,17 +736,11 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
           "Step: group ", g, " is still gathered (call ReleaseParameters(", g, "))"));
     }
   }
-  // Every reduction has run (its errors surface here); unused prefetches go.
-  MW_RETURN_IF_ERROR(Reclaim(/*keep=*/0));
-  for (Group& group : groups_) group.reductions = 0;
-  for (Group& group : groups_) {
-    if (group.prefetched) {
-      group.gathered.Reset();
-      group.prefetched = false;
-    }
-  }
-  // 1. Reduce what stages 0-1 hold in full.
-  auto reduce_phase = std::make_unique<ScopedPhase>(profiler_, "reduce");
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::ReduceHeldGradients() {
+  ScopedPhase phase(profiler_, "reduce");
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
     if (stage() == 0) MW_RETURN_IF_ERROR(AllReduceGradients(flat, groups_[g].grads.data()));
@@ -783,178 +752,221 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
       MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
     }
   }
-  reduce_phase.reset();
-  // 2. Non-finite gradients and the squared norm over the elements this
-  // rank updates. An inf or nan on any rank skips the step on every rank in
-  // every precision mode (fp16 also lowers the scale): applying it would
-  // turn the master weights into nan. With clipping the norm's sum of
-  // squares shows them (an inf or nan makes it non-finite, and squares of
-  // finite 16- or 32-bit values cannot overflow a double), so the scan for
-  // them runs only without clipping.
-  const bool need_norm = config_.gradient_clipping > 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardedOptimizer::GradientCheck> ShardedOptimizer::CheckGradients(bool need_norm) {
+  // An inf or nan on any rank skips the step on every rank in every
+  // precision mode (fp16 also lowers the scale): applying it would turn the
+  // master weights into nan. With clipping the norm's sum of squares shows
+  // them (an inf or nan makes it non-finite, and squares of finite 16- or
+  // 32-bit values cannot overflow a double), so the scan for them runs only
+  // without clipping.
   const bool need_overflow = !need_norm;
-  bool overflow = false;
-  double squares = 0.0;
+  GradientCheck check;
   const DType dtype = config_.param_dtype();
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
+    const int64_t n = update_numel(flat);
     if (streams_gradients(flat)) {
       // The gradients are on the host (every reduction has run: Reclaim).
       if (!device_.holds_bytes()) continue;
       const void* host = groups_[g].host->gradients();
       const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
-      if (need_overflow) overflow = overflow || cpu.has_inf_or_nan(host, dtype, update_numel(flat));
-      if (need_norm) squares += cpu.sum_of_squares(host, dtype, update_numel(flat));
+      if (need_overflow) check.overflow = check.overflow || cpu.has_inf_or_nan(host, dtype, n);
+      if (need_norm) check.squares += cpu.sum_of_squares(host, dtype, n);
       continue;
     }
     const void* grads = UpdateGradients(flat, groups_[g]);
     if (need_overflow) {
       MW_ASSIGN_OR_RETURN(const bool bad,
-                          kernels::HasInfOrNan(device_, *comm_stream_, grads, dtype, update_numel(flat)));
-      overflow = overflow || bad;
+                          kernels::HasInfOrNan(device_, *comm_stream_, grads, dtype, n));
+      check.overflow = check.overflow || bad;
     }
     if (need_norm) {
-      MW_ASSIGN_OR_RETURN(const double s,
-                          kernels::SumOfSquares(device_, *comm_stream_, grads, dtype, update_numel(flat)));
-      squares += s;
+      MW_ASSIGN_OR_RETURN(const double squares,
+                          kernels::SumOfSquares(device_, *comm_stream_, grads, dtype, n));
+      check.squares += squares;
     }
   }
+  if (stage() >= 1) MW_RETURN_IF_ERROR(ExchangeGradientCheck(check));
+  // Every rank holds the same sum here (stage 0: of the same all-reduced
+  // gradients; stages 1-3: of the same partials in the same order).
+  if (need_norm && !std::isfinite(check.squares)) check.overflow = true;
+  return check;
+}
+
+absl::Status ShardedOptimizer::ExchangeGradientCheck(GradientCheck& check) {
   // Stages 1-3 each see a shard: exchange (overflow, squares) once. The
   // double travels bit for bit as two f32 slots of an all-gather, and every
   // rank adds the partials in rank order, so all ranks agree exactly. On
   // meta nothing moves (the values read as zero), but the buffer and the
   // collective are a real run's, so the dry run books and counts them too.
-  if (stage() >= 1 && (need_overflow || need_norm)) {
-    const int world = comm_.world_size();
-    std::vector<float> mine(4, 0.0f), all(4 * world);
-    mine[0] = overflow ? 1.0f : 0.0f;
-    std::memcpy(&mine[2], &squares, sizeof squares);
-    MW_ASSIGN_OR_RETURN(DeviceBuffer exchange,
-                        device_.Allocate(all.size() * 4, MemoryCategory::kCommBuffer,
-                                         "optimizer.step_scalars"));
-    MW_RETURN_IF_ERROR(device_.CopyAsync(At(exchange, 4 * comm_.rank(), DType::kF32), mine.data(),
-                                         16, *comm_stream_));
-    MW_RETURN_IF_ERROR(comm_.AllGather(At(exchange, 4 * comm_.rank(), DType::kF32),
-                                       exchange.data(), 4, DType::kF32, *comm_stream_));
-    MW_RETURN_IF_ERROR(device_.CopyAsync(all.data(), exchange.data(), all.size() * 4, *comm_stream_));
-    MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
-    overflow = false;
-    squares = 0.0;
-    for (int r = 0; r < world; ++r) {
-      overflow = overflow || all[4 * r] != 0.0f;
-      double partial;
-      std::memcpy(&partial, &all[4 * r + 2], sizeof partial);
-      squares += partial;
+  const int world = comm_.world_size();
+  std::vector<float> mine(4, 0.0f), all(4 * world);
+  mine[0] = check.overflow ? 1.0f : 0.0f;
+  std::memcpy(&mine[2], &check.squares, sizeof check.squares);
+  MW_ASSIGN_OR_RETURN(DeviceBuffer exchange,
+                      device_.Allocate(all.size() * 4, MemoryCategory::kCommBuffer,
+                                       "optimizer.step_scalars"));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(At(exchange, 4 * comm_.rank(), DType::kF32), mine.data(),
+                                       16, *comm_stream_));
+  MW_RETURN_IF_ERROR(comm_.AllGather(At(exchange, 4 * comm_.rank(), DType::kF32),
+                                     exchange.data(), 4, DType::kF32, *comm_stream_));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(all.data(), exchange.data(), all.size() * 4, *comm_stream_));
+  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
+  check = GradientCheck();
+  for (int r = 0; r < world; ++r) {
+    check.overflow = check.overflow || all[4 * r] != 0.0f;
+    double partial;
+    std::memcpy(&partial, &all[4 * r + 2], sizeof partial);
+    check.squares += partial;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::ZeroAllGradients() {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], groups_[g]));
+  }
+  return comm_stream_->Synchronize();
+}
+
+absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
+  ScopedPhase update(profiler_, "update");
+  const DType dtype = config_.param_dtype();
+  // Offload: a host part becomes current, and its parameters go back to the
+  // device (or to the pinned shard when paging), at its Commit. The NVMe
+  // tier updates every group (each into scratch of its own) before
+  // committing any, so a failed write changes nothing; the pinned tier
+  // updates in place and commits group by group through one scratch
+  // buffer, allocated first: see offload/host_optimizer.h.
+  auto commit = [&](size_t g) -> absl::Status {
+    const FlatGroup& flat = layout_.groups[g];
+    char* params_at = stage() == 3 ? static_cast<char*>(groups_[g].params.data())
+                                   : (device_.holds_bytes()
+                                          ? At(groups_[g].params, update_begin(flat), dtype)
+                                          : nullptr);
+    return groups_[g].host->Commit(*comm_stream_, params_at);
+  };
+  const bool two_phase = nvme_ != nullptr;
+  // Every buffer the update needs is allocated before any group changes,
+  // so that no allocation can fail once the first group has updated (a
+  // failed step changes nothing).
+  MW_ASSIGN_OR_RETURN(UpdateWorkspace workspace, AllocateUpdateWorkspace(two_phase));
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    Group& group = groups_[g];
+    void* host_scratch = nullptr;
+    if (group.host != nullptr) {
+      host_scratch = two_phase ? workspace.host_scratch[g].data()
+                               : workspace.host_scratch.front().data();
+    }
+    MW_RETURN_IF_ERROR(
+        ApplyUpdate(layout_.groups[g], group, grad_scale, host_scratch, workspace.widened.data()));
+    if (group.host != nullptr && !two_phase) MW_RETURN_IF_ERROR(commit(g));
+  }
+  if (two_phase) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].host != nullptr) MW_RETURN_IF_ERROR(commit(g));
     }
   }
-  // Every rank holds the same sum here (stage 0: of the same all-reduced
-  // gradients; stages 1-3: of the same partials in the same order).
-  if (need_norm && !std::isfinite(squares)) overflow = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpdateWorkspace(
+    bool two_phase) {
+  UpdateWorkspace w;
+  // The device part's gradients widened to f32, one group at a time.
+  if (mixed()) {
+    int64_t largest = 0;
+    for (const FlatGroup& flat : layout_.groups) {
+      largest = std::max(largest, update_numel(flat) - host_numel(flat));
+    }
+    if (largest > 0) {
+      MW_ASSIGN_OR_RETURN(w.widened, device_.Allocate(largest * 4, MemoryCategory::kWorkspace,
+                                                      "optimizer.grad_f32"));
+    }
+  }
+  if (two_phase) {  // a scratch buffer per offloaded group, indexed by group
+    w.host_scratch.resize(groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].host == nullptr) continue;
+      MW_ASSIGN_OR_RETURN(w.host_scratch[g],
+                          device_.AllocatePinned(groups_[g].host->scratch_bytes(),
+                                                 MemoryCategory::kWorkspace,
+                                                 absl::StrCat(layout_.groups[g].name, ".host_scratch")));
+    }
+    return w;
+  }
+  int64_t largest = 0;  // one scratch buffer, shared
+  for (const Group& group : groups_) {
+    if (group.host != nullptr) largest = std::max(largest, group.host->scratch_bytes());
+  }
+  if (largest > 0) {
+    w.host_scratch.emplace_back();
+    MW_ASSIGN_OR_RETURN(w.host_scratch.front(),
+                        device_.AllocatePinned(largest, MemoryCategory::kWorkspace,
+                                               "optimizer.host_scratch"));
+  }
+  return w;
+}
+
+absl::Status ShardedOptimizer::RefreshParameters() {
+  // Stages 1-2 hold full parameters but update a shard: all-gather them.
+  if (stage() != 1 && stage() != 2) return absl::OkStatus();
+  ScopedPhase gather(profiler_, "all-gather");
+  const DType dtype = config_.param_dtype();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const FlatGroup& flat = layout_.groups[g];
+    void* full = groups_[g].params.data();
+    void* own = device_.holds_bytes() ? At(groups_[g].params, flat.shard_begin(comm_.rank()), dtype)
+                                      : nullptr;
+    MW_RETURN_IF_ERROR(comm_.AllGather(own, full, flat.shard_numel, dtype, *comm_stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
+  MW_RETURN_IF_ERROR(CheckStepReady());
+  // Every reduction has run (its errors surface here); unused prefetches go.
+  MW_RETURN_IF_ERROR(Reclaim(/*keep=*/0));
+  scheduler_.EndStep();
+  for (Group& group : groups_) {
+    group.reductions = 0;
+    if (group.prefetched) group.gathered.Reset();
+    group.prefetched = false;
+  }
+  // 1. Reduce what stages 0-1 hold in full. 2. Look for inf/nan and take
+  // the global norm. 3. Skip, or update (clipping folds into the gradient
+  // scale), refresh the parameters and zero the gradients.
+  MW_RETURN_IF_ERROR(ReduceHeldGradients());
+  const bool need_norm = config_.gradient_clipping > 0;
+  MW_ASSIGN_OR_RETURN(const GradientCheck check, CheckGradients(need_norm));
   const double unscale =
-      1.0 / (double(comm_.world_size()) * config_.gradient_accumulation_steps * loss_scale_);
+      1.0 / (double(comm_.world_size()) * config_.gradient_accumulation_steps * scaler_.scale());
   StepResult result;
-  result.grad_norm = need_norm ? std::sqrt(squares) * unscale : 0.0;
-  if (overflow) {
-    UpdateLossScale(/*overflow=*/true);
+  result.grad_norm = need_norm ? std::sqrt(check.squares) * unscale : 0.0;
+  if (check.overflow) {
+    scaler_.Update(/*overflow=*/true);
     ++steps_skipped_;
     for (Group& group : groups_) {
       if (group.host != nullptr) group.host->DropGradients();
     }
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], groups_[g]));
-    }
-    MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
-    result.applied = false;
-    result.loss_scale = loss_scale_;
+    MW_RETURN_IF_ERROR(ZeroAllGradients());
+    result.loss_scale = scaler_.scale();
     return result;
   }
-  // 3. Update (clipping folds into the gradient scale), refresh, zero.
   double coefficient = 1.0;
   if (need_norm && result.grad_norm > config_.gradient_clipping) {
     coefficient = config_.gradient_clipping / (result.grad_norm + 1e-6);
   }
-  const float grad_scale = static_cast<float>(unscale * coefficient);
-  {
-    ScopedPhase update(profiler_, "update");
-    // Offload: a host part becomes current, and its parameters go back to
-    // the device (or to the pinned shard when paging), at its Commit. The
-    // NVMe tier updates every group (each into scratch of its own) before
-    // committing any, so a failed write changes nothing; the pinned tier
-    // updates in place and commits group by group through one scratch
-    // buffer, allocated first: see offload/host_optimizer.h.
-    auto commit = [&](size_t g) -> absl::Status {
-      const FlatGroup& flat = layout_.groups[g];
-      char* params_at = stage() == 3 ? static_cast<char*>(groups_[g].params.data())
-                                     : (device_.holds_bytes()
-                                            ? At(groups_[g].params, update_begin(flat), dtype)
-                                            : nullptr);
-      return groups_[g].host->Commit(*comm_stream_, params_at);
-    };
-    const bool two_phase = nvme_ != nullptr;
-    // The device part's gradients widened to f32, one group at a time:
-    // allocated before any group changes, so that no allocation can fail
-    // once the first group has updated (a failed step changes nothing).
-    DeviceBuffer widened;
-    if (mixed()) {
-      int64_t largest = 0;
-      for (const FlatGroup& flat : layout_.groups) {
-        largest = std::max(largest, update_numel(flat) - host_numel(flat));
-      }
-      if (largest > 0) {
-        MW_ASSIGN_OR_RETURN(widened, device_.Allocate(largest * 4, MemoryCategory::kWorkspace,
-                                                      "optimizer.grad_f32"));
-      }
-    }
-    std::vector<DeviceBuffer> scratch;
-    if (!two_phase) {
-      int64_t largest = 0;
-      for (const Group& group : groups_) {
-        if (group.host != nullptr) largest = std::max(largest, group.host->scratch_bytes());
-      }
-      if (largest > 0) {
-        MW_ASSIGN_OR_RETURN(DeviceBuffer one, device_.AllocatePinned(largest, MemoryCategory::kWorkspace,
-                                                                     "optimizer.host_scratch"));
-        scratch.push_back(std::move(one));
-      }
-    }
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      Group& group = groups_[g];
-      if (group.host != nullptr && two_phase) {
-        MW_ASSIGN_OR_RETURN(DeviceBuffer own,
-                            device_.AllocatePinned(group.host->scratch_bytes(),
-                                                   MemoryCategory::kWorkspace,
-                                                   absl::StrCat(layout_.groups[g].name, ".host_scratch")));
-        scratch.push_back(std::move(own));
-      }
-      void* host_scratch = scratch.empty() ? nullptr : scratch.back().data();
-      MW_RETURN_IF_ERROR(
-          ApplyUpdate(layout_.groups[g], group, grad_scale, host_scratch, widened.data()));
-      if (group.host != nullptr && !two_phase) MW_RETURN_IF_ERROR(commit(g));
-    }
-    if (two_phase) {
-      for (size_t g = 0; g < groups_.size(); ++g) {
-        if (groups_[g].host != nullptr) MW_RETURN_IF_ERROR(commit(g));
-      }
-    }
-  }
-  if (stage() == 1 || stage() == 2) {
-    ScopedPhase gather(profiler_, "all-gather");
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      const FlatGroup& flat = layout_.groups[g];
-      void* full = groups_[g].params.data();
-      void* own = device_.holds_bytes() ? At(groups_[g].params, flat.shard_begin(comm_.rank()), dtype)
-                                        : nullptr;
-      MW_RETURN_IF_ERROR(comm_.AllGather(own, full, flat.shard_numel, dtype, *comm_stream_));
-    }
-  }
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], groups_[g]));
-  }
-  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
-  UpdateLossScale(/*overflow=*/false);
+  MW_RETURN_IF_ERROR(UpdateGroups(static_cast<float>(unscale * coefficient)));
+  MW_RETURN_IF_ERROR(RefreshParameters());
+  MW_RETURN_IF_ERROR(ZeroAllGradients());
+  scaler_.Update(/*overflow=*/false);
   ++steps_applied_;
   result.applied = true;
-  result.loss_scale = loss_scale_;
+  result.loss_scale = scaler_.scale();
   return result;
 }
 
@@ -964,15 +976,14 @@ int ShardedOptimizer::num_states() const {
 }
 
 ShardedOptimizer::Progress ShardedOptimizer::progress() const {
-  return Progress{steps_applied_, steps_skipped_, loss_scale_, clean_steps_, overflows_left_};
+  return Progress{steps_applied_, steps_skipped_, scaler_.scale(), scaler_.clean_steps(),
+                  scaler_.overflows_left()};
 }
 
 void ShardedOptimizer::set_progress(const Progress& p) {
   steps_applied_ = p.steps_applied;
   steps_skipped_ = p.steps_skipped;
-  loss_scale_ = p.loss_scale;
-  clean_steps_ = p.clean_steps;
-  overflows_left_ = p.overflows_left;
+  scaler_.Restore(p.loss_scale, p.clean_steps, p.overflows_left);
 }
 
 absl::StatusOr<ShardedOptimizer::StateSlice> ShardedOptimizer::DeviceStateOf(int g, int which) {

@@ -40,8 +40,9 @@
 // which waits for it, or Step(): one reduction in flight at a time, and
 // what is allocated at any moment does not depend on timing, so a dry run
 // on meta holds exactly what a real run holds. At stage 3, GatherParameters() also prefetches
-// the next groups in the direction of travel (forward: g+1, g+2, ...;
-// backward: g-1, ...) while their elements stay within
+// the groups expected next (sharding/gather_scheduler.h: in the order the
+// previous step gathered them, or in the direction of travel before a step
+// has been recorded) while their elements stay within
 // stage3_prefetch_bucket_size and all gathered groups within
 // stage3_max_live_parameters; a prefetched group costs its memory while in
 // flight, and Step() drops unused ones. Results are identical with and
@@ -104,6 +105,8 @@
 #include "runtime/device.h"
 #include "offload/host_optimizer.h"
 #include "sharding/flat_layout.h"
+#include "sharding/gather_scheduler.h"
+#include "sharding/loss_scaler.h"
 #include "sharding/options.h"
 #include "profiler/memory_profiler.h"
 
@@ -215,7 +218,7 @@ class ShardedOptimizer {
   void set_profiler(MemoryProfiler* profiler) { profiler_ = profiler; }
 
   // Multiply the loss by this before backward (1 unless fp16).
-  float loss_scale() const { return loss_scale_; }
+  float loss_scale() const { return scaler_.scale(); }
   int64_t steps_applied() const { return steps_applied_; }
   int64_t steps_skipped() const { return steps_skipped_; }
 
@@ -354,8 +357,9 @@ class ShardedOptimizer {
       const std::function<absl::Status(int64_t begin, int64_t count, const void* reduced)>& consume);
   // Stage 3: allocates group g's gathered buffer and enqueues its gather.
   absl::Status StartGather(int g, bool prefetch);
-  // Stage 3: prefetches after a gather of g, per the class comment.
-  absl::Status Prefetch(int g);
+  // Stage 3: after a gather, starts the gathers the scheduler expects
+  // next, per the class comment.
+  absl::Status Prefetch();
   // Frees the buffers of all but the newest `keep` reductions, oldest
   // first, each once its reduction has run (waiting for it).
   absl::Status Reclaim(int keep);
@@ -367,7 +371,32 @@ class ShardedOptimizer {
   absl::Status ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale,
                            void* host_scratch, void* device_scratch);
   absl::Status ZeroGradients(const FlatGroup& flat, Group& group);
-  void UpdateLossScale(bool overflow);
+
+  // Step()'s phases, in order.
+  absl::Status CheckStepReady();
+  // Stages 0-1: the all-reduce or reduce-scatter of the full gradients.
+  absl::Status ReduceHeldGradients();
+  // Whether any gradient this rank updates is inf or nan (on any rank, at
+  // stages 1-3), and the global sum of squares when `need_norm`.
+  struct GradientCheck {
+    bool overflow = false;
+    double squares = 0.0;
+  };
+  absl::StatusOr<GradientCheck> CheckGradients(bool need_norm);
+  absl::Status ExchangeGradientCheck(GradientCheck& check);
+  // The update of every group (device and host parts), `grad_scale`
+  // unscaling, averaging and clipping the gradients.
+  absl::Status UpdateGroups(float grad_scale);
+  struct UpdateWorkspace {
+    DeviceBuffer widened;  // mixed precision: a group's device part in f32
+    // Offload: one shared pinned scratch (pinned tier), or one per group,
+    // indexed by group (NVMe tier, two-phase).
+    std::vector<DeviceBuffer> host_scratch;
+  };
+  absl::StatusOr<UpdateWorkspace> AllocateUpdateWorkspace(bool two_phase);
+  // Stages 1-2: all-gathers the updated shards into the full parameters.
+  absl::Status RefreshParameters();
+  absl::Status ZeroAllGradients();
 
   const ShardingOptions config_;
   Device& device_;
@@ -378,8 +407,8 @@ class ShardedOptimizer {
   // overlap_comm is set.
   std::unique_ptr<Stream> comm_stream_;
   std::vector<Retired> retired_;
-  // The last group gathered, for the prefetch direction.
-  int last_gathered_ = -1;
+  // Stage 3: the order groups are gathered in, for prefetching.
+  GatherScheduler scheduler_{0};
   MemoryProfiler* profiler_ = nullptr;
 
   std::vector<ParameterSpec> specs_;
@@ -391,9 +420,7 @@ class ShardedOptimizer {
   // The NVMe tier's file, when offload_nvme_path is set.
   std::unique_ptr<NvmeStore> nvme_;
 
-  float loss_scale_ = 1.0f;
-  int clean_steps_ = 0;
-  int overflows_left_ = 0;  // hysteresis
+  LossScaler scaler_;
   int64_t steps_applied_ = 0;
   int64_t steps_skipped_ = 0;
 };

@@ -340,10 +340,16 @@ TEST_CASE("per-rank model-state bytes equal the ZeRO formulas", "[zero][memory]"
     }
     if (stage == 3) {
       // A gathered group adds its full padded size, and only while gathered.
+      // With overlap the groups the recorded steps gathered next (here every
+      // other group: the budgets hold them all) come in with it, and stay
+      // until used or until Step() drops them.
       const FlatGroup& g0 = run.opt->layout().groups[0];
       REQUIRE(run.opt->GatherParameters(0).ok());
-      CHECK(bytes(MemoryCategory::kParameter) == 2 * P / n + 2 * g0.padded_numel);
+      const int64_t prefetched = overlap ? 2 * (P - g0.padded_numel) : 0;
+      CHECK(bytes(MemoryCategory::kParameter) == 2 * P / n + 2 * g0.padded_numel + prefetched);
       REQUIRE(run.opt->ReleaseParameters(0).ok());
+      CHECK(bytes(MemoryCategory::kParameter) == 2 * P / n + prefetched);
+      REQUIRE(run.opt->Step().ok());
       CHECK(bytes(MemoryCategory::kParameter) == 2 * P / n);
     }
   }
@@ -487,6 +493,45 @@ TEST_CASE("stage 3 prefetches ahead within the prefetch budget and the live limi
     CHECK(World().stats(Collective::kAllGather).calls ==
           (live_limit > 0 ? static_cast<int64_t>(layout.groups.size()) : 3) + 1);
   }
+}
+
+TEST_CASE("stage 3 prefetches in the order the previous step gathered", "[zero][prefetch]") {
+  // A driver whose forward reads group 0 again at its end, as GPT's LM head
+  // reads the tied embedding.
+  Run run = Start(Options(3, DType::kBF16, 1, 0.0f, /*overlap=*/true));
+  const FlatLayout& layout = run.opt->layout();
+  const int last = static_cast<int>(layout.groups.size()) - 1;
+  REQUIRE(last >= 2);
+  const auto params = [&] {
+    return run.device->allocator().stats().by_category[static_cast<int>(MemoryCategory::kParameter)]
+        .current;
+  };
+  const auto use = [&](int g) {
+    REQUIRE(run.opt->GatherParameters(g).ok());
+    REQUIRE(run.opt->ReleaseParameters(g).ok());
+  };
+  for (int step = 0; step < 2; ++step) {
+    for (int g = 0; g <= last; ++g) use(g);
+    use(0);  // the tied head
+    REQUIRE(run.opt->Step().ok());
+  }
+  // Going up to the last group, direction would prefetch nothing beyond
+  // it; the recorded order knows group 0 comes next.
+  for (int g = 0; g < last; ++g) use(g);
+  REQUIRE(run.opt->GatherParameters(last).ok());
+  const int64_t shards = 2 * layout.padded_numel / World().world_size();
+  const int64_t held = shards + 2 * (layout.groups[last].padded_numel + layout.groups[0].padded_numel);
+  CHECK(params() == held);
+  // In flight, not readable until asked for; then served by the prefetch
+  // (no new gathered buffer).
+  CHECK(run.opt->Parameter(kModel[layout.groups[0].parameters[0]].name).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  REQUIRE(run.opt->ReleaseParameters(last).ok());
+  REQUIRE(run.opt->GatherParameters(0).ok());
+  CHECK(params() == shards + 2 * layout.groups[0].padded_numel);
+  REQUIRE(run.opt->ReleaseParameters(0).ok());
+  REQUIRE(run.opt->Step().ok());
+  CHECK(params() == shards);
 }
 
 TEST_CASE("an inf on one rank skips the step everywhere and halves the scale", "[zero][fp16]") {
