@@ -107,7 +107,8 @@ absl::StatusOr<double> SumOfSquares(Device& device, Stream& stream, const void* 
       MW_RETURN_IF_ERROR(stream.Synchronize());
       return result;
     }
-    case Backend::kMeta:
+    case Backend::kMeta:  // no value, but the wait a real run makes
+      MW_RETURN_IF_ERROR(stream.Synchronize());
       return 0.0;
     case Backend::kCuda: {
 #if MEMWALL_HAS_CUDA
@@ -145,7 +146,8 @@ absl::StatusOr<bool> HasInfOrNan(Device& device, Stream& stream, const void* x,
       MW_RETURN_IF_ERROR(stream.Synchronize());
       return result;
     }
-    case Backend::kMeta:
+    case Backend::kMeta:  // no value, but the wait a real run makes
+      MW_RETURN_IF_ERROR(stream.Synchronize());
       return false;
     case Backend::kCuda: {
 #if MEMWALL_HAS_CUDA

@@ -36,6 +36,7 @@ absl::string_view BackendName(Backend backend);
 // Parses a backend name; the error names the accepted values.
 absl::StatusOr<Backend> ParseBackend(absl::string_view name);
 
+class Device;
 class Event;
 
 // An in-order queue of device work. Not thread-safe: one thread enqueues.
@@ -44,8 +45,12 @@ class Event;
 class Stream {
  public:
   virtual ~Stream() = default;
-  // Blocks until all work enqueued so far has completed.
-  virtual absl::Status Synchronize() = 0;
+  // Blocks until all work enqueued so far has completed. Counted in the
+  // creating device's host_synchronizations().
+  absl::Status Synchronize() {
+    if (host_waits_ != nullptr) host_waits_->fetch_add(1, std::memory_order_relaxed);
+    return SynchronizeImpl();
+  }
   // Marks the current end of this stream in `event`.
   virtual absl::Status Record(Event& event) = 0;
   // Work enqueued after this call waits for `event`'s last Record. Waiting
@@ -62,6 +67,13 @@ class Stream {
   // Whether enqueued work may still be running when the enqueuing call
   // returns (cuda streams and asynchronous host streams).
   virtual bool asynchronous() const = 0;
+
+ protected:
+  virtual absl::Status SynchronizeImpl() = 0;
+
+ private:
+  friend class Device;
+  std::atomic<int64_t>* host_waits_ = nullptr;  // the device's counter
 };
 
 // A point in a stream's work.
@@ -69,11 +81,22 @@ class Event {
  public:
   virtual ~Event() = default;
   // Blocks until the recorded work has completed (no-op if never recorded).
-  virtual absl::Status Synchronize() = 0;
+  // Counted in the creating device's host_synchronizations().
+  absl::Status Synchronize() {
+    if (host_waits_ != nullptr) host_waits_->fetch_add(1, std::memory_order_relaxed);
+    return SynchronizeImpl();
+  }
   // Whether the recorded work has completed (true if never recorded).
   virtual absl::StatusOr<bool> Query() = 0;
   // cudaEvent_t on cuda; nullptr on host and meta.
   virtual void* native_handle() const = 0;
+
+ protected:
+  virtual absl::Status SynchronizeImpl() = 0;
+
+ private:
+  friend class Device;
+  std::atomic<int64_t>* host_waits_ = nullptr;  // the device's counter
 };
 
 struct DeviceOptions {
@@ -134,7 +157,19 @@ class Device {
   virtual absl::Status CopyAsync(void* dst, const void* src, size_t bytes,
                                  Stream& stream) = 0;
   // Blocks until all work on all of this device's streams has completed.
-  virtual absl::Status Synchronize() = 0;
+  absl::Status Synchronize() {
+    host_waits_.fetch_add(1, std::memory_order_relaxed);
+    return SynchronizeImpl();
+  }
+
+  // Host synchronisations so far (COUNT): every Synchronize() of this
+  // device and of the streams and events it created, including those that
+  // kernels returning a value to the host make (kernels/ops.h). The host
+  // waiting for the device is what a GPU step must do rarely; the count is
+  // the same on every backend for the same calls, so a dry run counts a
+  // real run's. (A host stream's Wait(event) blocks the host too, but on
+  // cuda it does not, so it is not counted.) Thread-safe.
+  int64_t host_synchronizations() const { return host_waits_.load(std::memory_order_relaxed); }
 
   // Kernels dispatched to this device so far (kernels/ counts each op it
   // enqueues, on every backend, meta included: a dry run knows how many
@@ -147,12 +182,24 @@ class Device {
   Device(std::unique_ptr<CachingAllocator> allocator,
          std::unique_ptr<CachingAllocator> pinned_allocator)
       : allocator_(std::move(allocator)), pinned_allocator_(std::move(pinned_allocator)) {}
+  virtual absl::Status SynchronizeImpl() = 0;
+  // Backends pass every stream and event they create through these, so
+  // that their waits count in host_synchronizations().
+  std::unique_ptr<Stream> Counted(std::unique_ptr<Stream> stream) {
+    stream->host_waits_ = &host_waits_;
+    return stream;
+  }
+  std::unique_ptr<Event> Counted(std::unique_ptr<Event> event) {
+    event->host_waits_ = &host_waits_;
+    return event;
+  }
 
  private:
   // Declared last so they are destroyed after the derived class's members.
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<CachingAllocator> pinned_allocator_;
   std::atomic<int64_t> launches_{0};
+  std::atomic<int64_t> host_waits_{0};
 };
 
 // Creates a device. Errors: kInvalidArgument for a bad capacity or ordinal,

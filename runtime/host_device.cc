@@ -61,7 +61,7 @@ class MetaSegmentSource final : public SegmentSource {
 // uninstrumented Abseil, under which every guarded access reads as a race.
 class HostEvent final : public Event {
  public:
-  absl::Status Synchronize() override {
+  absl::Status SynchronizeImpl() override {
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t target = recorded_;
     done_.wait(lock, [&] { return completed_ >= target; });
@@ -120,7 +120,7 @@ class InOrderStream final : public Stream {
  public:
   explicit InOrderStream(bool reports_asynchronous = false)
       : reports_asynchronous_(reports_asynchronous) {}
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status SynchronizeImpl() override { return absl::OkStatus(); }
   absl::Status Record(Event& event) override {
     HostEvent* host = AsHostEvent(event);
     if (host == nullptr) return ForeignEvent("Stream::Record");
@@ -128,10 +128,12 @@ class InOrderStream final : public Stream {
     return absl::OkStatus();
   }
   absl::Status Wait(const Event& event) override {
-    // Later work runs at once, so the wait happens now.
+    // Later work runs at once, so the wait happens now (a stream-ordered
+    // wait, not counted as the caller's host synchronisation).
     HostEvent* host = AsHostEvent(event);
     if (host == nullptr) return ForeignEvent("Stream::Wait");
-    return host->Synchronize();
+    host->AwaitGeneration(host->recorded());
+    return absl::OkStatus();
   }
   void* native_handle() const override { return nullptr; }
   absl::Status RunHost(std::function<absl::Status()> work) override { return work(); }
@@ -155,7 +157,7 @@ class WorkerStream final : public Stream {
     thread_.join();
   }
 
-  absl::Status Synchronize() override {
+  absl::Status SynchronizeImpl() override {
     std::unique_lock<std::mutex> lock(mu_);
     idle_.wait(lock, [this] { return IdleLocked(); });
     return first_error_;
@@ -233,16 +235,16 @@ class HostDevice final : public Device {
   Backend backend() const override { return backend_; }
 
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
-    return std::unique_ptr<Stream>(new InOrderStream());
+    return Counted(std::unique_ptr<Stream>(new InOrderStream()));
   }
   absl::StatusOr<std::unique_ptr<Stream>> CreateAsyncStream() override {
     if (backend_ == Backend::kMeta) {
-      return std::unique_ptr<Stream>(new InOrderStream(/*reports_asynchronous=*/true));
+      return Counted(std::unique_ptr<Stream>(new InOrderStream(/*reports_asynchronous=*/true)));
     }
-    return std::unique_ptr<Stream>(new WorkerStream());
+    return Counted(std::unique_ptr<Stream>(new WorkerStream()));
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
-    return std::unique_ptr<Event>(new HostEvent());
+    return Counted(std::unique_ptr<Event>(new HostEvent()));
   }
   absl::Status CopyAsync(void* dst, const void* src, size_t bytes,
                          Stream& stream) override {
@@ -256,7 +258,7 @@ class HostDevice final : public Device {
       return absl::OkStatus();
     });
   }
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status SynchronizeImpl() override { return absl::OkStatus(); }
 
  private:
   const Backend backend_;

@@ -49,7 +49,7 @@ class CudaEvent final : public Event {
  public:
   explicit CudaEvent(cudaEvent_t event) : event_(event) {}
   ~CudaEvent() override { (void)cudaEventDestroy(event_); }
-  absl::Status Synchronize() override {
+  absl::Status SynchronizeImpl() override {
     return CudaStatus(cudaEventSynchronize(event_), "cudaEventSynchronize");
   }
   absl::StatusOr<bool> Query() override {
@@ -71,7 +71,7 @@ class CudaStream final : public Stream {
  public:
   explicit CudaStream(cudaStream_t stream) : stream_(stream) {}
   ~CudaStream() override { (void)cudaStreamDestroy(stream_); }
-  absl::Status Synchronize() override {
+  absl::Status SynchronizeImpl() override {
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
   absl::Status Record(Event& event) override {
@@ -115,14 +115,14 @@ class CudaDevice final : public Device {
     MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     cudaStream_t stream = nullptr;
     MW_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    return std::unique_ptr<Stream>(new CudaStream(stream));
+    return Counted(std::unique_ptr<Stream>(new CudaStream(stream)));
   }
   absl::StatusOr<std::unique_ptr<Stream>> CreateAsyncStream() override { return CreateStream(); }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
     MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     cudaEvent_t event = nullptr;
     MW_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    return std::unique_ptr<Event>(new CudaEvent(event));
+    return Counted(std::unique_ptr<Event>(new CudaEvent(event)));
   }
   absl::Status CopyAsync(void* dst, const void* src, size_t bytes,
                          Stream& stream) override {
@@ -134,7 +134,7 @@ class CudaDevice final : public Device {
                                       static_cast<cudaStream_t>(stream.native_handle())),
                       "cudaMemcpyAsync");
   }
-  absl::Status Synchronize() override {
+  absl::Status SynchronizeImpl() override {
     MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }

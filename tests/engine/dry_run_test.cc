@@ -30,9 +30,10 @@ struct Strategy {
 };
 
 // One step's books on `backend`: the device's (returned), the pinned
-// pool's, and the collectives' calls and bytes (creation included).
+// pool's, the collectives' calls and bytes (creation included), and the
+// step's host synchronisations.
 AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
-                    std::vector<CollectiveStats>* traffic) {
+                    std::vector<CollectiveStats>* traffic, int64_t* syncs) {
   DeviceOptions o{backend, 0, 256 * kMiB};
   o.pinned_capacity_bytes = 256 * kMiB;
   auto device = CreateDevice(o).value();
@@ -72,14 +73,16 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
     b.target = Tensor::FromHost(*device, next, {sequences * c.seq}, MemoryCategory::kOther, "t").value();
     batches.push_back(std::move(b));
   }
+  const int64_t syncs_before = device->host_synchronizations();
   REQUIRE(trainer->TrainStep(batches).ok());
+  *syncs = device->host_synchronizations() - syncs_before;
   traffic->clear();
   for (int k = 0; k < kNumCollectives; ++k) traffic->push_back(comm.stats(Collective(k)));
   *pinned = device->pinned_allocator()->stats();
   return device->allocator().stats();
 }
 
-TEST_CASE("a meta step allocates and communicates exactly what the host step does, for every strategy",
+TEST_CASE("a meta step allocates, communicates and synchronises exactly as the host step does, for every strategy",
           "[dryrun]") {
   const std::vector<Strategy> strategies = {
       {"stage 0, f32", 0, false, 0, false, "none"},
@@ -103,8 +106,12 @@ TEST_CASE("a meta step allocates and communicates exactly what the host step doe
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());
     AllocatorStats host_pinned, meta_pinned;
     std::vector<CollectiveStats> host_traffic, meta_traffic;
-    const AllocatorStats host = Step(Backend::kHost, s, &host_pinned, &host_traffic);
-    const AllocatorStats meta = Step(Backend::kMeta, s, &meta_pinned, &meta_traffic);
+    int64_t host_syncs = 0, meta_syncs = 0;
+    const AllocatorStats host = Step(Backend::kHost, s, &host_pinned, &host_traffic, &host_syncs);
+    const AllocatorStats meta = Step(Backend::kMeta, s, &meta_pinned, &meta_traffic, &meta_syncs);
+    // The same host synchronisations: a dry run counts a real run's.
+    CHECK(host_syncs > 0);
+    CHECK(meta_syncs == host_syncs);
     // The same collectives, to the byte.
     for (int k = 0; k < kNumCollectives; ++k) {
       INFO(CollectiveName(Collective(k)));

@@ -102,6 +102,28 @@ TEST_CASE("host streams run copies in order; events complete when recorded", "[s
   CHECK(stream->native_handle() == nullptr);
 }
 
+TEST_CASE("host synchronisations are counted per device, stream waits are not", "[stream][sync]") {
+  for (Backend backend : {Backend::kHost, Backend::kMeta}) {
+    auto device = CreateDevice({backend, 0, 4 * kMiB}).value();
+    auto other = CreateDevice({backend, 1, 4 * kMiB}).value();
+    auto stream = device->CreateStream().value();
+    auto async = device->CreateAsyncStream().value();
+    auto event = device->CreateEvent().value();
+    CHECK(device->host_synchronizations() == 0);
+    REQUIRE(stream->Synchronize().ok());
+    REQUIRE(async->Synchronize().ok());
+    REQUIRE(async->Record(*event).ok());
+    REQUIRE(event->Synchronize().ok());
+    REQUIRE(device->Synchronize().ok());
+    CHECK(device->host_synchronizations() == 4);
+    // A stream waiting for an event orders work; the host does not wait.
+    REQUIRE(stream->Wait(*event).ok());
+    REQUIRE(async->Wait(*event).ok());
+    CHECK(device->host_synchronizations() == 4);
+    CHECK(other->host_synchronizations() == 0);
+  }
+}
+
 TEST_CASE("pinned host pools are tagged, bounded and optional", "[device][pinned]") {
   auto plain = CreateDevice({Backend::kHost, 0, 16 * kMiB}).value();
   auto none = plain->AllocatePinned(64, MemoryCategory::kOptimizerState, "adam.m");
