@@ -26,8 +26,7 @@ absl::StatusOr<Tensor> LayerContext::Widen(const ShardedOptimizer::View& view,
     MW_RETURN_IF_ERROR(
         kernels::Fill(device_, stream_, wide.data(), DType::kF32, view.numel, 0.0f));
   }
-  MW_RETURN_IF_ERROR(stream_.Synchronize());
-  return wide;
+  return wide;  // the layer's kernels use it on stream_, after the cast or fill
 }
 
 absl::StatusOr<const float*> LayerContext::SharedParam(absl::string_view full_name) {
@@ -53,17 +52,9 @@ absl::StatusOr<float*> LayerContext::SharedGrad(absl::string_view full_name) {
 }
 
 absl::Status LayerContext::Release(absl::Span<const absl::string_view> locals) {
-  bool synced = false;
-  for (absl::string_view local : locals) {
-    auto it = param_copies_.find(absl::StrCat(layer_, ".", local));
-    if (it == param_copies_.end()) continue;
-    if (!synced) {
-      // Queued kernels may still read the copy.
-      MW_RETURN_IF_ERROR(stream_.Synchronize());
-      synced = true;
-    }
-    param_copies_.erase(it);
-  }
+  // Freed in stream order (engine/layer.h): queued kernels may still read
+  // a copy, and whatever reuses its block runs after them.
+  for (absl::string_view local : locals) param_copies_.erase(absl::StrCat(layer_, ".", local));
   return absl::OkStatus();
 }
 
@@ -74,8 +65,7 @@ absl::Status LayerContext::FlushGradient(absl::Span<const absl::string_view> loc
     Widened& g = it->second;
     MW_RETURN_IF_ERROR(kernels::Accumulate(device_, stream_, g.wide.data(), DType::kF32,
                                            g.low.data, g.low.dtype, g.low.numel));
-    MW_RETURN_IF_ERROR(stream_.Synchronize());
-    grad_copies_.erase(it);
+    grad_copies_.erase(it);  // in stream order, after the accumulation
   }
   return absl::OkStatus();
 }
@@ -86,19 +76,16 @@ absl::Status LayerContext::FlushGradients() {
     MW_RETURN_IF_ERROR(kernels::Accumulate(device_, stream_, g.wide.data(), DType::kF32, g.low.data,
                                            g.low.dtype, g.low.numel));
   }
-  MW_RETURN_IF_ERROR(stream_.Synchronize());
   grad_copies_.clear();
   return ReleaseWorkspace();
 }
 
 absl::Status LayerContext::ReleaseWorkspace() {
-  // Kernels queued on the stream may still read these (and the layer's own
-  // scratch, freed as its Forward or Backward returned), and the engine's
-  // next allocations may feed another stream: wait first.
-  const absl::Status synced = stream_.Synchronize();
+  // In stream order: kernels queued on stream_ may still read these, and
+  // what reuses their blocks is ordered after them (engine/layer.h).
   param_copies_.clear();
   reads_.clear();
-  return synced;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> LayerContext::Activation(std::vector<int64_t> shape) {
@@ -122,9 +109,8 @@ absl::Status LayerContext::Commit(const Tensor& activation) {
   if (it == staged_.end()) return absl::OkStatus();
   MW_RETURN_IF_ERROR(kernels::Cast(device_, stream_, it->second.data(), DType::kF32,
                                    activation.data(), activation.dtype(), activation.numel()));
-  // The workspace is freed now, so the forward's peak holds one layer's
-  // f32 values only while they are needed; wait for the cast first.
-  MW_RETURN_IF_ERROR(stream_.Synchronize());
+  // The workspace is freed now (in stream order, after the cast), so the
+  // forward's peak holds one layer's f32 values only while they are needed.
   staged_.erase(it);
   return absl::OkStatus();
 }

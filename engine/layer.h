@@ -27,6 +27,15 @@
 //   stored ones back as f32 (Read). Small per-row statistics stay f32.
 // Input gradients stay f32: they live only from one layer's backward to the
 // next.
+//
+// Stream order: a layer's kernels run on the context's stream, which is
+// the optimizer's caller stream (ShardedOptimizer::stream()). Memory the
+// layer or the context frees is freed in stream order, without the host
+// waiting: a block freed while kernels queued on that stream may still
+// read it is only reused by later work on the same stream (which runs
+// after them) or by the optimizer's communication stream, which waits for
+// the caller stream's work before each collective. The host reads device
+// values only where it must (a loss, a check of token ids), and waits there.
 #ifndef MEMWALL_ENGINE_LAYER_H_
 #define MEMWALL_ENGINE_LAYER_H_
 
@@ -117,8 +126,8 @@ class LayerContext {
   // call into the low-precision gradients (rounding once), then frees every
   // workspace. A no-op for f32 parameters.
   absl::Status FlushGradients();
-  // Engine side: waits for the stream, then frees the f32 parameter copies
-  // and the f32 copies Read made.
+  // Engine side: frees (in stream order) the f32 parameter copies and the
+  // f32 copies Read made.
   absl::Status ReleaseWorkspace();
   // Engine side, after a failed step: waits for the stream and drops all the
   // context holds (saved tensors, workspaces, unflushed gradient copies).

@@ -70,19 +70,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       }
     }
   }
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
-  return std::unique_ptr<Trainer>(new Trainer(std::move(layers), std::move(loss), device,
-                                              std::move(stream), std::move(optimizer)));
+  return std::unique_ptr<Trainer>(
+      new Trainer(std::move(layers), std::move(loss), device, std::move(optimizer)));
 }
 
 Trainer::Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
-                 Device& device, std::unique_ptr<Stream> stream,
-                 std::unique_ptr<ShardedOptimizer> optimizer)
+                 Device& device, std::unique_ptr<ShardedOptimizer> optimizer)
     : layers_(std::move(layers)),
       loss_(std::move(loss)),
       device_(device),
-      stream_(std::move(stream)),
-      optimizer_(std::move(optimizer)) {
+      optimizer_(std::move(optimizer)),
+      stream_(&optimizer_->stream()) {
   // Activations are stored in the parameters' dtype (16-bit storage, f32
   // compute; see engine/layer.h).
   const DType activation_dtype = optimizer_->config().param_dtype();

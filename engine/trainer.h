@@ -97,15 +97,15 @@ class Trainer {
 
  private:
   Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
-          Device& device, std::unique_ptr<Stream> stream,
-          std::unique_ptr<ShardedOptimizer> optimizer);
+          Device& device, std::unique_ptr<ShardedOptimizer> optimizer);
   absl::StatusOr<float> MicroBatch(const Batch& batch);
 
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<LossFunction> loss_;
   Device& device_;
-  std::unique_ptr<Stream> stream_;
   std::unique_ptr<ShardedOptimizer> optimizer_;
+  // The optimizer's caller stream: layers compute on it (engine/layer.h).
+  Stream* stream_;
   std::vector<std::unique_ptr<LayerContext>> contexts_;
   std::unique_ptr<LayerContext> loss_context_;
   // The flat groups each layer reads (its own parameters' and shared ones).

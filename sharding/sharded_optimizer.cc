@@ -78,18 +78,21 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> comm_stream, config.zero.overlap_comm
                                                                ? device.CreateAsyncStream()
                                                                : device.CreateStream());
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Event> caller_event, device.CreateEvent());
   return std::unique_ptr<ShardedOptimizer>(new ShardedOptimizer(
-      config, device, comm, std::move(stream), std::move(comm_stream)));
+      config, device, comm, std::move(stream), std::move(comm_stream), std::move(caller_event)));
 }
 
 ShardedOptimizer::ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
                                    std::unique_ptr<Stream> stream,
-                                   std::unique_ptr<Stream> comm_stream)
+                                   std::unique_ptr<Stream> comm_stream,
+                                   std::unique_ptr<Event> caller_event)
     : config_(config),
       device_(device),
       comm_(comm),
       stream_(std::move(stream)),
       comm_stream_(std::move(comm_stream)),
+      caller_event_(std::move(caller_event)),
       scaler_(config.loss_scale, config.fp16) {}
 
 ShardedOptimizer::~ShardedOptimizer() {
@@ -395,7 +398,15 @@ absl::Status ShardedOptimizer::AddGradient(absl::string_view name, absl::Span<co
   return stream_->Synchronize();
 }
 
+absl::Status ShardedOptimizer::OrderAfterCaller() {
+  MW_RETURN_IF_ERROR(stream_->Record(*caller_event_));
+  return comm_stream_->Wait(*caller_event_);
+}
+
 absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
+  // The gathered buffer may reuse a block the caller's queued work still
+  // reads: the gather waits for that work.
+  MW_RETURN_IF_ERROR(OrderAfterCaller());
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
   const DType dtype = config_.param_dtype();
@@ -459,7 +470,9 @@ absl::Status ShardedOptimizer::GatherParameters(int g) {
   // Queue the next gathers before waiting, so they run while the caller
   // computes with this group.
   MW_RETURN_IF_ERROR(Prefetch());
-  return group.gathered_event->Synchronize();
+  // The caller's stream waits for the gather; the host does not (on host,
+  // whose compute stream runs work as it is enqueued, the wait is now).
+  return stream_->Wait(*group.gathered_event);
 }
 
 absl::Status ShardedOptimizer::ReleaseParameters(int g) {
@@ -467,8 +480,8 @@ absl::Status ShardedOptimizer::ReleaseParameters(int g) {
   if (stage() != 3) return absl::OkStatus();
   Group& group = groups_[g];
   if (group.prefetched) return absl::OkStatus();  // not the caller's to release
-  // The caller's work on the gathered copy is done (host compute is
-  // synchronous; cuda callers synchronise their stream before releasing).
+  // Freed in stream order: the caller's queued work may still read it, and
+  // the next gather into its block waits for that work (OrderAfterCaller).
   group.gathered.Reset();
   return absl::OkStatus();
 }
@@ -487,9 +500,9 @@ absl::Status ShardedOptimizer::AcquireGradients(int g) {
                       device_.Allocate(flat.padded_numel * DTypeSize(dtype),
                                        MemoryCategory::kGradient,
                                        absl::StrCat(flat.name, ".grad_bucket")));
+  // Zeroed on the caller's stream, ahead of the backward that adds into it.
   MW_RETURN_IF_ERROR(
       kernels::Fill(device_, *stream_, bucket.data(), dtype, flat.padded_numel, 0.0f));
-  MW_RETURN_IF_ERROR(stream_->Synchronize());
   group.grad_bucket = std::move(bucket);
   return absl::OkStatus();
 }
@@ -503,6 +516,8 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
         "ReduceGradients: group ", g, " has no gradient buffer (call AcquireGradients first)"));
   }
   ScopedPhase phase(profiler_, absl::StrCat("reduce ", layout_.groups[g].name));
+  // The reduction reads what the caller's backward wrote.
+  MW_RETURN_IF_ERROR(OrderAfterCaller());
   Retired retired;
   const FlatGroup& flat = layout_.groups[g];
   if (streams_gradients(flat)) {
@@ -536,7 +551,9 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
 
 absl::Status ShardedOptimizer::Reclaim(int keep) {
   while (static_cast<int>(retired_.size()) > keep) {
-    MW_RETURN_IF_ERROR(retired_.front().event->Synchronize());
+    // Stream-ordered: whatever reuses these blocks on the caller's stream
+    // runs after the reduction; the communication stream is in order.
+    MW_RETURN_IF_ERROR(stream_->Wait(*retired_.front().event));
     retired_.erase(retired_.begin());
   }
   return absl::OkStatus();
@@ -562,7 +579,7 @@ absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* f
         comm_.AllReduce(wide.data(), wide.data(), count, reduce, ReduceOp::kSum, *comm_stream_));
     MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, wide.data(), reduce, slice, dtype, count));
   }
-  return comm_stream_->Synchronize();
+  return absl::OkStatus();  // `wide` goes in stream order (see Step())
 }
 
 absl::Status ShardedOptimizer::ReduceScatterPieces(
@@ -696,7 +713,7 @@ absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, 
                                           static_cast<const float*>(grads),
                                           static_cast<float*>(group.exp_avg.data()), low, dtype, n));
   }
-  return comm_stream_->Synchronize();
+  return absl::OkStatus();
 }
 
 absl::Status ShardedOptimizer::ZeroGradients(const FlatGroup& flat, Group& group) {
@@ -749,7 +766,6 @@ absl::Status ShardedOptimizer::ReduceHeldGradients() {
       MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, groups_[g].grads.data(),
                                                 UpdateGradients(flat, groups_[g]),
                                                 /*accumulate=*/false, keep_alive));
-      MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
     }
   }
   return absl::OkStatus();
@@ -928,7 +944,11 @@ absl::Status ShardedOptimizer::RefreshParameters() {
 
 absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   MW_RETURN_IF_ERROR(CheckStepReady());
-  // Every reduction has run (its errors surface here); unused prefetches go.
+  // The update writes what the caller's queued work reads; and the host
+  // reads streamed gradients below: every reduction must have run (its
+  // errors surface here). Unused prefetches go.
+  MW_RETURN_IF_ERROR(OrderAfterCaller());
+  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
   MW_RETURN_IF_ERROR(Reclaim(/*keep=*/0));
   scheduler_.EndStep();
   for (Group& group : groups_) {
@@ -939,6 +959,11 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   // 1. Reduce what stages 0-1 hold in full. 2. Look for inf/nan and take
   // the global norm. 3. Skip, or update (clipping folds into the gradient
   // scale), refresh the parameters and zero the gradients.
+  // Stream order: from here on only the communication stream writes device
+  // memory (host work reads or writes pinned memory, after waiting for it),
+  // so the phases free their temporaries without waiting: what reuses a
+  // block is queued behind what used it. The step's last phase waits once.
+  // (On cuda the value reads of step 2 wait too, once per group.)
   MW_RETURN_IF_ERROR(ReduceHeldGradients());
   const bool need_norm = config_.gradient_clipping > 0;
   MW_ASSIGN_OR_RETURN(const GradientCheck check, CheckGradients(need_norm));

@@ -173,6 +173,13 @@ class ShardedOptimizer {
   const ShardingOptions& config() const { return config_; }
   Communicator& communicator() { return comm_; }
   Device& device() { return device_; }
+  // The caller's stream: compute on it, and the optimizer orders itself
+  // with events (Stream::Wait), not host waits. Collectives wait for the
+  // work queued on it so far; it waits for gathers (GatherParameters) and
+  // for reductions before their buffers are reused. A caller computing on
+  // another stream synchronises that stream before each call. On host and
+  // meta its work runs as it is enqueued.
+  Stream& stream() { return *stream_; }
   // Every registered parameter, in registration order (layout().placements'
   // order).
   const std::vector<ParameterSpec>& parameters() const { return specs_; }
@@ -300,7 +307,12 @@ class ShardedOptimizer {
   };
 
   ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
-                   std::unique_ptr<Stream> stream, std::unique_ptr<Stream> comm_stream);
+                   std::unique_ptr<Stream> stream, std::unique_ptr<Stream> comm_stream,
+                   std::unique_ptr<Event> caller_event);
+  // The communication stream's next work waits for the caller stream's
+  // work so far (an event, not a host wait): what it writes may reuse a
+  // block that work still reads, and what it reads that work wrote.
+  absl::Status OrderAfterCaller();
 
   bool mixed() const { return config_.param_dtype() != DType::kF32; }
   // Where the device part of state `which` of group g lives: element i of
@@ -401,11 +413,13 @@ class ShardedOptimizer {
   const ShardingOptions config_;
   Device& device_;
   Communicator& comm_;
-  // The caller's side: initialisation and fresh gradient buffers.
+  // The caller's stream (stream()): initialisation, fresh gradient
+  // buffers, and the caller's compute.
   std::unique_ptr<Stream> stream_;
   // Collectives and the optimizer's own kernels; asynchronous when
   // overlap_comm is set.
   std::unique_ptr<Stream> comm_stream_;
+  std::unique_ptr<Event> caller_event_;  // OrderAfterCaller's
   std::vector<Retired> retired_;
   // Stage 3: the order groups are gathered in, for prefetching.
   GatherScheduler scheduler_{0};
