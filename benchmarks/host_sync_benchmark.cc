@@ -29,7 +29,7 @@ int64_t SyncsPerStep(int layers, int stage, bool bf16, bool overlap) {
   config.bf16 = bf16;
   config.zero.stage = stage;
   config.zero.overlap_comm = overlap;
-  config.zero.reduce_bucket_size = 1;  // a group per layer
+  config.zero.reduce_bucket_size = 60000;  // about a group per block
   config.train_micro_batch_size_per_gpu = 4;
   Model model = MakeModel(absl::StrCat("gpt-tiny:layers=", layers), 4, 0, 224).value();
   auto device = CreateDevice({Backend::kMeta, 0, int64_t{1} << 40}).value();

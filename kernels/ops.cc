@@ -212,5 +212,97 @@ absl::Status SgdUpdate(Device& device, Stream& stream, const SgdParams& params, 
       });
 }
 
+absl::StatusOr<std::unique_ptr<GradientScan>> GradientScan::Create(Device& device, Stream& stream,
+                                                                   int arrays, bool squares,
+                                                                   bool nonfinite) {
+  if (arrays < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GradientScan: arrays must be >= 0, got ", arrays));
+  }
+  std::unique_ptr<GradientScan> scan(new GradientScan(device, stream, arrays, squares, nonfinite));
+  if (device.backend() == Backend::kCuda) {
+#if MEMWALL_HAS_CUDA
+    // [arrays sums][arrays x kReductionBlocks partials][arrays int flags]
+    const size_t bytes = arrays * (1 + cuda::kReductionBlocks) * sizeof(double) +
+                         arrays * sizeof(int);
+    MW_ASSIGN_OR_RETURN(scan->workspace_, device.Allocate(bytes, MemoryCategory::kWorkspace,
+                                                          "kernels.gradient_scan"));
+#else
+    return NoCuda();
+#endif
+  }
+  return scan;
+}
+
+absl::Status GradientScan::Add(const void* x, DType dtype, size_t n) {
+  if (added_ >= static_cast<int>(results_.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GradientScan: room for ", results_.size(), " arrays, all added"));
+  }
+  const int slot = added_++;
+  switch (device_.backend()) {
+    case Backend::kHost: {
+      Result* out = &results_[slot];
+      const bool squares = squares_, nonfinite = nonfinite_;
+      return stream_.RunHost([=] {
+        if (nonfinite) out->nonfinite = cpu::Kernels().has_inf_or_nan(x, dtype, n);
+        if (squares) out->squares = cpu::Kernels().sum_of_squares(x, dtype, n);
+        return absl::OkStatus();
+      });
+    }
+    case Backend::kMeta:
+      return absl::OkStatus();
+    case Backend::kCuda: {
+#if MEMWALL_HAS_CUDA
+      const int arrays = static_cast<int>(results_.size());
+      double* sums = static_cast<double*>(workspace_.data());
+      double* partials = sums + arrays + size_t{slot} * cuda::kReductionBlocks;
+      int* flags = reinterpret_cast<int*>(sums + arrays * (1 + cuda::kReductionBlocks));
+      if (squares_) {
+        MW_RETURN_IF_ERROR(CudaStatus(
+            cuda::SumOfSquares(x, dtype, n, partials, sums + slot, CudaStreamOf(stream_)),
+            "SumOfSquares"));
+      }
+      if (nonfinite_) {
+        MW_RETURN_IF_ERROR(CudaStatus(
+            cuda::HasInfOrNan(x, dtype, n, flags + slot, CudaStreamOf(stream_)), "HasInfOrNan"));
+      }
+      return absl::OkStatus();
+#else
+      return NoCuda();
+#endif
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<GradientScan::Result>> GradientScan::Finish() {
+  if (device_.backend() == Backend::kCuda && added_ > 0) {
+#if MEMWALL_HAS_CUDA
+    const int arrays = static_cast<int>(results_.size());
+    std::vector<double> sums(added_);
+    std::vector<int> flags(added_);
+    const double* device_sums = static_cast<const double*>(workspace_.data());
+    const int* device_flags =
+        reinterpret_cast<const int*>(device_sums + arrays * (1 + cuda::kReductionBlocks));
+    if (squares_) {
+      MW_RETURN_IF_ERROR(
+          device_.CopyAsync(sums.data(), device_sums, added_ * sizeof(double), stream_));
+    }
+    if (nonfinite_) {
+      MW_RETURN_IF_ERROR(
+          device_.CopyAsync(flags.data(), device_flags, added_ * sizeof(int), stream_));
+    }
+    MW_RETURN_IF_ERROR(stream_.Synchronize());
+    for (int i = 0; i < added_; ++i) results_[i] = Result{flags[i] != 0, sums[i]};
+#else
+    return NoCuda();
+#endif
+  } else {
+    MW_RETURN_IF_ERROR(stream_.Synchronize());
+  }
+  results_.resize(added_);
+  return results_;
+}
+
 }  // namespace kernels
 }  // namespace memwall

@@ -9,6 +9,9 @@
 
 #include <cstddef>
 
+#include <memory>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/elementwise.h"
@@ -38,6 +41,41 @@ absl::StatusOr<double> SumOfSquares(Device& device, Stream& stream, const void* 
 // Waits for the stream. false on meta.
 absl::StatusOr<bool> HasInfOrNan(Device& device, Stream& stream, const void* x,
                                  DType dtype, size_t n);
+// The inf/nan flag and the sum of squares of several arrays, read back
+// with one host wait for all of them (a step checks every gradient group):
+// Add() enqueues one array's scan on the stream and returns at once;
+// Finish() waits once and returns each array's results in the order added,
+// each as HasInfOrNan and SumOfSquares compute them (so adding them in that
+// order gives those functions' totals bit for bit). On meta the values are
+// false and 0, and Finish still waits where a real run waits. Not
+// thread-safe; `device` and `stream` must outlive it.
+class GradientScan {
+ public:
+  struct Result {
+    bool nonfinite = false;
+    double squares = 0.0;
+  };
+  // Room for `arrays` Add calls; `squares` and `nonfinite` say which
+  // results to compute. On cuda it allocates its workspace here (category
+  // workspace), so that Add never allocates.
+  static absl::StatusOr<std::unique_ptr<GradientScan>> Create(Device& device, Stream& stream,
+                                                             int arrays, bool squares,
+                                                             bool nonfinite);
+  absl::Status Add(const void* x, DType dtype, size_t n);
+  absl::StatusOr<std::vector<Result>> Finish();
+
+ private:
+  GradientScan(Device& device, Stream& stream, int arrays, bool squares, bool nonfinite)
+      : device_(device), stream_(stream), squares_(squares), nonfinite_(nonfinite),
+        results_(arrays) {}
+  Device& device_;
+  Stream& stream_;
+  const bool squares_, nonfinite_;
+  std::vector<Result> results_;  // host: written by the stream's work
+  int added_ = 0;
+  DeviceBuffer workspace_;  // cuda: sums, partials and flags
+};
+
 // Adam/AdamW step; see KernelTable::adam. On host it runs on
 // MEMWALL_CPU_THREADS threads (cpu/parallel.h). kInvalidArgument names the
 // field of `params` that is out of range.

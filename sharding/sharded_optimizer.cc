@@ -777,33 +777,36 @@ absl::StatusOr<ShardedOptimizer::GradientCheck> ShardedOptimizer::CheckGradients
   // master weights into nan. With clipping the norm's sum of squares shows
   // them (an inf or nan makes it non-finite, and squares of finite 16- or
   // 32-bit values cannot overflow a double), so the scan for them runs only
-  // without clipping.
+  // without clipping. Every group's scan is queued, then read back with one
+  // wait; the per-group sums add in group order.
   const bool need_overflow = !need_norm;
-  GradientCheck check;
   const DType dtype = config_.param_dtype();
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<kernels::GradientScan> scan,
+                      kernels::GradientScan::Create(device_, *comm_stream_,
+                                                    static_cast<int>(groups_.size()), need_norm,
+                                                    need_overflow));
+  std::vector<kernels::GradientScan::Result> host(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
     const int64_t n = update_numel(flat);
-    if (streams_gradients(flat)) {
-      // The gradients are on the host (every reduction has run: Reclaim).
-      if (!device_.holds_bytes()) continue;
-      const void* host = groups_[g].host->gradients();
+    if (!streams_gradients(flat)) {
+      MW_RETURN_IF_ERROR(scan->Add(UpdateGradients(flat, groups_[g]), dtype, n));
+    } else if (device_.holds_bytes()) {
+      // The gradients are on the host (every reduction has run: Step()).
+      const void* grads = groups_[g].host->gradients();
       const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
-      if (need_overflow) check.overflow = check.overflow || cpu.has_inf_or_nan(host, dtype, n);
-      if (need_norm) check.squares += cpu.sum_of_squares(host, dtype, n);
-      continue;
+      if (need_overflow) host[g].nonfinite = cpu.has_inf_or_nan(grads, dtype, n);
+      if (need_norm) host[g].squares = cpu.sum_of_squares(grads, dtype, n);
     }
-    const void* grads = UpdateGradients(flat, groups_[g]);
-    if (need_overflow) {
-      MW_ASSIGN_OR_RETURN(const bool bad,
-                          kernels::HasInfOrNan(device_, *comm_stream_, grads, dtype, n));
-      check.overflow = check.overflow || bad;
-    }
-    if (need_norm) {
-      MW_ASSIGN_OR_RETURN(const double squares,
-                          kernels::SumOfSquares(device_, *comm_stream_, grads, dtype, n));
-      check.squares += squares;
-    }
+  }
+  MW_ASSIGN_OR_RETURN(const std::vector<kernels::GradientScan::Result> scanned, scan->Finish());
+  GradientCheck check;
+  size_t next = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const kernels::GradientScan::Result& r =
+        streams_gradients(layout_.groups[g]) ? host[g] : scanned[next++];
+    check.overflow = check.overflow || r.nonfinite;
+    check.squares += r.squares;
   }
   if (stage() >= 1) MW_RETURN_IF_ERROR(ExchangeGradientCheck(check));
   // Every rank holds the same sum here (stage 0: of the same all-reduced
@@ -962,8 +965,8 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   // Stream order: from here on only the communication stream writes device
   // memory (host work reads or writes pinned memory, after waiting for it),
   // so the phases free their temporaries without waiting: what reuses a
-  // block is queued behind what used it. The step's last phase waits once.
-  // (On cuda the value reads of step 2 wait too, once per group.)
+  // block is queued behind what used it. Step 2 waits once to read its
+  // values back, the exchange of stages 1-3 once, the last phase once.
   MW_RETURN_IF_ERROR(ReduceHeldGradients());
   const bool need_norm = config_.gradient_clipping > 0;
   MW_ASSIGN_OR_RETURN(const GradientCheck check, CheckGradients(need_norm));

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "tests/support/owner_peaks.h"
 #include "models/gpt.h"
@@ -278,6 +279,46 @@ TEST_CASE("bf16 and fp16 storage with f32 compute track the f32 run", "[trainer]
       // The parameters the model sees really are low precision.
       const auto view = run.trainer->optimizer().Parameter("fc0.bias");
       if (stage < 3) CHECK(view.value().dtype == dtype);
+    }
+  }
+}
+
+TEST_CASE("a step waits on the device a constant number of times, whatever the depth",
+          "[trainer][sync]") {
+  // The host waits only to read values back (the loss, the token-id check,
+  // the inf/nan and norm scan, stages 1-3's exchange of it) and once at the
+  // end of the step: never per layer or per parameter.
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (bool bf16 : {false, true}) {
+      for (bool clipping : {false, true}) {
+        CAPTURE(stage, bf16, clipping);
+        std::vector<int64_t> counts;
+        for (int layers : {2, 5}) {
+          const GptConfig c = ParseGptModel(absl::StrCat("gpt-tiny:layers=", layers)).value();
+          auto device = CreateDevice({Backend::kHost, World().rank(), 256 * kMiB}).value();
+          ShardingOptions o = Options(stage, /*overlap=*/true);
+          o.bf16 = bf16;
+          o.gradient_clipping = clipping ? 1.0f : 0.0f;
+          o.zero.reduce_bucket_size = 60000;  // about a group per block
+          auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(),
+                                         o, *device, World(), 1)
+                             .value();
+          std::vector<float> ids(2 * c.seq);
+          for (size_t i = 0; i < ids.size(); ++i) ids[i] = float((7 * i + World().rank()) % c.vocab);
+          Batch b;
+          b.input = Tensor::FromHost(*device, ids, {2, c.seq}, MemoryCategory::kOther, "x").value();
+          b.target = Tensor::FromHost(*device, ids, {2 * c.seq}, MemoryCategory::kOther, "y").value();
+          REQUIRE(trainer->TrainStep({&b, 1}).ok());  // the first step also initialises
+          const int64_t before = device->host_synchronizations();
+          REQUIRE(trainer->TrainStep({&b, 1}).ok());
+          counts.push_back(device->host_synchronizations() - before);
+        }
+        CHECK(counts[0] == counts[1]);
+        // Loss, token ids, the scan, the exchange (stages 1-3), the end of
+        // the step, and the waits for the caller's stream of the step's
+        // entry and reductions' reuse.
+        CHECK(counts[0] == (stage == 0 ? 6 : 7));
+      }
     }
   }
 }
