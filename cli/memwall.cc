@@ -55,6 +55,7 @@ ABSL_FLAG(int64_t, save_every, 0, "train: with --save, also save every this many
 ABSL_FLAG(int, keep_checkpoints, 3, "train: with --save, keep the newest this many checkpoints.");
 ABSL_FLAG(std::string, checkpoint, "", "export: a checkpoint directory (or a --save directory).");
 ABSL_FLAG(std::string, dtype, "f32", "export: f32 or bf16.");
+ABSL_FLAG(bool, force, false, "export: replace an existing --out file.");
 ABSL_FLAG(std::string, resume, "",
           "train: resume from the newest complete checkpoint in this directory (any number of "
           "ranks and any ZeRO stage may have saved it); --steps is the step to train up to.");
@@ -117,9 +118,12 @@ usage:
       --save DIR writes training checkpoints (every rank's shard of the f32
       master weights and optimizer states, step counters and loss scaler,
       a manifest with CRC-32s written last) to DIR/step-<N>; --resume DIR
-      continues from the newest complete one, bit for bit as if never
-      stopped, on any number of ranks and at any ZeRO stage; --steps is
-      then the step to train up to. A rank that waits longer than
+      continues from the newest complete one (the newest intact one if
+      that is damaged), bit for bit as if never stopped, on any number of
+      ranks and at any ZeRO stage; --steps is then the step to train up
+      to. DIR is checked before the first step (writable on every rank,
+      locked against a second run, and free of another run's checkpoints
+      unless the run resumes from it). A rank that waits longer than
       --collective_timeout (default 600 s) for the others in a collective,
       or any error on any rank, ends every rank of the job with the error;
       resume from the last checkpoint.
@@ -156,10 +160,11 @@ usage:
       predicts each one's step time on a hardware profile, and prints the
       fastest that fits as a config file (written to --out FILE if given).
 
-  memwall export --checkpoint DIR --out FILE [--dtype f32|bf16]
+  memwall export --checkpoint DIR --out FILE [--dtype f32|bf16] [--force]
       Writes the master weights of the newest complete checkpoint under DIR
       (or DIR itself) as one safetensors file, a tensor per parameter by
-      name, reading one parameter at a time (default dtype f32).
+      name, reading one parameter at a time (default dtype f32). FILE must
+      not be inside the checkpoint, nor exist unless --force.
 
   memwall launch [--ranks K] -- COMMAND [ARGS...]
       Runs COMMAND as K MPI ranks on this machine (mpirun with the settings
@@ -331,7 +336,8 @@ int Export() {
   }
   const absl::StatusOr<std::string> exported =
       memwall::ExportCheckpoint(absl::GetFlag(FLAGS_checkpoint), absl::GetFlag(FLAGS_out),
-                                dtype == "f32" ? memwall::DType::kF32 : memwall::DType::kBF16);
+                                dtype == "f32" ? memwall::DType::kF32 : memwall::DType::kBF16,
+                                absl::GetFlag(FLAGS_force));
   if (!exported.ok()) return Fail(exported.status());
   std::printf("exported %s to %s (%s)\n", exported->c_str(), absl::GetFlag(FLAGS_out).c_str(),
               dtype.c_str());

@@ -21,7 +21,7 @@ struct ProfileOptions {
   Backend backend = Backend::kMeta;
   int64_t capacity_bytes = int64_t{32} << 30;
   // The pinned host pool (offloaded optimizer states and activations); 0:
-  // what PinnedBytes (cli/session.h) derives from the config.
+  // what PinnedBytes (engine/engine.h) derives from the config.
   int64_t pinned_bytes = 0;
   std::string out_dir = "memwall-profile";
   int64_t batch = 0;  // 0: the config's micro-batch size

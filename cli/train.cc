@@ -7,11 +7,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/session.h"
 #include "engine/config.h"
+#include "engine/checkpoint.h"
 #include "engine/dry_run.h"
 #include "engine/engine.h"
 #include "models/corpus.h"
@@ -44,6 +46,16 @@ std::string PlanCommand(const TrainOptions& options, int ranks, int64_t micro) {
                       options.config_path.empty() ? ""
                                                   : absl::StrCat(" --config ", options.config_path),
                       " --auto");
+}
+
+// Whether `resume` (a --resume argument: a --save directory or one of its
+// step-* checkpoints) is the --save directory `save`.
+bool SameCheckpointDirectory(const std::string& resume, const std::string& save) {
+  if (resume.empty()) return false;
+  std::error_code ec;
+  const std::filesystem::path r = std::filesystem::weakly_canonical(resume, ec);
+  const std::filesystem::path s = std::filesystem::weakly_canonical(save, ec);
+  return r == s || r.parent_path() == s;
 }
 
 void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engine,
@@ -209,12 +221,17 @@ absl::Status RunTrain(const TrainOptions& options) {
   }
   if (world->rank() == 0) PrintHeader(options, gpt, *engine, corpus);
   if (!options.resume_dir.empty()) {
-    MW_ASSIGN_OR_RETURN(const std::string loaded, engine->LoadCheckpoint(options.resume_dir));
+    MW_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded, engine->LoadCheckpoint(options.resume_dir));
     if (world->rank() == 0) {
-      std::printf("resumed from %s at step %lld\n", loaded.c_str(),
+      if (!loaded.skipped.empty()) std::printf("resume: %s\n", loaded.skipped.c_str());
+      std::printf("resumed from %s at step %lld\n", loaded.path.c_str(),
                   static_cast<long long>(engine->steps()));
       std::fflush(stdout);
     }
+  }
+  if (!options.save_dir.empty()) {
+    MW_RETURN_IF_ERROR(engine->OpenSaveDirectory(
+        options.save_dir, SameCheckpointDirectory(options.resume_dir, options.save_dir)));
   }
   return TrainLoop(options, gpt, *engine, *world, corpus);
 }

@@ -21,7 +21,7 @@ struct TrainOptions {
   Backend backend = Backend::kHost;
   int64_t capacity_bytes = int64_t{1} << 30;
   // The pinned host pool (offloaded optimizer states and activations); 0:
-  // what PinnedBytes (cli/session.h) derives from the config.
+  // what PinnedBytes (engine/engine.h) derives from the config.
   int64_t pinned_bytes = 0;
   // The step the run trains up to (a resumed run continues from the
   // checkpoint's step to this one).

@@ -1,6 +1,7 @@
 #include "engine/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -14,6 +15,7 @@
 #include <map>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -108,9 +110,9 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   absl::Status written = WriteAll(fd, tmp, text.data(), text.size(), crc);
   if (written.ok() && ::fsync(fd) != 0) written = Errno(tmp, "fsync");
   ::close(fd);
-  MW_RETURN_IF_ERROR(written);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno(path, "rename");
-  return absl::OkStatus();
+  if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) written = Errno(path, "rename");
+  if (!written.ok()) ::unlink(tmp.c_str());  // a full disk keeps no partial file
+  return written;
 }
 
 // Every rank's `mine` (the same count on each), via the communicator: the
@@ -155,9 +157,130 @@ std::vector<Found> StepDirs(const std::string& dir) {
   return found;
 }
 
+// Deletes a checkpoint so that no moment leaves a complete-looking one
+// with files missing: the manifest goes first (and that is made durable),
+// then the rest.
+absl::Status RemoveCheckpoint(const std::string& path) {
+  std::error_code ec;
+  fs::remove(fs::path(path) / kManifest, ec);
+  if (ec) return absl::InternalError(absl::StrCat("checkpoint ", path, ": remove manifest: ", ec.message()));
+  MW_RETURN_IF_ERROR(SyncPath(path, /*directory=*/true));
+  fs::remove_all(path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("checkpoint ", path, ": remove: ", ec.message()));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void InjectCheckpointWriteFailure(int64_t after_bytes) { write_budget = after_bytes; }
+
+namespace {
+
+constexpr char kLockFile[] = ".memwall.lock";
+
+// This rank's part of SaveDirectory::Open: the probe, and on rank 0 the
+// lock and the look for another run's checkpoints. Sets *lock_fd.
+absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resuming, int* lock_fd) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat("--save ", dir, ": not a directory"));
+  }
+  if (rank == 0) {
+    fs::create_directories(dir, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("--save ", dir, ": cannot create the directory: ", ec.message()));
+    }
+  }
+  if (!fs::is_directory(dir, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat("--save ", dir, ": not a directory"));
+  }
+  const std::string probe =
+      (fs::path(dir) / absl::StrCat(".probe-rank", rank, "-pid", ::getpid())).string();
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(absl::StrCat("--save ", dir, ": rank ", rank,
+                                                    " cannot create a file there: ",
+                                                    std::strerror(errno)));
+  }
+  const char byte = 0;
+  absl::Status wrote = WriteAll(fd, probe, &byte, 1, crc);
+  if (wrote.ok() && ::fsync(fd) != 0) wrote = Errno(probe, "fsync");
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!wrote.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--save ", dir, ": rank ", rank, " cannot write there: ", wrote.message()));
+  }
+  if (rank != 0) return absl::OkStatus();
+  const std::string lock = (fs::path(dir) / kLockFile).string();
+  const int held = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+  if (held < 0) return Errno(lock, "open");
+  if (::flock(held, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    std::string owner(64, '\0');
+    const ssize_t n = ::pread(held, owner.data(), owner.size(), 0);
+    owner.resize(n > 0 ? n : 0);
+    ::close(held);
+    if (error != EWOULDBLOCK) return Errno(lock, "flock");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--save ", dir, ": another run saves there (it holds ", lock,
+        owner.empty() ? "" : absl::StrCat(", process ", absl::StripAsciiWhitespace(owner)),
+        "); save elsewhere, or stop that run"));
+  }
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(held, 0) != 0 || ::pwrite(held, pid.data(), pid.size(), 0) < 0) {
+    ::close(held);
+    return Errno(lock, "write");
+  }
+  *lock_fd = held;
+  if (resuming) return absl::OkStatus();
+  const std::vector<Found> found = StepDirs(dir);
+  if (!found.empty()) {
+    ::close(held);
+    *lock_fd = -1;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--save ", dir, ": holds ", found.size(), " checkpoint(s) of another run (the newest ",
+        found.back().path, "); continue that run with --resume ", dir,
+        ", or save this one elsewhere"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SaveDirectory>> SaveDirectory::Open(ShardedOptimizer& opt,
+                                                                  const std::string& dir,
+                                                                  bool resuming_from_it) {
+  Communicator& comm = opt.communicator();
+  const int rank = comm.rank();
+  // Rank 0 creates the directory before the others probe it.
+  int lock_fd = -1;
+  absl::Status mine = rank == 0 ? PrepareSaveDirectory(dir, 0, resuming_from_it, &lock_fd)
+                                : absl::OkStatus();
+  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> first,
+                      AllGatherInts(opt, {static_cast<int64_t>(mine.code())}));
+  if (rank != 0 && first[0] == 0) mine = PrepareSaveDirectory(dir, rank, resuming_from_it, &lock_fd);
+  std::unique_ptr<SaveDirectory> held(new SaveDirectory(dir, lock_fd));  // unlocks on error
+  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> codes,
+                      AllGatherInts(opt, {static_cast<int64_t>(mine.code())}));
+  MW_RETURN_IF_ERROR(mine);
+  for (size_t r = 0; r < codes.size(); ++r) {
+    const int64_t code = r == 0 ? first[0] : codes[r];
+    if (code != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(code),
+                          absl::StrCat("--save ", dir, ": rank ", r, " cannot use it (",
+                                       absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
+                                       ", named in that rank's error)"));
+    }
+  }
+  return held;
+}
+
+SaveDirectory::~SaveDirectory() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // closing releases the flock
+}
 
 absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& dir, int keep) {
   return SaveCheckpoint(trainer.optimizer(), trainer.steps(), dir, keep);
@@ -209,6 +332,7 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
                                               absl::MakeSpan(full));
       if (!gathered.ok()) {
         ::close(fd);
+        ::unlink(tmp.c_str());
         return gathered;
       }
       if (static_cast<int>(g % world) != rank || !written.ok()) continue;
@@ -222,6 +346,7 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
   if (written.ok() && ::fsync(fd) != 0) written = Errno(tmp, "fsync");
   ::close(fd);
   if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) written = Errno(path, "rename");
+  if (!written.ok()) ::unlink(tmp.c_str());  // a full disk keeps no partial file
   // Every rank learns whether every file landed, and its size and CRC.
   MW_ASSIGN_OR_RETURN(const std::vector<int64_t> files,
                       AllGatherInts(opt, {written.ok() ? 1 : 0, 8 + int64_t(text.size()) + offset,
@@ -280,7 +405,7 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
         continue;
       }
       const bool drop = it->complete ? ++complete > keep : it->step < steps;
-      if (drop) fs::remove_all(it->path, ec);
+      if (drop) MW_RETURN_IF_ERROR(RemoveCheckpoint(it->path));
     }
   }
   MW_RETURN_IF_ERROR(comm.Barrier());
@@ -517,18 +642,51 @@ absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& 
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std::string& path) {
-  MW_ASSIGN_OR_RETURN(const std::string at, FindCheckpoint(path));
-  absl::StatusOr<Loaded> loaded = Validate(opt, at);
-  // No rank changes anything unless every rank's check passed.
-  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> verdicts,
-                      AllGatherInts(opt, {loaded.ok() ? 1 : 0}));
-  MW_RETURN_IF_ERROR(loaded.status());
-  for (size_t r = 0; r < verdicts.size(); ++r) {
-    if (verdicts[r] == 0) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", at, ": rank ", r,
-                                              " could not read it (see that rank's error)"));
+  MW_ASSIGN_OR_RETURN(const std::string newest, FindCheckpoint(path));
+  // Candidates, newest first: `path` itself, or every complete checkpoint
+  // under it. A damaged one (kDataLoss on any rank) gives way to the next
+  // older; any other refusal (another model, a bad manifest field) stops.
+  std::vector<std::string> candidates = {newest};
+  if (newest != path) {
+    candidates.clear();
+    const std::vector<Found> found = StepDirs(path);
+    for (auto it = found.rbegin(); it != found.rend(); ++it) {
+      if (it->complete) candidates.push_back(it->path);
     }
   }
+  LoadedCheckpoint result;
+  absl::StatusOr<Loaded> loaded = absl::NotFoundError("no checkpoint");
+  for (const std::string& at : candidates) {
+    loaded = Validate(opt, at);
+    // No rank changes anything unless every rank's check passed.
+    const int64_t code = static_cast<int64_t>(loaded.status().code());
+    MW_ASSIGN_OR_RETURN(const std::vector<int64_t> codes, AllGatherInts(opt, {code}));
+    int failed = -1;
+    bool damaged_only = true;
+    for (size_t r = 0; r < codes.size(); ++r) {
+      if (codes[r] == static_cast<int64_t>(absl::StatusCode::kOk)) continue;
+      if (failed < 0) failed = static_cast<int>(r);
+      damaged_only = damaged_only && codes[r] == static_cast<int64_t>(absl::StatusCode::kDataLoss);
+    }
+    if (failed < 0) {
+      result.path = at;
+      break;
+    }
+    const absl::StatusCode failure = static_cast<absl::StatusCode>(codes[failed]);
+    const std::string why = loaded.ok()
+                                ? absl::StrCat("rank ", failed, " could not read it (",
+                                               absl::StatusCodeToString(failure),
+                                               ", named in that rank's error)")
+                                : std::string(loaded.status().message());
+    if (!damaged_only || &at == &candidates.back()) {
+      const std::string also = result.skipped.empty() ? "" : absl::StrCat("; ", result.skipped);
+      if (!loaded.ok()) return absl::Status(loaded.status().code(), absl::StrCat(why, also));
+      return absl::Status(failure, absl::StrCat("checkpoint ", at, ": ", why, also));
+    }
+    absl::StrAppend(&result.skipped, result.skipped.empty() ? "" : "; ", "skipped ", at,
+                    " (damaged: ", why, ")");
+  }
+  const std::string at = result.path;
   const FlatLayout& layout = opt.layout();
   const std::vector<Param> params = ParamsOf(opt);
   const std::vector<std::string> states = StateNames(opt);
@@ -551,7 +709,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std
     }
   }
   opt.set_progress(loaded->progress);
-  return LoadedCheckpoint{at, loaded->trainer_steps};
+  result.steps = loaded->trainer_steps;
+  return result;
 }
 
 absl::StatusOr<std::string> VerifyCheckpoint(const std::string& path) {
@@ -562,12 +721,26 @@ absl::StatusOr<std::string> VerifyCheckpoint(const std::string& path) {
 }
 
 absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
-                                             DType dtype) {
+                                             DType dtype, bool overwrite) {
   if (dtype != DType::kF32 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("export: dtype ", DTypeName(dtype),
                                                    "; expected f32 or bf16"));
   }
   MW_ASSIGN_OR_RETURN(const std::string at, VerifyCheckpoint(path));
+  // The output must not replace a file of the checkpoint it reads (or
+  // anything inside it), nor, unless asked to, any existing file.
+  std::error_code ec;
+  const fs::path checkpoint = fs::weakly_canonical(at, ec);
+  const fs::path target = fs::weakly_canonical(out, ec);
+  const std::string inside = checkpoint.string() + "/";
+  if (target == checkpoint || absl::StartsWith(target.string(), inside)) {
+    return absl::InvalidArgumentError(absl::StrCat("export: --out ", out, " is inside the checkpoint ",
+                                                   at, " it reads; write it elsewhere"));
+  }
+  if (fs::exists(out, ec) && !overwrite) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("export: --out ", out, " exists; pass --force to replace it"));
+  }
   MW_ASSIGN_OR_RETURN(const Loaded loaded, ReadVerified(at));
   const size_t size = DTypeSize(dtype);
   json header = json::object();

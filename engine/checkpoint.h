@@ -26,8 +26,11 @@
 // renamed; the manifest goes last the same way, then the directory is
 // fsync'ed. A checkpoint without its manifest does not exist: a crash at
 // any point leaves the previous one complete, and loading picks the newest
-// complete one. After a save, complete checkpoints beyond the newest `keep`
-// are deleted, and incomplete ones older than the new one with them.
+// complete one (or, if that one is damaged, the newest intact one). After a
+// save, complete checkpoints beyond the newest `keep` are deleted, and
+// incomplete ones older than the new one with them; a deletion removes the
+// manifest first, so no crash leaves a complete-looking checkpoint with
+// files missing. A write that fails removes its temporary file.
 //
 // Loading checks everything before it changes anything: the manifest's
 // fields, that it describes this model (names, shapes, optimizer), every
@@ -38,6 +41,7 @@
 #ifndef MEMWALL_ENGINE_CHECKPOINT_H_
 #define MEMWALL_ENGINE_CHECKPOINT_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -57,6 +61,37 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
 // The same for `trainer`'s optimizer after trainer.steps() steps.
 absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& dir, int keep);
 
+// The directory a run saves its checkpoints into, checked before the run's
+// first step (so that a bad --save is found before hours of training, not
+// at the first save) and held until the run ends.
+class SaveDirectory {
+ public:
+  // Collective. Creates `dir` (and its parents) if needed; checks that
+  // every rank can write there (each writes, fsyncs and removes a probe
+  // file); takes an exclusive lock that rank 0 holds until this object is
+  // destroyed (`<dir>/.memwall.lock`, flock), so two runs never save into
+  // one directory; and, unless `resuming_from_it` (this run resumed from a
+  // checkpoint in `dir`), refuses a directory already holding checkpoints
+  // (step-*): they are another run's, and its pruning and a later --resume
+  // would mix the two runs. Errors name the directory (and the rank):
+  // kFailedPrecondition for a directory in use or holding another run's
+  // checkpoints, kPermissionDenied or kInternal for one that cannot be
+  // created or written.
+  static absl::StatusOr<std::unique_ptr<SaveDirectory>> Open(ShardedOptimizer& opt,
+                                                            const std::string& dir,
+                                                            bool resuming_from_it);
+  ~SaveDirectory();
+  SaveDirectory(const SaveDirectory&) = delete;
+  SaveDirectory& operator=(const SaveDirectory&) = delete;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  SaveDirectory(std::string path, int lock_fd) : path_(std::move(path)), lock_fd_(lock_fd) {}
+  std::string path_;
+  int lock_fd_;  // rank 0: the locked file; others: -1
+};
+
 // Fault injection (tests): in this process, checkpoint file writes fail
 // (EIO) once `after_bytes` more bytes have been written; -1 cancels.
 void InjectCheckpointWriteFailure(int64_t after_bytes);
@@ -72,11 +107,17 @@ absl::StatusOr<std::string> VerifyCheckpoint(const std::string& path);
 
 // Collective: loads the checkpoint at `path` (see FindCheckpoint) into
 // `opt`, whatever world size and stage saved it; the parameters registered
-// must be the saved ones by name and shape (in any grouping). Returns the
-// directory loaded and the training steps it was saved after.
+// must be the saved ones by name and shape (in any grouping). When `path`
+// is a directory of checkpoints and the newest complete one is damaged
+// (kDataLoss on any rank: a file missing, short or failing its CRC-32),
+// the next older intact one is loaded instead, and `skipped` says which
+// were passed over and why. Returns the directory loaded and the training
+// steps it was saved after. Errors name the checkpoint, and the rank when
+// another rank failed.
 struct LoadedCheckpoint {
   std::string path;
   int64_t steps = 0;
+  std::string skipped;  // "skipped <dir> (damaged: <why>)", or empty
 };
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std::string& path);
 // The same into `trainer`, whose steps() it sets. Returns the directory.
@@ -86,9 +127,11 @@ absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& 
 // (see FindCheckpoint) as one safetensors file `out` with a tensor per
 // parameter, by name, in `dtype` (f32, or bf16 rounded to nearest even),
 // reading one parameter at a time; written under a temporary name and
-// renamed, so `out` is whole or absent. Returns the checkpoint exported.
+// renamed, so `out` is whole or absent. Refuses (kInvalidArgument) an
+// `out` inside the checkpoint it reads and (kAlreadyExists) an existing
+// `out` unless `overwrite`. Returns the checkpoint exported.
 absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
-                                             DType dtype);
+                                             DType dtype, bool overwrite = false);
 
 }  // namespace memwall
 

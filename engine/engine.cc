@@ -221,14 +221,20 @@ absl::StatusOr<std::string> Engine::SaveCheckpoint(const std::string& dir, int k
   return memwall::SaveCheckpoint(*optimizer_, steps(), dir, keep);
 }
 
-absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& path) {
-  MW_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded, memwall::LoadCheckpoint(*optimizer_, path));
+absl::StatusOr<LoadedCheckpoint> Engine::LoadCheckpoint(const std::string& path) {
+  MW_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, memwall::LoadCheckpoint(*optimizer_, path));
   if (trainer_ != nullptr) {
     trainer_->set_steps(loaded.steps);
   } else {
     caller_steps_ = loaded.steps;
   }
-  return loaded.path;
+  return loaded;
+}
+
+absl::Status Engine::OpenSaveDirectory(const std::string& dir, bool resuming_from_it) {
+  save_directory_.reset();  // a directory held before is let go first
+  MW_ASSIGN_OR_RETURN(save_directory_, SaveDirectory::Open(*optimizer_, dir, resuming_from_it));
+  return absl::OkStatus();
 }
 
 absl::Status Engine::Explain(absl::Status status) {

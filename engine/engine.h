@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "checkpointing/plan.h"
+#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/dry_run.h"
 #include "engine/model.h"
@@ -145,9 +146,15 @@ class Engine {
   int64_t steps() const;
 
   // Training checkpoints (engine/checkpoint.h), of either kind of model;
-  // loading also restores steps().
+  // loading also restores steps() (and passes over damaged checkpoints to
+  // the newest intact one, saying so).
   absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int keep);
-  absl::StatusOr<std::string> LoadCheckpoint(const std::string& path);
+  absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path);
+  // Checks `dir` before the first step and holds it for this engine's
+  // lifetime (engine/checkpoint.h SaveDirectory): writable on every rank,
+  // no other run saving there, and no other run's checkpoints in it unless
+  // `resuming_from_it`.
+  absl::Status OpenSaveDirectory(const std::string& dir, bool resuming_from_it);
 
   // `status` unchanged unless it is out of memory; then with where in the
   // step it happened (the profiler's open phases), what the auto strategy
@@ -184,6 +191,7 @@ class Engine {
   std::unique_ptr<ShardedOptimizer> owned_optimizer_;  // caller-owned models
   std::unique_ptr<Trainer> trainer_;
   ShardedOptimizer* optimizer_ = nullptr;
+  std::unique_ptr<SaveDirectory> save_directory_;
 };
 
 }  // namespace memwall

@@ -37,7 +37,8 @@
 // stream) so that ReduceGradients() returns at once and the reduction of
 // group g overlaps the backward of group g-1. Its buffers (the full-size
 // bucket, the reduction's pieces) stay until the next ReduceGradients(),
-// which waits for it, or Step(): one reduction in flight at a time, and
+// which has the caller's stream wait for it (an event, not a host wait), or
+// Step(): one reduction in flight at a time, and
 // what is allocated at any moment does not depend on timing, so a dry run
 // on meta holds exactly what a real run holds. At stage 3, GatherParameters() also prefetches
 // the groups expected next (sharding/gather_scheduler.h: in the order the

@@ -4,7 +4,9 @@
 # checkpoint bytes as the run that was never interrupted (host, f32); so
 # does one whose rank hung (SIGSTOP), which ends by the collective timeout; a
 # checkpoint saved on 4 ranks loads on 2 and back on 4 without losing a
-# bit; bad flags and missing checkpoints are named.
+# bit; bad flags and missing checkpoints are named; a --save directory is
+# checked before the first step and held against a second run; export
+# never overwrites the checkpoint; a damaged newest checkpoint gives way.
 # Usage (from Bazel): checkpoint_test.sh MPIRUN_SH MEMWALL_BINARY
 set -u
 mpirun_sh=$1
@@ -138,5 +140,51 @@ out=$("$memwall" train --save "$tmp/x" --save_every -2 2>&1)
 check "bad save_every" "$out" "--save_every: expected >= 0, got -2"
 out=$("$memwall" train --model gpt-tiny:layers=3 --resume "$tmp/four" 2>&1)
 check "another model" "$out" "no parameter 'block2.attn_proj_bias' (the checkpoint is of another model)"
+
+# A --save directory is checked before the first step, not at the first save.
+touch "$tmp/a-file"
+out=$("$memwall" train --steps 5 --save "$tmp/a-file" 2>&1)
+check "--save a file" "$out" "--save $tmp/a-file: not a directory"
+grep -q "step 1/5" <<<"$out" && fail "a run with a bad --save trained before failing" || pass
+out=$("$memwall" train --steps 5 --save /proc/memwall-cannot 2>&1)
+check "--save unwritable" "$out" "--save /proc/memwall-cannot: cannot create the directory"
+# A new run into a directory holding another run's checkpoints is refused;
+# the run that resumes from it may save there.
+out=$("$memwall" train --steps 8 --save "$tmp/four" 2>&1)
+check "another run's checkpoints" "$out" \
+  "--save $tmp/four: holds 1 checkpoint(s) of another run (the newest $tmp/four/step-00000006); continue that run with --resume $tmp/four, or save this one elsewhere"
+# Two runs never save into one directory at once.
+setsid "$mpirun_sh" 1 "$memwall" train --steps 100000 --log_every 1 --save "$tmp/busy" \
+  > "$tmp/busy.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 1200); do grep -q "step 1/" "$tmp/busy.log" && break; sleep 0.1; done
+out=$("$memwall" train --steps 5 --save "$tmp/busy" 2>&1)
+check "a directory another run saves into" "$out" \
+  "--save $tmp/busy: another run saves there (it holds $tmp/busy/.memwall.lock, process "
+kill -9 -- -"$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+
+# Export never overwrites the checkpoint it reads, nor silently anything else.
+ckpt=$tmp/four/step-00000006
+before=$(cksum < "$ckpt/rank-00000.safetensors")
+out=$("$memwall" export --checkpoint "$tmp/four" --out "$ckpt/rank-00000.safetensors" 2>&1)
+check "export into the checkpoint" "$out" \
+  "export: --out $ckpt/rank-00000.safetensors is inside the checkpoint $ckpt it reads; write it elsewhere"
+[ "$(cksum < "$ckpt/rank-00000.safetensors")" = "$before" ] && pass || fail "export changed a checkpoint file"
+out=$("$memwall" export --checkpoint "$tmp/four" --out "$tmp/model.safetensors" 2>&1)
+check "export over an existing file" "$out" \
+  "export: --out $tmp/model.safetensors exists; pass --force to replace it"
+out=$("$memwall" export --checkpoint "$tmp/four" --out "$tmp/model.safetensors" --force 2>&1)
+check "export --force" "$out" "exported $ckpt to $tmp/model.safetensors (f32)"
+
+# A damaged newest checkpoint gives way to the newest intact one, named.
+"$memwall" train --steps 4 --save "$tmp/two-ck" --save_every 2 > /dev/null 2>&1
+damaged=$tmp/two-ck/step-00000004/rank-00000.safetensors
+printf 'x' | dd of="$damaged" bs=1 seek=$(( $(stat -c %s "$damaged") - 10 )) conv=notrunc 2>/dev/null
+out=$("$memwall" train --steps 4 --resume "$tmp/two-ck" 2>&1)
+check "fall back past a damaged checkpoint" "$out" \
+  "resume: skipped $tmp/two-ck/step-00000004 (damaged: checkpoint $tmp/two-ck/step-00000004/rank-00000.safetensors: CRC-32" \
+  "resumed from $tmp/two-ck/step-00000002 at step 2"
+ls -a "$tmp"/*/step-* 2>/dev/null | grep -q '\.tmp$' && fail "a temporary file was left behind" || pass
 
 report

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "nlohmann/json.hpp"
@@ -303,8 +304,13 @@ TEST_CASE("a save whose write fails on one rank fails everywhere and keeps the p
                  Catch::Contains(absl::StrCat("rank ", bad, " could not write its file; the "
                                               "previous checkpoint stays the newest")));
     }
-    // The failed one has no manifest; the previous loads as it was saved.
+    // The failed one has no manifest and, a full disk's partial file
+    // removed, no temporary file; the previous loads as it was saved.
     CHECK_FALSE(fs::exists(dir + "/step-00000002/manifest.json"));
+    World().Barrier().IgnoreError();
+    for (const fs::directory_entry& e : fs::directory_iterator(dir + "/step-00000002")) {
+      CHECK_FALSE(absl::EndsWith(e.path().string(), ".tmp"));
+    }
     CHECK(FindCheckpoint(dir).value() == dir + "/step-00000001");
     Run back = Start({"", 2, true}, 3);
     REQUIRE(LoadCheckpoint(*back.trainer, dir).ok());

@@ -384,7 +384,7 @@ TEST_CASE("a caller-owned model's checkpoint resumes bit for bit at another stag
     if (step == 1) REQUIRE(straight->SaveCheckpoint(dir, 2).value() == dir + "/step-00000002");
   }
   auto resumed = Engine::Create(Options(), ConfigFor(3, true, 1), CallerGroups()).value();
-  REQUIRE(resumed->LoadCheckpoint(dir).value() == dir + "/step-00000002");
+  REQUIRE(resumed->LoadCheckpoint(dir).value().path == dir + "/step-00000002");
   CHECK(resumed->steps() == 2);
   for (int step = 2; step < 4; ++step) CallerStep(*resumed, step);
   CHECK(States(resumed->optimizer()) == States(straight->optimizer()));
@@ -395,7 +395,7 @@ TEST_CASE("a caller-owned model's checkpoint resumes bit for bit at another stag
   other[0].parameters[0].name = "dense0.kernel";
   auto stranger = Engine::Create(Options(), ConfigFor(3, true, 1), other).value();
   const std::vector<std::vector<float>> before = States(stranger->optimizer());
-  const absl::StatusOr<std::string> refused = stranger->LoadCheckpoint(dir);
+  const absl::StatusOr<LoadedCheckpoint> refused = stranger->LoadCheckpoint(dir);
   CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(refused.status().message()),
              Catch::Contains("no parameter 'dense0.kernel' (the checkpoint is of another model)"));
