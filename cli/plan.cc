@@ -82,6 +82,8 @@ absl::Status RunAuto(const PlanOptions& options, const Config& config) {
 
 absl::Status RunPlan(const PlanOptions& options) {
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
+  // --batch is the configuration planned, so the config printed says it.
+  if (options.batch > 0) config.train_micro_batch_size_per_gpu = options.batch;
   if (options.auto_strategy || config.zero.stage == kAutoStage) return RunAuto(options, config);
   MW_ASSIGN_OR_RETURN(const DryRunResult r, DryRun(ToDryRunOptions(options), config));
   nlohmann::json collectives = nlohmann::json::object();

@@ -1,5 +1,6 @@
 #include "engine/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -20,6 +21,13 @@ namespace memwall {
 namespace {
 
 using Json = nlohmann::json;
+
+// Objects and arrays nested deeper than this are refused (the deepest key
+// memwall reads is at level 3).
+constexpr int kMaxConfigDepth = 32;
+// Config files larger than this are refused before parsing (bytes; a
+// DeepSpeed config is a few KiB).
+constexpr std::streamsize kMaxConfigBytes = std::streamsize{16} << 20;
 
 std::string Show(const Json& value) {
   std::string text = value.dump();
@@ -302,10 +310,54 @@ absl::Status ReadRecompute(const Json& value, RecomputeConfig& out) {
 
 absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
   Json root;
+  // JSON lets a key repeat and nlohmann keeps the last value; a config
+  // whose "stage" appears twice means two things, so it is refused. The
+  // callback sees each object's keys in order: one set of keys seen per
+  // open object, and the path of keys that leads to it.
+  std::vector<std::set<std::string>> seen;
+  std::vector<std::string> path;
+  std::string duplicate;
+  bool too_deep = false;
+  const Json::parser_callback_t check = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    // Nothing deeper is kept: no config needs it, and destroying a value
+    // nested 100,000 deep would recurse off the stack.
+    if (depth > kMaxConfigDepth) {
+      too_deep = true;
+      return false;
+    }
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        seen.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        seen.pop_back();
+        break;
+      case Json::parse_event_t::key: {
+        const std::string key = parsed.get<std::string>();
+        path.resize(std::max(depth - 1, 0));
+        path.push_back(key);
+        if (!seen.empty() && !seen.back().insert(key).second && duplicate.empty()) {
+          duplicate = absl::StrJoin(path, ".");
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
   try {
-    root = Json::parse(json_text.begin(), json_text.end());
+    root = Json::parse(json_text.begin(), json_text.end(), check);
   } catch (const Json::exception& e) {  // parse errors, and numbers out of range
     return absl::InvalidArgumentError(absl::StrCat("config: not valid JSON: ", e.what()));
+  }
+  if (too_deep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: nested deeper than ", kMaxConfigDepth, " levels; expected a DeepSpeed-style config"));
+  }
+  if (!duplicate.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(duplicate, ": the key appears twice; expected each key once"));
   }
   MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(root, ""));
   Config config;
@@ -413,13 +465,19 @@ std::string ConfigToJson(const Config& c) {
 }
 
 absl::StatusOr<Config> LoadConfig(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrCat("config file ", path, ": cannot be opened"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<Config> config = ParseConfig(text.str());
+  // A bounded read: /dev/zero or a mistaken multi-gigabyte file ends here.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), kMaxConfigBytes + 1);
+  text.resize(in.gcount());
+  if (static_cast<std::streamsize>(text.size()) > kMaxConfigBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config file ", path, ": larger than ", kMaxConfigBytes >> 20, " MiB; expected a config"));
+  }
+  absl::StatusOr<Config> config = ParseConfig(text);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat("config file ", path, ": ", config.status().message()));

@@ -38,8 +38,15 @@ ByteCorpus ByteCorpus::Synthetic(int64_t bytes, uint64_t seed) {
   std::string text;
   text.reserve(bytes + 64);
   while (static_cast<int64_t>(text.size()) < bytes) {
-    absl::StrAppend(&text, pick(kSubjects), " ", pick(kVerbs), " ", pick(kObjects), pick(kEnds),
-                    "\n");
+    // One draw per statement: C++ leaves the order of a call's argument
+    // evaluation open, so a sentence built inside one call would differ
+    // between compilers. Drawn last part first, the order GCC's build used
+    // until this was pinned, so the corpus and recorded runs stay the same.
+    const char* end = pick(kEnds);
+    const char* object = pick(kObjects);
+    const char* verb = pick(kVerbs);
+    const char* subject = pick(kSubjects);
+    absl::StrAppend(&text, subject, " ", verb, " ", object, end, "\n");
   }
   text.resize(bytes);
   return ByteCorpus(std::move(text));

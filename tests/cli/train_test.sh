@@ -164,6 +164,17 @@ check "plan: auto strategy" "$out" "memwall plan --auto: gpt3-13b on 8 GPUs" "ch
   "written to $tmp/chosen.json" "fits: yes"
 out=$("$memwall" plan --model gpt3-13b --gpus 8 --config "$tmp/chosen.json" 2>&1)
 check "plan: the chosen config fits" "$out" "fits: yes"
+# The printed config is exactly what was planned: planned again, it needs
+# what its row said.
+out=$("$memwall" plan --model gpt2-124m --gpus 8 --device-memory 4GiB --batch 1 --auto \
+  --out "$tmp/batch1.json" 2>&1)
+chosen=$(sed -nE 's/^chosen: (.*), [0-9.]+ s per step predicted$/\1/p' <<<"$out")
+need=$(grep -F -- "$chosen " <<<"$out" | head -1 | cut -c82-93 | sed 's/^ *//; s/ *$//')
+check "plan --auto --batch 1 prints micro-batch 1" "$(cat "$tmp/batch1.json")" \
+  '"train_micro_batch_size_per_gpu": 1'
+out=$("$memwall" plan --model gpt2-124m --gpus 8 --device-memory 4GiB --config "$tmp/batch1.json" 2>&1)
+check "plan -> config -> plan needs the same" "$out" "micro-batch 1," "needed" "$need of 4.00 GiB"
+[ -n "$need" ] && pass || fail "no device need found for the chosen candidate '$chosen'"
 out=$("$memwall" plan --model gpt-tiny --device-memory 64MiB --auto --hardware this-machine 2>&1)
 check "plan: auto on this machine" "$out" "step times on this-machine" "TFLOP/s sustained" "fits: yes"
 out=$("$memwall" plan --model gpt3-175b --gpus 1 --device-memory 16GiB --host-memory 64GiB --auto 2>&1)

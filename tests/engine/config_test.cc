@@ -297,5 +297,26 @@ TEST_CASE("ConfigToJson writes every key, and parses back to the same config", "
   CHECK(sgd.zero.offload_nvme_path.empty());
 }
 
+TEST_CASE("repeated keys, deep nesting and huge files are refused by name", "[config]") {
+  auto twice = ParseConfig(R"({"zero_optimization": {"stage": 1, "overlap_comm": true, "stage": 3}})");
+  CHECK(twice.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(twice.status().message()) ==
+        "zero_optimization.stage: the key appears twice; expected each key once");
+  auto top = ParseConfig(R"({"gradient_clipping": 1, "gradient_clipping": 0})");
+  CHECK(std::string(top.status().message()) ==
+        "gradient_clipping: the key appears twice; expected each key once");
+  // The same key in two objects is two keys.
+  CHECK(ParseConfig(R"({"fp16": {"enabled": false}, "bf16": {"enabled": true}})").ok());
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto nested = ParseConfig(deep);
+  CHECK(nested.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(nested.status().message()) ==
+        "config: nested deeper than 32 levels; expected a DeepSpeed-style config");
+  auto zeros = LoadConfig("/dev/zero");
+  CHECK(zeros.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(zeros.status().message()) ==
+        "config file /dev/zero: larger than 16 MiB; expected a config");
+}
+
 }  // namespace
 }  // namespace memwall
