@@ -210,6 +210,9 @@ absl::Status RunTrain(const TrainOptions& options) {
   engine_options.world = world.get();
   engine_options.seed = options.seed;
   engine_options.oom_dir = options.oom_dir;
+  engine_options.model_description =
+      absl::StrFormat("gpt:vocab=%d,seq=%d,hidden=%d,heads=%d,layers=%d", gpt.vocab, gpt.seq,
+                      gpt.hidden, gpt.heads, gpt.layers);
   engine_options.plan_command = PlanCommand(
       options, options.backend == Backend::kMeta ? options.simulate_ranks : world->world_size(),
       config.train_micro_batch_size_per_gpu);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -30,7 +31,19 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr char kSchema[] = "memwall.checkpoint/1";
+// Schema 2 adds the manifest's own CRC-32 and the model description;
+// schema 1 manifests (no checksum) still load, their fields range-checked.
+constexpr char kSchema[] = "memwall.checkpoint/2";
+constexpr char kSchemaWithoutChecksum[] = "memwall.checkpoint/1";
+
+// The CRC-32 of a manifest's compact text without its checksum field (the
+// keys are sorted, so the text is canonical).
+int64_t ManifestCrc(json manifest) {
+  manifest.erase("manifest_crc32");
+  const std::string text = manifest.dump();
+  return static_cast<int64_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(text.data()),
+                                    static_cast<uInt>(text.size())));
+}
 constexpr char kManifest[] = "manifest.json";
 
 struct Param {
@@ -287,7 +300,8 @@ absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& 
 }
 
 absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
-                                           const std::string& dir, int keep) {
+                                           const std::string& dir, int keep,
+                                           const std::string& model) {
   if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("checkpoint keep: expected >= 1, got ", keep));
   Communicator& comm = opt.communicator();
   const int rank = comm.rank(), world = comm.world_size();
@@ -377,6 +391,7 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
         {"param_dtype", DTypeName(config.param_dtype())},
         {"optimizer", config.optimizer.type == OptimizerType::kAdam ? "adam" : "sgd"},
         {"states", states},
+        {"model", model},
     };
     json list = json::array();
     for (size_t g = 0; g < layout.groups.size(); ++g) {
@@ -393,6 +408,7 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
                            {"crc32", files[3 * r + 2]}});
     }
     manifest["files"] = file_list;
+    manifest["manifest_crc32"] = ManifestCrc(manifest);
     MW_RETURN_IF_ERROR(SyncPath(out, /*directory=*/true));  // the rank files' renames
     MW_RETURN_IF_ERROR(WriteFileAtomically((fs::path(out) / kManifest).string(), manifest.dump(1)));
     MW_RETURN_IF_ERROR(SyncPath(out, /*directory=*/true));
@@ -509,6 +525,7 @@ absl::Status ReadHeader(const std::string& path, int64_t bytes, std::map<std::st
 }
 
 struct Loaded {
+  std::string model;  // the saving run's model description; empty: not recorded
   ShardedOptimizer::Progress progress;
   int64_t trainer_steps = 0;
   std::vector<std::string> states;
@@ -531,20 +548,48 @@ absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
     return absl::DataLossError(absl::StrCat("checkpoint ", manifest_path, ": not JSON: ", e.what()));
   }
   MW_ASSIGN_OR_RETURN(const std::string schema, Field<std::string>(m, manifest_path, "schema"));
-  if (schema != kSchema) {
+  if (schema != kSchema && schema != kSchemaWithoutChecksum) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": field 'schema' is '", schema,
                                                    "', expected '", kSchema, "'"));
   }
   Loaded loaded;
   loaded.manifest = manifest_path;
+  if (schema == kSchema) {
+    MW_ASSIGN_OR_RETURN(const int64_t crc, Field<int64_t>(m, manifest_path, "manifest_crc32"));
+    if (crc != ManifestCrc(m)) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", manifest_path, ": CRC-32 ", ManifestCrc(m), ", its field 'manifest_crc32' says ",
+          crc, " (the manifest is corrupted or was edited)"));
+    }
+    MW_ASSIGN_OR_RETURN(loaded.model, Field<std::string>(m, manifest_path, "model"));
+  }
   MW_ASSIGN_OR_RETURN(loaded.trainer_steps, Field<int64_t>(m, manifest_path, "trainer_steps"));
   const std::string pp = manifest_path + " progress";
   MW_ASSIGN_OR_RETURN(const json p, Field<json>(m, manifest_path, "progress"));
   MW_ASSIGN_OR_RETURN(loaded.progress.steps_applied, Field<int64_t>(p, pp, "steps_applied"));
   MW_ASSIGN_OR_RETURN(loaded.progress.steps_skipped, Field<int64_t>(p, pp, "steps_skipped"));
-  MW_ASSIGN_OR_RETURN(loaded.progress.loss_scale, Field<float>(p, pp, "loss_scale"));
+  MW_ASSIGN_OR_RETURN(const double loss_scale, Field<double>(p, pp, "loss_scale"));
   MW_ASSIGN_OR_RETURN(loaded.progress.clean_steps, Field<int>(p, pp, "clean_steps"));
   MW_ASSIGN_OR_RETURN(loaded.progress.overflows_left, Field<int>(p, pp, "overflows_left"));
+  // Values no run writes are refused rather than carried on.
+  const auto out_of_range = [&](const std::string& where, const std::string& field,
+                                const std::string& value, const std::string& expected) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", where, ": field '", field, "' is ",
+                                                   value, "; expected ", expected));
+  };
+  if (loaded.trainer_steps < 0) {
+    return out_of_range(manifest_path, "trainer_steps", absl::StrCat(loaded.trainer_steps), ">= 0");
+  }
+  for (const auto& [field, value] : {std::pair<const char*, int64_t>{"steps_applied", loaded.progress.steps_applied},
+                                     {"steps_skipped", loaded.progress.steps_skipped},
+                                     {"clean_steps", loaded.progress.clean_steps},
+                                     {"overflows_left", loaded.progress.overflows_left}}) {
+    if (value < 0) return out_of_range(pp, field, absl::StrCat(value), ">= 0");
+  }
+  if (!(loss_scale > 0 && loss_scale <= std::numeric_limits<float>::max())) {
+    return out_of_range(pp, "loss_scale", absl::StrCat(loss_scale), "a finite f32 > 0");
+  }
+  loaded.progress.loss_scale = static_cast<float>(loss_scale);
   MW_ASSIGN_OR_RETURN(loaded.states, Field<std::vector<std::string>>(m, manifest_path, "states"));
   if (loaded.states.empty() || loaded.states[0] != "master") {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path,
@@ -601,7 +646,8 @@ absl::Status CheckTensors(const Loaded& loaded, const std::string& at) {
 
 // The checkpoint at `at` read and checked against `opt`'s parameters and
 // optimizer, before anything changes.
-absl::StatusOr<Loaded> Validate(const ShardedOptimizer& opt, const std::string& at) {
+absl::StatusOr<Loaded> Validate(const ShardedOptimizer& opt, const std::string& at,
+                                const std::string& description) {
   MW_ASSIGN_OR_RETURN(Loaded loaded, ReadVerified(at));
   const std::vector<std::string> states = StateNames(opt);
   if (loaded.states != states) {
@@ -629,6 +675,13 @@ absl::StatusOr<Loaded> Validate(const ShardedOptimizer& opt, const std::string& 
                                                      "' is not in the model (the checkpoint is of another model)"));
     }
   }
+  // Hyperparameters that change no tensor shape (a GPT's heads) show only
+  // in the description.
+  if (!description.empty() && !loaded.model.empty() && description != loaded.model) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", loaded.manifest,
+                                                   ": saved from model '", loaded.model,
+                                                   "', this run's model is '", description, "'"));
+  }
   MW_RETURN_IF_ERROR(CheckTensors(loaded, at));
   return loaded;
 }
@@ -636,12 +689,13 @@ absl::StatusOr<Loaded> Validate(const ShardedOptimizer& opt, const std::string& 
 }  // namespace
 
 absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& path) {
-  MW_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded, LoadCheckpoint(trainer.optimizer(), path));
+  MW_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded, LoadCheckpoint(trainer.optimizer(), path, ""));
   trainer.set_steps(loaded.steps);
   return loaded.path;
 }
 
-absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std::string& path) {
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std::string& path,
+                                                 const std::string& model) {
   MW_ASSIGN_OR_RETURN(const std::string newest, FindCheckpoint(path));
   // Candidates, newest first: `path` itself, or every complete checkpoint
   // under it. A damaged one (kDataLoss on any rank) gives way to the next
@@ -657,7 +711,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std
   LoadedCheckpoint result;
   absl::StatusOr<Loaded> loaded = absl::NotFoundError("no checkpoint");
   for (const std::string& at : candidates) {
-    loaded = Validate(opt, at);
+    loaded = Validate(opt, at, model);
     // No rank changes anything unless every rank's check passed.
     const int64_t code = static_cast<int64_t>(loaded.status().code());
     MW_ASSIGN_OR_RETURN(const std::vector<int64_t> codes, AllGatherInts(opt, {code}));
@@ -746,6 +800,7 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
   json header = json::object();
   header["__metadata__"] = {{"format", "pt"},
                             {"memwall_checkpoint", at},
+                            {"memwall_model", loaded.model},
                             {"step", std::to_string(loaded.trainer_steps)}};
   int64_t offset = 0;
   for (const auto& [name, shape] : loaded.parameters) {

@@ -15,12 +15,15 @@
 // depends on the saving run's world size, stage or bucket sizes, so a run
 // with any of those loads it directly: resharding is loading.
 //
-// The manifest (schema "memwall.checkpoint/1") records the step counters
+// The manifest (schema "memwall.checkpoint/2") records the step counters
 // and loss scaler (sharding/sharded_optimizer.h Progress), the trainer's
 // steps (the data position: memwall's batches are a function of the step,
 // and its layers draw no random numbers, so there is no RNG state), the
-// saving world size, stage, dtypes and optimizer, every parameter with its
-// shape and file, and every file with its size and CRC-32.
+// saving world size, stage, dtypes and optimizer, the model's description,
+// every parameter with its shape and file, every file with its size and
+// CRC-32, and its own CRC-32 (of its compact text without that field), so
+// an edited counter is refused, not resumed. Every counter is range-checked
+// on loading. Schema 1 manifests (no description, no checksum) still load.
 //
 // Atomicity: each file is written under a temporary name, fsync'ed and
 // renamed; the manifest goes last the same way, then the directory is
@@ -56,8 +59,11 @@ namespace memwall {
 // engine's layers or a caller's own) after `steps` training steps into
 // `<dir>/step-<steps>` (creating `dir`), then keeps the newest `keep` (>= 1)
 // checkpoints. Returns the checkpoint's directory. Errors name the path.
+// `model` describes the model beyond its tensors' names and shapes (a
+// GPT's heads, say); a load given another description is refused.
 absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
-                                           const std::string& dir, int keep);
+                                           const std::string& dir, int keep,
+                                           const std::string& model = "");
 // The same for `trainer`'s optimizer after trainer.steps() steps.
 absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& dir, int keep);
 
@@ -119,7 +125,8 @@ struct LoadedCheckpoint {
   int64_t steps = 0;
   std::string skipped;  // "skipped <dir> (damaged: <why>)", or empty
 };
-absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std::string& path);
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std::string& path,
+                                                 const std::string& model = "");
 // The same into `trainer`, whose steps() it sets. Returns the directory.
 absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& path);
 

@@ -218,11 +218,12 @@ int64_t Engine::steps() const {
 }
 
 absl::StatusOr<std::string> Engine::SaveCheckpoint(const std::string& dir, int keep) {
-  return memwall::SaveCheckpoint(*optimizer_, steps(), dir, keep);
+  return memwall::SaveCheckpoint(*optimizer_, steps(), dir, keep, options_.model_description);
 }
 
 absl::StatusOr<LoadedCheckpoint> Engine::LoadCheckpoint(const std::string& path) {
-  MW_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, memwall::LoadCheckpoint(*optimizer_, path));
+  MW_ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
+                      memwall::LoadCheckpoint(*optimizer_, path, options_.model_description));
   if (trainer_ != nullptr) {
     trainer_->set_steps(loaded.steps);
   } else {

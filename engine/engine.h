@@ -81,6 +81,9 @@ struct EngineOptions {
   // strategy's dry runs, about a second for GPT-2 sizes and longer for
   // large CNNs) and say so in the error.
   bool oom_advice = true;
+  // The model beyond its tensors' shapes (a GPT's heads): recorded in
+  // checkpoints, which a run with another description refuses to load.
+  std::string model_description;
   // How the caller shows the full plan, quoted by out-of-memory advice
   // ("...; the config and full plan: <plan_command>"); empty: not quoted.
   std::string plan_command;

@@ -39,6 +39,10 @@ for _ in $(seq 1 6000); do  # up to 5 minutes (slow under sanitizers)
 done
 kill -9 -- -"$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
+# The ranks go with mpirun, a moment later; until then they hold --save's
+# lock, and a run that resumed now would be refused (as it should be).
+gone() { for _ in $(seq 1 600); do pgrep -f -- "--save $1" > /dev/null || return 0; sleep 0.1; done; return 1; }
+gone "$tmp/ck" || fail "the killed run's ranks still run a minute later"
 killed=$(cat "$tmp/killed.log")
 if grep -q "saved $tmp/ck/step-00000300" <<<"$killed"; then
   fail "the run finished before it was killed; the test proves nothing"
@@ -97,6 +101,7 @@ rc=$?
 [ $rc -ne 0 ] && pass || fail "the job with a stopped rank exited with status 0"
 check "a stuck rank ends the job" "$(cat "$tmp/stuck.log")" \
   "on rank 0 of 2: not every rank joined within 2s (a rank failed, is stuck or stopped calling collectives); the communicator is unusable now: end the job and resume from the last checkpoint"
+gone "$tmp/stuck" || fail "the stuck run's ranks still run a minute later"
 resumed=$("$mpirun_sh" 2 "$memwall" train --steps $steps --log_every 1 --save "$tmp/stuck" \
   --resume "$tmp/stuck" 2>&1)
 check "resume after a stuck rank" "$resumed" "resumed from $tmp/stuck/step-" \
@@ -140,6 +145,10 @@ out=$("$memwall" train --save "$tmp/x" --save_every -2 2>&1)
 check "bad save_every" "$out" "--save_every: expected >= 0, got -2"
 out=$("$memwall" train --model gpt-tiny:layers=3 --resume "$tmp/four" 2>&1)
 check "another model" "$out" "no parameter 'block2.attn_proj_bias' (the checkpoint is of another model)"
+# Heads change no tensor shape; the manifest's model description catches it.
+out=$("$memwall" train --model gpt-tiny:heads=2 --resume "$tmp/four" 2>&1)
+check "another number of heads" "$out" \
+  "saved from model 'gpt:vocab=256,seq=64,hidden=64,heads=4,layers=2', this run's model is 'gpt:vocab=256,seq=64,hidden=64,heads=2,layers=2'"
 
 # A --save directory is checked before the first step, not at the first save.
 touch "$tmp/a-file"
@@ -163,6 +172,7 @@ check "a directory another run saves into" "$out" \
   "--save $tmp/busy: another run saves there (it holds $tmp/busy/.memwall.lock, process "
 kill -9 -- -"$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
+gone "$tmp/busy"
 
 # Export never overwrites the checkpoint it reads, nor silently anything else.
 ckpt=$tmp/four/step-00000006
