@@ -210,6 +210,12 @@ absl::Status RunTrain(const TrainOptions& options) {
   engine_options.world = world.get();
   engine_options.seed = options.seed;
   engine_options.oom_dir = options.oom_dir;
+  std::error_code no_size;
+  engine_options.data_description =
+      options.data_path.empty()
+          ? "built-in synthetic corpus"
+          : absl::StrCat(options.data_path, ", ",
+                         std::filesystem::file_size(options.data_path, no_size), " bytes");
   engine_options.model_description =
       absl::StrFormat("gpt:vocab=%d,seq=%d,hidden=%d,heads=%d,layers=%d", gpt.vocab, gpt.seq,
                       gpt.hidden, gpt.heads, gpt.layers);

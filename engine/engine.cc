@@ -1,5 +1,8 @@
 #include "engine/engine.h"
 
+#include <zlib.h>
+
+#include <array>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +21,11 @@
 namespace memwall {
 
 namespace {
+
+uint32_t Crc(const void* data, size_t bytes, uint32_t crc = 0) {
+  return static_cast<uint32_t>(crc32(crc, static_cast<const Bytef*>(data), static_cast<uInt>(bytes)));
+}
+uint32_t Crc(const std::string& text) { return Crc(text.data(), text.size()); }
 
 // The phases open when a step failed: the unwinding closed them innermost
 // first, so the last records, read backwards from the outermost, are the
@@ -50,6 +58,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   engine->config_ = config;
   engine->model_ = std::move(model);
   MW_RETURN_IF_ERROR(engine->StartRanks(options));
+  MW_RETURN_IF_ERROR(engine->AgreeOnRun(options, Crc(options.model_description)));
   MW_RETURN_IF_ERROR(engine->ResolveAuto(options));
   MW_RETURN_IF_ERROR(engine->StartDevice(options));
   MW_RETURN_IF_ERROR(engine->BuildTrainer(options));
@@ -76,6 +85,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   engine->options_ = options;
   engine->config_ = config;
   MW_RETURN_IF_ERROR(engine->StartRanks(options));
+  uint32_t model_crc = Crc(options.model_description);
+  for (const ParameterGroup& group : groups) {
+    model_crc = Crc(group.name.data(), group.name.size(), model_crc);
+    for (const ShardedOptimizer::ParameterInit& p : group.parameters) {
+      model_crc = Crc(p.name.data(), p.name.size(), model_crc);
+      model_crc = Crc(p.shape.data(), p.shape.size() * sizeof(int64_t), model_crc);
+      model_crc = Crc(p.values.data(), p.values.size() * sizeof(float), model_crc);
+    }
+  }
+  MW_RETURN_IF_ERROR(engine->AgreeOnRun(options, model_crc));
   MW_RETURN_IF_ERROR(engine->StartDevice(options));
   Engine& e = *engine;
   MW_ASSIGN_OR_RETURN(e.owned_optimizer_, ShardedOptimizer::Create(config, *e.device_, *e.comm_));
@@ -137,6 +156,26 @@ absl::Status Engine::StartDevice(const EngineOptions& options) {
   }
   profiler_ = std::make_unique<MemoryProfiler>(device_->allocator());
   return absl::OkStatus();
+}
+
+absl::Status Engine::AgreeOnRun(const EngineOptions& options, uint32_t model_crc) {
+  if (world_->world_size() == 1) return absl::OkStatus();
+  const char* const kWhat[] = {"config", "seed", "model", "data"};
+  const std::array<int64_t, 5> mine = {Crc(ConfigToJson(config_)),
+                                       Crc(absl::StrCat(options.seed)), model_crc,
+                                       Crc(options.data_description), 0};
+  std::array<int64_t, 5> min, max;
+  MW_RETURN_IF_ERROR(world_->MinMaxOverRanks(mine, min, max));
+  std::vector<std::string> differ;
+  for (int i = 0; i < 4; ++i) {
+    if (min[i] != max[i]) differ.push_back(kWhat[i]);
+  }
+  if (differ.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the ranks disagree on the run's ", absl::StrJoin(differ, ", "),
+      ": every rank must start with the same config, model, seed and data (rank ",
+      world_->rank(), " of ", world_->world_size(), " has seed ", options.seed, ", model '",
+      options.model_description, "', data '", options.data_description, "')"));
 }
 
 DryRunOptions Engine::DryRunOptionsFor() const {

@@ -84,6 +84,9 @@ struct EngineOptions {
   // The model beyond its tensors' shapes (a GPT's heads): recorded in
   // checkpoints, which a run with another description refuses to load.
   std::string model_description;
+  // What the run trains on ("corpus.txt, 1048576 bytes"), for the ranks'
+  // agreement check; empty: not compared.
+  std::string data_description;
   // How the caller shows the full plan, quoted by out-of-memory advice
   // ("...; the config and full plan: <plan_command>"); empty: not quoted.
   std::string plan_command;
@@ -170,6 +173,11 @@ class Engine {
   // The MPI world and the communicator; then (config_ resolved) the
   // device and its profiler.
   absl::Status StartRanks(const EngineOptions& options);
+  // Every rank must run the same config, seed, model and data: compared
+  // once at the start through CRC-32s (`model_crc` stands for the model;
+  // for caller-owned ones it covers their parameters' values too), and the
+  // error names what differs. One agreement round over MPI.
+  absl::Status AgreeOnRun(const EngineOptions& options, uint32_t model_crc);
   absl::Status StartDevice(const EngineOptions& options);
   absl::Status ResolveAuto(const EngineOptions& options);
   absl::Status BuildTrainer(const EngineOptions& options);

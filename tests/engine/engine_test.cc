@@ -436,6 +436,33 @@ TEST_CASE("what the engine cannot run is refused by name", "[engine][errors]") {
         "TrainStep: this engine trains a caller-owned model; call Step() after its backward");
 }
 
+TEST_CASE("ranks that disagree on the run are refused, naming what differs", "[engine][errors]") {
+  const int rank = World().rank(), ranks = World().world_size();
+  EngineOptions o = Options();
+  o.seed = rank == ranks - 1 ? 8 : 7;  // the last rank was started with another --seed
+  o.model_description = "dense x2";
+  auto seeds = Engine::Create(o, ConfigFor(2, false, 1), [](int64_t) -> absl::StatusOr<Model> {
+    return LayerModel();
+  });
+  std::vector<ParameterGroup> groups = CallerGroups();
+  if (rank == ranks - 1) groups[1].parameters[0].values[3] += 1.0f;  // other initial values
+  o.seed = 7;
+  o.data_description = rank == 0 ? "a.txt, 10 bytes" : "b.txt, 10 bytes";
+  auto values = Engine::Create(o, ConfigFor(2, false, 1), groups);
+  if (ranks == 1) {  // nothing to disagree with
+    CHECK(seeds.ok());
+    CHECK(values.ok());
+    return;
+  }
+  CHECK(seeds.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(seeds.status().message()),
+             Catch::StartsWith("the ranks disagree on the run's seed: every rank must start with "
+                               "the same config, model, seed and data (rank "));
+  CHECK(values.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(values.status().message()),
+             Catch::StartsWith("the ranks disagree on the run's model, data: every rank"));
+}
+
 TEST_CASE("stage auto resolves for a layer model, and out of memory says what fits",
           "[engine][auto]") {
   // A dry run on meta as rank 0 of 8: GPT-2 small at micro-batch 2 in 2 GiB,
