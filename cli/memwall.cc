@@ -6,6 +6,8 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cli/demo.h"
 #include "cli/plan.h"
 #include "cli/profile.h"
@@ -203,9 +206,74 @@ int FailRanks(const absl::Status& status) {
   return 1;
 }
 
-int Usage() {
+// Bad usage: the problem in one line first, then the commands.
+int Usage(const std::string& problem = "") {
+  if (!problem.empty()) std::fprintf(stderr, "memwall: %s\n\n", problem.c_str());
   std::fprintf(stderr, "memwall: %s\n", kUsage);
   return 2;
+}
+
+// The flags each command reads. A flag given to a command that does not
+// read it is refused rather than ignored (a --batch given to train would
+// otherwise silently train at the config's micro-batch).
+const std::map<std::string, std::set<std::string>>& FlagsOf() {
+  static const auto* const flags = new std::map<std::string, std::set<std::string>>{
+      {"train",
+       {"backend", "device_memory", "pinned_memory", "model", "config", "steps", "data", "seed",
+        "log_every", "save", "save_every", "keep_checkpoints", "resume", "collective_timeout",
+        "simulate_ranks", "out"}},
+      {"profile",
+       {"backend", "device_memory", "pinned_memory", "model", "config", "steps", "batch", "seq",
+        "image", "simulate_ranks", "collective_timeout", "out"}},
+      {"plan",
+       {"device_memory", "model", "config", "batch", "seq", "image", "gpus", "host_memory", "nvme",
+        "json", "auto", "hardware", "out"}},
+      {"export", {"checkpoint", "out", "dtype", "force"}},
+      {"demo", {"backend", "device_memory", "params"}},
+      {"launch", {"ranks"}},
+  };
+  return *flags;
+}
+
+// The names of the flags on the command line (before a "--" that starts a
+// launched command's own arguments), dashes already underscores.
+std::vector<std::string> GivenFlags(const std::vector<std::string>& args) {
+  std::vector<std::string> names;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") break;
+    if (a.size() < 3 || a.compare(0, 2, "--") != 0) continue;
+    std::string name = a.substr(2, a.find('=') - 2);
+    if (name.rfind("no", 0) == 0 && (name == "nojson" || name == "noauto" || name == "noforce")) {
+      name = name.substr(2);
+    }
+    names.push_back(name);
+  }
+  return names;
+}
+
+// kInvalidArgument naming the first flag `command` does not read, or a
+// flag that applies only in another mode of it.
+absl::Status CheckFlagsApply(const std::string& command, const std::vector<std::string>& args) {
+  const std::set<std::string>& allowed = FlagsOf().at(command);
+  for (const std::string& name : GivenFlags(args)) {
+    if (allowed.count(name) > 0) continue;
+    std::vector<std::string> users;
+    for (const auto& [other, flags] : FlagsOf()) {
+      if (flags.count(name) > 0) users.push_back(other);
+    }
+    if (users.empty()) continue;  // absl's own (--help...) or unknown: absl has spoken
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " does not apply to '", command,
+                                                   "' (it is read by ",
+                                                   absl::StrJoin(users, ", "), ")"));
+  }
+  if (command == "train" && absl::GetFlag(FLAGS_simulate_ranks) != 1 &&
+      absl::GetFlag(FLAGS_backend) != "meta") {
+    return absl::InvalidArgumentError(
+        "--simulate_ranks applies to 'train' with --backend meta only (real ranks come from the "
+        "launcher: memwall launch --ranks N)");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<memwall::Backend> BackendFlag(memwall::Backend fallback) {
@@ -350,7 +418,7 @@ int Launch(const std::vector<char*>& command) {
   if (ranks < 1) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--ranks: expected >= 1, got ", ranks)));
   }
-  if (command.empty()) return Usage();
+  if (command.empty()) return Usage("launch: no command after --ranks (memwall launch --ranks K -- COMMAND)");
   // Shared memory without single-copy (containers often lack the ptrace
   // rights CMA needs), oversubscription allowed, one BLAS thread per rank.
   setenv("OMPI_MCA_btl", "self,vader", /*overwrite=*/0);
@@ -402,16 +470,25 @@ int main(int argc, char** argv) {
   for (std::string& a : args) pointers.push_back(a.data());
   const std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
-  if (positional.size() < 2) return Usage();
+  if (positional.size() < 2) return Usage("no command given");
   const std::string command = positional[1];
+  if (FlagsOf().count(command) == 0) {
+    return Usage(absl::StrCat("unknown command '", command,
+                              "' (expected train, profile, plan, export, launch or demo)"));
+  }
+  if (absl::Status applies = CheckFlagsApply(command, args); !applies.ok()) {
+    return Usage(std::string(applies.message()));
+  }
   if (command == "launch") {
     return Launch(std::vector<char*>(positional.begin() + 2, positional.end()));
   }
-  if (positional.size() != 2) return Usage();
+  if (positional.size() != 2) {
+    return Usage(absl::StrCat("unexpected argument '", positional[2], "' after '", command,
+                              "' (flags start with --)"));
+  }
   if (command == "train") return Train();
   if (command == "demo") return Demo();
   if (command == "profile") return Profile();
   if (command == "plan") return Plan();
-  if (command == "export") return Export();
-  return Usage();
+  return Export();
 }

@@ -85,6 +85,11 @@ absl::Status RunPlan(const PlanOptions& options) {
   // --batch is the configuration planned, so the config printed says it.
   if (options.batch > 0) config.train_micro_batch_size_per_gpu = options.batch;
   if (options.auto_strategy || config.zero.stage == kAutoStage) return RunAuto(options, config);
+  if (!options.out_path.empty()) {
+    return absl::InvalidArgumentError(
+        "--out applies to 'plan' with --auto (or a config whose stage is \"auto\") only: it is "
+        "where the chosen config is written");
+  }
   MW_ASSIGN_OR_RETURN(const DryRunResult r, DryRun(ToDryRunOptions(options), config));
   nlohmann::json collectives = nlohmann::json::object();
   for (int c = 0; c < kNumCollectives; ++c) {

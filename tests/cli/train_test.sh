@@ -180,6 +180,27 @@ check "plan: auto on this machine" "$out" "step times on this-machine" "TFLOP/s 
 out=$("$memwall" plan --model gpt3-175b --gpus 1 --device-memory 16GiB --host-memory 64GiB --auto 2>&1)
 check "plan: nothing fits" "$out" "fits: no (no candidate fits; the smallest needs"
 
+# Bad usage names the problem first, in one line: flags a command does not
+# read, unknown commands, stray arguments.
+first() { head -1 <<<"$1"; }
+out=$("$memwall" train --batch 4 2>&1)
+check "train --batch" "$(first "$out")" "memwall: --batch does not apply to 'train' (it is read by plan, profile)"
+out=$("$memwall" plan --steps 3 2>&1)
+check "plan --steps" "$(first "$out")" "memwall: --steps does not apply to 'plan' (it is read by profile, train)"
+out=$("$memwall" plan --backend host 2>&1)
+check "plan --backend" "$(first "$out")" "memwall: --backend does not apply to 'plan' (it is read by demo, profile, train)"
+out=$("$memwall" train --simulate-ranks 4 2>&1)
+check "train --simulate_ranks on host" "$(first "$out")" \
+  "memwall: --simulate_ranks applies to 'train' with --backend meta only"
+out=$("$memwall" plan --model gpt-tiny --out "$tmp/never.json" 2>&1)
+check "plan --out without --auto" "$out" "--out applies to 'plan' with --auto"
+[ ! -e "$tmp/never.json" ] && pass || fail "plan --out without --auto wrote a file"
+out=$("$memwall" trian 2>&1)
+check "unknown command" "$(first "$out")" \
+  "memwall: unknown command 'trian' (expected train, profile, plan, export, launch or demo)"
+out=$("$memwall" train gpt-tiny 2>&1)
+check "stray argument" "$(first "$out")" "memwall: unexpected argument 'gpt-tiny' after 'train' (flags start with --)"
+
 # Bad input names the flag or the file.
 out=$("$memwall" train --model gpt5 2>&1)
 check "unknown model" "$out" "model 'gpt5': expected one of gpt-tiny, gpt2-124m"
