@@ -72,17 +72,32 @@ class ObjectReader {
     if (v == nullptr) return absl::OkStatus();
     const std::string expected = max == INT64_MAX ? absl::StrCat("an integer >= ", min)
                                                   : absl::StrCat("an integer ", min, "..", max);
-    double value = 0;
+    // Integers compare exactly (a double would round INT64_MAX up, past
+    // the range, and the cast back would wrap); 5e8-style numbers must be
+    // whole and strictly inside the range a double can say exactly.
+    if (v->is_number_unsigned()) {
+      const uint64_t value = v->get<uint64_t>();
+      if (value > static_cast<uint64_t>(max) || static_cast<int64_t>(value) < min) {
+        return Error(key, expected, *v);
+      }
+      out = static_cast<int64_t>(value);
+      return absl::OkStatus();
+    }
     if (v->is_number_integer()) {
-      value = v->get<double>();
-    } else if (v->is_number_float()) {
-      value = v->get<double>();
-      if (value != std::floor(value)) return Error(key, expected, *v);
-    } else {
+      const int64_t value = v->get<int64_t>();
+      if (value < min || value > max) return Error(key, expected, *v);
+      out = value;
+      return absl::OkStatus();
+    }
+    if (!v->is_number_float()) return Error(key, expected, *v);
+    const double value = v->get<double>();
+    if (value != std::floor(value) || value < double(min) || value >= 0x1p63 ||
+        value > double(max)) {
       return Error(key, expected, *v);
     }
-    if (value < double(min) || value > double(max)) return Error(key, expected, *v);
-    out = static_cast<int64_t>(value);
+    const int64_t whole = static_cast<int64_t>(value);
+    if (whole > max) return Error(key, expected, *v);
+    out = whole;
     return absl::OkStatus();
   }
 

@@ -1,6 +1,8 @@
 #include "models/corpus.h"
 
 #include <fstream>
+#include <limits>
+#include <memory>
 #include <random>
 #include <sstream>
 
@@ -54,9 +56,22 @@ ByteCorpus ByteCorpus::Synthetic(int64_t bytes, uint64_t seed) {
 
 absl::StatusOr<Batch> ByteCorpus::MakeBatch(Device& device, int rank, int64_t sequences,
                                             int64_t seq, int64_t step) const {
+  if (sequences < 1 || seq < 1 || sequences > std::numeric_limits<int64_t>::max() / seq) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-batch: ", sequences, " sequences of ", seq,
+        " tokens; expected both >= 1 and their product within 64 bits"));
+  }
   const int64_t n = sequences * seq;
+  // The device's room is checked (and an out-of-memory report made) before
+  // any host memory of that size is touched.
+  Batch b;
+  MW_ASSIGN_OR_RETURN(b.input, Tensor::Empty(device, DType::kF32, {sequences, seq},
+                                             MemoryCategory::kOther, "data.input"));
+  MW_ASSIGN_OR_RETURN(b.target,
+                      Tensor::Empty(device, DType::kF32, {n}, MemoryCategory::kOther, "data.target"));
+  if (!device.holds_bytes()) return b;
   std::vector<float> input, target;
-  if (device.holds_bytes()) {
+  {
     input.resize(n);
     target.resize(n);
     const uint64_t windows = static_cast<uint64_t>(size() - seq);
@@ -75,11 +90,10 @@ absl::StatusOr<Batch> ByteCorpus::MakeBatch(Device& device, int rank, int64_t se
       }
     }
   }
-  Batch b;
-  MW_ASSIGN_OR_RETURN(b.input, Tensor::FromHost(device, input, {sequences, seq},
-                                                MemoryCategory::kOther, "data.input"));
-  MW_ASSIGN_OR_RETURN(b.target, Tensor::FromHost(device, target, {n}, MemoryCategory::kOther,
-                                                 "data.target"));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
+  MW_RETURN_IF_ERROR(device.CopyAsync(b.input.data(), input.data(), n * sizeof(float), *stream));
+  MW_RETURN_IF_ERROR(device.CopyAsync(b.target.data(), target.data(), n * sizeof(float), *stream));
+  MW_RETURN_IF_ERROR(stream->Synchronize());
   return b;
 }
 

@@ -1,6 +1,7 @@
 #include "models/spec.h"
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -11,6 +12,20 @@
 #include "runtime/status.h"
 
 namespace memwall {
+
+namespace {
+
+// A micro-batch's tokens (or pixels) must be countable: `batch` x `per`.
+absl::Status CheckBatch(int64_t batch, int64_t per, const std::string& what) {
+  if (batch < 1 || batch > std::numeric_limits<int64_t>::max() / std::max<int64_t>(per, 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-batch: ", batch, " samples of ", per, " ", what,
+        "; expected >= 1 and a product within 64 bits"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t seq,
                                 int64_t image) {
@@ -24,10 +39,12 @@ absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t 
       if (image < 32) {
         return absl::InvalidArgumentError(absl::StrCat("--image: expected >= 32, got ", image));
       }
+      MW_RETURN_IF_ERROR(CheckBatch(batch, 3 * image * image, "values"));
       m.input = {batch, 3, image, image};
       m.target = {batch, 1000};
       m.loss = std::make_unique<MseLoss>();
     } else {
+      MW_RETURN_IF_ERROR(CheckBatch(batch, length, "tokens"));
       m.input = {batch, length};
       m.target = {batch * length};
       m.loss = std::make_unique<CrossEntropyLoss>();
@@ -36,6 +53,7 @@ absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t 
   }
   MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(spec));
   if (seq > 0) gpt.seq = seq;
+  MW_RETURN_IF_ERROR(CheckBatch(batch, gpt.seq, "tokens"));
   MW_ASSIGN_OR_RETURN(m.layers, MakeGpt(gpt));
   m.input = {batch, gpt.seq};
   m.target = {batch * gpt.seq};

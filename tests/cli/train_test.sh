@@ -201,6 +201,17 @@ check "unknown command" "$(first "$out")" \
 out=$("$memwall" train gpt-tiny 2>&1)
 check "stray argument" "$(first "$out")" "memwall: unexpected argument 'gpt-tiny' after 'train' (flags start with --)"
 
+# Huge micro-batches are errors, not crashes: the device's room is checked
+# before host memory of that size is touched, and counts never wrap.
+echo '{"train_micro_batch_size_per_gpu": 100000000}' > "$tmp/huge.json"
+out=$("$memwall" train --config "$tmp/huge.json" --steps 1 --out "$tmp/oom-huge" 2>&1)
+check "a micro-batch of 1e8" "$out" \
+  "RESOURCE_EXHAUSTED: out of memory on host:0: cannot allocate 23.84 GiB (25600000000 bytes) of other for 'data.input'"
+echo '{"train_micro_batch_size_per_gpu": 9223372036854775807}' > "$tmp/max.json"
+out=$("$memwall" train --config "$tmp/max.json" --steps 1 2>&1)
+check "an INT64_MAX micro-batch" "$out" \
+  "micro-batch: 9223372036854775807 samples of 64 tokens; expected >= 1 and a product within 64 bits"
+
 # Bad input names the flag or the file.
 out=$("$memwall" train --model gpt5 2>&1)
 check "unknown model" "$out" "model 'gpt5': expected one of gpt-tiny, gpt2-124m"

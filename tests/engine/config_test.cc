@@ -318,5 +318,19 @@ TEST_CASE("repeated keys, deep nesting and huge files are refused by name", "[co
         "config file /dev/zero: larger than 16 MiB; expected a config");
 }
 
+TEST_CASE("integers are read exactly, up to INT64_MAX and no further", "[config]") {
+  auto most = ParseConfig(R"({"train_micro_batch_size_per_gpu": 9223372036854775807})");
+  REQUIRE(most.ok());
+  CHECK(most->train_micro_batch_size_per_gpu == INT64_MAX);
+  auto beyond = ParseConfig(R"({"train_micro_batch_size_per_gpu": 9223372036854775808})");
+  CHECK(std::string(beyond.status().message()) ==
+        "train_micro_batch_size_per_gpu: expected an integer >= 1, got 9223372036854775808");
+  auto rounded = ParseConfig(R"({"train_micro_batch_size_per_gpu": 9.3e18})");
+  CHECK(std::string(rounded.status().message()) ==
+        "train_micro_batch_size_per_gpu: expected an integer >= 1, got 9.3e+18");
+  CHECK(ParseConfig(R"({"zero_optimization": {"reduce_bucket_size": 5e8}})")->zero.reduce_bucket_size ==
+        500000000);
+}
+
 }  // namespace
 }  // namespace memwall
