@@ -46,7 +46,9 @@ ABSL_FLAG(std::string, model, "gpt-tiny",
 ABSL_FLAG(std::string, config, "",
           "train: a DeepSpeed-style JSON config file; empty uses the built-in ZeRO-2 config "
           "(configs/gpt-tiny-zero2.json).");
-ABSL_FLAG(int64_t, steps, 0, "train, profile: optimizer steps to run (default 100 for train, 1 for profile).");
+ABSL_FLAG(int64_t, steps, 100,
+          "train, profile: optimizer steps to run (when not given: 100 for train, 1 for "
+          "profile); train --steps 0 --save DIR saves the initial weights.");
 ABSL_FLAG(std::string, data, "",
           "train: a text file to train on, byte-level; empty uses a built-in synthetic corpus.");
 ABSL_FLAG(uint64_t, seed, 1, "train: seed of the parameter initialisation.");
@@ -282,9 +284,15 @@ absl::StatusOr<memwall::Backend> BackendFlag(memwall::Backend fallback) {
   return memwall::ParseBackend(name);
 }
 
+// The flags on this command line (GivenFlags), set in main().
+std::set<std::string>& Given() {
+  static auto* const given = new std::set<std::string>();
+  return *given;
+}
+
+// --steps when given, else the command's own default.
 int64_t StepsFlag(int64_t fallback) {
-  const int64_t steps = absl::GetFlag(FLAGS_steps);
-  return steps == 0 ? fallback : steps;
+  return Given().count("steps") > 0 ? absl::GetFlag(FLAGS_steps) : fallback;
 }
 
 // --device_memory, or `fallback` (the command's own default) when not given.
@@ -472,6 +480,7 @@ int main(int argc, char** argv) {
       absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
   if (positional.size() < 2) return Usage("no command given");
   const std::string command = positional[1];
+  for (const std::string& name : GivenFlags(args)) Given().insert(name);
   if (FlagsOf().count(command) == 0) {
     return Usage(absl::StrCat("unknown command '", command,
                               "' (expected train, profile, plan, export, launch or demo)"));

@@ -105,7 +105,8 @@ absl::Status PrintStep(const TrainOptions& options, Engine& engine, MpiCommunica
   std::string line = absl::StrFormat("%s step %lld/%lld", Bar(step + 1, options.steps),
                                      static_cast<long long>(step + 1),
                                      static_cast<long long>(options.steps));
-  if (engine.device().holds_bytes()) absl::StrAppendFormat(&line, " | loss %.4f", loss);
+  // Six decimals: enough to tell two runs apart, not only their trend.
+  if (engine.device().holds_bytes()) absl::StrAppendFormat(&line, " | loss %.6f", loss);
   absl::StrAppendFormat(&line, " | %.0f tokens/s", tokens_per_second);
   if (!applied) absl::StrAppend(&line, " | step skipped (inf/nan gradients)");
   absl::StrAppend(&line, " | peak memory/rank:");
@@ -140,6 +141,12 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
   float first_loss = 0, last_loss = 0;
   double seconds = 0;
   const int64_t first_step = engine.steps();
+  const int64_t skipped_before = engine.optimizer().steps_skipped();
+  if (first_step >= options.steps && world.rank() == 0 && options.steps > 0) {
+    std::printf("nothing to train: the run is at step %lld and --steps %lld is the step to train "
+                "up to\n",
+                static_cast<long long>(first_step), static_cast<long long>(options.steps));
+  }
   for (int64_t step = first_step; step < options.steps; ++step) {
     std::vector<Batch> batches;
     for (int u = 0; u < accumulation; ++u) {
@@ -167,14 +174,21 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
                                    tokens_per_step / took.count(), report.step.applied));
     }
   }
-  if (!options.save_dir.empty()) MW_RETURN_IF_ERROR(Save(options, engine));
+  // The final state is saved (--steps 0: the initialisation; a resumed run
+  // that takes no step saves into another directory: resharding), unless
+  // it is the checkpoint this run resumed from.
   const int64_t ran = options.steps - first_step;
+  if (!options.save_dir.empty() &&
+      (ran > 0 || first_step == 0 ||
+       !SameCheckpointDirectory(options.resume_dir, options.save_dir))) {
+    MW_RETURN_IF_ERROR(Save(options, engine));
+  }
   if (world.rank() == 0 && ran > 0) {
     std::printf("summary: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(ran),
-                static_cast<long long>(engine.optimizer().steps_skipped()),
+                static_cast<long long>(engine.optimizer().steps_skipped() - skipped_before),
                 tokens_per_step * ran / seconds);
     if (engine.device().holds_bytes()) {
-      std::printf(", loss %.4f -> %.4f (ln(vocab) = %.4f)", first_loss, last_loss,
+      std::printf(", loss %.6f -> %.6f (ln(vocab) = %.6f)", first_loss, last_loss,
                   std::log(double(gpt.vocab)));
     }
     std::printf("\n");
@@ -185,8 +199,8 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
 }  // namespace
 
 absl::Status RunTrain(const TrainOptions& options) {
-  if (options.steps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--steps: expected >= 1, got ", options.steps));
+  if (options.steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps: expected >= 0, got ", options.steps));
   }
   if (options.log_every < 1) {
     return absl::InvalidArgumentError(
@@ -226,7 +240,7 @@ absl::Status RunTrain(const TrainOptions& options) {
                       Engine::Create(engine_options, config, SpecModel(options.model)));
   ByteCorpus corpus = ByteCorpus::Synthetic(1 << 20, /*seed=*/1234);
   if (!options.data_path.empty()) {
-    MW_ASSIGN_OR_RETURN(corpus, ByteCorpus::FromFile(options.data_path, gpt.seq + 1));
+    MW_ASSIGN_OR_RETURN(corpus, ByteCorpus::FromFile(options.data_path, gpt.seq + 1, gpt.vocab));
   }
   if (world->rank() == 0) PrintHeader(options, gpt, *engine, corpus);
   if (!options.resume_dir.empty()) {

@@ -24,7 +24,8 @@ struct TrainOptions {
   // what PinnedBytes (engine/engine.h) derives from the config.
   int64_t pinned_bytes = 0;
   // The step the run trains up to (a resumed run continues from the
-  // checkpoint's step to this one).
+  // checkpoint's step to this one); 0 with save_dir saves the initial
+  // weights.
   int64_t steps = 100;
   // Training checkpoints (engine/checkpoint.h): saved into `save_dir`
   // every `save_every` steps (0: only at the end) and at the end, keeping

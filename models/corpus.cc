@@ -1,27 +1,49 @@
 #include "models/corpus.h"
 
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/status.h"
 
 namespace memwall {
 
-absl::StatusOr<ByteCorpus> ByteCorpus::FromFile(const std::string& path, int64_t min_bytes) {
+absl::StatusOr<ByteCorpus> ByteCorpus::FromFile(const std::string& path, int64_t min_bytes,
+                                                int64_t vocab) {
+  // A regular file has a size to read exactly; a device (/dev/zero) or a
+  // pipe would be read without end.
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("data file ", path, ": cannot be opened"));
+  }
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data file ", path, ": not a regular file; expected a text file"));
+  }
+  const uintmax_t size = std::filesystem::file_size(path, ec);
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("data file ", path, ": cannot be opened"));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("data file ", path, ": read failed"));
-  std::string bytes = text.str();
+  if (ec || !in) return absl::NotFoundError(absl::StrCat("data file ", path, ": cannot be opened"));
+  std::string bytes(size, '\0');
+  if (!in.read(bytes.data(), static_cast<std::streamsize>(size))) {
+    return absl::DataLossError(absl::StrCat("data file ", path, ": read failed"));
+  }
   if (static_cast<int64_t>(bytes.size()) < min_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": ", bytes.size(),
                                                    " bytes; expected at least ", min_bytes,
                                                    " (one sequence plus its next byte)"));
+  }
+  // Checked now rather than when training reaches the byte, steps later.
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const int64_t token = static_cast<uint8_t>(bytes[i]);
+    if (token >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data file ", path, ": byte ", token, " at offset ", i,
+          " is outside the model's vocabulary of ", vocab, " tokens (byte-level: ids 0..",
+          vocab - 1, ")"));
+    }
   }
   return ByteCorpus(std::move(bytes));
 }

@@ -15,8 +15,11 @@ namespace memwall {
 class ByteCorpus {
  public:
   // Reads a text file. Errors name the file: kNotFound if it cannot be
-  // opened, kInvalidArgument if it has fewer than min_bytes bytes.
-  static absl::StatusOr<ByteCorpus> FromFile(const std::string& path, int64_t min_bytes);
+  // opened; kInvalidArgument if it is not a regular file (a device or a
+  // pipe has no end to read to), has fewer than min_bytes bytes, or holds a
+  // byte >= `vocab` (naming the first and its offset).
+  static absl::StatusOr<ByteCorpus> FromFile(const std::string& path, int64_t min_bytes,
+                                             int64_t vocab = 256);
   // English-like sentences from a small grammar, generated from `seed`:
   // learnable structure, identical on every rank.
   static ByteCorpus Synthetic(int64_t bytes, uint64_t seed);

@@ -150,6 +150,22 @@ out=$("$memwall" train --model gpt-tiny:heads=2 --resume "$tmp/four" 2>&1)
 check "another number of heads" "$out" \
   "saved from model 'gpt:vocab=256,seq=64,hidden=64,heads=4,layers=2', this run's model is 'gpt:vocab=256,seq=64,hidden=64,heads=2,layers=2'"
 
+# --steps 0 saves (and so exports) the initial weights; --steps at or below
+# a checkpoint's step says there is nothing to train; a resumed summary
+# counts only its own skipped steps.
+out=$("$memwall" train --steps 0 --save "$tmp/init" 2>&1)
+check "--steps 0 saves the initialisation" "$out" "saved $tmp/init/step-00000000"
+out=$("$memwall" export --checkpoint "$tmp/init" --out "$tmp/init.safetensors" 2>&1)
+check "export the initialisation" "$out" "exported $tmp/init/step-00000000 to $tmp/init.safetensors"
+out=$("$memwall" train --steps 4 --resume "$tmp/four" 2>&1)
+check "--steps below the checkpoint" "$out" \
+  "nothing to train: the run is at step 6 and --steps 4 is the step to train up to"
+echo '{"train_micro_batch_size_per_gpu": 8, "fp16": {"enabled": true, "initial_scale_power": 32},
+       "zero_optimization": {"stage": 2}}' > "$tmp/fp16.json"
+"$memwall" train --config "$tmp/fp16.json" --steps 3 --save "$tmp/fp16" > /dev/null 2>&1
+out=$("$memwall" train --config "$tmp/fp16.json" --steps 5 --resume "$tmp/fp16" 2>&1)
+check "a resumed run counts its own skipped steps" "$out" "summary: 2 steps (2 skipped)"
+
 # A --save directory is checked before the first step, not at the first save.
 touch "$tmp/a-file"
 out=$("$memwall" train --steps 5 --save "$tmp/a-file" 2>&1)

@@ -223,8 +223,14 @@ check "bad config" "$out" "config file $tmp/bad.json: zero_optimization.stage: e
 printf 'short' > "$tmp/short.txt"
 out=$("$memwall" train --data "$tmp/short.txt" 2>&1)
 check "short data" "$out" "data file $tmp/short.txt: 5 bytes; expected at least 65 (one sequence plus its next byte)"
+out=$("$memwall" train --data /dev/zero --steps 1 2>&1)
+check "data from a device" "$out" "data file /dev/zero: not a regular file; expected a text file"
+printf 'hello \xc3\xa9t\xc3\xa9, '"$(head -c 400 /dev/zero | tr '\0' 'a')" > "$tmp/utf8.txt"
+out=$("$memwall" train --model gpt-tiny:vocab=128 --data "$tmp/utf8.txt" --steps 1 2>&1)
+check "data outside the vocabulary" "$out" \
+  "data file $tmp/utf8.txt: byte 195 at offset 6 is outside the model's vocabulary of 128 tokens"
 out=$("$memwall" train --steps -1 2>&1)
-check "bad steps" "$out" "--steps: expected >= 1, got -1"
+check "bad steps" "$out" "--steps: expected >= 0, got -1"
 out=$("$memwall" train --collective_timeout -1 2>&1)
 check "bad collective timeout" "$out" "--collective_timeout: expected seconds >= 0 (0: wait forever), got -1"
 # On several ranks an error ends the whole job with it, non-zero.
