@@ -187,6 +187,9 @@ Flags may be written with dashes or underscores (--device-memory or
 exit status: 0 on success, 1 on an error (printed), 2 on bad usage.)";
 
 int Fail(const absl::Status& status) {
+  // What stdout holds goes first, so the error never lands inside a line
+  // of a table printed before it.
+  std::fflush(stdout);
   std::fprintf(stderr, "memwall: %s\n", status.ToString().c_str());
   return 1;
 }

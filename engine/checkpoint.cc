@@ -61,6 +61,25 @@ std::vector<Param> ParamsOf(const ShardedOptimizer& opt) {
   return params;
 }
 
+// Which rank writes each parameter: the largest first, each to the rank
+// with the fewest bytes so far (ties: the lower rank), so the files, written
+// in parallel, balance by bytes even when a few groups (or one) hold the
+// model. Deterministic: every rank computes the same owners.
+std::vector<int> FileOwners(const std::vector<Param>& params, int world) {
+  std::vector<int> order(params.size());
+  for (size_t p = 0; p < params.size(); ++p) order[p] = static_cast<int>(p);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return params[a].numel > params[b].numel; });
+  std::vector<int64_t> bytes(world, 0);
+  std::vector<int> owner(params.size());
+  for (int p : order) {
+    const int r = static_cast<int>(std::min_element(bytes.begin(), bytes.end()) - bytes.begin());
+    owner[p] = r;
+    bytes[r] += params[p].numel;
+  }
+  return owner;
+}
+
 std::vector<std::string> StateNames(const ShardedOptimizer& opt) {
   if (opt.config().optimizer.type == OptimizerType::kAdam) return {"master", "exp_avg", "exp_avg_sq"};
   if (opt.num_states() == 2) return {"master", "momentum"};
@@ -316,12 +335,14 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
   }
   MW_RETURN_IF_ERROR(comm.Barrier());
 
-  // This rank's file: its groups' parameters, state by state, in order.
+  // This rank's file: its parameters, group by group, state by state.
+  const std::vector<int> owner = FileOwners(params, world);
   json header = json::object();
   int64_t offset = 0;
-  for (size_t g = rank; g < layout.groups.size(); g += world) {
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
     for (const std::string& state : states) {
       for (int p : layout.groups[g].parameters) {
+        if (owner[p] != rank) continue;
         const int64_t bytes = 4 * params[p].numel;
         header[absl::StrCat(params[p].name, "/", state)] = {
             {"dtype", "F32"}, {"shape", params[p].shape}, {"data_offsets", {offset, offset + bytes}}};
@@ -349,8 +370,9 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
         ::unlink(tmp.c_str());
         return gathered;
       }
-      if (static_cast<int>(g % world) != rank || !written.ok()) continue;
+      if (!written.ok()) continue;
       for (int p : flat.parameters) {
+        if (owner[p] != rank) continue;
         const ParameterPlacement& place = layout.placements[p];
         written = WriteAll(fd, tmp, full.data() + place.offset, 4 * place.numel, crc);
         if (!written.ok()) break;
@@ -398,7 +420,7 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
       for (int p : layout.groups[g].parameters) {
         list.push_back({{"name", params[p].name},
                         {"shape", params[p].shape},
-                        {"file", RankFile(static_cast<int>(g % world))}});
+                        {"file", RankFile(owner[p])}});
       }
     }
     manifest["parameters"] = list;

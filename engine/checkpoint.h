@@ -10,8 +10,9 @@
 // the f32 optimizer state of whole parameters, by name: "<param>/master"
 // (the master weights; the parameters in f32 runs), "<param>/exp_avg" and
 // "<param>/exp_avg_sq" (Adam) or "<param>/momentum" (SGD with momentum).
-// Rank r writes the parameters of flat groups g with g % world == r, so the
-// files are written in parallel and the bytes balance. Nothing in a file
+// Each rank writes a share of the parameters, the largest first to the
+// rank with the fewest bytes so far, so the files are written in parallel
+// and balance by bytes (even when one flat group holds the whole model). Nothing in a file
 // depends on the saving run's world size, stage or bucket sizes, so a run
 // with any of those loads it directly: resharding is loading.
 //

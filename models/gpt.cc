@@ -521,6 +521,13 @@ absl::Status ValidateGptConfig(const GptConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("gpt hidden: ", c.hidden,
                                                    " is not divisible by heads ", c.heads));
   }
+  // Every layer is an object, a chain link and a flat group in a dry run:
+  // bounded so that a plan's host memory and time stay bounded (the
+  // deepest published transformers have a few hundred layers).
+  if (c.layers > kMaxGptLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt layers: ", c.layers, "; at most ",
+                                                   kMaxGptLayers, " are supported"));
+  }
   // Counted in doubles first: the int64 arithmetic of GptParameterCount and
   // of every tensor size must not overflow (found by fuzzing --model).
   const double h = double(c.hidden);

@@ -55,8 +55,12 @@ int64_t GptParameterCount(const GptConfig& config);
 // have: sizes stay far from int64 overflow.
 constexpr double kMaxGptParameters = 1e18;
 
-// Checks positivity, divisibility and size (at most kMaxGptParameters);
-// errors name the field.
+// The most layers a shape may have (a dry run holds an object, a chain
+// link and a flat group per layer, so this bounds its host memory).
+constexpr int64_t kMaxGptLayers = 100000;
+
+// Checks positivity, divisibility and size (at most kMaxGptParameters and
+// kMaxGptLayers); errors name the field.
 absl::Status ValidateGptConfig(const GptConfig& config);
 
 // The layers: "embed", "block0" .. "block<L-1>", "head".

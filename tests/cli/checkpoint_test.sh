@@ -150,6 +150,13 @@ out=$("$memwall" train --model gpt-tiny:heads=2 --resume "$tmp/four" 2>&1)
 check "another number of heads" "$out" \
   "saved from model 'gpt:vocab=256,seq=64,hidden=64,heads=4,layers=2', this run's model is 'gpt:vocab=256,seq=64,hidden=64,heads=2,layers=2'"
 
+# The rank files balance by bytes (gpt-tiny is one flat group: by group,
+# rank 0 wrote 1.45 MB and rank 1 10 bytes).
+a=$(stat -c %s "$tmp/ref/step-00000300/rank-00000.safetensors")
+b=$(stat -c %s "$tmp/ref/step-00000300/rank-00001.safetensors")
+[ $((a > b ? a - b : b - a)) -le $(((a + b) / 10)) ] && pass ||
+  fail "rank files of $a and $b bytes: not balanced within 10%"
+
 # --steps 0 saves (and so exports) the initial weights; --steps at or below
 # a checkpoint's step says there is nothing to train; a resumed summary
 # counts only its own skipped steps.

@@ -155,6 +155,8 @@ out=$("$memwall" plan --model gpt:params=lots 2>&1)
 check "plan: bad params" "$out" "model 'gpt:params=lots': params: expected a count such as 80e9 (1 to 1e18), got 'lots'"
 out=$("$memwall" plan --model gpt --gpus 8 2>&1)
 check "plan: gpt without a shape" "$out" "model 'gpt': expected gpt:params=N or gpt:layers=L,hidden=H,heads=A"
+out=$("$memwall" plan --model gpt:layers=2147483648,hidden=64,heads=4 2>&1)
+check "plan: too many layers" "$out" "gpt layers: 2147483648; at most 100000 are supported"
 out=$("$memwall" plan --gpus 0 2>&1)
 check "plan: bad gpus" "$out" "--gpus: expected 1..1048576, got 0"
 echo '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": "auto"}}' \
