@@ -139,148 +139,158 @@ absl::Status Trainer::SetRecomputationPlan(const Plan& plan, const Chain& chain)
   return absl::OkStatus();
 }
 
-absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
-  ShardedOptimizer& opt = *optimizer_;
-  const int n = static_cast<int>(layers_.size());
-  std::vector<Tensor> outputs(n);
-  auto input_of = [&](int l) -> const Tensor& { return l == 0 ? batch.input : outputs[l - 1]; };
-  // Offload: outputs[l] waits in the pinned pool (checkpointed activation,
-  // owner "<owner>.offloaded") and comes back under its own owner.
-  struct Offloaded {
-    DeviceBuffer host;
-    DType dtype;
-    std::vector<int64_t> shape;
-    std::string owner;
-  };
-  std::map<int, Offloaded> offloaded;
-  auto offload = [&](int l) -> absl::Status {
-    Tensor& t = outputs[l];
-    MW_ASSIGN_OR_RETURN(DeviceBuffer host,
-                        device_.AllocatePinned(t.nbytes(), MemoryCategory::kCheckpointedActivation,
-                                               absl::StrCat(t.owner(), ".offloaded")));
-    MW_RETURN_IF_ERROR(device_.CopyAsync(host.data(), t.data(), t.nbytes(), *stream_));
-    MW_RETURN_IF_ERROR(stream_->Synchronize());
-    offloaded[l] = Offloaded{std::move(host), t.dtype(), t.shape(), t.owner()};
-    t = Tensor();
-    return absl::OkStatus();
-  };
-  auto fetch = [&](int l) -> absl::Status {
-    Offloaded& o = offloaded.at(l);
-    MW_ASSIGN_OR_RETURN(outputs[l], Tensor::Empty(device_, o.dtype, o.shape,
-                                                  MemoryCategory::kActivation, o.owner));
-    MW_RETURN_IF_ERROR(device_.CopyAsync(outputs[l].data(), o.host.data(), outputs[l].nbytes(),
-                                         *stream_));
-    MW_RETURN_IF_ERROR(stream_->Synchronize());
-    offloaded.erase(l);
-    return absl::OkStatus();
-  };
+const Tensor& Trainer::Pass::input_of(int l) const {
+  return l == 0 ? batch.input : outputs[l - 1];
+}
 
-  // Forward: a layer's groups are gathered before it runs and released
-  // once the next layer does not read them.
-  std::set<int> gathered;
-  // Releases the groups in `held` (`gathered` or a subset) that `next`
-  // does not read.
-  auto release_unread = [&](std::set<int>& held, const std::vector<int>& next) -> absl::Status {
-    for (auto it = held.begin(); it != held.end();) {
-      const int g = *it;
-      if (std::find(next.begin(), next.end(), g) != next.end()) {
-        ++it;
-        continue;
-      }
-      MW_RETURN_IF_ERROR(opt.ReleaseParameters(g));
-      it = held.erase(it);
-      gathered.erase(g);
+absl::Status Trainer::Offload(Pass& pass, int l) {
+  Tensor& t = pass.outputs[l];
+  MW_ASSIGN_OR_RETURN(DeviceBuffer host,
+                      device_.AllocatePinned(t.nbytes(), MemoryCategory::kCheckpointedActivation,
+                                             absl::StrCat(t.owner(), ".offloaded")));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(host.data(), t.data(), t.nbytes(), *stream_));
+  MW_RETURN_IF_ERROR(stream_->Synchronize());
+  pass.offloaded[l] = Pass::Offloaded{std::move(host), t.dtype(), t.shape(), t.owner()};
+  t = Tensor();
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Fetch(Pass& pass, int l) {
+  Pass::Offloaded& o = pass.offloaded.at(l);
+  MW_ASSIGN_OR_RETURN(pass.outputs[l], Tensor::Empty(device_, o.dtype, o.shape,
+                                                     MemoryCategory::kActivation, o.owner));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(pass.outputs[l].data(), o.host.data(),
+                                       pass.outputs[l].nbytes(), *stream_));
+  MW_RETURN_IF_ERROR(stream_->Synchronize());
+  pass.offloaded.erase(l);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ReleaseUnread(Pass& pass, std::set<int>& held, const std::vector<int>& next) {
+  for (auto it = held.begin(); it != held.end();) {
+    const int g = *it;
+    if (std::find(next.begin(), next.end(), g) != next.end()) {
+      ++it;
+      continue;
     }
-    return absl::OkStatus();
-  };
-  auto forward = std::make_unique<ScopedPhase>(profiler_, "forward");
+    MW_RETURN_IF_ERROR(optimizer_->ReleaseParameters(g));
+    it = held.erase(it);
+    pass.gathered.erase(g);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Forward(Pass& pass) {
+  // A layer's groups are gathered before it runs and released once the
+  // next layer does not read them.
+  const int n = static_cast<int>(layers_.size());
+  ScopedPhase forward(profiler_, "forward");
   for (int l = 0; l < n; ++l) {
     ScopedPhase layer(profiler_, layers_[l]->name());
     for (int g : groups_of_layer_[l]) {
-      if (gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
+      if (pass.gathered.insert(g).second) MW_RETURN_IF_ERROR(optimizer_->GatherParameters(g));
     }
     const Segment& segment = plan_.segments[segment_of_[l]];
     contexts_[l]->set_selective(segment.mode == SegmentMode::kSelective);
-    MW_ASSIGN_OR_RETURN(outputs[l], layers_[l]->Forward(*contexts_[l], input_of(l)));
+    MW_ASSIGN_OR_RETURN(pass.outputs[l], layers_[l]->Forward(*contexts_[l], pass.input_of(l)));
     MW_RETURN_IF_ERROR(contexts_[l]->ReleaseWorkspace());
     if (segment.mode == SegmentMode::kRecompute || segment.mode == SegmentMode::kOffload) {
       // Keep only the segment's last output: this layer's saved tensors,
       // and the previous output once this layer has read it, go now.
       contexts_[l]->saved().clear();
-      if (l > segment.begin) outputs[l - 1] = Tensor();
+      if (l > segment.begin) pass.outputs[l - 1] = Tensor();
     }
     if (segment.mode == SegmentMode::kOffload && l == segment.end - 1) {
-      MW_RETURN_IF_ERROR(offload(segment.begin - 1));  // the segment's input
+      MW_RETURN_IF_ERROR(Offload(pass, segment.begin - 1));  // the segment's input
     }
     const std::vector<int> none;
-    MW_RETURN_IF_ERROR(release_unread(gathered, l + 1 < n ? groups_of_layer_[l + 1] : none));
+    MW_RETURN_IF_ERROR(ReleaseUnread(pass, pass.gathered, l + 1 < n ? groups_of_layer_[l + 1] : none));
   }
+  return absl::OkStatus();
+}
 
-  forward.reset();
-  // Loss, scaled for fp16 training.
-  auto loss_phase = std::make_unique<ScopedPhase>(profiler_, "loss");
-  MW_ASSIGN_OR_RETURN(Tensor grad, loss_context_->InputGradient(outputs[n - 1].shape()));
-  MW_ASSIGN_OR_RETURN(const float loss,
-                      loss_->Compute(*loss_context_, outputs[n - 1], batch.target, grad));
+absl::StatusOr<Tensor> Trainer::Loss(Pass& pass, float& loss) {
+  // The loss, scaled for fp16 training.
+  ScopedPhase phase(profiler_, "loss");
+  const Tensor& output = pass.outputs.back();
+  MW_ASSIGN_OR_RETURN(Tensor grad, loss_context_->InputGradient(output.shape()));
+  MW_ASSIGN_OR_RETURN(loss, loss_->Compute(*loss_context_, output, pass.batch.target, grad));
   MW_RETURN_IF_ERROR(loss_context_->ReleaseWorkspace());
-  if (opt.loss_scale() != 1.0f) {
-    MW_RETURN_IF_ERROR(kernels::Scale(device_, *stream_, grad.data(), DType::kF32, grad.numel(),
-                                      opt.loss_scale()));
+  const float scale = optimizer_->loss_scale();
+  if (scale != 1.0f) {
+    MW_RETURN_IF_ERROR(
+        kernels::Scale(device_, *stream_, grad.data(), DType::kF32, grad.numel(), scale));
   }
+  return grad;
+}
 
-  // Backward: a group is gathered and its gradients acquired when backward
-  // first reaches a layer that reads it (gathered earlier if a recomputed
-  // segment reads it), and reduced and released after the first layer (in
-  // forward order) that reads it.
-  loss_phase.reset();
-  std::set<int> acquired;  // `gathered` is empty again: forward released all
+absl::Status Trainer::Recompute(Pass& pass, const Segment& segment, int l) {
+  // The segment's forward again, from its input, keeping every activation.
+  // Parameters are held as in forward, not for the whole segment: a group
+  // this recomputation gathers goes once the next layer does not read it
+  // (backward gathers it again), so a long segment at stage 3 never holds
+  // more than two layers' parameters.
+  ScopedPhase recompute(profiler_, absl::StrCat("recompute ", layers_[segment.begin]->name(),
+                                                "..", layers_[l]->name()));
+  if (segment.mode == SegmentMode::kOffload) MW_RETURN_IF_ERROR(Fetch(pass, segment.begin - 1));
+  pass.outputs[l] = Tensor();  // the checkpoint: recomputed with the rest
+  std::set<int> regathered;    // not those backward already holds
+  for (int j = segment.begin; j < segment.end; ++j) {
+    for (int g : groups_of_layer_[j]) {
+      if (pass.gathered.insert(g).second) {
+        MW_RETURN_IF_ERROR(optimizer_->GatherParameters(g));
+        regathered.insert(g);
+      }
+    }
+    MW_ASSIGN_OR_RETURN(pass.outputs[j], layers_[j]->Forward(*contexts_[j], pass.input_of(j)));
+    MW_RETURN_IF_ERROR(contexts_[j]->ReleaseWorkspace());
+    if (j < l) MW_RETURN_IF_ERROR(ReleaseUnread(pass, regathered, groups_of_layer_[j + 1]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Backward(Pass& pass, Tensor grad) {
+  // A group is gathered and its gradients acquired when backward first
+  // reaches a layer that reads it (gathered earlier if a recomputed segment
+  // reads it), and reduced and released after the first layer (in forward
+  // order) that reads it. `pass.gathered` is empty again: forward released
+  // every group.
+  ShardedOptimizer& opt = *optimizer_;
+  std::set<int> acquired;
   ScopedPhase backward(profiler_, "backward");
-  for (int l = n - 1; l >= 0; --l) {
+  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     const Segment& segment = plan_.segments[segment_of_[l]];
     const bool recomputed =
         segment.mode == SegmentMode::kRecompute || segment.mode == SegmentMode::kOffload;
-    if (recomputed && l == segment.end - 1) {
-      // The segment's forward again, from its input, keeping every
-      // activation. Parameters are held as in forward, not for the whole
-      // segment: a group this recomputation gathers goes once the next
-      // layer does not read it (backward gathers it again), so a long
-      // segment at stage 3 never holds more than two layers' parameters.
-      ScopedPhase recompute(profiler_, absl::StrCat("recompute ", layers_[segment.begin]->name(),
-                                                    "..", layers_[l]->name()));
-      if (segment.mode == SegmentMode::kOffload) MW_RETURN_IF_ERROR(fetch(segment.begin - 1));
-      outputs[l] = Tensor();  // the checkpoint: recomputed with the rest
-      std::set<int> regathered;  // not those backward already holds
-      for (int j = segment.begin; j < segment.end; ++j) {
-        for (int g : groups_of_layer_[j]) {
-          if (gathered.insert(g).second) {
-            MW_RETURN_IF_ERROR(opt.GatherParameters(g));
-            regathered.insert(g);
-          }
-        }
-        MW_ASSIGN_OR_RETURN(outputs[j], layers_[j]->Forward(*contexts_[j], input_of(j)));
-        MW_RETURN_IF_ERROR(contexts_[j]->ReleaseWorkspace());
-        if (j < l) MW_RETURN_IF_ERROR(release_unread(regathered, groups_of_layer_[j + 1]));
-      }
-    }
+    if (recomputed && l == segment.end - 1) MW_RETURN_IF_ERROR(Recompute(pass, segment, l));
     ScopedPhase layer(profiler_, layers_[l]->name());
     for (int g : groups_of_layer_[l]) {
-      if (gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
+      if (pass.gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
       if (acquired.insert(g).second) MW_RETURN_IF_ERROR(opt.AcquireGradients(g));
     }
     MW_ASSIGN_OR_RETURN(Tensor grad_input,
-                        layers_[l]->Backward(*contexts_[l], input_of(l), grad));
+                        layers_[l]->Backward(*contexts_[l], pass.input_of(l), grad));
     contexts_[l]->saved().clear();
     MW_RETURN_IF_ERROR(contexts_[l]->FlushGradients());
-    outputs[l] = Tensor();  // read by layer l + 1's backward, which has run
+    pass.outputs[l] = Tensor();  // read by layer l + 1's backward, which has run
     grad = std::move(grad_input);
     for (int g : groups_of_layer_[l]) {
       if (first_user_[g] != l) continue;
       MW_RETURN_IF_ERROR(opt.ReduceGradients(g));
       MW_RETURN_IF_ERROR(opt.ReleaseParameters(g));
-      gathered.erase(g);
+      pass.gathered.erase(g);
       acquired.erase(g);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> Trainer::MicroBatch(const Batch& batch) {
+  Pass pass{batch, std::vector<Tensor>(layers_.size()), {}, {}};
+  MW_RETURN_IF_ERROR(Forward(pass));
+  float loss = 0.0f;
+  MW_ASSIGN_OR_RETURN(Tensor grad, Loss(pass, loss));
+  MW_RETURN_IF_ERROR(Backward(pass, std::move(grad)));
   return loss;
 }
 

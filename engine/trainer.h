@@ -18,7 +18,10 @@
 #define MEMWALL_ENGINE_TRAINER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -98,7 +101,33 @@ class Trainer {
  private:
   Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<LossFunction> loss,
           Device& device, std::unique_ptr<ShardedOptimizer> optimizer);
+  // One micro-batch's forward, loss and backward, over its pass state.
+  struct Pass {
+    const Batch& batch;
+    std::vector<Tensor> outputs;  // each layer's, while kept
+    // Offload: outputs[l] waits in the pinned pool (checkpointed
+    // activation, owner "<owner>.offloaded") and comes back under its own
+    // owner.
+    struct Offloaded {
+      DeviceBuffer host;
+      DType dtype;
+      std::vector<int64_t> shape;
+      std::string owner;
+    };
+    std::map<int, Offloaded> offloaded;
+    std::set<int> gathered;  // groups gathered and not yet released
+    const Tensor& input_of(int l) const;
+  };
   absl::StatusOr<float> MicroBatch(const Batch& batch);
+  absl::Status Forward(Pass& pass);
+  absl::StatusOr<Tensor> Loss(Pass& pass, float& loss);
+  absl::Status Backward(Pass& pass, Tensor grad);
+  absl::Status Recompute(Pass& pass, const Segment& segment, int l);
+  absl::Status Offload(Pass& pass, int l);
+  absl::Status Fetch(Pass& pass, int l);
+  // Releases the groups in `held` (pass.gathered or a subset) that `next`
+  // does not read.
+  absl::Status ReleaseUnread(Pass& pass, std::set<int>& held, const std::vector<int>& next);
 
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<LossFunction> loss_;
