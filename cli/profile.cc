@@ -58,16 +58,11 @@ absl::Status RunProfile(const ProfileOptions& options) {
   }
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   if (options.batch > 0) config.train_micro_batch_size_per_gpu = options.batch;
-  CommunicatorOptions world_options;
-  world_options.timeout = options.collective_timeout;
   MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world,
-                      MpiCommunicator::Create(world_options));
-  EngineOptions engine_options;
-  engine_options.backend = options.backend;
-  engine_options.device_bytes = options.capacity_bytes;
-  engine_options.pinned_bytes = options.pinned_bytes;
-  engine_options.simulate_ranks = options.simulate_ranks;
-  engine_options.world = world.get();
+                      StartWorld(options.collective_timeout));
+  EngineOptions engine_options =
+      CommandEngineOptions(options.backend, options.capacity_bytes, options.pinned_bytes,
+                           options.simulate_ranks, *world);
   engine_options.oom_dir = options.out_dir;
   engine_options.oom_advice = false;
   MW_ASSIGN_OR_RETURN(

@@ -14,4 +14,21 @@ absl::StatusOr<Config> LoadConfigOrDefault(const std::string& path) {
   return path.empty() ? ParseConfig(kDefaultTrainConfig) : LoadConfig(path);
 }
 
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> StartWorld(absl::Duration timeout) {
+  CommunicatorOptions options;
+  options.timeout = timeout;
+  return MpiCommunicator::Create(options);
+}
+
+EngineOptions CommandEngineOptions(Backend backend, int64_t device_bytes, int64_t pinned_bytes,
+                                   int simulate_ranks, MpiCommunicator& world) {
+  EngineOptions options;
+  options.backend = backend;
+  options.device_bytes = device_bytes;
+  options.pinned_bytes = pinned_bytes;
+  options.simulate_ranks = simulate_ranks;
+  options.world = &world;
+  return options;
+}
+
 }  // namespace memwall

@@ -2,10 +2,15 @@
 #ifndef MEMWALL_CLI_SESSION_H_
 #define MEMWALL_CLI_SESSION_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "engine/config.h"
+#include "engine/engine.h"
+#include "runtime/device.h"
+#include "runtime/mpi_communicator.h"
 
 namespace memwall {
 
@@ -15,6 +20,15 @@ extern const char kDefaultTrainConfig[];
 
 // `path`'s config, or the built-in one when `path` is empty.
 absl::StatusOr<Config> LoadConfigOrDefault(const std::string& path);
+
+// The MPI world a command's ranks run in (initialising MPI), whose
+// collectives wait at most `timeout` for the other ranks.
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> StartWorld(absl::Duration timeout);
+
+// The engine options the running commands (train, profile) set from their
+// flags alike; `world` must outlive the engine.
+EngineOptions CommandEngineOptions(Backend backend, int64_t device_bytes, int64_t pinned_bytes,
+                                   int simulate_ranks, MpiCommunicator& world);
 
 }  // namespace memwall
 

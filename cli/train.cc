@@ -212,16 +212,11 @@ absl::Status RunTrain(const TrainOptions& options) {
   }
   MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(options.model));
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
-  CommunicatorOptions world_options;
-  world_options.timeout = options.collective_timeout;
   MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world,
-                      MpiCommunicator::Create(world_options));
-  EngineOptions engine_options;
-  engine_options.backend = options.backend;
-  engine_options.device_bytes = options.capacity_bytes;
-  engine_options.pinned_bytes = options.pinned_bytes;
-  engine_options.simulate_ranks = options.simulate_ranks;
-  engine_options.world = world.get();
+                      StartWorld(options.collective_timeout));
+  EngineOptions engine_options =
+      CommandEngineOptions(options.backend, options.capacity_bytes, options.pinned_bytes,
+                           options.simulate_ranks, *world);
   engine_options.seed = options.seed;
   engine_options.oom_dir = options.oom_dir;
   std::error_code no_size;
