@@ -202,6 +202,15 @@ absl::Status RemoveCheckpoint(const std::string& path) {
   return absl::OkStatus();
 }
 
+// A meta device has no values to save or load: a dry run starts from any
+// weights, and a real run (host or cuda) resumes.
+absl::Status RequireValues(ShardedOptimizer& opt, const std::string& path, const char* what) {
+  if (opt.device().holds_bytes()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint ", path, ": cannot ", what, " on ", opt.device().name(),
+      ", which holds no values (a dry run needs no checkpoint; resume with --backend host or cuda)"));
+}
+
 }  // namespace
 
 void InjectCheckpointWriteFailure(int64_t after_bytes) { write_budget = after_bytes; }
@@ -322,6 +331,7 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
                                            const std::string& dir, int keep,
                                            const std::string& model) {
   if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("checkpoint keep: expected >= 1, got ", keep));
+  MW_RETURN_IF_ERROR(RequireValues(opt, dir, "save one"));
   Communicator& comm = opt.communicator();
   const int rank = comm.rank(), world = comm.world_size();
   const FlatLayout& layout = opt.layout();
@@ -718,6 +728,7 @@ absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& 
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std::string& path,
                                                  const std::string& model) {
+  MW_RETURN_IF_ERROR(RequireValues(opt, path, "load it"));
   MW_ASSIGN_OR_RETURN(const std::string newest, FindCheckpoint(path));
   // Candidates, newest first: `path` itself, or every complete checkpoint
   // under it. A damaged one (kDataLoss on any rank) gives way to the next

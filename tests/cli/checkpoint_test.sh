@@ -145,6 +145,9 @@ out=$("$memwall" train --save "$tmp/x" --save_every -2 2>&1)
 check "bad save_every" "$out" "--save_every: expected >= 0, got -2"
 out=$("$memwall" train --model gpt-tiny:layers=3 --resume "$tmp/four" 2>&1)
 check "another model" "$out" "no parameter 'block2.attn_proj_bias' (the checkpoint is of another model)"
+out=$("$memwall" train --backend meta --steps 8 --resume "$tmp/four" 2>&1)
+check "resume on meta" "$out" \
+  "checkpoint $tmp/four: cannot load it on meta:0, which holds no values (a dry run needs no checkpoint; resume with --backend host or cuda)"
 # Heads change no tensor shape; the manifest's model description catches it.
 out=$("$memwall" train --model gpt-tiny:heads=2 --resume "$tmp/four" 2>&1)
 check "another number of heads" "$out" \
