@@ -519,26 +519,30 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
   // The reduction reads what the caller's backward wrote.
   MW_RETURN_IF_ERROR(OrderAfterCaller());
   Retired retired;
+  ReduceBuffers buffers;
   const FlatGroup& flat = layout_.groups[g];
+  MW_RETURN_IF_ERROR(SizeReduceBuffers(flat, buffers));
   if (streams_gradients(flat)) {
     // No shard on the device: the reduction's output (in the reduction's
     // dtype) goes to the host and accumulates there, rounding as the
     // device's accumulating reduction would.
     const bool first = group.reductions++ == 0;
     MW_RETURN_IF_ERROR(ReduceScatterPieces(
-        flat, group.grad_bucket.data(), retired.buffers,
+        flat, group.grad_bucket.data(), buffers,
         [&](int64_t begin, int64_t count, const void* reduced) {
           return group.host->AccumulateGradients(*comm_stream_, reduced, config_.reduce_dtype,
                                                  first, begin, count);
         }));
   } else {
     MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, group.grad_bucket.data(), group.grads.data(),
-                                              /*accumulate=*/true, retired.buffers));
+                                              /*accumulate=*/true, buffers));
     if (group.host != nullptr && ++group.reductions == config_.gradient_accumulation_steps) {
       // Offload: the host part's gradients are final; they stream to host now.
       MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, group.grads.data()));
     }
   }
+  retired.buffers.push_back(std::move(buffers.packed));
+  retired.buffers.push_back(std::move(buffers.out));
   retired.buffers.push_back(std::move(group.grad_bucket));
   MW_ASSIGN_OR_RETURN(retired.event, device_.CreateEvent());
   MW_RETURN_IF_ERROR(comm_stream_->Record(*retired.event));
@@ -559,18 +563,44 @@ absl::Status ShardedOptimizer::Reclaim(int keep) {
   return absl::OkStatus();
 }
 
-absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* full) {
+absl::Status ShardedOptimizer::SizeReduceBuffers(const FlatGroup& flat, ReduceBuffers& buffers) {
+  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  const size_t size = DTypeSize(reduce);
+  const auto ensure = [&](DeviceBuffer& buffer, int64_t elements, const char* what) -> absl::Status {
+    if (!buffer.empty() && buffer.size() >= elements * size) return absl::OkStatus();
+    buffer.Reset();
+    MW_ASSIGN_OR_RETURN(buffer, device_.Allocate(elements * size, MemoryCategory::kCommBuffer,
+                                                 absl::StrCat(flat.name, what)));
+    return absl::OkStatus();
+  };
+  if (stage() == 0) {
+    // Widened in pieces of at most reduce_bucket_size elements, one buffer
+    // reused for each, so a large group costs no full-size f32 copy.
+    if (reduce == dtype) return absl::OkStatus();
+    return ensure(buffers.wide, std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1,
+                                                    flat.padded_numel), ".allreduce");
+  }
+  const int world = comm_.world_size();
+  const int64_t shard = flat.shard_numel;
+  const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size / world, 1, shard);
+  // The collective reads world pieces laid out rank after rank: a copy (or
+  // the widening cast) packs them unless the group goes in one piece in the
+  // reduction's dtype, or there is one rank (a piece is then contiguous).
+  if (reduce != dtype || (piece < shard && world > 1)) {
+    MW_RETURN_IF_ERROR(ensure(buffers.packed, world * piece, ".reduce_input"));
+  }
+  return ensure(buffers.out, piece, ".reduce_output");
+}
+
+absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* full,
+                                                  ReduceBuffers& buffers) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
   const int64_t n = flat.padded_numel;
   if (reduce == dtype) {
     return comm_.AllReduce(full, full, n, dtype, ReduceOp::kSum, *comm_stream_);
   }
-  // Widened in pieces of at most reduce_bucket_size elements, one buffer
-  // reused for each, so a large group costs no full-size f32 copy.
   const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1, n);
-  MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(piece * DTypeSize(reduce),
-                                                          MemoryCategory::kCommBuffer,
-                                                          absl::StrCat(flat.name, ".allreduce")));
+  const DeviceBuffer& wide = buffers.wide;
   for (int64_t begin = 0; begin < n; begin += piece) {
     const int64_t count = std::min(piece, n - begin);
     void* slice = Offset(full, begin, dtype);
@@ -579,30 +609,20 @@ absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* f
         comm_.AllReduce(wide.data(), wide.data(), count, reduce, ReduceOp::kSum, *comm_stream_));
     MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, wide.data(), reduce, slice, dtype, count));
   }
-  return absl::OkStatus();  // `wide` goes in stream order (see Step())
+  return absl::OkStatus();
 }
 
 absl::Status ShardedOptimizer::ReduceScatterPieces(
-    const FlatGroup& flat, const void* full, std::vector<DeviceBuffer>& keep_alive,
+    const FlatGroup& flat, const void* full, ReduceBuffers& buffers,
     const std::function<absl::Status(int64_t, int64_t, const void*)>& consume) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
   const int world = comm_.world_size();
   const int64_t shard = flat.shard_numel;
   Stream& stream = *comm_stream_;
   const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size / world, 1, shard);
-  // The collective reads world pieces laid out rank after rank: a copy (or
-  // the widening cast) packs them unless the group goes in one piece in the
-  // reduction's dtype, or there is one rank (a piece is then contiguous).
-  const bool pack = reduce != dtype || (piece < shard && world > 1);
-  DeviceBuffer packed;
-  if (pack) {
-    MW_ASSIGN_OR_RETURN(packed, device_.Allocate(world * piece * DTypeSize(reduce),
-                                                 MemoryCategory::kCommBuffer,
-                                                 absl::StrCat(flat.name, ".reduce_input")));
-  }
-  MW_ASSIGN_OR_RETURN(DeviceBuffer out, device_.Allocate(piece * DTypeSize(reduce),
-                                                         MemoryCategory::kCommBuffer,
-                                                         absl::StrCat(flat.name, ".reduce_output")));
+  const bool pack = reduce != dtype || (piece < shard && world > 1);  // as SizeReduceBuffers
+  const DeviceBuffer& packed = buffers.packed;
+  const DeviceBuffer& out = buffers.out;
   for (int64_t begin = 0; begin < shard; begin += piece) {
     const int64_t count = std::min(piece, shard - begin);
     const void* input = Offset(full, begin, dtype);
@@ -621,17 +641,15 @@ absl::Status ShardedOptimizer::ReduceScatterPieces(
     // `packed`) before what `consume` enqueued has read them.
     MW_RETURN_IF_ERROR(consume(begin, count, out.data()));
   }
-  keep_alive.push_back(std::move(packed));
-  keep_alive.push_back(std::move(out));
   return absl::OkStatus();
 }
 
 absl::Status ShardedOptimizer::ReduceScatterGradients(const FlatGroup& flat, const void* full,
                                                       void* shard_out, bool accumulate,
-                                                      std::vector<DeviceBuffer>& keep_alive) {
+                                                      ReduceBuffers& buffers) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
   return ReduceScatterPieces(
-      flat, full, keep_alive, [&](int64_t begin, int64_t count, const void* reduced) {
+      flat, full, buffers, [&](int64_t begin, int64_t count, const void* reduced) {
         void* to = Offset(shard_out, begin, dtype);
         return accumulate
                    ? kernels::Accumulate(device_, *comm_stream_, reduced, reduce, to, dtype, count)
@@ -757,18 +775,26 @@ absl::Status ShardedOptimizer::CheckStepReady() {
 }
 
 absl::Status ShardedOptimizer::ReduceHeldGradients() {
+  if (stage() > 1) return absl::OkStatus();
   ScopedPhase phase(profiler_, "reduce");
+  // One set of temporaries, sized for the largest group before any
+  // reduction starts: an allocation here while an earlier reduction still
+  // runs could make the allocator hand back (host: free) the segment it
+  // reads. Freed once every reduction has run.
+  ReduceBuffers buffers;
+  for (const FlatGroup& flat : layout_.groups) MW_RETURN_IF_ERROR(SizeReduceBuffers(flat, buffers));
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
-    if (stage() == 0) MW_RETURN_IF_ERROR(AllReduceGradients(flat, groups_[g].grads.data()));
-    if (stage() == 1) {
-      std::vector<DeviceBuffer> keep_alive;
+    if (stage() == 0) {
+      MW_RETURN_IF_ERROR(AllReduceGradients(flat, groups_[g].grads.data(), buffers));
+    } else {
       MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, groups_[g].grads.data(),
                                                 UpdateGradients(flat, groups_[g]),
-                                                /*accumulate=*/false, keep_alive));
+                                                /*accumulate=*/false, buffers));
     }
   }
-  return absl::OkStatus();
+  const bool any = !buffers.wide.empty() || !buffers.packed.empty() || !buffers.out.empty();
+  return any ? comm_stream_->Synchronize() : absl::OkStatus();
 }
 
 absl::StatusOr<ShardedOptimizer::GradientCheck> ShardedOptimizer::CheckGradients(bool need_norm) {
@@ -965,8 +991,11 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   // Stream order: from here on only the communication stream writes device
   // memory (host work reads or writes pinned memory, after waiting for it),
   // so the phases free their temporaries without waiting: what reuses a
-  // block is queued behind what used it. Step 2 waits once to read its
-  // values back, the exchange of stages 1-3 once, the last phase once.
+  // block is queued behind what used it. No phase allocates while its own
+  // earlier work may still run (the allocator may hand a fully free segment
+  // back, which on host frees the memory). Step 1 waits once when it has
+  // temporaries, step 2 once to read its values back, the exchange of
+  // stages 1-3 once, the last phase once.
   MW_RETURN_IF_ERROR(ReduceHeldGradients());
   const bool need_norm = config_.gradient_clipping > 0;
   MW_ASSIGN_OR_RETURN(const GradientCheck check, CheckGradients(need_norm));

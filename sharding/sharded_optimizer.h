@@ -350,23 +350,32 @@ class ShardedOptimizer {
   absl::Status CheckGroup(int g, absl::string_view call) const;
   absl::Status AllocateGroup(const FlatGroup& flat, Group& group);
   absl::Status InitializeGroup(const FlatGroup& flat, Group& group);
+  // A reduction's temporaries (the widened all-reduce piece, the packed
+  // reduce-scatter input and its output), reused while large enough and
+  // allocated when not: Step() sizes them once for every group, so its
+  // reductions allocate nothing while earlier ones may still run.
+  struct ReduceBuffers {
+    DeviceBuffer wide, packed, out;
+  };
+  // Sizes `buffers` for group `flat`'s reduction (stage 0: all-reduce;
+  // else reduce-scatter), allocating what is missing or too small.
+  absl::Status SizeReduceBuffers(const FlatGroup& flat, ReduceBuffers& buffers);
   // Reduces full-size gradients `full` (param_dtype, padded) of group g:
   // all-reduce in place (stage 0) or reduce-scatter into `shard_out`.
-  absl::Status AllReduceGradients(const FlatGroup& flat, void* full);
-  // Enqueued on the communication stream; temporaries it needs until then
-  // go to `keep_alive`.
+  absl::Status AllReduceGradients(const FlatGroup& flat, void* full, ReduceBuffers& buffers);
+  // Enqueued on the communication stream; `buffers` must live until then.
   absl::Status ReduceScatterGradients(const FlatGroup& flat, const void* full, void* shard_out,
-                                      bool accumulate, std::vector<DeviceBuffer>& keep_alive);
+                                      bool accumulate, ReduceBuffers& buffers);
   // The reduce-scatter itself, in pieces of at most reduce_bucket_size
   // elements of the full buffer (DeepSpeed's meaning), so its buffers stay
   // bounded however large the group: for each piece, enqueues the
   // collective and calls consume(begin, count, reduced) with elements
   // [begin, begin + count) of this rank's shard of the sum, in the
   // reduction dtype, in a device buffer the next piece reuses (what consume
-  // enqueues on the communication stream reads it in time). Temporaries go
-  // to `keep_alive`.
+  // enqueues on the communication stream reads it in time). Its buffers
+  // are `buffers`' (sized by SizeReduceBuffers first).
   absl::Status ReduceScatterPieces(
-      const FlatGroup& flat, const void* full, std::vector<DeviceBuffer>& keep_alive,
+      const FlatGroup& flat, const void* full, ReduceBuffers& buffers,
       const std::function<absl::Status(int64_t begin, int64_t count, const void* reduced)>& consume);
   // Stage 3: allocates group g's gathered buffer and enqueues its gather.
   absl::Status StartGather(int g, bool prefetch);

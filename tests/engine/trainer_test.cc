@@ -314,10 +314,11 @@ TEST_CASE("a step waits on the device a constant number of times, whatever the d
           counts.push_back(device->host_synchronizations() - before);
         }
         CHECK(counts[0] == counts[1]);
-        // Loss, token ids, the scan, the exchange (stages 1-3), the end of
-        // the step, and the waits for the caller's stream of the step's
-        // entry and reductions' reuse.
-        CHECK(counts[0] == (stage == 0 ? 6 : 7));
+        // Loss, token ids, the scan, the exchange (stages 1-3), the step's
+        // entry and end, the reductions' reuse, and stages 0-1's held
+        // reductions (stage 0 only when it widens bf16 to f32).
+        const int held = stage == 1 || (stage == 0 && bf16) ? 1 : 0;
+        CHECK(counts[0] == (stage == 0 ? 6 : 7) + held);
       }
     }
   }
