@@ -275,7 +275,12 @@ absl::Status GradientScan::Add(const void* x, DType dtype, size_t n) {
   return absl::OkStatus();
 }
 
+GradientScan::~GradientScan() {
+  if (added_ > 0 && !finished_) (void)stream_.Synchronize();  // the error is already the caller's
+}
+
 absl::StatusOr<std::vector<GradientScan::Result>> GradientScan::Finish() {
+  finished_ = true;
   if (device_.backend() == Backend::kCuda && added_ > 0) {
 #if MEMWALL_HAS_CUDA
     const int arrays = static_cast<int>(results_.size());

@@ -63,6 +63,9 @@ class GradientScan {
                                                              bool nonfinite);
   absl::Status Add(const void* x, DType dtype, size_t n);
   absl::StatusOr<std::vector<Result>> Finish();
+  // Without Finish() (an error in between), waits for the queued scans:
+  // they write into this object.
+  ~GradientScan();
 
  private:
   GradientScan(Device& device, Stream& stream, int arrays, bool squares, bool nonfinite)
@@ -73,6 +76,7 @@ class GradientScan {
   const bool squares_, nonfinite_;
   std::vector<Result> results_;  // host: written by the stream's work
   int added_ = 0;
+  bool finished_ = false;
   DeviceBuffer workspace_;  // cuda: sums, partials and flags
 };
 
