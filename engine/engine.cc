@@ -23,7 +23,7 @@ namespace memwall {
 namespace {
 
 uint32_t Crc(const void* data, size_t bytes, uint32_t crc = 0) {
-  return static_cast<uint32_t>(crc32(crc, static_cast<const Bytef*>(data), static_cast<uInt>(bytes)));
+  return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), bytes));
 }
 uint32_t Crc(const std::string& text) { return Crc(text.data(), text.size()); }
 
