@@ -174,7 +174,7 @@ class Device {
   // Kernels dispatched to this device so far (kernels/ counts each op it
   // enqueues, on every backend, meta included: a dry run knows how many
   // launches a step makes, which the step-time model charges). Thread-safe.
-  void CountLaunch() { launches_.fetch_add(1, std::memory_order_relaxed); }
+  void CountLaunch(int64_t n = 1) { launches_.fetch_add(n, std::memory_order_relaxed); }
   int64_t launches() const { return launches_.load(std::memory_order_relaxed); }
 
  protected:

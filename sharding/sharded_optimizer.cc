@@ -626,7 +626,13 @@ absl::Status ShardedOptimizer::ReduceScatterPieces(
   for (int64_t begin = 0; begin < shard; begin += piece) {
     const int64_t count = std::min(piece, shard - begin);
     const void* input = Offset(full, begin, dtype);
-    if (pack) {
+    if (pack && !device_.holds_bytes()) {
+      // Meta moves no bytes: the world packing copies of a piece are only
+      // counted (the casts are kernel launches), so a dry run's cost does
+      // not grow with the simulated world size.
+      if (reduce != dtype) device_.CountLaunch(world);
+      input = packed.data();
+    } else if (pack) {
       for (int r = 0; r < world; ++r) {
         void* to = Offset(packed.data(), r * count, reduce);
         const void* from = Offset(full, r * shard + begin, dtype);
