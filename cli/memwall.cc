@@ -257,11 +257,17 @@ std::vector<std::string> GivenFlags(const std::vector<std::string>& args) {
   return names;
 }
 
-// kInvalidArgument naming the first flag `command` does not read, or a
+// The flags on this command line (GivenFlags), set in main().
+std::set<std::string>& Given() {
+  static auto* const given = new std::set<std::string>();
+  return *given;
+}
+
+// kInvalidArgument naming a given flag `command` does not read, or a
 // flag that applies only in another mode of it.
-absl::Status CheckFlagsApply(const std::string& command, const std::vector<std::string>& args) {
+absl::Status CheckFlagsApply(const std::string& command) {
   const std::set<std::string>& allowed = FlagsOf().at(command);
-  for (const std::string& name : GivenFlags(args)) {
+  for (const std::string& name : Given()) {
     if (allowed.count(name) > 0) continue;
     std::vector<std::string> users;
     for (const auto& [other, flags] : FlagsOf()) {
@@ -287,11 +293,6 @@ absl::StatusOr<memwall::Backend> BackendFlag(memwall::Backend fallback) {
   return memwall::ParseBackend(name);
 }
 
-// The flags on this command line (GivenFlags), set in main().
-std::set<std::string>& Given() {
-  static auto* const given = new std::set<std::string>();
-  return *given;
-}
 
 // --steps when given, else the command's own default.
 int64_t StepsFlag(int64_t fallback) {
@@ -488,7 +489,7 @@ int main(int argc, char** argv) {
     return Usage(absl::StrCat("unknown command '", command,
                               "' (expected train, profile, plan, export, launch or demo)"));
   }
-  if (absl::Status applies = CheckFlagsApply(command, args); !applies.ok()) {
+  if (absl::Status applies = CheckFlagsApply(command); !applies.ok()) {
     return Usage(std::string(applies.message()));
   }
   if (command == "launch") {

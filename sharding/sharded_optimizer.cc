@@ -580,16 +580,20 @@ absl::Status ShardedOptimizer::SizeReduceBuffers(const FlatGroup& flat, ReduceBu
     return ensure(buffers.wide, std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1,
                                                     flat.padded_numel), ".allreduce");
   }
+  const Pieces p = PiecesOf(flat);
+  if (p.pack) MW_RETURN_IF_ERROR(ensure(buffers.packed, comm_.world_size() * p.piece, ".reduce_input"));
+  return ensure(buffers.out, p.piece, ".reduce_output");
+}
+
+ShardedOptimizer::Pieces ShardedOptimizer::PiecesOf(const FlatGroup& flat) const {
   const int world = comm_.world_size();
   const int64_t shard = flat.shard_numel;
   const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size / world, 1, shard);
   // The collective reads world pieces laid out rank after rank: a copy (or
   // the widening cast) packs them unless the group goes in one piece in the
   // reduction's dtype, or there is one rank (a piece is then contiguous).
-  if (reduce != dtype || (piece < shard && world > 1)) {
-    MW_RETURN_IF_ERROR(ensure(buffers.packed, world * piece, ".reduce_input"));
-  }
-  return ensure(buffers.out, piece, ".reduce_output");
+  const bool pack = config_.reduce_dtype != config_.param_dtype() || (piece < shard && world > 1);
+  return Pieces{piece, pack};
 }
 
 absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* full,
@@ -619,8 +623,7 @@ absl::Status ShardedOptimizer::ReduceScatterPieces(
   const int world = comm_.world_size();
   const int64_t shard = flat.shard_numel;
   Stream& stream = *comm_stream_;
-  const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size / world, 1, shard);
-  const bool pack = reduce != dtype || (piece < shard && world > 1);  // as SizeReduceBuffers
+  const auto [piece, pack] = PiecesOf(flat);
   const DeviceBuffer& packed = buffers.packed;
   const DeviceBuffer& out = buffers.out;
   for (int64_t begin = 0; begin < shard; begin += piece) {

@@ -360,6 +360,13 @@ class ShardedOptimizer {
   // Sizes `buffers` for group `flat`'s reduction (stage 0: all-reduce;
   // else reduce-scatter), allocating what is missing or too small.
   absl::Status SizeReduceBuffers(const FlatGroup& flat, ReduceBuffers& buffers);
+  // A group's reduce-scatter goes in pieces of `piece` shard elements;
+  // `pack`: its input is packed rank after rank into ReduceBuffers::packed.
+  struct Pieces {
+    int64_t piece;
+    bool pack;
+  };
+  Pieces PiecesOf(const FlatGroup& flat) const;
   // Reduces full-size gradients `full` (param_dtype, padded) of group g:
   // all-reduce in place (stage 0) or reduce-scatter into `shard_out`.
   absl::Status AllReduceGradients(const FlatGroup& flat, void* full, ReduceBuffers& buffers);
