@@ -99,6 +99,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   Engine& e = *engine;
   MW_ASSIGN_OR_RETURN(e.owned_optimizer_, ShardedOptimizer::Create(config, *e.device_, *e.comm_));
   e.optimizer_ = e.owned_optimizer_.get();
+  e.compute_stream_.emplace(*e.device_, e.optimizer_->stream());
   for (ParameterGroup& group : groups) {
     MW_RETURN_IF_ERROR(
         e.optimizer_->AddParameterGroup(std::move(group.name), std::move(group.parameters)));
@@ -218,6 +219,7 @@ absl::Status Engine::BuildTrainer(const EngineOptions& options) {
   MW_RETURN_IF_ERROR(Explain(created.status()));
   trainer_ = std::move(created).value();
   optimizer_ = &trainer_->optimizer();
+  compute_stream_.emplace(*device_, optimizer_->stream());
   trainer_->set_profiler(profiler_.get());
   const int rank = comm_->rank(), world = comm_->world_size();
   MW_ASSIGN_OR_RETURN(

@@ -22,6 +22,12 @@
 //         its own forward and backward, reads parameters and adds
 //         gradients through optimizer()'s views (or their f32 forms
 //         ReadParameter/AddGradient), and calls Step();
+//   - the compute stream: optimizer().stream() is the device's current
+//     stream for the engine's lifetime, so what is allocated without a
+//     stream is that stream's, and the allocator reuses blocks a
+//     collective still reads only after that stream is ordered after it
+//     (Note [Stream-ordered reuse], runtime/stream_order.h). A caller's own
+//     device work belongs on that stream;
 //   - training checkpoints of either kind of model (engine/checkpoint.h);
 //   - out-of-memory errors explained: where in the step it happened, what
 //     the auto strategy would run instead (layer models), and the memory
@@ -34,6 +40,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -202,6 +209,7 @@ class Engine {
   std::unique_ptr<ShardedOptimizer> owned_optimizer_;  // caller-owned models
   std::unique_ptr<Trainer> trainer_;
   ShardedOptimizer* optimizer_ = nullptr;
+  std::optional<Device::StreamGuard> compute_stream_;  // optimizer_'s stream, current
   std::unique_ptr<SaveDirectory> save_directory_;
 };
 

@@ -301,6 +301,8 @@ absl::StatusOr<Trainer::StepReport> Trainer::TrainStep(absl::Span<const Batch> m
         "TrainStep: ", micro_batches.size(), " micro-batches for gradient_accumulation_steps ",
         expected));
   }
+  // The layers compute on the optimizer's stream: what they allocate is its.
+  Device::StreamGuard compute(optimizer_->device(), optimizer_->stream());
   StepReport report;
   ScopedPhase step(profiler_, absl::StrCat("step ", steps_));
   absl::Status failed = absl::OkStatus();

@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/device.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
 
@@ -24,6 +25,13 @@ struct Block {
   size_t requested = 0;
   MemoryCategory category = MemoryCategory::kOther;
   std::string owner;
+  // Valid while allocated: the stream it was allocated for and the other
+  // streams recorded as using it (RecordStream).
+  StreamId stream = kHostOrder;
+  std::vector<StreamId> uses;
+  // Valid while free: each stream that may still use it, and the clock at
+  // its free (Note [Stream-ordered reuse]); at most one stamp per stream.
+  std::vector<StreamStamp> stamps;
 };
 
 struct Segment {
@@ -56,6 +64,17 @@ size_t RoundUp(size_t bytes, size_t multiple) {
   return (bytes + multiple - 1) / multiple * multiple;
 }
 
+// Adds `stamp` to `stamps`, keeping the later clock per stream.
+void MergeStamp(std::vector<StreamStamp>& stamps, const StreamStamp& stamp) {
+  for (StreamStamp& have : stamps) {
+    if (have.stream == stamp.stream) {
+      have.clock = std::max(have.clock, stamp.clock);
+      return;
+    }
+  }
+  stamps.push_back(stamp);
+}
+
 }  // namespace
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
@@ -75,6 +94,11 @@ void DeviceBuffer::Reset() {
   block_ = nullptr;
   data_ = nullptr;
   size_ = 0;
+}
+
+void DeviceBuffer::RecordStream(const Stream& stream) {
+  MW_CHECK(block_ != nullptr);
+  allocator_->RecordUse(block_, stream.id());
 }
 
 size_t DeviceBuffer::block_size() const { return block_ ? block_->size : 0; }
@@ -112,10 +136,17 @@ CachingAllocator::~CachingAllocator() {
   ReleaseFreeSegments();
 }
 
+void CachingAllocator::SetStreamOrder(std::shared_ptr<StreamOrder> order) {
+  std::lock_guard<std::mutex> lock(mu_);
+  order_ = std::move(order);
+}
+
 absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(size_t bytes,
                                                         MemoryCategory category,
-                                                        absl::string_view owner) {
-  std::lock_guard<std::mutex> lock(mu_);
+                                                        absl::string_view owner,
+                                                        StreamId stream) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (order_ == nullptr) stream = kHostOrder;
   if (++allocate_calls_ == fail_at_call_) {
     fail_at_call_ = 0;
     return OutOfMemory(bytes, category, owner, "injected failure");
@@ -126,22 +157,39 @@ absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(size_t bytes,
   }
   const bool small = rounded <= kSmallRequestMax;
   FreeSet& pool = small ? small_free_ : large_free_;
-  Block* block = FindFreeBlock(pool, rounded);
-  if (block == nullptr) {
-    const size_t segment_bytes =
-        small ? kSegmentGranularity : RoundUp(rounded, kSegmentGranularity);
-    absl::StatusOr<Block*> fresh = ReserveSegment(segment_bytes, small);
-    if (!fresh.ok()) {
-      if (!absl::IsResourceExhausted(fresh.status())) return fresh.status();
-      return OutOfMemory(bytes, category, owner, fresh.status().message());
+  const size_t segment_bytes = small ? kSegmentGranularity : RoundUp(rounded, kSegmentGranularity);
+  Block* block = FindFreeBlock(pool, rounded, stream);
+  absl::StatusOr<Block*> fresh = block;
+  if (block == nullptr) fresh = ReserveSegment(segment_bytes, small);
+  if (!fresh.ok() && absl::IsResourceExhausted(fresh.status())) {
+    // Free blocks that other streams may still use: wait for those streams
+    // (a decision of the call sequence, so a dry run waits where a real run
+    // does), after which the blocks serve anyone or go back to the backend.
+    const std::vector<StreamId> pending = PendingStreamsLocked();
+    if (!pending.empty()) {
+      std::shared_ptr<StreamOrder> order = order_;
+      // Unlocked: a host stream's queued work may free buffers.
+      lock.unlock();
+      const absl::Status drained = order->Drain(pending);
+      lock.lock();
+      MW_RETURN_IF_ERROR(drained);
+      block = FindFreeBlock(pool, rounded, stream);
+      fresh = block != nullptr ? absl::StatusOr<Block*>(block) : ReserveSegment(segment_bytes, small);
     }
-    block = *fresh;
   }
+  if (!fresh.ok()) {
+    if (!absl::IsResourceExhausted(fresh.status())) return fresh.status();
+    return OutOfMemory(bytes, category, owner, fresh.status().message());
+  }
+  block = *fresh;
   MaybeSplit(block, rounded);
+  block->stamps.clear();
   block->allocated = true;
   block->requested = bytes;
   block->category = category;
   block->owner = std::string(owner);
+  block->stream = stream;
+  block->uses.clear();
 
   const int64_t requested = static_cast<int64_t>(bytes);
   stats_.by_category[static_cast<int>(category)].Add(requested);
@@ -165,18 +213,51 @@ int64_t CachingAllocator::allocate_calls() const {
   return allocate_calls_;
 }
 
-CachingAllocator::Block* CachingAllocator::FindFreeBlock(FreeSet& pool,
-                                                         size_t rounded) {
+CachingAllocator::Block* CachingAllocator::FindFreeBlock(FreeSet& pool, size_t rounded,
+                                                         StreamId user) {
   Segment first;  // before every segment: serial 0, offset 0
   Block key;
   key.size = rounded;
   key.address = 0;
   key.segment = &first;
-  auto it = pool.lower_bound(&key);
-  if (it == pool.end()) return nullptr;
-  Block* block = *it;
-  pool.erase(it);
-  return block;
+  for (auto it = pool.lower_bound(&key); it != pool.end(); ++it) {
+    if (!Reusable(*it, user)) continue;
+    Block* block = *it;
+    pool.erase(it);
+    return block;
+  }
+  return nullptr;
+}
+
+bool CachingAllocator::Reusable(const Block* block, StreamId user) const {
+  for (const StreamStamp& stamp : block->stamps) {
+    if (!order_->Ordered(user, stamp)) return false;
+  }
+  return true;
+}
+
+std::vector<StreamId> CachingAllocator::PendingStreamsLocked() const {
+  std::vector<StreamId> streams;
+  for (const FreeSet* pool : {&small_free_, &large_free_}) {
+    for (const Block* block : *pool) {
+      for (const StreamStamp& stamp : block->stamps) {
+        if (order_->Ordered(kHostOrder, stamp)) continue;
+        if (std::find(streams.begin(), streams.end(), stamp.stream) == streams.end()) {
+          streams.push_back(stamp.stream);
+        }
+      }
+    }
+  }
+  return streams;
+}
+
+void CachingAllocator::RecordUse(Block* block, StreamId stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MW_CHECK(block->allocated);
+  if (order_ == nullptr || stream == block->stream) return;
+  if (std::find(block->uses.begin(), block->uses.end(), stream) == block->uses.end()) {
+    block->uses.push_back(stream);
+  }
 }
 
 absl::StatusOr<CachingAllocator::Block*> CachingAllocator::ReserveSegment(
@@ -225,6 +306,7 @@ void CachingAllocator::MaybeSplit(Block* block, size_t rounded) {
   rest->address = block->address + rounded;
   rest->size = remainder;
   rest->segment = block->segment;
+  rest->stamps = block->stamps;  // a pending block's remainder stays pending
   rest->prev = block;
   rest->next = block->next;
   if (block->next != nullptr) block->next->prev = rest;
@@ -250,10 +332,19 @@ void CachingAllocator::Free(Block* block) {
 
   block->allocated = false;
   block->owner.clear();
+  block->stamps.clear();
+  if (order_ != nullptr) {
+    const uint64_t now = order_->Now();
+    if (block->stream != kHostOrder) block->stamps.push_back({block->stream, now});
+    for (StreamId use : block->uses) MergeStamp(block->stamps, {use, now});
+  }
+  block->uses.clear();
   FreeSet& pool = block->segment->small ? small_free_ : large_free_;
-  // Coalesce with free neighbours inside the segment.
+  // Coalesce with free neighbours inside the segment; the merged block
+  // waits for everything either part waited for.
   if (Block* next = block->next; next != nullptr && !next->allocated) {
     pool.erase(next);
+    for (const StreamStamp& stamp : next->stamps) MergeStamp(block->stamps, stamp);
     block->size += next->size;
     block->next = next->next;
     if (next->next != nullptr) next->next->prev = block;
@@ -261,6 +352,7 @@ void CachingAllocator::Free(Block* block) {
   }
   if (Block* prev = block->prev; prev != nullptr && !prev->allocated) {
     pool.erase(prev);
+    for (const StreamStamp& stamp : block->stamps) MergeStamp(prev->stamps, stamp);
     prev->size += block->size;
     prev->next = block->next;
     if (block->next != nullptr) block->next->prev = prev;
@@ -274,8 +366,10 @@ void CachingAllocator::ReleaseFreeSegments() {
   for (auto it = segments_.begin(); it != segments_.end();) {
     Segment* segment = *it;
     Block* block = segment->first;
-    // A segment is fully free when one free block spans it.
-    if (block->allocated || block->size != segment->size) {
+    // A segment is fully free when one free block spans it, and it may go
+    // back to the backend once no stream may still use it.
+    if (block->allocated || block->size != segment->size ||
+        (order_ != nullptr && !Reusable(block, kHostOrder))) {
       ++it;
       continue;
     }
@@ -292,9 +386,19 @@ void CachingAllocator::ReleaseFreeSegments() {
   }
 }
 
-void CachingAllocator::EmptyCache() {
-  std::lock_guard<std::mutex> lock(mu_);
+absl::Status CachingAllocator::EmptyCache() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (order_ != nullptr) {
+    const std::vector<StreamId> pending = PendingStreamsLocked();
+    if (!pending.empty()) {
+      std::shared_ptr<StreamOrder> order = order_;
+      lock.unlock();  // a host stream's queued work may free buffers
+      MW_RETURN_IF_ERROR(order->Drain(pending));
+      lock.lock();
+    }
+  }
   ReleaseFreeSegments();
+  return absl::OkStatus();
 }
 
 AllocatorStats CachingAllocator::stats() const {

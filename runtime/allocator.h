@@ -16,8 +16,12 @@
 // freed. Segments stay reserved (cached) until EmptyCache() or until a
 // request would exceed the capacity, which first releases fully free cached
 // segments and retries.
-// Limitations: no per-stream pools (a block freed while a stream still uses it
-// must be freed after synchronising that stream); no expandable segments.
+// Streams: a block is reused only by work known to run after every stream
+// that used it (Note [Stream-ordered reuse] in runtime/stream_order.h), so
+// a buffer may be freed while a stream still reads it, without a host wait.
+// Limitations: one pool for all streams (a block pending on one stream is
+// skipped, not kept in a pool of its own as PyTorch does); no expandable
+// segments.
 #ifndef MEMWALL_RUNTIME_ALLOCATOR_H_
 #define MEMWALL_RUNTIME_ALLOCATOR_H_
 
@@ -36,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "runtime/memory.h"
+#include "runtime/stream_order.h"
 
 namespace memwall {
 
@@ -50,6 +55,7 @@ class SegmentSource {
 };
 
 class CachingAllocator;
+class Stream;
 
 namespace allocator_internal {
 struct Block;
@@ -67,8 +73,17 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer() { Reset(); }
 
-  // Frees the allocation (if any); the buffer becomes empty.
+  // Frees the allocation (if any); the buffer becomes empty. Work already
+  // enqueued on the buffer's streams may still use it: the block is reused
+  // only by work ordered after that (Note [Stream-ordered reuse]).
   void Reset();
+
+  // Tells the allocator that `stream`, besides the one the buffer was
+  // allocated on, uses the buffer (PyTorch's record_stream): freeing it
+  // then keeps the block from work not ordered after `stream`'s work
+  // enqueued so far. `stream` must belong to the buffer's device.
+  // REQUIRES: !empty().
+  void RecordStream(const Stream& stream);
 
   bool empty() const { return block_ == nullptr; }
   void* data() const { return data_; }
@@ -115,11 +130,21 @@ class CachingAllocator {
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   // Allocates `bytes` (0 is allowed and still takes a minimum block) tagged
-  // with `category` and `owner`. Returns kResourceExhausted when the capacity
-  // (or the backend) cannot hold it; the message names the request and what
+  // with `category` and `owner`, for work on `stream` (kHostOrder: the host
+  // or a stream that runs work as it is enqueued). The block is one that
+  // `stream` is known to be ordered after (see SetStreamOrder); when only
+  // blocks pending on other streams could serve it, those streams are
+  // synchronised first. Returns kResourceExhausted when the capacity (or the
+  // backend) cannot hold it; the message names the request and what
   // occupies the device by category and by its largest owners. Thread-safe.
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, MemoryCategory category,
-                                        absl::string_view owner);
+                                        absl::string_view owner,
+                                        StreamId stream = kHostOrder);
+
+  // The device's stream order, which stream-ordered reuse consults. Without
+  // one (a bare allocator), every stream counts as host order. Set once,
+  // before the first allocation.
+  void SetStreamOrder(std::shared_ptr<StreamOrder> order);
 
   // Fault injection (tests): the `nth` Allocate call from now (1 = the
   // next) fails with kResourceExhausted ("injected failure"), as a full
@@ -128,8 +153,9 @@ class CachingAllocator {
   // Allocate calls so far (failed ones included).
   int64_t allocate_calls() const;
 
-  // Gives every fully free cached segment back to the backend.
-  void EmptyCache();
+  // Gives every fully free cached segment back to the backend, after
+  // synchronising the streams that free blocks still wait for.
+  absl::Status EmptyCache();
 
   AllocatorStats stats() const;
   // Live requested bytes per (owner, category), largest first.
@@ -166,8 +192,16 @@ class CachingAllocator {
   using FreeSet = std::set<Block*, BlockOrder>;
 
   void Free(Block* block);
-  Block* FindFreeBlock(FreeSet& pool, size_t rounded)
+  void RecordUse(Block* block, StreamId stream);
+  // The best-fitting free block of at least `rounded` bytes that `user` may
+  // reuse, taken out of `pool`; null when there is none.
+  Block* FindFreeBlock(FreeSet& pool, size_t rounded, StreamId user)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether work on `user` is ordered after every stamp of free `block`.
+  bool Reusable(const Block* block, StreamId user) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The streams that free blocks still wait for, before the host may hand
+  // them to anyone.
+  std::vector<StreamId> PendingStreamsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> ReserveSegment(size_t segment_bytes, bool small)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseFreeSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -185,6 +219,7 @@ class CachingAllocator {
   const int64_t capacity_;
   const std::unique_ptr<SegmentSource> source_;
   const bool touch_bytes_;
+  std::shared_ptr<StreamOrder> order_;
 
   // std::mutex, which ThreadSanitizer sees (see runtime/host_device.cc).
 

@@ -3,6 +3,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/host_device.h"
+#include "runtime/status.h"
 #include "runtime/units.h"
 
 #if MEMWALL_HAS_CUDA
@@ -28,12 +29,71 @@ absl::StatusOr<Backend> ParseBackend(absl::string_view name) {
       absl::StrCat("backend: expected one of host, meta, cuda; got '", name, "'"));
 }
 
+Stream::~Stream() {
+  if (order_ != nullptr) order_->Unregister(id_);
+}
+
+absl::Status Stream::Synchronize() {
+  if (host_waits_ != nullptr) host_waits_->fetch_add(1, std::memory_order_relaxed);
+  MW_RETURN_IF_ERROR(SynchronizeImpl());
+  if (order_ != nullptr) order_->OnStreamSynchronize(id_);
+  return absl::OkStatus();
+}
+
+absl::Status Stream::Record(Event& event) {
+  MW_RETURN_IF_ERROR(RecordImpl(event));
+  if (order_ != nullptr) event.mark_ = order_->OnRecord(id_);
+  return absl::OkStatus();
+}
+
+absl::Status Stream::Wait(const Event& event) {
+  MW_RETURN_IF_ERROR(WaitImpl(event));
+  if (order_ != nullptr) order_->OnWait(id_, event.mark_);
+  return absl::OkStatus();
+}
+
+absl::Status Event::Synchronize() {
+  if (host_waits_ != nullptr) host_waits_->fetch_add(1, std::memory_order_relaxed);
+  MW_RETURN_IF_ERROR(SynchronizeImpl());
+  if (order_ != nullptr) order_->OnHostWait(mark_);
+  return absl::OkStatus();
+}
+
+Device::Device(std::unique_ptr<CachingAllocator> allocator,
+               std::unique_ptr<CachingAllocator> pinned_allocator)
+    : allocator_(std::move(allocator)), pinned_allocator_(std::move(pinned_allocator)) {
+  allocator_->SetStreamOrder(order_);
+  if (pinned_allocator_ != nullptr) pinned_allocator_->SetStreamOrder(order_);
+}
+
+std::unique_ptr<Stream> Device::Counted(std::unique_ptr<Stream> stream) {
+  stream->host_waits_ = &host_waits_;
+  stream->order_ = order_;
+  stream->id_ = order_->Register(stream.get());
+  return stream;
+}
+
+std::unique_ptr<Event> Device::Counted(std::unique_ptr<Event> event) {
+  event->host_waits_ = &host_waits_;
+  event->order_ = order_;
+  return event;
+}
+
+absl::Status Device::Synchronize() {
+  host_waits_.fetch_add(1, std::memory_order_relaxed);
+  MW_RETURN_IF_ERROR(SynchronizeImpl());
+  order_->OnDeviceSynchronize();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DeviceBuffer> Device::AllocatePinned(size_t bytes, MemoryCategory category,
                                                      absl::string_view owner) {
   if (pinned_allocator_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         name(), " has no pinned host pool (create it with DeviceOptions.pinned_capacity_bytes > 0)"));
   }
+  // Host order: the host itself reads and writes pinned memory (the CPU
+  // optimizer), so its blocks are not the current stream's.
   return pinned_allocator_->Allocate(bytes, category, owner);
 }
 

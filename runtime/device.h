@@ -41,21 +41,25 @@ class Event;
 
 // An in-order queue of device work. Not thread-safe: one thread enqueues.
 // Errors of work that ran asynchronously surface at the next Synchronize()
-// and every later one (they are sticky, as CUDA's are).
+// and every later one (they are sticky, as CUDA's are). Record, Wait and
+// Synchronize also tell the device's StreamOrder what the host knows about
+// the order of work, which the allocator's stream-ordered reuse reads.
 class Stream {
  public:
-  virtual ~Stream() = default;
+  // Backends drain the stream's work in their destructors, before this one
+  // tells the device's stream order that the stream is gone.
+  virtual ~Stream();
   // Blocks until all work enqueued so far has completed. Counted in the
   // creating device's host_synchronizations().
-  absl::Status Synchronize() {
-    if (host_waits_ != nullptr) host_waits_->fetch_add(1, std::memory_order_relaxed);
-    return SynchronizeImpl();
-  }
+  absl::Status Synchronize();
   // Marks the current end of this stream in `event`.
-  virtual absl::Status Record(Event& event) = 0;
+  absl::Status Record(Event& event);
   // Work enqueued after this call waits for `event`'s last Record. Waiting
   // on an event never recorded is a no-op, as in CUDA.
-  virtual absl::Status Wait(const Event& event) = 0;
+  absl::Status Wait(const Event& event);
+  // This stream's number on its device (kHostOrder for a stream no device
+  // created, which the allocator then treats as host order).
+  StreamId id() const { return id_; }
   // cudaStream_t on cuda; nullptr on host and meta.
   virtual void* native_handle() const = 0;
   // Runs host work (a CPU kernel, a memcpy, an MPI call) in this stream's
@@ -70,10 +74,14 @@ class Stream {
 
  protected:
   virtual absl::Status SynchronizeImpl() = 0;
+  virtual absl::Status RecordImpl(Event& event) = 0;
+  virtual absl::Status WaitImpl(const Event& event) = 0;
 
  private:
   friend class Device;
   std::atomic<int64_t>* host_waits_ = nullptr;  // the device's counter
+  std::shared_ptr<StreamOrder> order_;          // the device's, when it made this stream
+  StreamId id_ = kHostOrder;
 };
 
 // A point in a stream's work.
@@ -82,10 +90,9 @@ class Event {
   virtual ~Event() = default;
   // Blocks until the recorded work has completed (no-op if never recorded).
   // Counted in the creating device's host_synchronizations().
-  absl::Status Synchronize() {
-    if (host_waits_ != nullptr) host_waits_->fetch_add(1, std::memory_order_relaxed);
-    return SynchronizeImpl();
-  }
+  absl::Status Synchronize();
+  // The last Record: which stream, at which point of its device's clock.
+  const EventMark& mark() const { return mark_; }
   // Whether the recorded work has completed (true if never recorded).
   virtual absl::StatusOr<bool> Query() = 0;
   // cudaEvent_t on cuda; nullptr on host and meta.
@@ -96,7 +103,10 @@ class Event {
 
  private:
   friend class Device;
+  friend class Stream;
   std::atomic<int64_t>* host_waits_ = nullptr;  // the device's counter
+  std::shared_ptr<StreamOrder> order_;
+  EventMark mark_;
 };
 
 struct DeviceOptions {
@@ -121,11 +131,36 @@ class Device {
   // False on meta: buffers have no bytes and kernels do nothing.
   bool holds_bytes() const { return backend() != Backend::kMeta; }
 
-  // Allocates device memory; see CachingAllocator::Allocate. Thread-safe.
+  // Allocates device memory for work on the current stream (UseStream);
+  // see CachingAllocator::Allocate. Thread-safe.
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, MemoryCategory category,
                                         absl::string_view owner) {
-    return allocator_->Allocate(bytes, category, owner);
+    return allocator_->Allocate(bytes, category, owner, current_stream());
   }
+  // ... for work on `stream` (a stream of this device).
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, MemoryCategory category,
+                                        absl::string_view owner, const Stream& stream) {
+    return allocator_->Allocate(bytes, category, owner, stream.id());
+  }
+
+  // While the returned guard lives, allocations that name no stream are for
+  // work on `stream` (the stream the caller computes on: PyTorch's current
+  // stream); before and after, host order. One thread drives a device, so
+  // the setting is the device's, not the thread's. Guards nest.
+  class StreamGuard {
+   public:
+    StreamGuard(Device& device, const Stream& stream)
+        : device_(device), previous_(device.current_stream_.exchange(stream.id())) {}
+    ~StreamGuard() { device_.current_stream_.store(previous_); }
+    StreamGuard(const StreamGuard&) = delete;
+    StreamGuard& operator=(const StreamGuard&) = delete;
+
+   private:
+    Device& device_;
+    const StreamId previous_;
+  };
+  StreamId current_stream() const { return current_stream_.load(); }
+  const std::shared_ptr<StreamOrder>& stream_order() const { return order_; }
   CachingAllocator& allocator() { return *allocator_; }
   const CachingAllocator& allocator() const { return *allocator_; }
 
@@ -157,10 +192,7 @@ class Device {
   virtual absl::Status CopyAsync(void* dst, const void* src, size_t bytes,
                                  Stream& stream) = 0;
   // Blocks until all work on all of this device's streams has completed.
-  absl::Status Synchronize() {
-    host_waits_.fetch_add(1, std::memory_order_relaxed);
-    return SynchronizeImpl();
-  }
+  absl::Status Synchronize();
 
   // Host synchronisations so far (COUNT): every Synchronize() of this
   // device and of the streams and events it created, including those that
@@ -180,21 +212,21 @@ class Device {
  protected:
   // `pinned_allocator` may be null (no pinned pool).
   Device(std::unique_ptr<CachingAllocator> allocator,
-         std::unique_ptr<CachingAllocator> pinned_allocator)
-      : allocator_(std::move(allocator)), pinned_allocator_(std::move(pinned_allocator)) {}
+         std::unique_ptr<CachingAllocator> pinned_allocator);
   virtual absl::Status SynchronizeImpl() = 0;
   // Backends pass every stream and event they create through these, so
-  // that their waits count in host_synchronizations().
-  std::unique_ptr<Stream> Counted(std::unique_ptr<Stream> stream) {
-    stream->host_waits_ = &host_waits_;
-    return stream;
-  }
-  std::unique_ptr<Event> Counted(std::unique_ptr<Event> event) {
-    event->host_waits_ = &host_waits_;
-    return event;
-  }
+  // that their waits count in host_synchronizations() and their order is
+  // known to the allocator.
+  std::unique_ptr<Stream> Counted(std::unique_ptr<Stream> stream);
+  std::unique_ptr<Event> Counted(std::unique_ptr<Event> event);
+  // Blocks until `stream`'s work has completed, without counting a host
+  // synchronisation (a backend's SynchronizeImpl waiting for its streams).
+  static absl::Status DrainUncounted(Stream& stream) { return stream.SynchronizeImpl(); }
 
  private:
+  // Declared before the allocators, which read it until they are destroyed.
+  std::shared_ptr<StreamOrder> order_ = std::make_shared<StreamOrder>();
+  std::atomic<StreamId> current_stream_{kHostOrder};
   // Declared last so they are destroyed after the derived class's members.
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<CachingAllocator> pinned_allocator_;

@@ -121,13 +121,13 @@ class InOrderStream final : public Stream {
   explicit InOrderStream(bool reports_asynchronous = false)
       : reports_asynchronous_(reports_asynchronous) {}
   absl::Status SynchronizeImpl() override { return absl::OkStatus(); }
-  absl::Status Record(Event& event) override {
+  absl::Status RecordImpl(Event& event) override {
     HostEvent* host = AsHostEvent(event);
     if (host == nullptr) return ForeignEvent("Stream::Record");
     host->Complete(host->Ask());
     return absl::OkStatus();
   }
-  absl::Status Wait(const Event& event) override {
+  absl::Status WaitImpl(const Event& event) override {
     // Later work runs at once, so the wait happens now (a stream-ordered
     // wait, not counted as the caller's host synchronisation).
     HostEvent* host = AsHostEvent(event);
@@ -162,7 +162,7 @@ class WorkerStream final : public Stream {
     idle_.wait(lock, [this] { return IdleLocked(); });
     return first_error_;
   }
-  absl::Status Record(Event& event) override {
+  absl::Status RecordImpl(Event& event) override {
     HostEvent* host = AsHostEvent(event);
     if (host == nullptr) return ForeignEvent("Stream::Record");
     const uint64_t generation = host->Ask();
@@ -171,7 +171,7 @@ class WorkerStream final : public Stream {
       return absl::OkStatus();
     });
   }
-  absl::Status Wait(const Event& event) override {
+  absl::Status WaitImpl(const Event& event) override {
     HostEvent* host = AsHostEvent(event);
     if (host == nullptr) return ForeignEvent("Stream::Wait");
     const uint64_t generation = host->recorded();
@@ -258,7 +258,14 @@ class HostDevice final : public Device {
       return absl::OkStatus();
     });
   }
-  absl::Status SynchronizeImpl() override { return absl::OkStatus(); }
+  absl::Status SynchronizeImpl() override {
+    // Every stream, the worker-thread ones included (they are the ones with
+    // work in flight).
+    for (Stream* stream : stream_order()->Streams()) {
+      MW_RETURN_IF_ERROR(DrainUncounted(*stream));
+    }
+    return absl::OkStatus();
+  }
 
  private:
   const Backend backend_;

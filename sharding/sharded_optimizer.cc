@@ -78,21 +78,24 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> comm_stream, config.zero.overlap_comm
                                                                ? device.CreateAsyncStream()
                                                                : device.CreateStream());
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Event> caller_event, device.CreateEvent());
+  OrderEvents events;
+  MW_ASSIGN_OR_RETURN(events.caller, device.CreateEvent());
+  for (std::unique_ptr<Event>& event : events.reduced) {
+    MW_ASSIGN_OR_RETURN(event, device.CreateEvent());
+  }
   return std::unique_ptr<ShardedOptimizer>(new ShardedOptimizer(
-      config, device, comm, std::move(stream), std::move(comm_stream), std::move(caller_event)));
+      config, device, comm, std::move(stream), std::move(comm_stream), std::move(events)));
 }
 
 ShardedOptimizer::ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
                                    std::unique_ptr<Stream> stream,
-                                   std::unique_ptr<Stream> comm_stream,
-                                   std::unique_ptr<Event> caller_event)
+                                   std::unique_ptr<Stream> comm_stream, OrderEvents events)
     : config_(config),
       device_(device),
       comm_(comm),
       stream_(std::move(stream)),
       comm_stream_(std::move(comm_stream)),
-      caller_event_(std::move(caller_event)),
+      events_(std::move(events)),
       scaler_(config.loss_scale, config.fp16) {}
 
 ShardedOptimizer::~ShardedOptimizer() {
@@ -399,8 +402,8 @@ absl::Status ShardedOptimizer::AddGradient(absl::string_view name, absl::Span<co
 }
 
 absl::Status ShardedOptimizer::OrderAfterCaller() {
-  MW_RETURN_IF_ERROR(stream_->Record(*caller_event_));
-  return comm_stream_->Wait(*caller_event_);
+  MW_RETURN_IF_ERROR(stream_->Record(*events_.caller));
+  return comm_stream_->Wait(*events_.caller);
 }
 
 absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
@@ -410,10 +413,12 @@ absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
   const DType dtype = config_.param_dtype();
+  // The caller's stream's: it reads the buffer after waiting for the
+  // gather, and frees it.
   MW_ASSIGN_OR_RETURN(DeviceBuffer full,
                       device_.Allocate(flat.padded_numel * DTypeSize(dtype),
                                        MemoryCategory::kParameter,
-                                       absl::StrCat(flat.name, ".gathered")));
+                                       absl::StrCat(flat.name, ".gathered"), *stream_));
   // Paging: the shard comes in from the pinned pool straight into its own
   // place in the gathered buffer, in stream order, and the all-gather runs
   // in place: no staging copy on the device.
@@ -499,7 +504,7 @@ absl::Status ShardedOptimizer::AcquireGradients(int g) {
   MW_ASSIGN_OR_RETURN(DeviceBuffer bucket,
                       device_.Allocate(flat.padded_numel * DTypeSize(dtype),
                                        MemoryCategory::kGradient,
-                                       absl::StrCat(flat.name, ".grad_bucket")));
+                                       absl::StrCat(flat.name, ".grad_bucket"), *stream_));
   // Zeroed on the caller's stream, ahead of the backward that adds into it.
   MW_RETURN_IF_ERROR(
       kernels::Fill(device_, *stream_, bucket.data(), dtype, flat.padded_numel, 0.0f));
@@ -518,49 +523,54 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
   ScopedPhase phase(profiler_, absl::StrCat("reduce ", layout_.groups[g].name));
   // The reduction reads what the caller's backward wrote.
   MW_RETURN_IF_ERROR(OrderAfterCaller());
-  Retired retired;
-  ReduceBuffers buffers;
+  MW_RETURN_IF_ERROR(QueueReduction(g));
+  // Freed now, while the reduction may still read it: the allocator keeps
+  // its block from work not ordered after the reduction (so do the
+  // reduction's temporaries, the communication stream's own).
+  group.grad_bucket.RecordStream(*comm_stream_);
+  group.grad_bucket.Reset();
+  // A streamed reduction has run already (its gradients are on the host);
+  // an overlapped one runs on while the caller goes on.
+  return PaceReductions(
+      /*in_flight=*/comm_stream_->asynchronous() && !streams_gradients(layout_.groups[g]));
+}
+
+absl::Status ShardedOptimizer::QueueReduction(int g) {
+  Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
+  ReduceBuffers buffers;
   MW_RETURN_IF_ERROR(SizeReduceBuffers(flat, buffers));
   if (streams_gradients(flat)) {
     // No shard on the device: the reduction's output (in the reduction's
     // dtype) goes to the host and accumulates there, rounding as the
     // device's accumulating reduction would.
     const bool first = group.reductions++ == 0;
-    MW_RETURN_IF_ERROR(ReduceScatterPieces(
+    return ReduceScatterPieces(
         flat, group.grad_bucket.data(), buffers,
         [&](int64_t begin, int64_t count, const void* reduced) {
           return group.host->AccumulateGradients(*comm_stream_, reduced, config_.reduce_dtype,
                                                  first, begin, count);
-        }));
-  } else {
-    MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, group.grad_bucket.data(), group.grads.data(),
-                                              /*accumulate=*/true, buffers));
-    if (group.host != nullptr && ++group.reductions == config_.gradient_accumulation_steps) {
-      // Offload: the host part's gradients are final; they stream to host now.
-      MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, group.grads.data()));
-    }
+        });
   }
-  retired.buffers.push_back(std::move(buffers.packed));
-  retired.buffers.push_back(std::move(buffers.out));
-  retired.buffers.push_back(std::move(group.grad_bucket));
-  MW_ASSIGN_OR_RETURN(retired.event, device_.CreateEvent());
-  MW_RETURN_IF_ERROR(comm_stream_->Record(*retired.event));
-  retired_.push_back(std::move(retired));
-  // A streamed reduction has run already (its gradients are on the host);
-  // an overlapped one runs on while the caller goes on.
-  const bool in_flight = comm_stream_->asynchronous() && !streams_gradients(flat);
-  return Reclaim(/*keep=*/in_flight ? 1 : 0);
-}
-
-absl::Status ShardedOptimizer::Reclaim(int keep) {
-  while (static_cast<int>(retired_.size()) > keep) {
-    // Stream-ordered: whatever reuses these blocks on the caller's stream
-    // runs after the reduction; the communication stream is in order.
-    MW_RETURN_IF_ERROR(stream_->Wait(*retired_.front().event));
-    retired_.erase(retired_.begin());
+  MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, group.grad_bucket.data(), group.grads.data(),
+                                            /*accumulate=*/true, buffers));
+  if (group.host != nullptr && ++group.reductions == config_.gradient_accumulation_steps) {
+    // Offload: the host part's gradients are final; they stream to host now.
+    MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, group.grads.data()));
   }
   return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::PaceReductions(bool in_flight) {
+  // The caller's stream is ordered after all but (in flight) the newest
+  // reduction, so those reductions' blocks serve the caller's next
+  // allocations: one reduction overlaps the caller's compute at a time, and
+  // the memory it holds stays that of one group.
+  Event& newest = *events_.reduced[newest_reduction_];
+  MW_RETURN_IF_ERROR(comm_stream_->Record(newest));
+  if (!in_flight) return stream_->Wait(newest);
+  newest_reduction_ = 1 - newest_reduction_;
+  return stream_->Wait(*events_.reduced[newest_reduction_]);  // the one before: a no-op if none
 }
 
 absl::Status ShardedOptimizer::SizeReduceBuffers(const FlatGroup& flat, ReduceBuffers& buffers) {
@@ -570,7 +580,7 @@ absl::Status ShardedOptimizer::SizeReduceBuffers(const FlatGroup& flat, ReduceBu
     if (!buffer.empty() && buffer.size() >= elements * size) return absl::OkStatus();
     buffer.Reset();
     MW_ASSIGN_OR_RETURN(buffer, device_.Allocate(elements * size, MemoryCategory::kCommBuffer,
-                                                 absl::StrCat(flat.name, what)));
+                                                 absl::StrCat(flat.name, what), *comm_stream_));
     return absl::OkStatus();
   };
   if (stage() == 0) {
@@ -753,7 +763,6 @@ absl::Status ShardedOptimizer::AbortStep() {
   // Whatever the communication stream still runs finishes first (its
   // error, if any, is the caller's to see).
   const absl::Status drained = comm_stream_->Synchronize();
-  retired_.clear();
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& group = groups_[g];
     group.gathered.Reset();
@@ -987,7 +996,6 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   // errors surface here). Unused prefetches go.
   MW_RETURN_IF_ERROR(OrderAfterCaller());
   MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
-  MW_RETURN_IF_ERROR(Reclaim(/*keep=*/0));
   scheduler_.EndStep();
   for (Group& group : groups_) {
     group.reductions = 0;

@@ -90,6 +90,7 @@
 #ifndef MEMWALL_SHARDING_SHARDED_OPTIMIZER_H_
 #define MEMWALL_SHARDING_SHARDED_OPTIMIZER_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -300,16 +301,15 @@ class ShardedOptimizer {
     bool prefetched = false;
   };
 
-  // Buffers an asynchronous reduction still reads; freed once `event` has
-  // completed.
-  struct Retired {
-    std::vector<DeviceBuffer> buffers;
-    std::unique_ptr<Event> event;
+  // The events that order the caller's and the communication stream.
+  struct OrderEvents {
+    std::unique_ptr<Event> caller;                  // OrderAfterCaller's
+    std::array<std::unique_ptr<Event>, 2> reduced;  // PaceReductions': newest, the one before
   };
 
   ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
                    std::unique_ptr<Stream> stream, std::unique_ptr<Stream> comm_stream,
-                   std::unique_ptr<Event> caller_event);
+                   OrderEvents events);
   // The communication stream's next work waits for the caller stream's
   // work so far (an event, not a host wait): what it writes may reuse a
   // block that work still reads, and what it reads that work wrote.
@@ -391,7 +391,12 @@ class ShardedOptimizer {
   absl::Status Prefetch();
   // Frees the buffers of all but the newest `keep` reductions, oldest
   // first, each once its reduction has run (waiting for it).
-  absl::Status Reclaim(int keep);
+  // ReduceGradients' collectives for group g, queued on the communication
+  // stream (stages 2-3).
+  absl::Status QueueReduction(int g);
+  // After a reduction is queued: orders the caller's stream after the
+  // reductions before it (in flight), or after it too (otherwise).
+  absl::Status PaceReductions(bool in_flight);
   // This rank's gradient elements of group g (param_dtype).
   void* UpdateGradients(const FlatGroup& flat, Group& group);
   // `host_scratch`: pinned scratch for the group's host part (see
@@ -436,8 +441,8 @@ class ShardedOptimizer {
   // Collectives and the optimizer's own kernels; asynchronous when
   // overlap_comm is set.
   std::unique_ptr<Stream> comm_stream_;
-  std::unique_ptr<Event> caller_event_;  // OrderAfterCaller's
-  std::vector<Retired> retired_;
+  OrderEvents events_;
+  int newest_reduction_ = 0;  // index into events_.reduced
   // Stage 3: the order groups are gathered in, for prefetching.
   GatherScheduler scheduler_{0};
   MemoryProfiler* profiler_ = nullptr;

@@ -70,11 +70,16 @@ class CudaEvent final : public Event {
 class CudaStream final : public Stream {
  public:
   explicit CudaStream(cudaStream_t stream) : stream_(stream) {}
-  ~CudaStream() override { (void)cudaStreamDestroy(stream_); }
+  // Drained first: the allocator then treats blocks this stream used as
+  // free for everyone (Note [Stream-ordered reuse]).
+  ~CudaStream() override {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
   absl::Status SynchronizeImpl() override {
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
-  absl::Status Record(Event& event) override {
+  absl::Status RecordImpl(Event& event) override {
     if (dynamic_cast<CudaEvent*>(&event) == nullptr) {
       return absl::InvalidArgumentError(
           "Stream::Record: the event belongs to another backend");
@@ -83,7 +88,7 @@ class CudaStream final : public Stream {
         cudaEventRecord(static_cast<cudaEvent_t>(event.native_handle()), stream_),
         "cudaEventRecord");
   }
-  absl::Status Wait(const Event& event) override {
+  absl::Status WaitImpl(const Event& event) override {
     if (dynamic_cast<const CudaEvent*>(&event) == nullptr) {
       return absl::InvalidArgumentError(
           "Stream::Wait: the event belongs to another backend");

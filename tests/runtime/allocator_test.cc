@@ -297,7 +297,7 @@ void RunRandomTraffic(Backend backend, int64_t capacity, int64_t max_request,
   for (int c = 0; c < kNumMemoryCategories; ++c) {
     CHECK(s.by_category[c].allocated == s.by_category[c].freed);
   }
-  allocator.EmptyCache();
+  REQUIRE(allocator.EmptyCache().ok());
   s = allocator.stats();
   CHECK(s.reserved.current == 0);
   CHECK(s.num_segments == 0);
