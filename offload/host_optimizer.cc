@@ -135,8 +135,10 @@ int64_t HostOptimizerSlice::scratch_bytes() const {
   return numel_ * DTypeSize(dtype_) + (dtype_ == DType::kF32 ? 0 : numel_ * 4);
 }
 
-absl::Status HostOptimizerSlice::Update(Stream& stream, const kernels::AdamParams& adam,
-                                        const kernels::SgdParams& sgd, void* scratch) {
+absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) {
+  const kernels::AdamParams& adam = args.adam;
+  const kernels::SgdParams& sgd = args.sgd;
+  void* const scratch = args.scratch;
   if (!staged_) {
     return absl::FailedPreconditionError(
         absl::StrCat("offloaded optimizer states of '", owner_, "': no gradients staged"));

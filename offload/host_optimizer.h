@@ -1,4 +1,5 @@
-// The CPU half of ZeRO-Offload: one slice of a flat group's f32 master
+// The host tier of a rank's optimizer state (Note [State tiers] in
+// sharding/state_tier.h), the CPU half of ZeRO-Offload: one slice of a flat group's f32 master
 // weights and optimizer moments, kept in a device's pinned host pool
 // (category optimizer_state) or, with an NvmeStore, in a file on a fast
 // local disk (the NVMe tier), and updated by the CPU kernels on
@@ -31,13 +32,12 @@
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "sharding/state_tier.h"
 
 namespace memwall {
 
-class HostOptimizerSlice {
+class HostOptimizerSlice final : public StateTier {
  public:
-  enum class Rule : uint8_t { kAdam, kSgd };
-
   // `numel` elements of master weights plus Adam's two moments or SGD's
   // momentum buffer (when `momentum`): in `device`'s pinned pool as
   // "<owner>.master", ".exp_avg", ".exp_avg_sq" or ".momentum", or, given
@@ -51,17 +51,17 @@ class HostOptimizerSlice {
       Device& device, Rule rule, bool momentum, DType param_dtype, int64_t numel,
       absl::string_view owner, NvmeStore* store = nullptr);
 
-  int64_t numel() const { return numel_; }
+  int64_t numel() const override { return numel_; }
 
   // The f32 arrays a slice keeps: master weights, then Adam's m and v (or
   // SGD's momentum buffer).
-  int num_states() const { return states_; }
+  int num_states() const override { return states_; }
   // Elements [begin, begin + count) of committed state `which` (0: master,
   // 1: first moment or momentum, 2: second moment) from `in`, or into
   // `out`. Nothing happens on meta. kOutOfRange for a range outside
   // numel() or a state the slice does not keep; NVMe errors name the file.
-  absl::Status WriteState(int which, int64_t begin, int64_t count, const float* in);
-  absl::Status ReadState(int which, int64_t begin, int64_t count, float* out);
+  absl::Status WriteState(int which, int64_t begin, int64_t count, const float* in) override;
+  absl::Status ReadState(int which, int64_t begin, int64_t count, float* out) override;
 
   // Enqueues on `stream` the copy of `grads` (numel() elements of the
   // parameter dtype, device memory that stays valid until the stream has
@@ -70,22 +70,24 @@ class HostOptimizerSlice {
   absl::Status StageGradients(Stream& stream, const void* grads);
   // Pinned scratch bytes one Update needs: the refreshed parameters (held
   // until Commit) and, in 16-bit runs, the gradients widened to f32.
-  int64_t scratch_bytes() const;
+  int64_t scratch_bytes() const override;
+  // The NVMe tier updates into the file's spare copy.
+  bool two_phase() const override { return store_ != nullptr; }
   // Phase one of a step from the staged gradients: waits for `stream`,
   // widens them, computes the new master weights and moments (pinned: in
   // place; NVMe: into the file's spare copy) and the refreshed parameters.
-  // `adam` or `sgd` gives the hyper-parameters, by the slice's rule.
-  // `scratch`: scratch_bytes() of pinned memory (null on meta), left alone
-  // by the caller until Commit. kFailedPrecondition if no gradients were
-  // staged since the last commit; kInvalidArgument for bad Adam settings
-  // (before anything changes). The staged gradients stay until Commit, so a
-  // failed Update may be retried.
-  absl::Status Update(Stream& stream, const kernels::AdamParams& adam,
-                      const kernels::SgdParams& sgd, void* scratch);
+  // `args.adam` or `args.sgd` gives the hyper-parameters, by the slice's
+  // rule; `args.scratch`: scratch_bytes() of pinned memory (null on meta),
+  // left alone by the caller until Commit; the other fields are the device
+  // tier's. kFailedPrecondition if no gradients were staged since the last
+  // commit; kInvalidArgument for bad Adam settings (before anything
+  // changes). The staged gradients stay until Commit, so a failed Update
+  // may be retried.
+  absl::Status Update(Stream& stream, const UpdateArgs& args) override;
   // Phase two: makes the update current and writes the refreshed
   // parameters, in the parameter dtype, to `params` (device or pinned
   // memory). Returns once `stream` has run the copy.
-  absl::Status Commit(Stream& stream, void* params);
+  absl::Status Commit(Stream& stream, void* params) override;
   // For gradients that do not stay on the device: copies `grads` (`count`
   // elements of `dtype`, the reduction's dtype, in device memory) to pinned
   // staging and adds them into elements [begin, begin + count) of the

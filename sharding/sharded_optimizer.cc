@@ -197,23 +197,16 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
   }
   const bool adam = config_.optimizer.type == OptimizerType::kAdam;
   const bool momentum = adam || config_.optimizer.momentum > 0;
-  const char* first = adam ? ".exp_avg" : ".momentum";
-  if (mixed() && n > 0) {
-    MW_ASSIGN_OR_RETURN(group.master, device_.Allocate(n * 4, MemoryCategory::kOptimizerState,
-                                                       absl::StrCat(flat.name, ".master")));
-  }
-  if (momentum && n > 0) {
-    MW_ASSIGN_OR_RETURN(group.exp_avg, device_.Allocate(n * 4, MemoryCategory::kOptimizerState,
-                                                        absl::StrCat(flat.name, first)));
-  }
-  if (adam && n > 0) {
-    MW_ASSIGN_OR_RETURN(group.exp_avg_sq, device_.Allocate(n * 4, MemoryCategory::kOptimizerState,
-                                                           absl::StrCat(flat.name, ".exp_avg_sq")));
+  const StateTier::Rule rule = adam ? StateTier::Rule::kAdam : StateTier::Rule::kSgd;
+  if (n > 0) {
+    // f32 runs: the parameters this rank updates are its master weights.
+    float* f32_params = mixed() ? nullptr : static_cast<float*>(ParamsAt(flat, group, k));
+    MW_ASSIGN_OR_RETURN(group.device_state,
+                        DeviceOptimizerSlice::Create(device_, *comm_stream_, rule, momentum, dtype,
+                                                     n, flat.name, f32_params));
   }
   if (k == 0) return absl::OkStatus();
   // Offload: the host part (an f32 master copy even in f32 runs).
-  const HostOptimizerSlice::Rule rule =
-      adam ? HostOptimizerSlice::Rule::kAdam : HostOptimizerSlice::Rule::kSgd;
   MW_ASSIGN_OR_RETURN(group.host, HostOptimizerSlice::Create(device_, rule, momentum, dtype, k,
                                                              flat.name, nvme_.get()));
   return absl::OkStatus();
@@ -261,15 +254,11 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
   }
   const int64_t k = host_numel(flat), n = update_numel(flat) - k;
   if (mixed() && n > 0) {
-    MW_RETURN_IF_ERROR(upload(update_begin(flat) + k, n, group.master.data(), DType::kF32));
+    MW_RETURN_IF_ERROR(upload(update_begin(flat) + k, n, group.device_state->master(), DType::kF32));
   }
   const int64_t grads = stage() <= 1 ? flat.padded_numel : flat.shard_numel;
   if (!group.grads.empty()) {
     MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, group.grads.data(), dtype, grads, 0.0f));
-  }
-  for (DeviceBuffer* state : {&group.exp_avg, &group.exp_avg_sq}) {
-    if (state->empty()) continue;
-    MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, state->data(), DType::kF32, n, 0.0f));
   }
   if (k > 0 && values) {
     MW_RETURN_IF_ERROR(group.host->WriteState(0, 0, k, initial(update_begin(flat), k).data()));
@@ -708,49 +697,19 @@ kernels::SgdParams SgdFor(const OptimizerConfig& o, float grad_scale) {
 
 }  // namespace
 
-absl::Status ShardedOptimizer::ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale,
-                                           void* host_scratch, void* device_scratch) {
-  const DType dtype = config_.param_dtype();
-  const int64_t k = host_numel(flat), n = update_numel(flat) - k, begin = update_begin(flat);
-  const OptimizerConfig& o = config_.optimizer;
-  if (k > 0) {
-    // Offload: the first k elements on the CPU; Step() commits them.
-    if (!group.host->staged()) {
-      MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, UpdateGradients(flat, group)));
-    }
-    MW_RETURN_IF_ERROR(group.host->Update(*comm_stream_, AdamFor(o, steps_applied_ + 1, grad_scale),
-                                          SgdFor(o, grad_scale), host_scratch));
-  }
-  if (n == 0) return absl::OkStatus();
-  // The device part: elements [k, k + n) of the update range.
-  const void* grads = device_.holds_bytes()
-                          ? static_cast<const char*>(UpdateGradients(flat, group)) + k * DTypeSize(dtype)
-                          : nullptr;
-  if (dtype != DType::kF32) {
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, grads, dtype, device_scratch, DType::kF32, n));
-    grads = device_scratch;
-  }
-  // The f32 weights updated, and the parameter copy refreshed in the same
-  // pass (mixed precision only).
-  char* params_at = device_.holds_bytes()
-                        ? (stage() == 3 ? static_cast<char*>(group.params.data())
-                                        : At(group.params, begin, dtype)) +
-                              k * DTypeSize(dtype)
-                        : nullptr;
-  float* weights = mixed() ? static_cast<float*>(group.master.data())
-                           : reinterpret_cast<float*>(params_at);
-  void* low = mixed() ? params_at : nullptr;
-  if (o.type == OptimizerType::kAdam) {
-    MW_RETURN_IF_ERROR(kernels::AdamUpdate(
-        device_, *comm_stream_, AdamFor(o, steps_applied_ + 1, grad_scale), weights,
-        static_cast<const float*>(grads), static_cast<float*>(group.exp_avg.data()),
-        static_cast<float*>(group.exp_avg_sq.data()), low, dtype, n));
-  } else {
-    MW_RETURN_IF_ERROR(kernels::SgdUpdate(device_, *comm_stream_, SgdFor(o, grad_scale), weights,
-                                          static_cast<const float*>(grads),
-                                          static_cast<float*>(group.exp_avg.data()), low, dtype, n));
-  }
-  return absl::OkStatus();
+void* ShardedOptimizer::ParamsAt(const FlatGroup& flat, Group& group, int64_t i) {
+  if (!device_.holds_bytes()) return nullptr;
+  // The shard (stage 3) starts at the update range; the full group does not.
+  const int64_t at = (stage() == 3 ? 0 : update_begin(flat)) + i;
+  return static_cast<char*>(group.params.data()) + at * DTypeSize(config_.param_dtype());
+}
+
+std::vector<ShardedOptimizer::Tier> ShardedOptimizer::TiersOf(const FlatGroup& flat,
+                                                              Group& group) {
+  std::vector<Tier> tiers;
+  if (group.host != nullptr) tiers.push_back({group.host.get(), 0});
+  if (group.device_state != nullptr) tiers.push_back({group.device_state.get(), host_numel(flat)});
+  return tiers;
 }
 
 absl::Status ShardedOptimizer::ZeroGradients(const FlatGroup& flat, Group& group) {
@@ -897,41 +856,45 @@ absl::Status ShardedOptimizer::ZeroAllGradients() {
 
 absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   ScopedPhase update(profiler_, "update");
-  const DType dtype = config_.param_dtype();
-  // Offload: a host part becomes current, and its parameters go back to the
-  // device (or to the pinned shard when paging), at its Commit. The NVMe
-  // tier updates every group (each into scratch of its own) before
-  // committing any, so a failed write changes nothing; the pinned tier
-  // updates in place and commits group by group through one scratch
-  // buffer, allocated first: see offload/host_optimizer.h.
-  auto commit = [&](size_t g) -> absl::Status {
-    const FlatGroup& flat = layout_.groups[g];
-    char* params_at = stage() == 3 ? static_cast<char*>(groups_[g].params.data())
-                                   : (device_.holds_bytes()
-                                          ? At(groups_[g].params, update_begin(flat), dtype)
-                                          : nullptr);
-    return groups_[g].host->Commit(*comm_stream_, params_at);
-  };
-  const bool two_phase = nvme_ != nullptr;
+  const size_t size = DTypeSize(config_.param_dtype());
   // Every buffer the update needs is allocated before any group changes,
   // so that no allocation can fail once the first group has updated (a
   // failed step changes nothing).
+  const bool two_phase = nvme_ != nullptr;
   MW_ASSIGN_OR_RETURN(UpdateWorkspace workspace, AllocateUpdateWorkspace(two_phase));
+  StateTier::UpdateArgs args;
+  args.adam = AdamFor(config_.optimizer, steps_applied_ + 1, grad_scale);
+  args.sgd = SgdFor(config_.optimizer, grad_scale);
+  args.device_scratch = workspace.widened.data();
+  // Tiers that update without touching their current state (NVMe) commit
+  // after every group has updated; the others at once (Note [State tiers]).
+  std::vector<std::pair<StateTier*, void*>> uncommitted;
   for (size_t g = 0; g < groups_.size(); ++g) {
+    const FlatGroup& flat = layout_.groups[g];
     Group& group = groups_[g];
-    void* host_scratch = nullptr;
+    if (group.host != nullptr && !group.host->staged()) {
+      // Stages 0-1: the host part's gradients go to the host now.
+      MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, UpdateGradients(flat, group)));
+    }
     if (group.host != nullptr) {
-      host_scratch = two_phase ? workspace.host_scratch[g].data()
+      args.scratch = two_phase ? workspace.host_scratch[g].data()
                                : workspace.host_scratch.front().data();
     }
-    MW_RETURN_IF_ERROR(
-        ApplyUpdate(layout_.groups[g], group, grad_scale, host_scratch, workspace.widened.data()));
-    if (group.host != nullptr && !two_phase) MW_RETURN_IF_ERROR(commit(g));
-  }
-  if (two_phase) {
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      if (groups_[g].host != nullptr) MW_RETURN_IF_ERROR(commit(g));
+    for (const Tier& t : TiersOf(flat, group)) {
+      args.grads = device_.holds_bytes()
+                       ? static_cast<const char*>(UpdateGradients(flat, group)) + t.begin * size
+                       : nullptr;
+      args.params = ParamsAt(flat, group, t.begin);
+      MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
+      if (t.tier->two_phase()) {
+        uncommitted.push_back({t.tier, args.params});
+      } else {
+        MW_RETURN_IF_ERROR(t.tier->Commit(*comm_stream_, args.params));
+      }
     }
+  }
+  for (const auto& [tier, params] : uncommitted) {
+    MW_RETURN_IF_ERROR(tier->Commit(*comm_stream_, params));
   }
   return absl::OkStatus();
 }
@@ -1060,18 +1023,6 @@ void ShardedOptimizer::set_progress(const Progress& p) {
   scaler_.Restore(p.loss_scale, p.clean_steps, p.overflows_left);
 }
 
-absl::StatusOr<ShardedOptimizer::StateSlice> ShardedOptimizer::DeviceStateOf(int g, int which) {
-  const FlatGroup& flat = layout_.groups[g];
-  Group& group = groups_[g];
-  const int64_t k = host_numel(flat);
-  // Element i of the update range lives at [offset + i - k] of `buffer`.
-  if (which == 1) return StateSlice{group.exp_avg.data(), 0};
-  if (which == 2) return StateSlice{group.exp_avg_sq.data(), 0};
-  if (mixed()) return StateSlice{group.master.data(), 0};
-  // f32: the parameters are the master weights (full at stages 0-2).
-  return StateSlice{group.params.data(), (stage() == 3 ? 0 : update_begin(flat)) + k};
-}
-
 absl::Status ShardedOptimizer::CheckState(absl::string_view call, int g, int which,
                                           size_t size) const {
   MW_RETURN_IF_ERROR(RequireFinalized(call));
@@ -1098,13 +1049,9 @@ absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> o
   const int64_t un = update_numel(flat), k = host_numel(flat);
   // This rank's update range: the host part, then the device part.
   std::vector<float> part(un);
-  if (k > 0) MW_RETURN_IF_ERROR(group.host->ReadState(which, 0, k, part.data()));
-  if (un > k) {
-    MW_ASSIGN_OR_RETURN(const StateSlice slice, DeviceStateOf(g, which));
-    MW_RETURN_IF_ERROR(device_.CopyAsync(part.data() + k, Offset(slice.buffer, slice.offset, DType::kF32),
-                                         (un - k) * 4, *comm_stream_));
+  for (const Tier& t : TiersOf(flat, group)) {
+    MW_RETURN_IF_ERROR(t.tier->ReadState(which, 0, t.tier->numel(), part.data() + t.begin));
   }
-  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
   if (stage() == 0) {  // every rank updates (and holds) the whole group
     std::copy(part.begin(), part.end(), out.begin());
     return absl::OkStatus();
@@ -1126,7 +1073,9 @@ absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float
   Group& group = groups_[g];
   const DType dtype = config_.param_dtype();
   const int64_t ub = update_begin(flat), un = update_numel(flat), k = host_numel(flat);
-  if (k > 0) MW_RETURN_IF_ERROR(group.host->WriteState(which, 0, k, full.data() + ub));
+  for (const Tier& t : TiersOf(flat, group)) {
+    MW_RETURN_IF_ERROR(t.tier->WriteState(which, 0, t.tier->numel(), full.data() + ub + t.begin));
+  }
   // What the rank holds of the parameters: the whole group at stages 0-2,
   // its shard at stage 3.
   const int64_t held_begin = stage() == 3 ? ub : 0;
@@ -1136,11 +1085,6 @@ absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float
     MW_RETURN_IF_ERROR(device_.CopyAsync(group.params.data(), full.data() + held_begin, held * 4,
                                          *comm_stream_));
     return comm_stream_->Synchronize();
-  }
-  if (un > k) {
-    MW_ASSIGN_OR_RETURN(const StateSlice slice, DeviceStateOf(g, which));
-    MW_RETURN_IF_ERROR(device_.CopyAsync(Offset(slice.buffer, slice.offset, DType::kF32),
-                                         full.data() + ub + k, (un - k) * 4, *comm_stream_));
   }
   if (which == 0) {
     // The parameters the rank holds, rounded from the master weights as

@@ -36,10 +36,12 @@
 // communication stream of their own (on host, a thread; on cuda, a CUDA
 // stream) so that ReduceGradients() returns at once and the reduction of
 // group g overlaps the backward of group g-1. Its buffers (the full-size
-// bucket, the reduction's pieces) stay until the next ReduceGradients(),
-// which has the caller's stream wait for it (an event, not a host wait), or
-// Step(): one reduction in flight at a time, and
-// what is allocated at any moment does not depend on timing, so a dry run
+// bucket, the reduction's pieces) are freed as soon as it is queued; the
+// allocator hands their blocks to the caller's stream only once that
+// stream is ordered after the reduction, which the next ReduceGradients()
+// does (an event, not a host wait), or Step(): one reduction in flight at a
+// time (Note [Stream-ordered reuse], runtime/stream_order.h), and what is
+// allocated at any moment does not depend on timing, so a dry run
 // on meta holds exactly what a real run holds. At stage 3, GatherParameters() also prefetches
 // the groups expected next (sharding/gather_scheduler.h: in the order the
 // previous step gathered them, or in the direction of travel before a step
@@ -85,6 +87,13 @@
 // update writes the refreshed shard straight into the pinned pool. At rest
 // the device holds no parameter bytes, only the gradient shards.
 //
+// The parts behind this class, one concern each: the flat layout of
+// groups and shards (flat_layout.h), the gather order and prefetch
+// (gather_scheduler.h), the dynamic loss scale (loss_scaler.h), the tiers
+// that hold and update optimizer state (state_tier.h: device_optimizer.h,
+// offload/host_optimizer.h), and the stream order that lets buffers be
+// freed while collectives still read them (runtime/stream_order.h).
+//
 // Every method that communicates is collective: all ranks call it in the
 // same order. Not thread-safe.
 #ifndef MEMWALL_SHARDING_SHARDED_OPTIMIZER_H_
@@ -106,6 +115,7 @@
 #include "runtime/communicator.h"
 #include "runtime/device.h"
 #include "offload/host_optimizer.h"
+#include "sharding/device_optimizer.h"
 #include "sharding/flat_layout.h"
 #include "sharding/gather_scheduler.h"
 #include "sharding/loss_scaler.h"
@@ -284,14 +294,11 @@ class ShardedOptimizer {
     DeviceBuffer grads;
     // Stages 2-3: the full-size gradient buffer while acquired.
     DeviceBuffer grad_bucket;
-    // f32 master weights (mixed precision only); full (stage 0) or shard.
-    DeviceBuffer master;
-    // Optimizer moments (f32): Adam m, v; SGD momentum uses exp_avg only.
-    // With offload these cover the device part of the update range only.
-    DeviceBuffer exp_avg;
-    DeviceBuffer exp_avg_sq;
-    // Offload: the host part's f32 master weights and moments (pinned).
+    // The optimizer state of this rank's update range, in tiers (Note
+    // [State tiers], sharding/state_tier.h): the first host_numel elements
+    // on the host (offload: pinned or NVMe), the rest on the device.
     std::unique_ptr<HostOptimizerSlice> host;
+    std::unique_ptr<DeviceOptimizerSlice> device_state;
     // Reductions into the shard this step (stages 2-3): at the last
     // micro-batch's, the host part's gradients start streaming to host.
     int reductions = 0;
@@ -316,13 +323,16 @@ class ShardedOptimizer {
   absl::Status OrderAfterCaller();
 
   bool mixed() const { return config_.param_dtype() != DType::kF32; }
-  // Where the device part of state `which` of group g lives: element i of
-  // the update range (i >= host_numel) at buffer[offset + i - host_numel].
-  struct StateSlice {
-    void* buffer;
-    int64_t offset;
+  // A tier of a group's state and the first element of the update range
+  // it holds.
+  struct Tier {
+    StateTier* tier;
+    int64_t begin;
   };
-  absl::StatusOr<StateSlice> DeviceStateOf(int g, int which);
+  std::vector<Tier> TiersOf(const FlatGroup& flat, Group& group);
+  // Where element i of group `flat`'s update range sits in the parameters
+  // this rank holds (null on meta).
+  void* ParamsAt(const FlatGroup& flat, Group& group, int64_t i);
   absl::Status CheckState(absl::string_view call, int g, int which, size_t size) const;
   // The view of registered parameter `name` inside its group's `buffer`.
   View ViewOf(absl::string_view name, const DeviceBuffer& buffer) const;
@@ -389,8 +399,6 @@ class ShardedOptimizer {
   // Stage 3: after a gather, starts the gathers the scheduler expects
   // next, per the class comment.
   absl::Status Prefetch();
-  // Frees the buffers of all but the newest `keep` reductions, oldest
-  // first, each once its reduction has run (waiting for it).
   // ReduceGradients' collectives for group g, queued on the communication
   // stream (stages 2-3).
   absl::Status QueueReduction(int g);
@@ -399,11 +407,6 @@ class ShardedOptimizer {
   absl::Status PaceReductions(bool in_flight);
   // This rank's gradient elements of group g (param_dtype).
   void* UpdateGradients(const FlatGroup& flat, Group& group);
-  // `host_scratch`: pinned scratch for the group's host part (see
-  // HostOptimizerSlice::Update); unused without one. `device_scratch`: f32
-  // room for the device part's gradients (mixed precision).
-  absl::Status ApplyUpdate(const FlatGroup& flat, Group& group, float grad_scale,
-                           void* host_scratch, void* device_scratch);
   absl::Status ZeroGradients(const FlatGroup& flat, Group& group);
 
   // Step()'s phases, in order.

@@ -1,0 +1,89 @@
+#include "sharding/device_optimizer.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/ops.h"
+#include "runtime/status.h"
+
+namespace memwall {
+
+absl::StatusOr<std::unique_ptr<DeviceOptimizerSlice>> DeviceOptimizerSlice::Create(
+    Device& device, Stream& stream, Rule rule, bool momentum, DType param_dtype, int64_t numel,
+    absl::string_view owner, float* f32_params) {
+  std::unique_ptr<DeviceOptimizerSlice> slice(
+      new DeviceOptimizerSlice(device, stream, rule, momentum, param_dtype, numel));
+  const size_t bytes = numel * sizeof(float);
+  if (param_dtype != DType::kF32) {
+    MW_ASSIGN_OR_RETURN(slice->own_master_,
+                        device.Allocate(bytes, MemoryCategory::kOptimizerState,
+                                        absl::StrCat(owner, ".master")));
+    slice->master_ = static_cast<float*>(slice->own_master_.data());
+  } else {
+    slice->master_ = f32_params;
+  }
+  if (slice->states_ >= 2) {
+    MW_ASSIGN_OR_RETURN(slice->first_,
+                        device.Allocate(bytes, MemoryCategory::kOptimizerState,
+                                        absl::StrCat(owner, rule == Rule::kAdam ? ".exp_avg"
+                                                                                : ".momentum")));
+  }
+  if (slice->states_ == 3) {
+    MW_ASSIGN_OR_RETURN(slice->second_, device.Allocate(bytes, MemoryCategory::kOptimizerState,
+                                                        absl::StrCat(owner, ".exp_avg_sq")));
+  }
+  for (DeviceBuffer* moment : {&slice->first_, &slice->second_}) {
+    if (moment->empty()) continue;
+    MW_RETURN_IF_ERROR(kernels::Fill(device, stream, moment->data(), DType::kF32, numel, 0.0f));
+  }
+  return slice;
+}
+
+absl::Status DeviceOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) {
+  const void* grads = args.grads;
+  if (dtype_ != DType::kF32) {
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, stream, grads, dtype_, args.device_scratch,
+                                     DType::kF32, numel_));
+    grads = args.device_scratch;
+  }
+  // 16-bit runs refresh the parameter copy in the same pass.
+  void* low = dtype_ != DType::kF32 ? args.params : nullptr;
+  auto* first = static_cast<float*>(first_.data());
+  if (rule_ == Rule::kAdam) {
+    return kernels::AdamUpdate(device_, stream, args.adam, master_,
+                               static_cast<const float*>(grads), first,
+                               static_cast<float*>(second_.data()), low, dtype_, numel_);
+  }
+  return kernels::SgdUpdate(device_, stream, args.sgd, master_, static_cast<const float*>(grads),
+                            first, low, dtype_, numel_);
+}
+
+absl::StatusOr<float*> DeviceOptimizerSlice::StateAt(int which, int64_t begin, int64_t count) {
+  if (which < 0 || which >= states_ || begin < 0 || count < 0 || begin + count > numel_) {
+    return absl::OutOfRangeError(absl::StrCat("device optimizer state ", which, " of ", states_,
+                                              ", elements [", begin, ", ", begin + count,
+                                              ") of ", numel_));
+  }
+  float* base = which == 0 ? master_
+                           : static_cast<float*>((which == 1 ? first_ : second_).data());
+  return base == nullptr ? nullptr : base + begin;
+}
+
+absl::Status DeviceOptimizerSlice::ReadState(int which, int64_t begin, int64_t count,
+                                             float* out) {
+  MW_ASSIGN_OR_RETURN(float* state, StateAt(which, begin, count));
+  if (!device_.holds_bytes()) return absl::OkStatus();
+  MW_RETURN_IF_ERROR(device_.CopyAsync(out, state, count * sizeof(float), stream_));
+  return stream_.Synchronize();
+}
+
+absl::Status DeviceOptimizerSlice::WriteState(int which, int64_t begin, int64_t count,
+                                              const float* in) {
+  MW_ASSIGN_OR_RETURN(float* state, StateAt(which, begin, count));
+  if (!device_.holds_bytes()) return absl::OkStatus();
+  MW_RETURN_IF_ERROR(device_.CopyAsync(state, in, count * sizeof(float), stream_));
+  return stream_.Synchronize();
+}
+
+}  // namespace memwall
