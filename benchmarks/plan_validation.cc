@@ -67,7 +67,7 @@ struct Measured {
 };
 
 // One real host step following the dry run's recomputation plan.
-Measured RealStep(const Strategy& s, int64_t m, int64_t capacity, const Plan& plan) {
+Measured RealStep(const Strategy& s, int64_t m, int64_t capacity, const RecomputationPlan& plan) {
   Measured out;
   DeviceOptions options{Backend::kHost, 0, capacity};
   options.pinned_capacity_bytes = s.offload > 0 ? kHost : 0;

@@ -42,7 +42,7 @@ double Forward(const Chain& chain) {
 void Curve(const std::string& title, Chain chain) {
   chain.offload_flops_per_byte = 12500;  // an A100: 312 TFLOP/s over 25 GB/s PCIe
   const int n = static_cast<int>(chain.layers.size());
-  std::vector<Plan> fixed = {NoRecomputation(chain), FullRecomputation(chain),
+  std::vector<RecomputationPlan> fixed = {NoRecomputation(chain), FullRecomputation(chain),
                              SqrtRecomputation(chain), SelectiveRecomputation(chain)};
   for (int k = 2; k <= n; ++k) fixed.push_back(UniformRecomputation(chain, k));
   PlannerOptions o;
@@ -56,13 +56,13 @@ void Curve(const std::string& title, Chain chain) {
   bool never_worse = true;
   for (int step = 0; step <= 8; ++step) {
     o.budget = top - (top - least) * step / 8;
-    const absl::StatusOr<Plan> best = OptimalRecomputation(chain, o);
+    const absl::StatusOr<RecomputationPlan> best = OptimalRecomputation(chain, o);
     if (!best.ok()) {
       std::printf("%12s  %s\n", FormatBytes(o.budget).c_str(), std::string(best.status().message()).c_str());
       continue;
     }
-    const Plan* pick = nullptr;
-    for (const Plan& p : fixed) {
+    const RecomputationPlan* pick = nullptr;
+    for (const RecomputationPlan& p : fixed) {
       if (p.predicted_peak <= o.budget && (pick == nullptr || p.extra_flops < pick->extra_flops)) {
         pick = &p;
       }
@@ -70,7 +70,7 @@ void Curve(const std::string& title, Chain chain) {
     if (pick != nullptr && best->extra_flops > pick->extra_flops) never_worse = false;
     PlannerOptions with_offload = o;
     with_offload.allow_offload = true;
-    const absl::StatusOr<Plan> offload = OptimalRecomputation(chain, with_offload);
+    const absl::StatusOr<RecomputationPlan> offload = OptimalRecomputation(chain, with_offload);
     std::printf("%12s %16s %11.2f%% %-28s %11s %15.2f%%\n", FormatBytes(o.budget).c_str(),
                 FormatBytes(best->predicted_peak).c_str(), 100 * best->extra_flops / forward,
                 pick ? (pick->planner + " (" + FormatBytes(pick->predicted_peak) + ")").c_str()
@@ -82,7 +82,7 @@ void Curve(const std::string& title, Chain chain) {
               never_worse ? "yes" : "NO");
   PlannerOptions offload;
   offload.allow_offload = true;
-  const Plan lowest = MinimumPeakPlan(chain, offload);
+  const RecomputationPlan lowest = MinimumPeakPlan(chain, offload);
   std::printf("with offload the least peak is %s (%s of pinned host memory, %.2f%% extra)\n",
               FormatBytes(lowest.predicted_peak).c_str(), FormatBytes(lowest.offloaded_bytes).c_str(),
               100 * lowest.extra_flops / forward);
@@ -115,7 +115,7 @@ void SolveTime() {
   PlannerOptions o;
   o.budget = (NoRecomputation(chain).predicted_peak + MinimumPeakPlan(chain, o).predicted_peak) / 2;
   const auto start = std::chrono::steady_clock::now();
-  const absl::StatusOr<Plan> plan = OptimalRecomputation(chain, o);
+  const absl::StatusOr<RecomputationPlan> plan = OptimalRecomputation(chain, o);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("\noptimal on the %zu-layer GPT-3 175B chain, resolution %d: %.3f s (%s)\n",
@@ -134,7 +134,7 @@ void MeasuredOverhead(int steps) {
     std::unique_ptr<Device> device;
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<Trainer> trainer;
-    Plan plan;
+    RecomputationPlan plan;
     double forward = 0;
     Batch batch;
     std::vector<double> ms;

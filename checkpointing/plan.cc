@@ -20,7 +20,7 @@ const char* SegmentModeName(SegmentMode mode) {
   return "unknown";
 }
 
-absl::Status ValidatePlan(const Chain& chain, const Plan& plan) {
+absl::Status ValidatePlan(const Chain& chain, const RecomputationPlan& plan) {
   const int n = static_cast<int>(chain.layers.size());
   int next = 0;
   for (size_t k = 0; k < plan.segments.size(); ++k) {
@@ -112,7 +112,7 @@ SegmentTerms TermsOf(const Chain& chain, const Segment& seg) {
   return t;
 }
 
-Prediction PredictPeak(const Chain& chain, const Plan& plan) {
+Prediction PredictPeak(const Chain& chain, const RecomputationPlan& plan) {
   Prediction p;
   std::vector<SegmentTerms> terms;
   int64_t held = 0;
@@ -131,7 +131,7 @@ Prediction PredictPeak(const Chain& chain, const Plan& plan) {
   return p;
 }
 
-std::string PlanSummary(const Chain& chain, const Plan& plan) {
+std::string PlanSummary(const Chain& chain, const RecomputationPlan& plan) {
   int counts[4] = {0, 0, 0, 0};
   for (const Segment& s : plan.segments) counts[static_cast<int>(s.mode)] += s.end - s.begin;
   // Runs of single-layer segments in one mode print as one range.

@@ -71,7 +71,7 @@ struct Segment {
   SegmentMode mode = SegmentMode::kKeep;
 };
 
-struct Plan {
+struct RecomputationPlan {
   std::string planner;  // which planner made it ("none", "sqrt", ...)
   std::vector<Segment> segments;  // in order, covering every layer once
   int64_t predicted_peak = 0;     // activation bytes, see PredictPeak
@@ -83,7 +83,7 @@ struct Plan {
 // kInvalidArgument unless the segments are non-empty, in order, cover
 // [0, n) exactly, selective segments are single layers that offer it, and
 // no offload segment starts at layer 0.
-absl::Status ValidatePlan(const Chain& chain, const Plan& plan);
+absl::Status ValidatePlan(const Chain& chain, const RecomputationPlan& plan);
 
 // What one segment contributes to the memory timeline, relative to the
 // bytes `held` before it (by earlier segments) — see the file comment:
@@ -110,11 +110,11 @@ struct Prediction {
   double extra_flops = 0;
   int64_t offloaded_bytes = 0;
 };
-Prediction PredictPeak(const Chain& chain, const Plan& plan);
+Prediction PredictPeak(const Chain& chain, const RecomputationPlan& plan);
 
 // "none: 12 layers kept; peak 1.50 MiB" style one-liners, and the segment
 // list ("[0,4) recompute, [4,5) keep, ...").
-std::string PlanSummary(const Chain& chain, const Plan& plan);
+std::string PlanSummary(const Chain& chain, const RecomputationPlan& plan);
 
 }  // namespace memwall
 

@@ -16,8 +16,8 @@
 namespace memwall {
 namespace {
 
-Plan Finish(const Chain& chain, std::string name, std::vector<Segment> segments) {
-  Plan plan;
+RecomputationPlan Finish(const Chain& chain, std::string name, std::vector<Segment> segments) {
+  RecomputationPlan plan;
   plan.planner = std::move(name);
   plan.segments = std::move(segments);
   const Prediction p = PredictPeak(chain, plan);
@@ -167,8 +167,8 @@ int64_t Quantum(int64_t scale, int resolution) {
 
 // kResourceExhausted naming the budget, the plan's peak (if it has one) and
 // the smallest budget any plan fits in.
-absl::Status OverBudget(const Chain& chain, const Plan& plan, const PlannerOptions& options) {
-  const Plan least = MinimumPeakPlan(chain, options);
+absl::Status OverBudget(const Chain& chain, const RecomputationPlan& plan, const PlannerOptions& options) {
+  const RecomputationPlan least = MinimumPeakPlan(chain, options);
   const std::string budget =
       absl::StrCat(FormatBytes(options.budget), " (", options.budget, " bytes)");
   return absl::ResourceExhaustedError(absl::StrCat(
@@ -183,19 +183,19 @@ absl::Status OverBudget(const Chain& chain, const Plan& plan, const PlannerOptio
 
 }  // namespace
 
-Plan NoRecomputation(const Chain& chain) {
+RecomputationPlan NoRecomputation(const Chain& chain) {
   std::vector<Segment> s;
   for (int l = 0; l < Layers(chain); ++l) s.push_back({l, l + 1, SegmentMode::kKeep});
   return Finish(chain, "none", std::move(s));
 }
 
-Plan FullRecomputation(const Chain& chain) {
+RecomputationPlan FullRecomputation(const Chain& chain) {
   std::vector<Segment> s;
   for (int l = 0; l < Layers(chain); ++l) s.push_back({l, l + 1, SegmentMode::kRecompute});
   return Finish(chain, "full", std::move(s));
 }
 
-Plan UniformRecomputation(const Chain& chain, int k) {
+RecomputationPlan UniformRecomputation(const Chain& chain, int k) {
   std::vector<Segment> s;
   for (int l = 0; l < Layers(chain); l += k) {
     s.push_back({l, std::min(l + k, Layers(chain)), SegmentMode::kRecompute});
@@ -203,14 +203,14 @@ Plan UniformRecomputation(const Chain& chain, int k) {
   return Finish(chain, absl::StrCat("uniform:", k), std::move(s));
 }
 
-Plan SqrtRecomputation(const Chain& chain) {
+RecomputationPlan SqrtRecomputation(const Chain& chain) {
   const int k = std::max(1, static_cast<int>(std::ceil(std::sqrt(double(Layers(chain))))));
-  Plan plan = UniformRecomputation(chain, k);
+  RecomputationPlan plan = UniformRecomputation(chain, k);
   plan.planner = "sqrt";
   return plan;
 }
 
-Plan SelectiveRecomputation(const Chain& chain) {
+RecomputationPlan SelectiveRecomputation(const Chain& chain) {
   std::vector<Segment> s;
   for (int l = 0; l < Layers(chain); ++l) {
     s.push_back({l, l + 1,
@@ -219,7 +219,7 @@ Plan SelectiveRecomputation(const Chain& chain) {
   return Finish(chain, "selective", std::move(s));
 }
 
-Plan MinimumPeakPlan(const Chain& chain, const PlannerOptions& options) {
+RecomputationPlan MinimumPeakPlan(const Chain& chain, const PlannerOptions& options) {
   // Cost: (the largest peak so far, extra FLOPs).
   const int64_t scale = NoRecomputation(chain).predicted_peak;
   const std::vector<Segment> segments = Solve(
@@ -236,7 +236,7 @@ Plan MinimumPeakPlan(const Chain& chain, const PlannerOptions& options) {
   return Finish(chain, "optimal", segments);
 }
 
-absl::StatusOr<Plan> OptimalRecomputation(const Chain& chain, const PlannerOptions& options) {
+absl::StatusOr<RecomputationPlan> OptimalRecomputation(const Chain& chain, const PlannerOptions& options) {
   if (options.budget <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "recomputation plan 'optimal': needs an activation budget > 0 bytes, got ",
@@ -257,20 +257,20 @@ absl::StatusOr<Plan> OptimalRecomputation(const Chain& chain, const PlannerOptio
   if (!segments.empty()) return Finish(chain, "optimal", segments);
   // The bucketed search may miss every plan that fits a budget this tight;
   // the least-peak plan may still fit.
-  Plan least = MinimumPeakPlan(chain, options);
+  RecomputationPlan least = MinimumPeakPlan(chain, options);
   if (least.predicted_peak <= budget) return least;
-  Plan none;
+  RecomputationPlan none;
   none.planner = "optimal";
   return OverBudget(chain, none, options);
 }
 
-absl::StatusOr<Plan> MakePlan(const Chain& chain, absl::string_view planner,
+absl::StatusOr<RecomputationPlan> MakePlan(const Chain& chain, absl::string_view planner,
                               const PlannerOptions& options) {
   if (options.budget < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("recomputation budget: expected >= 0 bytes, got ", options.budget));
   }
-  Plan plan;
+  RecomputationPlan plan;
   if (planner == "optimal") return OptimalRecomputation(chain, options);
   if (planner == "none") {
     plan = NoRecomputation(chain);

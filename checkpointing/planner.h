@@ -1,5 +1,5 @@
 // Recomputation planners (checkpointing/plan.h for the plans and the memory
-// model). All return a valid Plan with its predicted activation peak and
+// model). All return a valid RecomputationPlan with its predicted activation peak and
 // extra forward FLOPs:
 //   none          keep everything;
 //   full          recompute every layer from its input (Megatron's "full");
@@ -42,24 +42,24 @@ struct PlannerOptions {
   int resolution = 4096;
 };
 
-Plan NoRecomputation(const Chain& chain);
-Plan FullRecomputation(const Chain& chain);
+RecomputationPlan NoRecomputation(const Chain& chain);
+RecomputationPlan FullRecomputation(const Chain& chain);
 // REQUIRES: k >= 1.
-Plan UniformRecomputation(const Chain& chain, int k);
-Plan SqrtRecomputation(const Chain& chain);
-Plan SelectiveRecomputation(const Chain& chain);
+RecomputationPlan UniformRecomputation(const Chain& chain, int k);
+RecomputationPlan SqrtRecomputation(const Chain& chain);
+RecomputationPlan SelectiveRecomputation(const Chain& chain);
 
 // Errors: kInvalidArgument for a budget <= 0; kResourceExhausted when no
 // plan fits, naming the smallest budget that does.
-absl::StatusOr<Plan> OptimalRecomputation(const Chain& chain, const PlannerOptions& options);
+absl::StatusOr<RecomputationPlan> OptimalRecomputation(const Chain& chain, const PlannerOptions& options);
 
 // The plan with the smallest activation peak (ties: least extra FLOPs),
 // found by the same dynamic programming with the peak as its objective.
-Plan MinimumPeakPlan(const Chain& chain, const PlannerOptions& options);
+RecomputationPlan MinimumPeakPlan(const Chain& chain, const PlannerOptions& options);
 
 // A planner by name: "none", "full", "uniform:K", "sqrt", "selective",
 // "optimal". kInvalidArgument names an unknown planner or a bad K.
-absl::StatusOr<Plan> MakePlan(const Chain& chain, absl::string_view planner,
+absl::StatusOr<RecomputationPlan> MakePlan(const Chain& chain, absl::string_view planner,
                               const PlannerOptions& options);
 
 }  // namespace memwall

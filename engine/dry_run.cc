@@ -31,7 +31,7 @@ absl::StatusOr<std::vector<Batch>> EmptyBatches(Device& device, int count,
 }
 
 absl::StatusOr<AllocatorStats> DryRunStep(Model model, const Config& config, int rank,
-                                          int world_size, int64_t capacity, const Plan* plan) {
+                                          int world_size, int64_t capacity, const RecomputationPlan* plan) {
   DeviceOptions options{Backend::kMeta, 0, capacity};
   options.pinned_capacity_bytes = int64_t{1} << 60;  // for offloading configs
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> meta, CreateDevice(options));
@@ -49,7 +49,7 @@ absl::StatusOr<AllocatorStats> DryRunStep(Model model, const Config& config, int
   return meta->allocator().stats();
 }
 
-absl::StatusOr<Plan> ApplyRecomputation(
+absl::StatusOr<RecomputationPlan> ApplyRecomputation(
     Trainer& trainer, const RecomputeConfig& config, const std::vector<int64_t>& input,
     int64_t capacity, const std::function<absl::StatusOr<AllocatorStats>()>& dry_run) {
   MW_ASSIGN_OR_RETURN(Chain chain, trainer.ChainFor(input));
@@ -79,7 +79,7 @@ absl::StatusOr<Plan> ApplyRecomputation(
           " plus a 5% margin"));
     }
   }
-  MW_ASSIGN_OR_RETURN(Plan plan, MakePlan(chain, planner, options));
+  MW_ASSIGN_OR_RETURN(RecomputationPlan plan, MakePlan(chain, planner, options));
   MW_RETURN_IF_ERROR(trainer.SetRecomputationPlan(plan, chain));
   return plan;
 }
@@ -99,11 +99,11 @@ int64_t TransientBytes(const AllocatorStats& s) {
 // The config's recomputation plan on `trainer`, with optimal's budget
 // derived from the device memory the dry run is for; when no plan fits
 // that budget, the least activation memory instead, with `note` saying why.
-absl::StatusOr<Plan> PlanRecomputation(const DryRunOptions& options, const Config& config,
+absl::StatusOr<RecomputationPlan> PlanRecomputation(const DryRunOptions& options, const Config& config,
                                        int64_t batch, Trainer& trainer,
                                        const std::vector<int64_t>& input, std::string& note) {
   const int world = static_cast<int>(options.gpus);
-  absl::StatusOr<Plan> applied = ApplyRecomputation(
+  absl::StatusOr<RecomputationPlan> applied = ApplyRecomputation(
       trainer, config.activation_checkpointing, input,
       options.device_bytes - options.runtime_allowance,
       [&]() -> absl::StatusOr<AllocatorStats> {

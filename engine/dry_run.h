@@ -46,7 +46,7 @@ struct DryRunOptions {
 struct DryRunResult {
   int64_t parameters = 0;
   int64_t batch = 0;
-  Plan recompute;              // the recomputation plan followed
+  RecomputationPlan recompute;              // the recomputation plan followed
   std::string recompute_note;  // why it is the least-peak plan, if so
   int64_t device_requested_peak = 0;
   int64_t device_reserved_peak = 0;
@@ -88,7 +88,7 @@ absl::StatusOr<std::vector<Batch>> EmptyBatches(Device& device, int count,
 // (kResourceExhausted when it does not fit).
 absl::StatusOr<AllocatorStats> DryRunStep(Model model, const Config& config, int rank,
                                           int world_size, int64_t capacity = int64_t{1} << 60,
-                                          const Plan* plan = nullptr);
+                                          const RecomputationPlan* plan = nullptr);
 
 // Sets `trainer`'s recomputation plan from config.activation_checkpointing
 // for micro-batches whose first input has shape `input`, and returns it.
@@ -97,7 +97,7 @@ absl::StatusOr<AllocatorStats> DryRunStep(Model model, const Config& config, int
 // own peak in `dry_run`'s books, so never less than at any one moment),
 // less 5% for the caching allocator's rounding and fragmentation. With
 // `offload`, segment inputs may wait in the device's pinned pool.
-absl::StatusOr<Plan> ApplyRecomputation(
+absl::StatusOr<RecomputationPlan> ApplyRecomputation(
     Trainer& trainer, const RecomputeConfig& config, const std::vector<int64_t>& input,
     int64_t capacity, const std::function<absl::StatusOr<AllocatorStats>()>& dry_run);
 

@@ -147,7 +147,7 @@ class Engine {
   const std::vector<int64_t>& input_shape() const { return input_; }
   const std::vector<int64_t>& target_shape() const { return target_; }
   // Layer models: the recomputation plan followed (planner "none" without).
-  const Plan& recomputation_plan() const { return plan_; }
+  const RecomputationPlan& recomputation_plan() const { return plan_; }
 
   // Layer models: one optimizer step over gradient_accumulation_steps
   // micro-batches (Trainer::TrainStep). Errors pass through Explain().
@@ -196,7 +196,7 @@ class Engine {
   std::string auto_choice_;
   ModelFactory model_;
   std::vector<int64_t> input_, target_;
-  Plan plan_;
+  RecomputationPlan plan_;
   int64_t caller_steps_ = 0;  // caller-owned models
 
   // Declared in the order they are built: destroyed model first, ranks last.

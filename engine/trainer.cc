@@ -115,7 +115,7 @@ absl::StatusOr<Chain> Trainer::ChainFor(const std::vector<int64_t>& input) const
   return ChainOf(layers_, input, optimizer_->config().param_dtype());
 }
 
-absl::Status Trainer::SetRecomputationPlan(const Plan& plan, const Chain& chain) {
+absl::Status Trainer::SetRecomputationPlan(const RecomputationPlan& plan, const Chain& chain) {
   if (chain.layers.size() != layers_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("recomputation plan '", plan.planner, "': for ",
                                                    chain.layers.size(), " layers; the model has ",

@@ -87,8 +87,8 @@ class Trainer {
   // raises the parameters' peak: a third gather per step for those layers,
   // as in DeepSpeed, in exchange for segments of any length.
   // kInvalidArgument when the plan does not fit the model.
-  absl::Status SetRecomputationPlan(const Plan& plan, const Chain& chain);
-  const Plan& recomputation_plan() const { return plan_; }
+  absl::Status SetRecomputationPlan(const RecomputationPlan& plan, const Chain& chain);
+  const RecomputationPlan& recomputation_plan() const { return plan_; }
 
   ShardedOptimizer& optimizer() { return *optimizer_; }
   Device& device() { return device_; }
@@ -144,7 +144,7 @@ class Trainer {
   std::vector<int> first_user_;
   MemoryProfiler* profiler_ = nullptr;
   int64_t steps_ = 0;
-  Plan plan_;                    // the recomputation plan
+  RecomputationPlan plan_;                    // the recomputation plan
   std::vector<int> segment_of_;  // each layer's segment in plan_
 };
 

@@ -30,7 +30,7 @@ int64_t FlatGroup::padding_in_shard(int rank) const {
   return end - std::clamp(numel, begin, end);
 }
 
-absl::StatusOr<FlatLayout> PlanFlatLayout(const std::vector<ParameterSpec>& parameters,
+absl::StatusOr<FlatLayout> BuildFlatLayout(const std::vector<ParameterSpec>& parameters,
                                           int world_size, int64_t bucket_elements,
                                           int64_t alignment_elements) {
   if (world_size < 1) {

@@ -73,7 +73,7 @@ int64_t NumElements(const std::vector<int64_t>& shape);
 // or argument: no parameters, an empty or duplicate name, a dimension < 1,
 // an explicit group whose parameters are not consecutive, world_size < 1,
 // bucket_elements < 1, alignment_elements < 1.
-absl::StatusOr<FlatLayout> PlanFlatLayout(const std::vector<ParameterSpec>& parameters,
+absl::StatusOr<FlatLayout> BuildFlatLayout(const std::vector<ParameterSpec>& parameters,
                                           int world_size, int64_t bucket_elements,
                                           int64_t alignment_elements);
 

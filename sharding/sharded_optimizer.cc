@@ -269,7 +269,7 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
 absl::Status ShardedOptimizer::Finalize() {
   if (finalized_) return absl::FailedPreconditionError("Finalize: called twice");
   MW_ASSIGN_OR_RETURN(FlatLayout layout,
-                      PlanFlatLayout(specs_, comm_.world_size(), config_.zero.reduce_bucket_size,
+                      BuildFlatLayout(specs_, comm_.world_size(), config_.zero.reduce_bucket_size,
                                      kShardAlignmentElements));
   layout_ = std::move(layout);
   if (config_.zero.offload_optimizer_ratio > 0 && !config_.zero.offload_nvme_path.empty()) {

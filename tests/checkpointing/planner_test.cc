@@ -47,7 +47,7 @@ Chain RandomChain(int n, uint32_t seed) {
 std::vector<Prediction> AllPlans(const Chain& chain, bool offload) {
   const int n = static_cast<int>(chain.layers.size());
   std::vector<Prediction> all;
-  Plan plan;
+  RecomputationPlan plan;
   std::function<void(int)> walk = [&](int i) {
     if (i == n) {
       all.push_back(PredictPeak(chain, plan));
@@ -104,7 +104,7 @@ TEST_CASE("optimal equals exhaustive search on random heterogeneous chains", "[p
       exact.budget = budget;
       INFO("seed " << seed << ", n " << n << ", offload " << offload << ", budget " << budget);
       const double want = Cheapest(all, budget);
-      const absl::StatusOr<Plan> got = OptimalRecomputation(chain, exact);
+      const absl::StatusOr<RecomputationPlan> got = OptimalRecomputation(chain, exact);
       if (want < 0) {
         CHECK(got.status().code() == absl::StatusCode::kResourceExhausted);
         // The smallest feasible budget it names is the exhaustive search's.
@@ -127,7 +127,7 @@ TEST_CASE("optimal equals exhaustive search on random heterogeneous chains", "[p
 
 TEST_CASE("offload moves a segment's input to host and prices the copies", "[planner]") {
   Chain chain = RandomChain(6, 5);
-  Plan recompute, offload;
+  RecomputationPlan recompute, offload;
   recompute.segments = offload.segments = {{0, 2, SegmentMode::kRecompute},
                                            {2, 4, SegmentMode::kRecompute},
                                            {4, 6, SegmentMode::kRecompute}};
@@ -140,7 +140,7 @@ TEST_CASE("offload moves a segment's input to host and prices the copies", "[pla
   CHECK(o.backward_peak == r.backward_peak);
   CHECK(o.extra_flops == r.extra_flops + 2 * input * chain.offload_flops_per_byte);
   CHECK(PredictPeak(chain, offload).offloaded_bytes == input);
-  Plan bad = offload;
+  RecomputationPlan bad = offload;
   bad.segments[0].mode = SegmentMode::kOffload;
   CHECK(ValidatePlan(chain, bad).message() ==
         "plan '': segment 0 offloads its input, which at layer 0 is the batch, not an "
@@ -167,12 +167,12 @@ TEST_CASE("the discretised optimal stays within budget and near the exact one", 
 TEST_CASE("optimal is never worse than full, uniform or sqrt at their own peaks", "[planner]") {
   for (uint32_t seed = 200; seed < 230; ++seed) {
     const Chain chain = RandomChain(24, seed);
-    for (const Plan& fixed :
+    for (const RecomputationPlan& fixed :
          {FullRecomputation(chain), SqrtRecomputation(chain), UniformRecomputation(chain, 3),
           UniformRecomputation(chain, 6), SelectiveRecomputation(chain)}) {
       PlannerOptions o;
       o.budget = fixed.predicted_peak;
-      const absl::StatusOr<Plan> best = OptimalRecomputation(chain, o);
+      const absl::StatusOr<RecomputationPlan> best = OptimalRecomputation(chain, o);
       REQUIRE(best.ok());
       INFO(fixed.planner);
       CHECK(best->extra_flops <= fixed.extra_flops);
@@ -183,7 +183,7 @@ TEST_CASE("optimal is never worse than full, uniform or sqrt at their own peaks"
 
 TEST_CASE("the fixed planners cut the chain as documented", "[planner]") {
   const Chain chain = RandomChain(10, 7);
-  const Plan none = NoRecomputation(chain), full = FullRecomputation(chain),
+  const RecomputationPlan none = NoRecomputation(chain), full = FullRecomputation(chain),
              sqrt = SqrtRecomputation(chain), uniform = UniformRecomputation(chain, 4),
              selective = SelectiveRecomputation(chain);
   CHECK(none.extra_flops == 0);
@@ -237,7 +237,7 @@ TEST_CASE("budgets no plan meets name the smallest feasible one", "[planner][err
         "recomputation planner 'uniform:0': expected uniform:K with K >= 1 layers");
   CHECK(MakePlan(chain, "rotor", o).status().message() ==
         "recomputation planner 'rotor': expected none, full, uniform:K, sqrt, selective or optimal");
-  Plan bad = NoRecomputation(chain);
+  RecomputationPlan bad = NoRecomputation(chain);
   bad.segments.pop_back();
   CHECK(ValidatePlan(chain, bad).message() == "plan 'none': covers layers 0..6 of 0..7");
 }

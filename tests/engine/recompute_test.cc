@@ -32,7 +32,7 @@ struct Result {
   int64_t activation_peak = 0;
   int64_t parameter_peak = 0;
   Chain chain;
-  Plan plan;
+  RecomputationPlan plan;
 };
 
 // "least+offload": the least-peak plan with offload allowed (it moves
@@ -196,7 +196,7 @@ TEST_CASE("meta: GPT-2 1.5B's activation peak under each plan is the predicted o
     Chain chain = trainer->ChainFor({batch, c.seq}).value();
     PlannerOptions po;
     po.budget = std::string(planner) == "optimal" ? 8 * kGiB : 0;
-    Plan plan;
+    RecomputationPlan plan;
     if (std::string(planner) == "least+offload") {
       chain.offload_flops_per_byte = 1e-3;
       po.allow_offload = true;
@@ -227,7 +227,7 @@ TEST_CASE("a plan that does not fit the model is rejected by name", "[recompute]
                                  ShardingOptions(), *device, World(), 1)
                      .value();
   const Chain chain = trainer->ChainFor({2, 4}).value();
-  Plan plan = FullRecomputation(chain);
+  RecomputationPlan plan = FullRecomputation(chain);
   plan.segments[1].mode = SegmentMode::kSelective;
   const absl::Status bad = trainer->SetRecomputationPlan(plan, chain);
   CHECK(bad.code() == absl::StatusCode::kInvalidArgument);

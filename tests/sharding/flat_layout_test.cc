@@ -16,7 +16,7 @@ std::vector<ParameterSpec> Specs() {
 }
 
 TEST_CASE("groups pack consecutive parameters up to the bucket size", "[flat]") {
-  auto layout = PlanFlatLayout(Specs(), /*world_size=*/4, /*bucket_elements=*/300, /*alignment=*/8);
+  auto layout = BuildFlatLayout(Specs(), /*world_size=*/4, /*bucket_elements=*/300, /*alignment=*/8);
   REQUIRE(layout.ok());
   // embed alone (larger than a bucket), block0 (272), block1 + head (273).
   REQUIRE(layout->groups.size() == 3);
@@ -53,7 +53,7 @@ TEST_CASE("groups pack consecutive parameters up to the bucket size", "[flat]") 
 TEST_CASE("groups never split a layer", "[flat]") {
   // block0 (weight 256 + bias 16) exceeds a 260-element bucket: it stays
   // whole in a group of its own rather than leaving its bias behind.
-  auto layout = PlanFlatLayout(Specs(), 1, 260, 1);
+  auto layout = BuildFlatLayout(Specs(), 1, 260, 1);
   REQUIRE(layout.ok());
   REQUIRE(layout->groups.size() == 4);
   CHECK(layout->groups[1].name == "block0.w..block0.b");
@@ -61,7 +61,7 @@ TEST_CASE("groups never split a layer", "[flat]") {
   CHECK(layout->groups[2].name == "block1.w..block1.b");
   CHECK(layout->groups[3].name == "head");
   // Several small layers share a group up to the bucket size.
-  auto packed = PlanFlatLayout({{"l0.w", {10}}, {"l0.b", {2}}, {"l1.w", {10}}, {"l1.b", {2}},
+  auto packed = BuildFlatLayout({{"l0.w", {10}}, {"l0.b", {2}}, {"l1.w", {10}}, {"l1.b", {2}},
                                 {"l2.w", {10}}, {"l2.b", {2}}},
                                1, 24, 1);
   REQUIRE(packed.ok());
@@ -71,7 +71,7 @@ TEST_CASE("groups never split a layer", "[flat]") {
 }
 
 TEST_CASE("one rank and a huge bucket make one unpadded-but-aligned group", "[flat]") {
-  auto layout = PlanFlatLayout(Specs(), 1, int64_t{1} << 40, 1);
+  auto layout = BuildFlatLayout(Specs(), 1, int64_t{1} << 40, 1);
   REQUIRE(layout.ok());
   REQUIRE(layout->groups.size() == 1);
   CHECK(layout->groups[0].padded_numel == 2145);
@@ -81,7 +81,7 @@ TEST_CASE("one rank and a huge bucket make one unpadded-but-aligned group", "[fl
 
 TEST_CASE("shards tile every group exactly for any world size", "[flat]") {
   for (int world : {1, 2, 3, 4, 7, 64}) {
-    auto layout = PlanFlatLayout(Specs(), world, 500, 16);
+    auto layout = BuildFlatLayout(Specs(), world, 500, 16);
     REQUIRE(layout.ok());
     for (const FlatGroup& g : layout->groups) {
       CHECK(g.padded_numel % (16 * world) == 0);
@@ -100,7 +100,7 @@ TEST_CASE("explicit groups are one group each, whatever the bucket size", "[flat
   for (int p = 1; p <= 4; ++p) specs[p].group = "trunk";
   for (int64_t bucket : {int64_t{1}, int64_t{300}, int64_t{1} << 40}) {
     CAPTURE(bucket);
-    auto layout = PlanFlatLayout(specs, /*world_size=*/2, bucket, /*alignment=*/8);
+    auto layout = BuildFlatLayout(specs, /*world_size=*/2, bucket, /*alignment=*/8);
     REQUIRE(layout.ok());
     REQUIRE(layout->groups.size() == 3);
     CHECK(layout->groups[0].name == "input");
@@ -114,7 +114,7 @@ TEST_CASE("explicit groups are one group each, whatever the bucket size", "[flat
     CHECK(layout->placements[3].offset == 272);
   }
   specs[3].group = "input";  // "input" again after "trunk" began
-  auto split = PlanFlatLayout(specs, 2, 300, 8);
+  auto split = BuildFlatLayout(specs, 2, 300, 8);
   CHECK(split.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(split.status().message()) ==
         "parameter 'block1.w': group 'input' already ended; a group's parameters must be "
@@ -122,18 +122,18 @@ TEST_CASE("explicit groups are one group each, whatever the bucket size", "[flat
 }
 
 TEST_CASE("bad parameter lists are rejected by name", "[flat]") {
-  auto dup = PlanFlatLayout({{"a", {2}}, {"a", {3}}}, 2, 10, 1);
+  auto dup = BuildFlatLayout({{"a", {2}}, {"a", {3}}}, 2, 10, 1);
   CHECK(std::string(dup.status().message()) == "parameter 'a': registered twice");
-  auto zero = PlanFlatLayout({{"w", {4, 0}}}, 2, 10, 1);
+  auto zero = BuildFlatLayout({{"w", {4, 0}}}, 2, 10, 1);
   CHECK(std::string(zero.status().message()) == "parameter 'w': shape[1] is 0; expected >= 1");
-  auto unnamed = PlanFlatLayout({{"", {4}}}, 2, 10, 1);
+  auto unnamed = BuildFlatLayout({{"", {4}}}, 2, 10, 1);
   CHECK(std::string(unnamed.status().message()) == "parameter 0: the name is empty");
-  CHECK(std::string(PlanFlatLayout({}, 2, 10, 1).status().message()) == "parameters: none registered");
-  CHECK(std::string(PlanFlatLayout(Specs(), 0, 10, 1).status().message()) ==
+  CHECK(std::string(BuildFlatLayout({}, 2, 10, 1).status().message()) == "parameters: none registered");
+  CHECK(std::string(BuildFlatLayout(Specs(), 0, 10, 1).status().message()) ==
         "world size: expected >= 1, got 0");
-  CHECK(std::string(PlanFlatLayout(Specs(), 2, 0, 1).status().message()) ==
+  CHECK(std::string(BuildFlatLayout(Specs(), 2, 0, 1).status().message()) ==
         "bucket size: expected >= 1 element, got 0");
-  CHECK(std::string(PlanFlatLayout(Specs(), 2, 10, 0).status().message()) ==
+  CHECK(std::string(BuildFlatLayout(Specs(), 2, 10, 0).status().message()) ==
         "alignment: expected >= 1 element, got 0");
 }
 
