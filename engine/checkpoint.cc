@@ -327,6 +327,72 @@ absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& 
   return SaveCheckpoint(trainer.optimizer(), trainer.steps(), dir, keep);
 }
 
+namespace {
+
+// The manifest of a checkpoint of `opt` at `steps` whose rank files
+// (`files`: landed, bytes, CRC-32 per rank) hold parameter p in
+// RankFile(owner[p]).
+json Manifest(ShardedOptimizer& opt, int64_t steps, const std::string& model,
+              const std::vector<Param>& params, const std::vector<int>& owner,
+              const std::vector<int64_t>& files) {
+  const ShardedOptimizer::Progress progress = opt.progress();
+  const ShardingOptions& config = opt.config();
+  const FlatLayout& layout = opt.layout();
+  const int world = opt.communicator().world_size();
+  json manifest = {
+      {"schema", kSchema},
+      {"step", steps},
+      {"trainer_steps", steps},
+      {"progress",
+       {{"steps_applied", progress.steps_applied},
+        {"steps_skipped", progress.steps_skipped},
+        {"loss_scale", progress.loss_scale},
+        {"clean_steps", progress.clean_steps},
+        {"overflows_left", progress.overflows_left}}},
+      {"world_size", world},
+      {"zero_stage", config.zero.stage},
+      {"param_dtype", DTypeName(config.param_dtype())},
+      {"optimizer", config.optimizer.type == OptimizerType::kAdam ? "adam" : "sgd"},
+      {"states", StateNames(opt)},
+      {"model", model},
+  };
+  json list = json::array();
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    for (int p : layout.groups[g].parameters) {
+      list.push_back({{"name", params[p].name},
+                      {"shape", params[p].shape},
+                      {"file", RankFile(owner[p])}});
+    }
+  }
+  manifest["parameters"] = list;
+  json file_list = json::array();
+  for (int r = 0; r < world; ++r) {
+    file_list.push_back({{"name", RankFile(r)}, {"bytes", files[3 * r + 1]},
+                         {"crc32", files[3 * r + 2]}});
+  }
+  manifest["files"] = file_list;
+  manifest["manifest_crc32"] = ManifestCrc(manifest);
+  return manifest;
+}
+
+// Keeps the newest `keep` complete checkpoints in `dir` (`out`, just
+// written, among them) and drops incomplete ones older than `steps`.
+absl::Status Prune(const std::string& dir, const std::string& out, int64_t steps, int keep) {
+  std::vector<Found> found = StepDirs(dir);
+  int complete = 0;
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    if (it->path == out) {
+      ++complete;
+      continue;
+    }
+    const bool drop = it->complete ? ++complete > keep : it->step < steps;
+    if (drop) MW_RETURN_IF_ERROR(RemoveCheckpoint(it->path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
                                            const std::string& dir, int keep,
                                            const std::string& model) {
@@ -406,55 +472,11 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
     }
   }
   if (rank == 0) {
-    const ShardedOptimizer::Progress progress = opt.progress();
-    const ShardingOptions& config = opt.config();
-    json manifest = {
-        {"schema", kSchema},
-        {"step", steps},
-        {"trainer_steps", steps},
-        {"progress",
-         {{"steps_applied", progress.steps_applied},
-          {"steps_skipped", progress.steps_skipped},
-          {"loss_scale", progress.loss_scale},
-          {"clean_steps", progress.clean_steps},
-          {"overflows_left", progress.overflows_left}}},
-        {"world_size", world},
-        {"zero_stage", config.zero.stage},
-        {"param_dtype", DTypeName(config.param_dtype())},
-        {"optimizer", config.optimizer.type == OptimizerType::kAdam ? "adam" : "sgd"},
-        {"states", states},
-        {"model", model},
-    };
-    json list = json::array();
-    for (size_t g = 0; g < layout.groups.size(); ++g) {
-      for (int p : layout.groups[g].parameters) {
-        list.push_back({{"name", params[p].name},
-                        {"shape", params[p].shape},
-                        {"file", RankFile(owner[p])}});
-      }
-    }
-    manifest["parameters"] = list;
-    json file_list = json::array();
-    for (int r = 0; r < world; ++r) {
-      file_list.push_back({{"name", RankFile(r)}, {"bytes", files[3 * r + 1]},
-                           {"crc32", files[3 * r + 2]}});
-    }
-    manifest["files"] = file_list;
-    manifest["manifest_crc32"] = ManifestCrc(manifest);
+    const json manifest = Manifest(opt, steps, model, params, owner, files);
     MW_RETURN_IF_ERROR(SyncPath(out, /*directory=*/true));  // the rank files' renames
     MW_RETURN_IF_ERROR(WriteFileAtomically((fs::path(out) / kManifest).string(), manifest.dump(1)));
     MW_RETURN_IF_ERROR(SyncPath(out, /*directory=*/true));
-    // Keep the newest `keep` complete checkpoints; drop older incomplete ones.
-    std::vector<Found> found = StepDirs(dir);
-    int complete = 0;
-    for (auto it = found.rbegin(); it != found.rend(); ++it) {
-      if (it->path == out) {
-        ++complete;
-        continue;
-      }
-      const bool drop = it->complete ? ++complete > keep : it->step < steps;
-      if (drop) MW_RETURN_IF_ERROR(RemoveCheckpoint(it->path));
-    }
+    MW_RETURN_IF_ERROR(Prune(dir, out, steps, keep));
   }
   MW_RETURN_IF_ERROR(comm.Barrier());
   return out;
