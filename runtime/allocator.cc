@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,11 +28,13 @@ struct Block {
   std::string owner;
   // Valid while allocated: the stream it was allocated for and the other
   // streams recorded as using it (RecordStream).
+  // Inlined: every allocation and free touches them, and a block rarely
+  // has more than two streams.
   StreamId stream = kHostOrder;
-  std::vector<StreamId> uses;
+  absl::InlinedVector<StreamId, 2> uses;
   // Valid while free: each stream that may still use it, and the clock at
   // its free (Note [Stream-ordered reuse]); at most one stamp per stream.
-  std::vector<StreamStamp> stamps;
+  absl::InlinedVector<StreamStamp, 2> stamps;
 };
 
 struct Segment {
@@ -65,7 +68,7 @@ size_t RoundUp(size_t bytes, size_t multiple) {
 }
 
 // Adds `stamp` to `stamps`, keeping the later clock per stream.
-void MergeStamp(std::vector<StreamStamp>& stamps, const StreamStamp& stamp) {
+void MergeStamp(absl::InlinedVector<StreamStamp, 2>& stamps, const StreamStamp& stamp) {
   for (StreamStamp& have : stamps) {
     if (have.stream == stamp.stream) {
       have.clock = std::max(have.clock, stamp.clock);

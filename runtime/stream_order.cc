@@ -18,17 +18,14 @@ void StreamOrder::Unregister(StreamId id) {
   std::lock_guard<std::mutex> lock(mu_);
   streams_.erase(id);
   // Its work has drained: blocks stamped with it are free for everyone.
-  host_seen_[id] = ++clock_;
+  host_seen_[id] = clock_.fetch_add(1, std::memory_order_acq_rel) + 1;
 }
 
-uint64_t StreamOrder::Now() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return clock_;
-}
+uint64_t StreamOrder::Now() const { return clock_.load(std::memory_order_acquire); }
 
 EventMark StreamOrder::OnRecord(StreamId stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  return EventMark{stream, ++clock_};
+  return EventMark{stream, clock_.fetch_add(1, std::memory_order_acq_rel) + 1};
 }
 
 void StreamOrder::OnWait(StreamId waiter, const EventMark& event) {
@@ -47,7 +44,7 @@ void StreamOrder::OnHostWait(const EventMark& event) {
 
 void StreamOrder::OnStreamSynchronize(StreamId stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  host_seen_[stream] = ++clock_;
+  host_seen_[stream] = clock_.fetch_add(1, std::memory_order_acq_rel) + 1;
   // Every wait enqueued on it has completed too, and with it the work it
   // waited for.
   for (auto it = waited_.lower_bound({stream, 0});
@@ -59,7 +56,7 @@ void StreamOrder::OnStreamSynchronize(StreamId stream) {
 
 void StreamOrder::OnDeviceSynchronize() {
   std::lock_guard<std::mutex> lock(mu_);
-  device_seen_ = ++clock_;
+  device_seen_ = clock_.fetch_add(1, std::memory_order_acq_rel) + 1;
 }
 
 uint64_t StreamOrder::KnownLocked(StreamId user, StreamId stream) const {

@@ -29,6 +29,7 @@
 #ifndef MEMWALL_RUNTIME_STREAM_ORDER_H_
 #define MEMWALL_RUNTIME_STREAM_ORDER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -101,7 +102,8 @@ class StreamOrder {
   uint64_t KnownLocked(StreamId user, StreamId stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable std::mutex mu_;
-  uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+  // Advanced under mu_; read without it by Now() (every free reads it).
+  std::atomic<uint64_t> clock_{0};
   StreamId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<StreamId, Stream*> streams_ ABSL_GUARDED_BY(mu_);
   // (waiter, stream) -> the highest mark of `stream` that `waiter` waited for.
