@@ -53,6 +53,9 @@ ABSL_FLAG(std::string, data, "",
           "train: a text file to train on, byte-level; empty uses a built-in synthetic corpus.");
 ABSL_FLAG(uint64_t, seed, 1, "train: seed of the parameter initialisation.");
 ABSL_FLAG(int64_t, log_every, 10, "train: print progress every this many steps.");
+ABSL_FLAG(std::string, log_format, "text",
+          "train: text (lines for people) or json (one JSON object per line: events start, "
+          "resumed, step, saved, nothing_to_train, summary; bytes and tokens/s).");
 ABSL_FLAG(std::string, save, "",
           "train: save training checkpoints into this directory (at the end, and every "
           "--save_every steps).");
@@ -98,12 +101,14 @@ usage:
   memwall train [--model gpt-tiny] [--config FILE] [--steps N] [--data FILE]
                 [--backend host|cuda|meta] [--device_memory SIZE] [--seed S]
                 [--pinned_memory SIZE]
-                [--log_every N] [--simulate_ranks N] [--out DIR]
+                [--log_every N] [--log_format text|json] [--simulate_ranks N]
+                [--out DIR]
                 [--save DIR [--save_every N] [--keep_checkpoints K]] [--resume DIR]
                 [--collective_timeout SECONDS]
       Trains a GPT (byte-level text) with ZeRO sharding across the MPI ranks
       it was launched on, printing loss, tokens/s and peak device memory by
-      category, then a summary. Out of memory writes the memory reports of
+      category, then a summary (--log_format json: one JSON object per line
+      instead, for programs). Out of memory writes the memory reports of
       that moment to DIR/rank<k>/ (default memwall-oom). On 2 ranks:
         memwall launch --ranks 2 -- memwall train --steps 100
       The config's activation_checkpointing.planner (none, full,
@@ -225,8 +230,8 @@ const std::map<std::string, std::set<std::string>>& FlagsOf() {
   static const auto* const flags = new std::map<std::string, std::set<std::string>>{
       {"train",
        {"backend", "device_memory", "pinned_memory", "model", "config", "steps", "data", "seed",
-        "log_every", "save", "save_every", "keep_checkpoints", "resume", "collective_timeout",
-        "simulate_ranks", "out"}},
+        "log_every", "log_format", "save", "save_every", "keep_checkpoints", "resume",
+        "collective_timeout", "simulate_ranks", "out"}},
       {"profile",
        {"backend", "device_memory", "pinned_memory", "model", "config", "steps", "batch", "seq",
         "image", "simulate_ranks", "collective_timeout", "out"}},
@@ -397,6 +402,7 @@ int Train() {
   options.data_path = absl::GetFlag(FLAGS_data);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.log_every = absl::GetFlag(FLAGS_log_every);
+  options.log_format = absl::GetFlag(FLAGS_log_format);
   options.save_dir = absl::GetFlag(FLAGS_save);
   options.save_every = absl::GetFlag(FLAGS_save_every);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 #include "cli/session.h"
 #include "engine/config.h"
 #include "engine/checkpoint.h"
@@ -26,6 +27,16 @@
 namespace memwall {
 
 namespace {
+
+using json = nlohmann::json;
+
+// Prints one log record on rank 0's stdout: `text`, or `record` as one
+// line of JSON.
+void Emit(const TrainOptions& options, const std::string& text, const json& record) {
+  const std::string line = options.log_format == "json" ? record.dump() : text;
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
 
 constexpr std::array<MemoryCategory, 4> kShown = {
     MemoryCategory::kParameter, MemoryCategory::kGradient, MemoryCategory::kOptimizerState,
@@ -64,6 +75,33 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
   const int ranks = engine.communicator().world_size();
   const int64_t micro = config.train_micro_batch_size_per_gpu;
   const int accumulation = config.gradient_accumulation_steps;
+  const int64_t tokens = micro * accumulation * gpt.seq * ranks;
+  const std::string data =
+      options.data_path.empty() ? "built-in synthetic corpus" : options.data_path;
+  std::string recomputation;
+  if (engine.recomputation_plan().planner != "none") {
+    const absl::StatusOr<Chain> chain = engine.trainer()->ChainFor(engine.input_shape());
+    if (chain.ok()) recomputation = PlanSummary(*chain, engine.recomputation_plan());
+  }
+  if (options.log_format == "json") {
+    json record = {{"event", "start"},
+                   {"model", options.model},
+                   {"parameters", GptParameterCount(gpt)},
+                   {"zero_stage", config.zero.stage},
+                   {"ranks", ranks},
+                   {"backend", std::string(BackendName(options.backend))},
+                   {"device_bytes", options.capacity_bytes},
+                   {"data", data},
+                   {"data_bytes", corpus.size()},
+                   {"tokens_per_step", tokens},
+                   {"micro_batch", micro},
+                   {"gradient_accumulation_steps", accumulation},
+                   {"seq", gpt.seq}};
+    if (!engine.auto_choice().empty()) record["auto_strategy"] = engine.auto_choice();
+    if (!recomputation.empty()) record["recomputation"] = recomputation;
+    Emit(options, "", record);
+    return;
+  }
   std::printf("memwall train: %s (%s parameters), ZeRO stage %d, %d rank%s, %s backend with %s "
               "per rank\n",
               options.model.c_str(),
@@ -72,20 +110,12 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
               FormatBytes(options.capacity_bytes).c_str());
   std::printf("data: %s (%lld bytes), %lld tokens per step (%lld x %d micro-batches x %lld "
               "tokens x %d ranks)\n",
-              options.data_path.empty() ? "built-in synthetic corpus" : options.data_path.c_str(),
-              static_cast<long long>(corpus.size()),
-              static_cast<long long>(micro * accumulation * gpt.seq * ranks),
+              data.c_str(), static_cast<long long>(corpus.size()), static_cast<long long>(tokens),
               static_cast<long long>(micro), accumulation, static_cast<long long>(gpt.seq), ranks);
   if (!engine.auto_choice().empty()) {
     std::printf("auto strategy: %s\n", engine.auto_choice().c_str());
   }
-  if (engine.recomputation_plan().planner != "none") {
-    const absl::StatusOr<Chain> chain = engine.trainer()->ChainFor(engine.input_shape());
-    if (chain.ok()) {
-      std::printf("activation recomputation: %s\n",
-                  PlanSummary(*chain, engine.recomputation_plan()).c_str());
-    }
-  }
+  if (!recomputation.empty()) std::printf("activation recomputation: %s\n", recomputation.c_str());
   std::fflush(stdout);
 }
 
@@ -114,8 +144,19 @@ absl::Status PrintStep(const TrainOptions& options, Engine& engine, MpiCommunica
     absl::StrAppend(&line, " ", MemoryCategoryName(kShown[i]), " ", FormatBytes(peaks[i]));
   }
   absl::StrAppend(&line, ", all ", FormatBytes(peaks[4]));
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
+  json record = {{"event", "step"},
+                 {"step", step + 1},
+                 {"steps", options.steps},
+                 {"tokens_per_s", tokens_per_second},
+                 {"applied", applied}};
+  if (engine.device().holds_bytes()) record["loss"] = loss;
+  json peak = json::object();
+  for (size_t i = 0; i < kShown.size(); ++i) {
+    peak[std::string(MemoryCategoryName(kShown[i]))] = peaks[i];
+  }
+  peak["all"] = peaks[4];
+  record["peak_bytes_per_rank"] = peak;
+  Emit(options, line, record);
   return absl::OkStatus();
 }
 
@@ -123,8 +164,7 @@ absl::Status Save(const TrainOptions& options, Engine& engine) {
   MW_ASSIGN_OR_RETURN(const std::string saved,
                       engine.SaveCheckpoint(options.save_dir, options.keep_checkpoints));
   if (engine.communicator().rank() == 0) {
-    std::printf("saved %s\n", saved.c_str());
-    std::fflush(stdout);
+    Emit(options, absl::StrCat("saved ", saved), {{"event", "saved"}, {"path", saved}});
   }
   return absl::OkStatus();
 }
@@ -143,9 +183,11 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
   const int64_t first_step = engine.steps();
   const int64_t skipped_before = engine.optimizer().steps_skipped();
   if (first_step >= options.steps && world.rank() == 0 && options.steps > 0) {
-    std::printf("nothing to train: the run is at step %lld and --steps %lld is the step to train "
-                "up to\n",
-                static_cast<long long>(first_step), static_cast<long long>(options.steps));
+    Emit(options,
+         absl::StrFormat("nothing to train: the run is at step %lld and --steps %lld is the step "
+                         "to train up to",
+                         static_cast<long long>(first_step), static_cast<long long>(options.steps)),
+         {{"event", "nothing_to_train"}, {"step", first_step}, {"steps", options.steps}});
   }
   for (int64_t step = first_step; step < options.steps; ++step) {
     std::vector<Batch> batches;
@@ -184,14 +226,21 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
     MW_RETURN_IF_ERROR(Save(options, engine));
   }
   if (world.rank() == 0 && ran > 0) {
-    std::printf("summary: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(ran),
-                static_cast<long long>(engine.optimizer().steps_skipped() - skipped_before),
-                tokens_per_step * ran / seconds);
+    const int64_t skipped = engine.optimizer().steps_skipped() - skipped_before;
+    const double throughput = tokens_per_step * ran / seconds;
+    std::string text = absl::StrFormat("summary: %lld steps (%lld skipped), %.0f tokens/s",
+                                       static_cast<long long>(ran),
+                                       static_cast<long long>(skipped), throughput);
+    json record = {
+        {"event", "summary"}, {"steps", ran}, {"skipped", skipped}, {"tokens_per_s", throughput}};
     if (engine.device().holds_bytes()) {
-      std::printf(", loss %.6f -> %.6f (ln(vocab) = %.6f)", first_loss, last_loss,
-                  std::log(double(gpt.vocab)));
+      absl::StrAppendFormat(&text, ", loss %.6f -> %.6f (ln(vocab) = %.6f)", first_loss,
+                            last_loss, std::log(double(gpt.vocab)));
+      record["first_loss"] = first_loss;
+      record["last_loss"] = last_loss;
+      record["ln_vocab"] = std::log(double(gpt.vocab));
     }
-    std::printf("\n");
+    Emit(options, text, record);
   }
   return absl::OkStatus();
 }
@@ -205,6 +254,10 @@ absl::Status RunTrain(const TrainOptions& options) {
   if (options.log_every < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--log_every: expected >= 1, got ", options.log_every));
+  }
+  if (options.log_format != "text" && options.log_format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log_format: expected text or json, got '", options.log_format, "'"));
   }
   if (options.save_every < 0) {
     return absl::InvalidArgumentError(
@@ -241,10 +294,15 @@ absl::Status RunTrain(const TrainOptions& options) {
   if (!options.resume_dir.empty()) {
     MW_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded, engine->LoadCheckpoint(options.resume_dir));
     if (world->rank() == 0) {
-      if (!loaded.skipped.empty()) std::printf("resume: %s\n", loaded.skipped.c_str());
-      std::printf("resumed from %s at step %lld\n", loaded.path.c_str(),
-                  static_cast<long long>(engine->steps()));
-      std::fflush(stdout);
+      json record = {{"event", "resumed"}, {"path", loaded.path}, {"step", engine->steps()}};
+      std::string text;
+      if (!loaded.skipped.empty()) {
+        text = absl::StrCat("resume: ", loaded.skipped, "\n");
+        record["skipped"] = loaded.skipped;
+      }
+      absl::StrAppendFormat(&text, "resumed from %s at step %lld", loaded.path,
+                            static_cast<long long>(engine->steps()));
+      Emit(options, text, record);
     }
   }
   if (!options.save_dir.empty()) {

@@ -39,6 +39,10 @@ struct TrainOptions {
   std::string data_path;
   uint64_t seed = 1;
   int64_t log_every = 10;
+  // "text" (lines for people) or "json" (one JSON object per line, for
+  // programs: events "start", "resumed", "step", "saved", "nothing_to_train",
+  // "summary"; sizes in bytes, throughput in tokens/s).
+  std::string log_format = "text";
   // Meta only: the world the single process plays rank 0 of.
   int simulate_ranks = 1;
   // How long a rank waits for the others in one collective before the run

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -54,52 +55,57 @@ class MetaSegmentSource final : public SegmentSource {
 
 // Host events count generations: Record() on a stream asks for one more,
 // and the stream completes it when its work up to that point has run. An
-// event is complete when every generation asked for has completed.
+// event is complete when every generation asked for has completed. The
+// counters live in a shared state that a worker stream's queued record or
+// wait holds on to, so an event may be destroyed with work still queued
+// against it, as a CUDA event may.
 //
 // The host backend's threads synchronise with std::mutex, not absl::Mutex:
 // ThreadSanitizer understands pthread mutexes but not Debian's prebuilt,
 // uninstrumented Abseil, under which every guarded access reads as a race.
+struct Generations {
+  // Asks for one more generation; returns its number.
+  uint64_t Ask() {
+    std::lock_guard<std::mutex> lock(mu);
+    return ++recorded;
+  }
+  void Complete(uint64_t generation) {
+    std::lock_guard<std::mutex> lock(mu);
+    completed = std::max(completed, generation);
+    done.notify_all();
+  }
+  // Blocks until `generation` has completed.
+  void Await(uint64_t generation) {
+    std::unique_lock<std::mutex> lock(mu);
+    done.wait(lock, [&] { return completed >= generation; });
+  }
+  uint64_t Recorded() {
+    std::lock_guard<std::mutex> lock(mu);
+    return recorded;
+  }
+  bool Done() {
+    std::lock_guard<std::mutex> lock(mu);
+    return completed >= recorded;
+  }
+
+  std::mutex mu;
+  std::condition_variable done;
+  uint64_t recorded ABSL_GUARDED_BY(mu) = 0;
+  uint64_t completed ABSL_GUARDED_BY(mu) = 0;
+};
+
 class HostEvent final : public Event {
  public:
   absl::Status SynchronizeImpl() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    const uint64_t target = recorded_;
-    done_.wait(lock, [&] { return completed_ >= target; });
+    state_->Await(state_->Recorded());
     return absl::OkStatus();
   }
-  absl::StatusOr<bool> Query() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return completed_ >= recorded_;
-  }
+  absl::StatusOr<bool> Query() override { return state_->Done(); }
   void* native_handle() const override { return nullptr; }
-
-  // Asks for one more generation; returns its number.
-  uint64_t Ask() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return ++recorded_;
-  }
-  void Complete(uint64_t generation) {
-    // Notified under the lock: a waiter that sees the generation complete
-    // may destroy the event as soon as it can take the lock.
-    std::lock_guard<std::mutex> lock(mu_);
-    completed_ = std::max(completed_, generation);
-    done_.notify_all();
-  }
-  // Blocks until `generation` has completed.
-  void AwaitGeneration(uint64_t generation) {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return completed_ >= generation; });
-  }
-  uint64_t recorded() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return recorded_;
-  }
+  const std::shared_ptr<Generations>& state() const { return state_; }
 
  private:
-  std::mutex mu_;
-  std::condition_variable done_;
-  uint64_t recorded_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  const std::shared_ptr<Generations> state_ = std::make_shared<Generations>();
 };
 
 HostEvent* AsHostEvent(const Event& event) {
@@ -124,7 +130,7 @@ class InOrderStream final : public Stream {
   absl::Status RecordImpl(Event& event) override {
     HostEvent* host = AsHostEvent(event);
     if (host == nullptr) return ForeignEvent("Stream::Record");
-    host->Complete(host->Ask());
+    host->state()->Complete(host->state()->Ask());
     return absl::OkStatus();
   }
   absl::Status WaitImpl(const Event& event) override {
@@ -132,7 +138,7 @@ class InOrderStream final : public Stream {
     // wait, not counted as the caller's host synchronisation).
     HostEvent* host = AsHostEvent(event);
     if (host == nullptr) return ForeignEvent("Stream::Wait");
-    host->AwaitGeneration(host->recorded());
+    host->state()->Await(host->state()->Recorded());
     return absl::OkStatus();
   }
   void* native_handle() const override { return nullptr; }
@@ -165,18 +171,20 @@ class WorkerStream final : public Stream {
   absl::Status RecordImpl(Event& event) override {
     HostEvent* host = AsHostEvent(event);
     if (host == nullptr) return ForeignEvent("Stream::Record");
-    const uint64_t generation = host->Ask();
-    return RunHost([host, generation] {
-      host->Complete(generation);
+    std::shared_ptr<Generations> state = host->state();
+    const uint64_t generation = state->Ask();
+    return RunHost([state, generation] {
+      state->Complete(generation);
       return absl::OkStatus();
     });
   }
   absl::Status WaitImpl(const Event& event) override {
     HostEvent* host = AsHostEvent(event);
     if (host == nullptr) return ForeignEvent("Stream::Wait");
-    const uint64_t generation = host->recorded();
-    return RunHost([host, generation] {
-      host->AwaitGeneration(generation);
+    std::shared_ptr<Generations> state = host->state();
+    const uint64_t generation = state->Recorded();
+    return RunHost([state, generation] {
+      state->Await(generation);
       return absl::OkStatus();
     });
   }

@@ -23,6 +23,31 @@ else
   failed=$((failed + 1))
 fi
 
+# --log_format json: one JSON object per line, each parsed here, with the
+# losses and the header's figures the text run printed (same seed, same
+# steps: the same numbers).
+text=$("$mpirun_sh" 2 "$memwall" train --steps 4 --log_every 2 2>&1)
+jsonl=$("$mpirun_sh" 2 "$memwall" train --steps 4 --log_every 2 --log_format json 2>&1)
+summary=$(python3 - "$jsonl" <<'PY'
+import json, sys
+records = [json.loads(line) for line in sys.argv[1].splitlines()]
+events = [r["event"] for r in records]
+assert events == ["start", "step", "step", "step", "summary"], events
+start, steps, summary = records[0], records[1:4], records[4]
+assert start["zero_stage"] == 2 and start["ranks"] == 2, start
+assert start["tokens_per_step"] == 1024 and start["device_bytes"] == 256 << 20, start
+assert [s["step"] for s in steps] == [1, 2, 4], steps
+assert all(s["applied"] and s["peak_bytes_per_rank"]["all"] > 0 for s in steps), steps
+print("%.6f %.6f %d %.2fM" % (summary["first_loss"], summary["last_loss"], summary["steps"],
+                              start["parameters"] / 1e6))
+PY
+)
+read -r jfirst jlast jsteps jparams <<<"$summary"
+check "json log matches the text log" "$text" "loss $jfirst -> $jlast" "summary: $jsteps steps" \
+  "gpt-tiny ($jparams parameters)" "host backend with 256.00 MiB per rank"
+out=$("$memwall" train --log_format yaml 2>&1)
+check "bad log format" "$out" "--log_format: expected text or json, got 'yaml'"
+
 # The same through `memwall launch`, with a config file and a data file.
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 1 200) > "$tmp/corpus.txt"
 cat > "$tmp/zero3.json" <<'JSON'
