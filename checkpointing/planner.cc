@@ -167,7 +167,8 @@ int64_t Quantum(int64_t scale, int resolution) {
 
 // kResourceExhausted naming the budget, the plan's peak (if it has one) and
 // the smallest budget any plan fits in.
-absl::Status OverBudget(const Chain& chain, const RecomputationPlan& plan, const PlannerOptions& options) {
+absl::Status OverBudget(const Chain& chain, const RecomputationPlan& plan,
+                        const PlannerOptions& options) {
   const RecomputationPlan least = MinimumPeakPlan(chain, options);
   const std::string budget =
       absl::StrCat(FormatBytes(options.budget), " (", options.budget, " bytes)");
@@ -236,7 +237,8 @@ RecomputationPlan MinimumPeakPlan(const Chain& chain, const PlannerOptions& opti
   return Finish(chain, "optimal", segments);
 }
 
-absl::StatusOr<RecomputationPlan> OptimalRecomputation(const Chain& chain, const PlannerOptions& options) {
+absl::StatusOr<RecomputationPlan> OptimalRecomputation(const Chain& chain,
+                                                       const PlannerOptions& options) {
   if (options.budget <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "recomputation plan 'optimal': needs an activation budget > 0 bytes, got ",

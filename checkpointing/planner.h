@@ -51,7 +51,8 @@ RecomputationPlan SelectiveRecomputation(const Chain& chain);
 
 // Errors: kInvalidArgument for a budget <= 0; kResourceExhausted when no
 // plan fits, naming the smallest budget that does.
-absl::StatusOr<RecomputationPlan> OptimalRecomputation(const Chain& chain, const PlannerOptions& options);
+absl::StatusOr<RecomputationPlan> OptimalRecomputation(const Chain& chain,
+                                                       const PlannerOptions& options);
 
 // The plan with the smallest activation peak (ties: least extra FLOPs),
 // found by the same dynamic programming with the peak as its objective.

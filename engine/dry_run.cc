@@ -31,7 +31,8 @@ absl::StatusOr<std::vector<Batch>> EmptyBatches(Device& device, int count,
 }
 
 absl::StatusOr<AllocatorStats> DryRunStep(Model model, const Config& config, int rank,
-                                          int world_size, int64_t capacity, const RecomputationPlan* plan) {
+                                          int world_size, int64_t capacity,
+                                          const RecomputationPlan* plan) {
   DeviceOptions options{Backend::kMeta, 0, capacity};
   options.pinned_capacity_bytes = int64_t{1} << 60;  // for offloading configs
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> meta, CreateDevice(options));
@@ -99,9 +100,11 @@ int64_t TransientBytes(const AllocatorStats& s) {
 // The config's recomputation plan on `trainer`, with optimal's budget
 // derived from the device memory the dry run is for; when no plan fits
 // that budget, the least activation memory instead, with `note` saying why.
-absl::StatusOr<RecomputationPlan> PlanRecomputation(const DryRunOptions& options, const Config& config,
-                                       int64_t batch, Trainer& trainer,
-                                       const std::vector<int64_t>& input, std::string& note) {
+absl::StatusOr<RecomputationPlan> PlanRecomputation(const DryRunOptions& options,
+                                                    const Config& config, int64_t batch,
+                                                    Trainer& trainer,
+                                                    const std::vector<int64_t>& input,
+                                                    std::string& note) {
   const int world = static_cast<int>(options.gpus);
   absl::StatusOr<RecomputationPlan> applied = ApplyRecomputation(
       trainer, config.activation_checkpointing, input,

@@ -46,7 +46,7 @@ struct DryRunOptions {
 struct DryRunResult {
   int64_t parameters = 0;
   int64_t batch = 0;
-  RecomputationPlan recompute;              // the recomputation plan followed
+  RecomputationPlan recompute;  // the recomputation plan followed
   std::string recompute_note;  // why it is the least-peak plan, if so
   int64_t device_requested_peak = 0;
   int64_t device_reserved_peak = 0;

@@ -56,7 +56,8 @@ absl::Status RealStep(const Config& config, int64_t m, int64_t capacity) {
   const int64_t b = config.train_micro_batch_size_per_gpu;
   const Chain chain = (*trainer)->ChainFor({b, c.seq}).value();
   PlannerOptions po;
-  const RecomputationPlan plan = MakePlan(chain, config.activation_checkpointing.planner, po).value();
+  const RecomputationPlan plan =
+      MakePlan(chain, config.activation_checkpointing.planner, po).value();
   MW_RETURN_IF_ERROR((*trainer)->SetRecomputationPlan(plan, chain));
   std::vector<float> ids(b * c.seq);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = float(i % c.vocab);
