@@ -149,7 +149,6 @@ absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(size_t bytes,
                                                         absl::string_view owner,
                                                         StreamId stream) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (order_ == nullptr) stream = kHostOrder;
   if (++allocate_calls_ == fail_at_call_) {
     fail_at_call_ = 0;
     return OutOfMemory(bytes, category, owner, "injected failure");
@@ -165,17 +164,11 @@ absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(size_t bytes,
   absl::StatusOr<Block*> fresh = block;
   if (block == nullptr) fresh = ReserveSegment(segment_bytes, small);
   if (!fresh.ok() && absl::IsResourceExhausted(fresh.status())) {
-    // Free blocks that other streams may still use: wait for those streams
-    // (a decision of the call sequence, so a dry run waits where a real run
-    // does), after which the blocks serve anyone or go back to the backend.
-    const std::vector<StreamId> pending = PendingStreamsLocked();
-    if (!pending.empty()) {
-      std::shared_ptr<StreamOrder> order = order_;
-      // Unlocked: a host stream's queued work may free buffers.
-      lock.unlock();
-      const absl::Status drained = order->Drain(pending);
-      lock.lock();
-      MW_RETURN_IF_ERROR(drained);
+    // Free blocks that other streams may still use: once those streams are
+    // drained (a decision of the call sequence, so a dry run waits where a
+    // real run does) they serve anyone or go back to the backend.
+    MW_ASSIGN_OR_RETURN(const bool drained, DrainPending(lock));
+    if (drained) {
       block = FindFreeBlock(pool, rounded, stream);
       fresh = block != nullptr ? absl::StatusOr<Block*>(block) : ReserveSegment(segment_bytes, small);
     }
@@ -236,6 +229,18 @@ bool CachingAllocator::Reusable(const Block* block, StreamId user) const {
   for (const StreamStamp& stamp : block->stamps) {
     if (!order_->Ordered(user, stamp)) return false;
   }
+  return true;
+}
+
+absl::StatusOr<bool> CachingAllocator::DrainPending(std::unique_lock<std::mutex>& lock) {
+  const std::vector<StreamId> pending = PendingStreamsLocked();
+  if (pending.empty()) return false;
+  std::shared_ptr<StreamOrder> order = order_;
+  // Unlocked: a host stream's queued work may free buffers.
+  lock.unlock();
+  const absl::Status drained = order->Drain(pending);
+  lock.lock();
+  MW_RETURN_IF_ERROR(drained);
   return true;
 }
 
@@ -371,8 +376,7 @@ void CachingAllocator::ReleaseFreeSegments() {
     Block* block = segment->first;
     // A segment is fully free when one free block spans it, and it may go
     // back to the backend once no stream may still use it.
-    if (block->allocated || block->size != segment->size ||
-        (order_ != nullptr && !Reusable(block, kHostOrder))) {
+    if (block->allocated || block->size != segment->size || !Reusable(block, kHostOrder)) {
       ++it;
       continue;
     }
@@ -391,15 +395,7 @@ void CachingAllocator::ReleaseFreeSegments() {
 
 absl::Status CachingAllocator::EmptyCache() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (order_ != nullptr) {
-    const std::vector<StreamId> pending = PendingStreamsLocked();
-    if (!pending.empty()) {
-      std::shared_ptr<StreamOrder> order = order_;
-      lock.unlock();  // a host stream's queued work may free buffers
-      MW_RETURN_IF_ERROR(order->Drain(pending));
-      lock.lock();
-    }
-  }
+  MW_RETURN_IF_ERROR(DrainPending(lock).status());
   ReleaseFreeSegments();
   return absl::OkStatus();
 }

@@ -202,6 +202,9 @@ class CachingAllocator {
   // The streams that free blocks still wait for, before the host may hand
   // them to anyone.
   std::vector<StreamId> PendingStreamsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Synchronises those streams with `lock` (on mu_) released, so that their
+  // queued work may free buffers; whether there were any.
+  absl::StatusOr<bool> DrainPending(std::unique_lock<std::mutex>& lock);
   absl::StatusOr<Block*> ReserveSegment(size_t segment_bytes, bool small)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseFreeSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

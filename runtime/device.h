@@ -91,8 +91,6 @@ class Event {
   // Blocks until the recorded work has completed (no-op if never recorded).
   // Counted in the creating device's host_synchronizations().
   absl::Status Synchronize();
-  // The last Record: which stream, at which point of its device's clock.
-  const EventMark& mark() const { return mark_; }
   // Whether the recorded work has completed (true if never recorded).
   virtual absl::StatusOr<bool> Query() = 0;
   // cudaEvent_t on cuda; nullptr on host and meta.
@@ -131,7 +129,7 @@ class Device {
   // False on meta: buffers have no bytes and kernels do nothing.
   bool holds_bytes() const { return backend() != Backend::kMeta; }
 
-  // Allocates device memory for work on the current stream (UseStream);
+  // Allocates device memory for work on the current stream (StreamGuard);
   // see CachingAllocator::Allocate. Thread-safe.
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, MemoryCategory category,
                                         absl::string_view owner) {

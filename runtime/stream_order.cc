@@ -24,7 +24,6 @@ void StreamOrder::Unregister(StreamId id) {
 uint64_t StreamOrder::Now() const { return clock_.load(std::memory_order_acquire); }
 
 EventMark StreamOrder::OnRecord(StreamId stream) {
-  std::lock_guard<std::mutex> lock(mu_);
   return EventMark{stream, clock_.fetch_add(1, std::memory_order_acq_rel) + 1};
 }
 

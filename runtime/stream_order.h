@@ -10,7 +10,7 @@
 // timing; memwall's dry run must choose the blocks the real run chooses. So
 // the allocator reasons only from what the host has been told, in calls:
 // - every allocation belongs to a stream: the one it names, or the device's
-//   current stream (Device::UseStream), or host order (kHostOrder: the host
+//   current stream (Device::StreamGuard), or host order (kHostOrder: the host
 //   or a stream that runs work as it is enqueued, the default);
 // - DeviceBuffer::RecordStream(s) adds another stream that uses the block;
 // - freeing stamps the block with each of its streams and the clock, which
@@ -102,7 +102,7 @@ class StreamOrder {
   uint64_t KnownLocked(StreamId user, StreamId stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable std::mutex mu_;
-  // Advanced under mu_; read without it by Now() (every free reads it).
+  // Atomic: Record (on every event) and Now() (on every free) touch only it.
   std::atomic<uint64_t> clock_{0};
   StreamId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<StreamId, Stream*> streams_ ABSL_GUARDED_BY(mu_);

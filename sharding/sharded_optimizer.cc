@@ -704,9 +704,9 @@ void* ShardedOptimizer::ParamsAt(const FlatGroup& flat, Group& group, int64_t i)
   return static_cast<char*>(group.params.data()) + at * DTypeSize(config_.param_dtype());
 }
 
-std::vector<ShardedOptimizer::Tier> ShardedOptimizer::TiersOf(const FlatGroup& flat,
-                                                              Group& group) {
-  std::vector<Tier> tiers;
+absl::InlinedVector<ShardedOptimizer::Tier, 2> ShardedOptimizer::TiersOf(const FlatGroup& flat,
+                                                                         Group& group) {
+  absl::InlinedVector<Tier, 2> tiers;
   if (group.host != nullptr) tiers.push_back({group.host.get(), 0});
   if (group.device_state != nullptr) tiers.push_back({group.device_state.get(), host_numel(flat)});
   return tiers;
@@ -1046,7 +1046,7 @@ absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> o
   MW_RETURN_IF_ERROR(CheckState("GatherState", g, which, out.size()));
   const FlatGroup& flat = layout_.groups[g];
   Group& group = groups_[g];
-  const int64_t un = update_numel(flat), k = host_numel(flat);
+  const int64_t un = update_numel(flat);
   // This rank's update range: the host part, then the device part.
   std::vector<float> part(un);
   for (const Tier& t : TiersOf(flat, group)) {
@@ -1072,7 +1072,7 @@ absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float
   const FlatGroup& flat = layout_.groups[g];
   Group& group = groups_[g];
   const DType dtype = config_.param_dtype();
-  const int64_t ub = update_begin(flat), un = update_numel(flat), k = host_numel(flat);
+  const int64_t ub = update_begin(flat);
   for (const Tier& t : TiersOf(flat, group)) {
     MW_RETURN_IF_ERROR(t.tier->WriteState(which, 0, t.tier->numel(), full.data() + ub + t.begin));
   }

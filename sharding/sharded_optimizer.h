@@ -107,6 +107,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -329,7 +330,7 @@ class ShardedOptimizer {
     StateTier* tier;
     int64_t begin;
   };
-  std::vector<Tier> TiersOf(const FlatGroup& flat, Group& group);
+  absl::InlinedVector<Tier, 2> TiersOf(const FlatGroup& flat, Group& group);
   // Where element i of group `flat`'s update range sits in the parameters
   // this rank holds (null on meta).
   void* ParamsAt(const FlatGroup& flat, Group& group, int64_t i);

@@ -53,7 +53,10 @@ TEST_CASE("device tier: moments and 16-bit master weights are its own, tagged", 
   const absl::Status bad = sgd->ReadState(1, 0, 1, nullptr);
   CHECK(bad.code() == absl::StatusCode::kOutOfRange);
   CHECK(std::string(bad.message()) == "device optimizer state 1 of 1, elements [0, 1) of 777");
-  CHECK(adam->WriteState(0, 700, 78, nullptr).code() == absl::StatusCode::kOutOfRange);
+  const absl::Status past_end = adam->WriteState(0, 700, 78, nullptr);
+  CHECK(past_end.code() == absl::StatusCode::kOutOfRange);
+  CHECK(std::string(past_end.message()) ==
+        "device optimizer state 0 of 3, elements [700, 778) of 777");
 }
 
 TEST_CASE("device tier: one AdamW step and one SGD step follow the published rules",
