@@ -136,14 +136,16 @@ int64_t HostOptimizerSlice::scratch_bytes() const {
 }
 
 absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) {
-  const kernels::AdamParams& adam = args.adam;
-  const kernels::SgdParams& sgd = args.sgd;
   void* const scratch = args.scratch;
   if (!staged_) {
     return absl::FailedPreconditionError(
         absl::StrCat("offloaded optimizer states of '", owner_, "': no gradients staged"));
   }
-  if (rule_ == Rule::kAdam) MW_RETURN_IF_ERROR(kernels::ValidateAdamParams(adam));
+  if (rule_ == Rule::kAdam) {
+    for (const Segment& segment : args.segments) {
+      MW_RETURN_IF_ERROR(kernels::ValidateAdamParams(segment.adam));
+    }
+  }
   // The staged gradients stay staged until Commit: a failed update (an NVMe
   // write) can be retried from them.
   const bool wide = dtype_ == DType::kF32;
@@ -178,12 +180,16 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
     cpu.cast(grads_.data(), dtype_, grads32, DType::kF32, numel_);
     g = grads32;
   }
-  if (rule_ == Rule::kAdam) {
-    kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(adam), master, g, first, second,
-                               wide ? nullptr : params, dtype_, numel_,
-                               kernels::cpu::CpuThreads());
-  } else {
-    cpu.sgd(sgd, master, g, first, wide ? nullptr : params, dtype_, numel_);
+  for (const Segment& s : args.segments) {
+    const int64_t i = s.begin;
+    char* low = wide ? nullptr : params + i * DTypeSize(dtype_);
+    float* m = first == nullptr ? nullptr : first + i;
+    if (rule_ == Rule::kAdam) {
+      kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(s.adam), master + i, g + i, m,
+                                 second + i, low, dtype_, s.count, kernels::cpu::CpuThreads());
+    } else {
+      cpu.sgd(s.sgd, master + i, g + i, m, low, dtype_, s.count);
+    }
   }
   if (wide) std::memcpy(params, master, numel_ * sizeof(float));
   if (store_ != nullptr) MW_RETURN_IF_ERROR(store_->Write(slot_, state.second));

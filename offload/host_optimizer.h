@@ -76,10 +76,10 @@ class HostOptimizerSlice final : public StateTier {
   // Phase one of a step from the staged gradients: waits for `stream`,
   // widens them, computes the new master weights and moments (pinned: in
   // place; NVMe: into the file's spare copy) and the refreshed parameters.
-  // `args.adam` or `args.sgd` gives the hyper-parameters, by the slice's
-  // rule; `args.scratch`: scratch_bytes() of pinned memory (null on meta),
-  // left alone by the caller until Commit; the other fields are the device
-  // tier's. kFailedPrecondition if no gradients were staged since the last
+  // `args.segments` give the hyperparameters (adam or sgd, by the slice's
+  // rule) of each run of elements; `args.scratch`: scratch_bytes() of
+  // pinned memory (null on meta), left alone by the caller until Commit;
+  // the other fields are the device tier's. kFailedPrecondition if no gradients were staged since the last
   // commit; kInvalidArgument for bad Adam settings (before anything
   // changes). The staged gradients stay until Commit, so a failed Update
   // may be retried.

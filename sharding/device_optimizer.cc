@@ -40,7 +40,24 @@ absl::StatusOr<std::unique_ptr<DeviceOptimizerSlice>> DeviceOptimizerSlice::Crea
   return slice;
 }
 
+namespace {
+
+// `base` + i elements, or null where nothing is held (meta).
+template <typename T>
+T* Offset(T* base, int64_t i, size_t size = sizeof(T)) {
+  if (base == nullptr) return nullptr;
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) + i * size);
+}
+
+}  // namespace
+
 absl::Status DeviceOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) {
+  if (rule_ == Rule::kAdam) {
+    for (const Segment& segment : args.segments) {
+      MW_RETURN_IF_ERROR(kernels::ValidateAdamParams(segment.adam));
+    }
+  }
   const void* grads = args.grads;
   if (dtype_ != DType::kF32) {
     MW_RETURN_IF_ERROR(kernels::Cast(device_, stream, grads, dtype_, args.device_scratch,
@@ -50,13 +67,21 @@ absl::Status DeviceOptimizerSlice::Update(Stream& stream, const UpdateArgs& args
   // 16-bit runs refresh the parameter copy in the same pass.
   void* low = dtype_ != DType::kF32 ? args.params : nullptr;
   auto* first = static_cast<float*>(first_.data());
-  if (rule_ == Rule::kAdam) {
-    return kernels::AdamUpdate(device_, stream, args.adam, master_,
-                               static_cast<const float*>(grads), first,
-                               static_cast<float*>(second_.data()), low, dtype_, numel_);
+  auto* second = static_cast<float*>(second_.data());
+  const auto* g = static_cast<const float*>(grads);
+  for (const Segment& s : args.segments) {
+    void* low_at = Offset(low, s.begin, DTypeSize(dtype_));
+    if (rule_ == Rule::kAdam) {
+      MW_RETURN_IF_ERROR(kernels::AdamUpdate(device_, stream, s.adam, Offset(master_, s.begin),
+                                             Offset(g, s.begin), Offset(first, s.begin),
+                                             Offset(second, s.begin), low_at, dtype_, s.count));
+    } else {
+      MW_RETURN_IF_ERROR(kernels::SgdUpdate(device_, stream, s.sgd, Offset(master_, s.begin),
+                                            Offset(g, s.begin), Offset(first, s.begin), low_at,
+                                            dtype_, s.count));
+    }
   }
-  return kernels::SgdUpdate(device_, stream, args.sgd, master_, static_cast<const float*>(grads),
-                            first, low, dtype_, numel_);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<float*> DeviceOptimizerSlice::StateAt(int which, int64_t begin, int64_t count) {

@@ -54,6 +54,7 @@ absl::StatusOr<FlatLayout> BuildFlatLayout(const std::vector<ParameterSpec>& par
   auto close_group = [&](FlatGroup& group) {
     group.padded_numel = (group.numel + quantum - 1) / quantum * quantum;
     group.shard_numel = group.padded_numel / world_size;
+    group.trainable = parameters[group.parameters.front()].trainable;
     const std::string& first = parameters[group.parameters.front()].name;
     const std::string& last = parameters[group.parameters.back()].name;
     const std::string& unit = parameters[group.parameters.front()].group;
@@ -83,8 +84,15 @@ absl::StatusOr<FlatLayout> BuildFlatLayout(const std::vector<ParameterSpec>& par
       }
     }
     const std::string* previous = i == 0 ? nullptr : &parameters[i - 1].group;
-    const bool new_layer = i == 0 || p.group != *previous ||
-                           (p.group.empty() && LayerOf(p.name) != LayerOf(parameters[i - 1].name));
+    if (i > 0 && !p.group.empty() && p.group == *previous &&
+        p.trainable != parameters[i - 1].trainable) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", p.name, "': group '", p.group, "' mixes trainable and frozen parameters ('",
+          (p.trainable ? parameters[i - 1] : p).name, "' is frozen); put frozen ones in a group of their own"));
+    }
+    const bool new_layer =
+        i == 0 || p.group != *previous || p.trainable != parameters[i - 1].trainable ||
+        (p.group.empty() && LayerOf(p.name) != LayerOf(parameters[i - 1].name));
     if (new_layer) {
       if (previous != nullptr && !previous->empty()) units_closed.insert(*previous);
       if (units_closed.count(p.group) > 0) {
@@ -102,11 +110,13 @@ absl::StatusOr<FlatLayout> BuildFlatLayout(const std::vector<ParameterSpec>& par
     int64_t layer_numel = 0;
     for (size_t i = begin; i < end; ++i) layer_numel += NumElements(parameters[i].shape);
     // An explicit unit is a group of its own: it closes what came before it
-    // and nothing joins it.
-    const bool unit = !parameters[begin].group.empty() ||
+    // and nothing joins it. A change of trainability closes a group too.
+    const bool closes = !parameters[begin].group.empty() ||
                       (!current.parameters.empty() &&
-                       !parameters[current.parameters.front()].group.empty());
-    if (!current.parameters.empty() && (unit || current.numel + layer_numel > bucket_elements)) {
+                       (!parameters[current.parameters.front()].group.empty() ||
+                        parameters[current.parameters.front()].trainable !=
+                            parameters[begin].trainable));
+    if (!current.parameters.empty() && (closes || current.numel + layer_numel > bucket_elements)) {
       close_group(current);
       current = FlatGroup();
     }

@@ -13,6 +13,12 @@
 // `world_size` shards of a multiple of `alignment_elements`; rank r owns
 // elements [r * shard_numel, (r + 1) * shard_numel) of every group. Sharding
 // is then a range computation and every collective a single call.
+//
+// Frozen parameters (ParameterSpec::trainable false: fine-tuning's fixed
+// embeddings) are sharded and gathered like the others but have no
+// gradient and no optimizer state, so a group is all trainable or all
+// frozen: a change of trainability starts a new group (and a new layer),
+// and an explicit unit must not mix the two.
 #ifndef MEMWALL_SHARDING_FLAT_LAYOUT_H_
 #define MEMWALL_SHARDING_FLAT_LAYOUT_H_
 
@@ -30,6 +36,8 @@ struct ParameterSpec {
   // Non-empty: the explicit unit (flat group) this parameter belongs to;
   // its parameters must be consecutive. Empty: grouped by layer and bucket.
   std::string group;
+  // False: frozen (no gradient, no optimizer state).
+  bool trainable = true;
 };
 
 // Where one parameter lives: elements [offset, offset + numel) of a group.
@@ -50,6 +58,8 @@ struct FlatGroup {
   int64_t padded_numel = 0;
   // padded_numel / world_size.
   int64_t shard_numel = 0;
+  // Whether its parameters train (all of them do, or none).
+  bool trainable = true;
 
   int64_t shard_begin(int rank) const { return rank * shard_numel; }
   // Padding elements that fall in rank r's shard.
@@ -71,7 +81,8 @@ int64_t NumElements(const std::vector<int64_t>& shape);
 
 // Plans the groups. Errors (kInvalidArgument) name the offending parameter
 // or argument: no parameters, an empty or duplicate name, a dimension < 1,
-// an explicit group whose parameters are not consecutive, world_size < 1,
+// an explicit group whose parameters are not consecutive or mix trainable
+// and frozen ones, world_size < 1,
 // bucket_elements < 1, alignment_elements < 1.
 absl::StatusOr<FlatLayout> BuildFlatLayout(const std::vector<ParameterSpec>& parameters,
                                           int world_size, int64_t bucket_elements,

@@ -25,6 +25,23 @@ struct OptimizerConfig {
   float momentum = 0.0f;
 };
 
+// The settings of the update rule that may differ between parameters and
+// change between steps (torch's param_groups: a no-decay group for biases
+// and norms, a learning-rate schedule). Whether Adam is AdamW, and whether
+// SGD keeps a momentum buffer, stay the optimizer's (OptimizerConfig).
+struct Hyperparameters {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float momentum = 0.0f;  // SGD
+
+  static Hyperparameters Of(const OptimizerConfig& o) {
+    return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.momentum};
+  }
+};
+
 // Dynamic loss scaling for fp16 (DeepSpeed's semantics): start at
 // 2^initial_scale_power; after `hysteresis` overflowing steps halve the scale
 // (not below min_loss_scale); after loss_scale_window clean steps double it.

@@ -106,7 +106,8 @@ ShardedOptimizer::~ShardedOptimizer() {
 
 absl::Status ShardedOptimizer::AddParameter(std::string name, std::vector<int64_t> shape,
                                             absl::Span<const float> initial_values) {
-  return Register(std::move(name), std::move(shape), initial_values, "");
+  return Register(std::move(name), std::move(shape), initial_values, "", /*trainable=*/true,
+                  /*hyper_group=*/0);
 }
 
 absl::Status ShardedOptimizer::AddParameterGroup(std::string group,
@@ -124,12 +125,14 @@ absl::Status ShardedOptimizer::AddParameterGroup(std::string group,
   }
   const size_t before = specs_.size();
   for (ParameterInit& p : parameters) {
-    absl::Status added = Register(std::move(p.name), std::move(p.shape), p.values, group);
+    absl::Status added =
+        Register(std::move(p.name), std::move(p.shape), p.values, group, p.trainable, p.hyper_group);
     if (!added.ok()) {
       while (specs_.size() > before) {
         index_.erase(specs_.back().name);
         specs_.pop_back();
         initial_.pop_back();
+        hyper_of_.pop_back();
       }
       return added;
     }
@@ -139,7 +142,7 @@ absl::Status ShardedOptimizer::AddParameterGroup(std::string group,
 
 absl::Status ShardedOptimizer::Register(std::string name, std::vector<int64_t> shape,
                                         absl::Span<const float> initial_values,
-                                        std::string group) {
+                                        std::string group, bool trainable, int hyper_group) {
   if (finalized_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "AddParameter('", name, "'): the optimizer is finalized; register every parameter first"));
@@ -160,13 +163,19 @@ absl::Status ShardedOptimizer::Register(std::string name, std::vector<int64_t> s
         absl::StrCat("parameter '", name, "': ", initial_values.size(),
                      " initial values for a shape of ", numel, " elements"));
   }
+  if (hyper_group < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "': hyperparameter group ",
+                                                   hyper_group, "; expected >= 0"));
+  }
   index_[name] = static_cast<int>(specs_.size());
-  specs_.push_back({std::move(name), std::move(shape), std::move(group)});
+  specs_.push_back({std::move(name), std::move(shape), std::move(group), trainable});
   initial_.emplace_back(initial_values.begin(), initial_values.end());
+  hyper_of_.push_back(hyper_group);
   return absl::OkStatus();
 }
 
 int64_t ShardedOptimizer::update_numel(const FlatGroup& g) const {
+  if (!g.trainable) return 0;  // nothing to update, no state
   return stage() == 0 ? g.padded_numel : g.shard_numel;
 }
 
@@ -189,7 +198,7 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
                                                        flat.name)
                               : device_.Allocate(param_bytes, MemoryCategory::kParameter,
                                                  flat.name));
-  if (!streams_gradients(flat)) {
+  if (flat.trainable && !streams_gradients(flat)) {
     MW_ASSIGN_OR_RETURN(
         group.grads,
         device_.Allocate((stage() <= 1 ? flat.padded_numel : flat.shard_numel) * DTypeSize(dtype),
@@ -298,6 +307,22 @@ absl::Status ShardedOptimizer::Finalize() {
     if (absl::Status s = InitializeGroup(layout_.groups[g], groups[g]); !s.ok()) return fail(s);
   }
   groups_ = std::move(groups);
+  const int hyper_groups = 1 + *std::max_element(hyper_of_.begin(), hyper_of_.end());
+  hyper_.assign(hyper_groups, Hyperparameters::Of(config_.optimizer));
+  runs_.assign(groups_.size(), {});
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const FlatGroup& flat = layout_.groups[g];
+    std::vector<HyperRun>& runs = runs_[g];
+    for (int p : flat.parameters) {
+      const ParameterPlacement& place = layout_.placements[p];
+      if (!runs.empty() && runs.back().hyper == hyper_of_[p]) {
+        runs.back().end = place.offset + place.numel;
+      } else {
+        runs.push_back({place.offset, place.offset + place.numel, hyper_of_[p]});
+      }
+    }
+    runs.back().end = flat.padded_numel;
+  }
   scheduler_ = GatherScheduler(static_cast<int>(groups_.size()));
   initial_.clear();
   initial_.shrink_to_fit();
@@ -319,6 +344,53 @@ absl::Status ShardedOptimizer::CheckGroup(int g, absl::string_view call) const {
     return absl::InvalidArgumentError(absl::StrCat(call, ": group ", g, " does not exist (",
                                                    groups_.size(), " groups)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::CheckTrainable(int g, absl::string_view call) const {
+  if (layout_.groups[g].trainable) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      call, ": group ", g, " ('", layout_.groups[g].name, "') is frozen and has no gradients"));
+}
+
+absl::Status ShardedOptimizer::SetHyperparameters(int index, const Hyperparameters& values) {
+  MW_RETURN_IF_ERROR(RequireFinalized("SetHyperparameters"));
+  if (index < 0 || index >= num_hyper_groups()) {
+    return absl::InvalidArgumentError(absl::StrCat("SetHyperparameters: group ", index, " of ",
+                                                   num_hyper_groups(), " (0..",
+                                                   num_hyper_groups() - 1, ")"));
+  }
+  if (config_.optimizer.type == OptimizerType::kAdam) {
+    kernels::AdamParams adam;
+    adam.lr = values.lr;
+    adam.beta1 = values.beta1;
+    adam.beta2 = values.beta2;
+    adam.eps = values.eps;
+    adam.weight_decay = values.weight_decay;
+    if (absl::Status valid = kernels::ValidateAdamParams(adam); !valid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SetHyperparameters(", index, "): ", valid.message()));
+    }
+  } else {
+    if (!(values.lr >= 0.0f) || !std::isfinite(values.lr) || !(values.weight_decay >= 0.0f) ||
+        !std::isfinite(values.weight_decay)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SetHyperparameters(", index, "): sgd lr and weight_decay: expected finite values >= 0, "
+          "got ", values.lr, " and ", values.weight_decay));
+    }
+    if (values.momentum != 0.0f && !(config_.optimizer.momentum > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SetHyperparameters(", index, "): sgd momentum ", values.momentum,
+          " needs a momentum buffer, which this optimizer keeps only when the config's momentum "
+          "is > 0"));
+    }
+    if (!(values.momentum >= 0.0f && values.momentum < 1.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SetHyperparameters(", index, "): sgd momentum: expected 0 <= momentum < 1, got ",
+          values.momentum));
+    }
+  }
+  hyper_[index] = values;
   return absl::OkStatus();
 }
 
@@ -353,6 +425,10 @@ absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Parameter(absl::string_
 
 absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Gradient(absl::string_view name) {
   MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
+  if (!layout_.groups[g].trainable) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("gradient of '", name, "': the parameter is frozen and has none"));
+  }
   if (stage() < 2) return ViewOf(name, groups_[g].grads);
   if (groups_[g].grad_bucket.empty()) {
     return absl::FailedPreconditionError(
@@ -482,6 +558,7 @@ absl::Status ShardedOptimizer::ReleaseParameters(int g) {
 
 absl::Status ShardedOptimizer::AcquireGradients(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "AcquireGradients"));
+  MW_RETURN_IF_ERROR(CheckTrainable(g, "AcquireGradients"));
   if (stage() < 2) return absl::OkStatus();
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
@@ -503,6 +580,7 @@ absl::Status ShardedOptimizer::AcquireGradients(int g) {
 
 absl::Status ShardedOptimizer::ReduceGradients(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "ReduceGradients"));
+  MW_RETURN_IF_ERROR(CheckTrainable(g, "ReduceGradients"));
   if (stage() < 2) return absl::OkStatus();
   Group& group = groups_[g];
   if (group.grad_bucket.empty()) {
@@ -673,29 +751,42 @@ void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
 
 namespace {
 
-kernels::AdamParams AdamFor(const OptimizerConfig& o, int64_t step, float grad_scale) {
+kernels::AdamParams AdamFor(const Hyperparameters& h, bool adamw, int64_t step, float grad_scale) {
   kernels::AdamParams adam;
-  adam.lr = o.lr;
-  adam.beta1 = o.beta1;
-  adam.beta2 = o.beta2;
-  adam.eps = o.eps;
-  adam.weight_decay = o.weight_decay;
-  adam.adamw = o.adamw;
+  adam.lr = h.lr;
+  adam.beta1 = h.beta1;
+  adam.beta2 = h.beta2;
+  adam.eps = h.eps;
+  adam.weight_decay = h.weight_decay;
+  adam.adamw = adamw;
   adam.step = step;
   adam.grad_scale = grad_scale;
   return adam;
 }
 
-kernels::SgdParams SgdFor(const OptimizerConfig& o, float grad_scale) {
+kernels::SgdParams SgdFor(const Hyperparameters& h, float grad_scale) {
   kernels::SgdParams sgd;
-  sgd.lr = o.lr;
-  sgd.momentum = o.momentum;
-  sgd.weight_decay = o.weight_decay;
+  sgd.lr = h.lr;
+  sgd.momentum = h.momentum;
+  sgd.weight_decay = h.weight_decay;
   sgd.grad_scale = grad_scale;
   return sgd;
 }
 
 }  // namespace
+
+std::vector<StateTier::Segment> ShardedOptimizer::SegmentsOf(int g, int64_t begin, int64_t count,
+                                                             int64_t step, float grad_scale) const {
+  std::vector<StateTier::Segment> segments;
+  for (const HyperRun& run : runs_[g]) {
+    const int64_t lo = std::max(run.begin, begin), hi = std::min(run.end, begin + count);
+    if (lo >= hi) continue;
+    const Hyperparameters& h = hyper_[run.hyper];
+    segments.push_back({lo - begin, hi - lo, AdamFor(h, config_.optimizer.adamw, step, grad_scale),
+                        SgdFor(h, grad_scale)});
+  }
+  return segments;
+}
 
 void* ShardedOptimizer::ParamsAt(const FlatGroup& flat, Group& group, int64_t i) {
   if (!device_.holds_bytes()) return nullptr;
@@ -759,9 +850,12 @@ absl::Status ShardedOptimizer::ReduceHeldGradients() {
   // runs could make the allocator hand back (host: free) the segment it
   // reads. Freed once every reduction has run.
   ReduceBuffers buffers;
-  for (const FlatGroup& flat : layout_.groups) MW_RETURN_IF_ERROR(SizeReduceBuffers(flat, buffers));
+  for (const FlatGroup& flat : layout_.groups) {
+    if (flat.trainable) MW_RETURN_IF_ERROR(SizeReduceBuffers(flat, buffers));
+  }
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
+    if (!flat.trainable) continue;
     if (stage() == 0) {
       MW_RETURN_IF_ERROR(AllReduceGradients(flat, groups_[g].grads.data(), buffers));
     } else {
@@ -792,6 +886,7 @@ absl::StatusOr<ShardedOptimizer::GradientCheck> ShardedOptimizer::CheckGradients
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
     const int64_t n = update_numel(flat);
+    if (!flat.trainable) continue;  // no gradients: host[g] stays clean
     if (!streams_gradients(flat)) {
       MW_RETURN_IF_ERROR(scan->Add(UpdateGradients(flat, groups_[g]), dtype, n));
     } else if (device_.holds_bytes()) {
@@ -806,8 +901,9 @@ absl::StatusOr<ShardedOptimizer::GradientCheck> ShardedOptimizer::CheckGradients
   GradientCheck check;
   size_t next = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
+    const FlatGroup& flat = layout_.groups[g];
     const kernels::GradientScan::Result& r =
-        streams_gradients(layout_.groups[g]) ? host[g] : scanned[next++];
+        !flat.trainable || streams_gradients(flat) ? host[g] : scanned[next++];
     check.overflow = check.overflow || r.nonfinite;
     check.squares += r.squares;
   }
@@ -863,8 +959,6 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   const bool two_phase = nvme_ != nullptr;
   MW_ASSIGN_OR_RETURN(UpdateWorkspace workspace, AllocateUpdateWorkspace(two_phase));
   StateTier::UpdateArgs args;
-  args.adam = AdamFor(config_.optimizer, steps_applied_ + 1, grad_scale);
-  args.sgd = SgdFor(config_.optimizer, grad_scale);
   args.device_scratch = workspace.widened.data();
   // Tiers that update without touching their current state (NVMe) commit
   // after every group has updated; the others at once (Note [State tiers]).
@@ -885,6 +979,10 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
                        ? static_cast<const char*>(UpdateGradients(flat, group)) + t.begin * size
                        : nullptr;
       args.params = ParamsAt(flat, group, t.begin);
+      const std::vector<StateTier::Segment> segments =
+          SegmentsOf(static_cast<int>(g), update_begin(flat) + t.begin, t.tier->numel(),
+                     steps_applied_ + 1, grad_scale);
+      args.segments = segments;
       MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
       if (t.tier->two_phase()) {
         uncommitted.push_back({t.tier, args.params});
@@ -944,6 +1042,7 @@ absl::Status ShardedOptimizer::RefreshParameters() {
   const DType dtype = config_.param_dtype();
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
+    if (!flat.trainable) continue;  // unchanged
     void* full = groups_[g].params.data();
     void* own = device_.holds_bytes() ? At(groups_[g].params, flat.shard_begin(comm_.rank()), dtype)
                                       : nullptr;
@@ -1046,6 +1145,13 @@ absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> o
   MW_RETURN_IF_ERROR(CheckState("GatherState", g, which, out.size()));
   const FlatGroup& flat = layout_.groups[g];
   Group& group = groups_[g];
+  if (!flat.trainable) {
+    if (which != 0) {
+      std::fill(out.begin(), out.end(), 0.0f);
+      return absl::OkStatus();
+    }
+    return GatherFrozen(g, out);
+  }
   const int64_t un = update_numel(flat);
   // This rank's update range: the host part, then the device part.
   std::vector<float> part(un);
@@ -1064,6 +1170,39 @@ absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> o
   MW_RETURN_IF_ERROR(device_.CopyAsync(mine.data(), part.data(), un * 4, *comm_stream_));
   MW_RETURN_IF_ERROR(comm_.AllGather(mine.data(), full.data(), un, DType::kF32, *comm_stream_));
   MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), full.data(), flat.padded_numel * 4, *comm_stream_));
+  return comm_stream_->Synchronize();
+}
+
+absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
+  const FlatGroup& flat = layout_.groups[g];
+  Group& group = groups_[g];
+  const DType dtype = config_.param_dtype();
+  MW_ASSIGN_OR_RETURN(DeviceBuffer wide,
+                      device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
+                                       absl::StrCat(flat.name, ".state_gather")));
+  const void* full = group.params.data();
+  DeviceBuffer gathered;
+  if (stage() == 3) {
+    MW_ASSIGN_OR_RETURN(gathered, device_.Allocate(flat.padded_numel * DTypeSize(dtype),
+                                                   MemoryCategory::kWorkspace,
+                                                   absl::StrCat(flat.name, ".params_gather")));
+    const void* shard = group.params.data();
+    DeviceBuffer staged;  // paged parameters: the pinned shard goes to the device first
+    if (paged()) {
+      MW_ASSIGN_OR_RETURN(staged, device_.Allocate(flat.shard_numel * DTypeSize(dtype),
+                                                   MemoryCategory::kWorkspace,
+                                                   absl::StrCat(flat.name, ".params_shard")));
+      MW_RETURN_IF_ERROR(device_.CopyAsync(staged.data(), shard,
+                                           flat.shard_numel * DTypeSize(dtype), *comm_stream_));
+      shard = staged.data();
+    }
+    MW_RETURN_IF_ERROR(
+        comm_.AllGather(shard, gathered.data(), flat.shard_numel, dtype, *comm_stream_));
+    full = gathered.data();
+  }
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, full, dtype, wide.data(), DType::kF32,
+                                   flat.padded_numel));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), wide.data(), flat.padded_numel * 4, *comm_stream_));
   return comm_stream_->Synchronize();
 }
 

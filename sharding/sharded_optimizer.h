@@ -171,6 +171,12 @@ class ShardedOptimizer {
     std::string name;
     std::vector<int64_t> shape;
     std::vector<float> values;  // NumElements(shape) of them; may be empty on meta
+    // False: frozen, kept and sharded but with no gradient and no
+    // optimizer state (flat_layout.h); a group may not mix the two.
+    bool trainable = true;
+    // The hyperparameter group it updates with (>= 0; see
+    // SetHyperparameters).
+    int hyper_group = 0;
   };
   // Registers `parameters`, in order, as one explicit unit named `group`:
   // one flat group that gathers, releases and reduces together, whatever
@@ -178,6 +184,21 @@ class ShardedOptimizer {
   // (kInvalidArgument) name the group or the parameter; on error none of
   // the group's parameters stays registered.
   absl::Status AddParameterGroup(std::string group, std::vector<ParameterInit> parameters);
+  // Hyperparameter groups, torch's param_groups: each parameter updates with
+  // those of its ParameterInit::hyper_group (0 for AddParameter). After
+  // Finalize() groups 0..max registered exist, each starting with the
+  // config's values (OptimizerConfig).
+  int num_hyper_groups() const { return static_cast<int>(hyper_.size()); }
+  const Hyperparameters& hyperparameters(int index) const { return hyper_[index]; }
+  // Sets group `index`'s values for the following steps (a schedule calls
+  // it between steps). Not collective, but every rank must set the same
+  // values. kInvalidArgument, changing nothing, for an index out of range,
+  // a value the update rule refuses (Adam: lr and weight_decay finite and
+  // >= 0, betas in [0, 1), eps > 0), or an SGD momentum without the
+  // momentum buffer the config's momentum > 0 keeps; kFailedPrecondition
+  // before Finalize().
+  absl::Status SetHyperparameters(int index, const Hyperparameters& values);
+
   // Plans the flat groups and allocates this rank's model states. On error
   // nothing stays allocated and registration may be retried after fixing it.
   absl::Status Finalize();
@@ -203,7 +224,8 @@ class ShardedOptimizer {
   // its group is gathered (kFailedPrecondition otherwise).
   absl::StatusOr<View> Parameter(absl::string_view name);
   // Where backward adds the parameter's gradient (param_dtype). Stages 2/3:
-  // only between AcquireGradients and ReduceGradients of its group.
+  // only between AcquireGradients and ReduceGradients of its group. A frozen
+  // parameter has none: kFailedPrecondition.
   absl::StatusOr<View> Gradient(absl::string_view name);
 
   // The same two in f32 for a caller that computes in f32 whatever the
@@ -221,7 +243,9 @@ class ShardedOptimizer {
   // Stage 3: frees the gathered copy of group `g`; no-op for stages 0-2.
   absl::Status ReleaseParameters(int g);
   // Stages 2/3: allocates group `g`'s full-size gradient buffer, zeroed.
-  // No-op for stages 0-1 (gradients are always there).
+  // No-op for stages 0-1 (gradients are always there). A frozen group has
+  // no gradients: kFailedPrecondition at every stage (so does
+  // ReduceGradients).
   absl::Status AcquireGradients(int g);
   // Stages 2/3: reduce-scatters group `g`'s gradients into this rank's
   // shard (accumulating over micro-batches) and frees the full buffer.
@@ -266,7 +290,9 @@ class ShardedOptimizer {
   // Collective: state `which` of group g, all padded_numel elements (padding
   // included), into `out` on every rank, wherever its parts live (device,
   // pinned pool, NVMe). kInvalidArgument for a bad group, state or size;
-  // kFailedPrecondition on meta.
+  // kFailedPrecondition on meta. A frozen group's master weights are its
+  // parameters and its moments zeros; SetState of them sets the parameters
+  // and ignores the moments.
   absl::Status GatherState(int g, int which, absl::Span<float> out);
   // Not collective: sets this rank's part of group g's state `which` from
   // the whole group `full` (every rank passes the same values). Setting the
@@ -352,13 +378,23 @@ class ShardedOptimizer {
   bool paged() const { return config_.zero.offload_param; }
 
   absl::Status Register(std::string name, std::vector<int64_t> shape,
-                        absl::Span<const float> initial_values, std::string group);
+                        absl::Span<const float> initial_values, std::string group,
+                        bool trainable, int hyper_group);
+  // This step's update segments of the tier holding elements
+  // [begin, begin + count) of group g's padded elements.
+  std::vector<StateTier::Segment> SegmentsOf(int g, int64_t begin, int64_t count, int64_t step,
+                                             float grad_scale) const;
+  // GatherState of a frozen group: its parameters in f32 (gathered at
+  // stage 3) for the master weights, zeros for the moments it never had.
+  absl::Status GatherFrozen(int g, absl::Span<float> out);
   // The f32 staging behind ReadParameter and AddGradient: a device
   // workspace of `view`'s elements.
   absl::StatusOr<DeviceBuffer> F32Workspace(absl::string_view name, const View& view,
                                             size_t given);
   absl::Status RequireFinalized(absl::string_view call) const;
   absl::Status CheckGroup(int g, absl::string_view call) const;
+  // kFailedPrecondition naming `call` for a frozen group.
+  absl::Status CheckTrainable(int g, absl::string_view call) const;
   absl::Status AllocateGroup(const FlatGroup& flat, Group& group);
   absl::Status InitializeGroup(const FlatGroup& flat, Group& group);
   // A reduction's temporaries (the widened all-reduce piece, the packed
@@ -453,6 +489,15 @@ class ShardedOptimizer {
 
   std::vector<ParameterSpec> specs_;
   std::vector<std::vector<float>> initial_;
+  std::vector<int> hyper_of_;  // per registered parameter
+  std::vector<Hyperparameters> hyper_;
+  // Per flat group: the runs of its padded elements that share a
+  // hyperparameter group (padding runs with the parameter before it).
+  struct HyperRun {
+    int64_t begin, end;
+    int hyper;
+  };
+  std::vector<std::vector<HyperRun>> runs_;
   absl::flat_hash_map<std::string, int> index_;
   bool finalized_ = false;
   FlatLayout layout_;

@@ -33,10 +33,19 @@ class StateTier {
   // Which update rule a tier applies.
   enum class Rule : uint8_t { kAdam, kSgd };
 
-  struct UpdateArgs {
-    // The hyper-parameters; the tier's rule picks one.
+  // A run of the tier's elements updated with one set of hyperparameters
+  // (the parameters of one hyperparameter group); the tier's rule picks
+  // adam or sgd.
+  struct Segment {
+    int64_t begin = 0;  // relative to the tier's first element
+    int64_t count = 0;
     kernels::AdamParams adam;
     kernels::SgdParams sgd;
+  };
+
+  struct UpdateArgs {
+    // Segments in order, covering [0, numel()) exactly.
+    absl::Span<const Segment> segments;
     // numel() gradients in the parameter dtype, device memory (the device
     // tier reads them; the host tier reads what StageGradients staged).
     const void* grads = nullptr;
@@ -63,8 +72,8 @@ class StateTier {
   virtual bool two_phase() const = 0;
 
   // Phase one of a step, ordered on `stream` (the optimizer's
-  // communication stream). kInvalidArgument for bad Adam settings, before
-  // anything changes.
+  // communication stream). kInvalidArgument for bad Adam settings in any
+  // segment, before anything changes.
   virtual absl::Status Update(Stream& stream, const UpdateArgs& args) = 0;
   // Phase two: the update becomes current and the refreshed parameters are
   // at `params` (the UpdateArgs::params of the Update) once `stream` has

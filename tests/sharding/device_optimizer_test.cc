@@ -74,12 +74,14 @@ TEST_CASE("device tier: one AdamW step and one SGD step follow the published rul
                     *device, *stream, adam ? StateTier::Rule::kAdam : StateTier::Rule::kSgd, true,
                     DType::kF32, kN, "g", static_cast<float*>(params.data()))
                     .value();
+    StateTier::Segment all{0, kN};
+    all.adam.lr = 1e-2f;
+    all.adam.weight_decay = 0.1f;
+    all.adam.adamw = true;
+    all.sgd.lr = 0.05f;
+    all.sgd.momentum = 0.9f;
     StateTier::UpdateArgs args;
-    args.adam.lr = 1e-2f;
-    args.adam.weight_decay = 0.1f;
-    args.adam.adamw = true;
-    args.sgd.lr = 0.05f;
-    args.sgd.momentum = 0.9f;
+    args.segments = absl::MakeConstSpan(&all, 1);
     args.grads = grads.data();
     args.params = params.data();
     StateTier& as_tier = *tier;
@@ -142,9 +144,13 @@ TEST_CASE("host and device tiers end bit for bit alike through StateTier", "[sta
         if (t == 1) {
           REQUIRE(static_cast<HostOptimizerSlice&>(tier).StageGradients(*stream, grads.data()).ok());
         }
+        // Two hyperparameter groups: the second half with another lr.
+        StateTier::Segment halves[2] = {{0, kN / 2}, {kN / 2, kN - kN / 2}};
+        halves[0].adam.lr = 3e-3f;
+        halves[1].adam.lr = 1e-3f;
+        for (StateTier::Segment& h : halves) h.adam.step = step;
         StateTier::UpdateArgs args;
-        args.adam.lr = 3e-3f;
-        args.adam.step = step;
+        args.segments = halves;
         args.grads = grads.data();
         args.params = params[t];
         args.scratch = scratch.data();
