@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every memwall test: installs what is missing, then `bazel test //...`
 # (single-process Catch2 tests, multi-rank tests under mpirun -np 1/2/4, the
-# command-line tests; GPU tests report "skipped" without a GPU). Ends with one
-# line "N passed, N failed, N skipped" counting test cases, summed from the
-# "memwall-tests:" line each test binary prints; a test target that failed
-# without printing one counts as one failed case. Exits non-zero if anything
-# failed. Extra arguments go to `bazel test`.
+# command-line tests; GPU tests report "skipped" without a GPU), then the
+# Python front end's tests under pytest in the project virtual environment
+# (tools/python_env.sh makes it: torch, transformers and pytest from PyPI).
+# Ends with one line "N passed, N failed, N skipped" counting test cases:
+# the "memwall-tests:" line each test binary prints plus pytest's counts; a
+# test target that failed without printing one counts as one failed case.
+# Exits non-zero if anything failed. Extra arguments go to `bazel test`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh --tests || exit 1
@@ -43,5 +45,29 @@ if [ "$bazel_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   echo "memwall: bazel test exited with $bazel_rc" >&2
   failed=1
 fi
+
+# pytest's summary: "12 passed, 1 failed, 2 skipped in 3.21s" (any order).
+pytest_rc=1
+if python=$(tools/python_env.sh); then
+  "$python" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$log"
+  pytest_rc=${PIPESTATUS[0]}
+  summary=$(grep -E "^=* *[0-9]+ (passed|failed|skipped|error)" "$log" | tail -n 1)
+  for kind in passed failed skipped error errors; do
+    n=$(grep -oE "[0-9]+ $kind\b" <<<"$summary" | grep -oE "^[0-9]+" || true)
+    case "$kind" in
+      passed) passed=$((passed + ${n:-0})) ;;
+      skipped) skipped=$((skipped + ${n:-0})) ;;
+      *) failed=$((failed + ${n:-0})) ;;
+    esac
+  done
+  if [ "$pytest_rc" -ne 0 ] && ! grep -qE "[0-9]+ (failed|errors?)\b" <<<"$summary"; then
+    echo "memwall: pytest exited with $pytest_rc" >&2
+    failed=$((failed + 1))
+  fi
+else
+  echo "memwall: the Python environment could not be made (tools/python_env.sh)" >&2
+  failed=$((failed + 1))
+fi
+
 echo "$passed passed, $failed failed, $skipped skipped"
-[ "$failed" -eq 0 ] && [ "$bazel_rc" -eq 0 ]
+[ "$failed" -eq 0 ] && [ "$bazel_rc" -eq 0 ] && [ "$pytest_rc" -eq 0 ]

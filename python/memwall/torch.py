@@ -1,0 +1,400 @@
+"""memwall.torch: hand a PyTorch model's optimizer step to memwall's engine.
+
+    import memwall.torch
+    opt = memwall.torch.ZeroOptimizer(model, groups, config)   # config: dict or JSON
+    for batch in data:
+        loss = model(**batch).loss
+        opt.backward(loss)          # loss x loss scale; accumulation is the engine's
+        opt.step()                  # every gradient_accumulation_steps backward passes
+
+The engine (memwall._memwall, engine/engine.h) owns the model states: the
+parameters torch computes with are views of its memory (no copies), the
+gradients autograd produces are added into its gradient buffers as each
+parameter's gradient is final (post-accumulate-grad hooks) and freed, and
+every collective and update is the engine's. What the glue does:
+
+- groups: each module's own parameters form one memwall group, the unit
+  that is gathered, released and reduced (frozen ones a group of their own);
+  a parameter shared by two modules (GPT-2's tied wte / lm_head) belongs to
+  the module named_parameters() meets first;
+- param_groups: each torch param_group is a hyperparameter group of the
+  engine; lr, betas, eps and weight_decay are sent at every step, so any
+  torch.optim.lr_scheduler works;
+- stage 3: a module's forward pre-hook gathers its groups and points its
+  parameters at the gathered memory; the post-hook releases them. Tensors
+  autograd saves from gathered memory (a weight, or a view of it such as
+  the transposed weight of a linear layer) are saved as references
+  (saved_tensors_hooks) and re-gathered when backward unpacks them; a group
+  gathered for backward is released once its gradients are reduced (at the
+  latest when backward ends).
+
+Gradient contract (the engine's): backward adds the gradient of each
+micro-batch's loss (times loss_scale, which backward() applies); step()
+averages over ranks and over the config's gradient_accumulation_steps
+micro-batches, so losses are not divided by the accumulation count.
+"""
+import json
+
+import torch
+
+import memwall
+
+_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def _config_text(config):
+    if config is None:
+        return "{}"
+    if isinstance(config, dict):
+        return json.dumps(config)
+    if isinstance(config, str):
+        text = config.strip()
+        if text.startswith("{"):
+            return text
+        with open(config) as f:
+            return f.read()
+    raise TypeError("config: expected a dict, a JSON string or a path, got %s"
+                    % type(config).__name__)
+
+
+def _group_defaults(config):
+    """torch param_group defaults from the config's optimizer section."""
+    params = config.get("optimizer", {}).get("params", {})
+    betas = params.get("betas", [0.9, 0.999])
+    return {
+        "lr": params.get("lr", 1e-3),
+        "betas": (betas[0], betas[1]),
+        "eps": params.get("eps", 1e-8),
+        "weight_decay": params.get("weight_decay", 0.0),
+        "momentum": params.get("momentum", 0.0),
+    }
+
+
+class _Group:
+    """One memwall group: its index, its parameters (name, tensor)."""
+
+    def __init__(self, index, name, params, trainable):
+        self.index = index
+        self.name = name
+        self.params = params
+        self.trainable = trainable
+        self.forward_uses = 0       # stage 3: modules in forward using it
+        self.gathered = False       # stage 3
+        self.backward_gathered = False
+        self.acquired = False       # stages 2-3: its gradient buffer exists
+        self.pending = 0            # trainable parameters still to get a gradient
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """A torch.optim.Optimizer whose step is memwall's ZeRO engine.
+
+    model: the torch.nn.Module whose parameters the engine takes over.
+    params: what torch optimizers take (model.parameters() or param_group
+        dicts with per-group lr, betas, eps, weight_decay); None: every
+        parameter of the model in one group. Every parameter that requires
+        grad must be in it; parameters that do not are frozen (no gradient,
+        no optimizer state) whether listed or not.
+    config: the DeepSpeed-style config (a dict, JSON text or a file path);
+        its optimizer.params are the param_groups' defaults.
+    backend: "host" (CPU tensors, MPI ranks) or "meta" (a dry run).
+    device_memory / pinned_memory: the engine device's capacity and pinned
+        pool ("8GiB"; pinned "0": derived from the config).
+
+    Launch one process per rank (mpirun -np K python train.py, or
+    memwall launch --ranks K -- python train.py); every rank builds the same
+    model with the same initial values.
+    """
+
+    def __init__(self, model, params=None, config=None, *, backend="host",
+                 device_memory="4GiB", pinned_memory="0"):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError("model: expected a torch.nn.Module, got %s" % type(model).__name__)
+        text = _config_text(config)
+        parsed = json.loads(text)
+        if params is None:
+            params = list(model.parameters())
+        super().__init__(params, _group_defaults(parsed))
+        self._model = model
+        self._names = {}  # id(param) -> name
+        self._shape = {}  # id(param) -> its shape (stage 3 empties the tensor)
+        for name, p in model.named_parameters():
+            self._names[id(p)] = name
+            self._shape[id(p)] = tuple(p.shape)
+        hyper_of = {}
+        for i, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                if id(p) not in self._names:
+                    raise ValueError(
+                        "param_groups[%d]: a parameter of shape %s is not a parameter of the "
+                        "model" % (i, tuple(p.shape)))
+                hyper_of[id(p)] = i
+        for name, p in model.named_parameters():
+            if p.requires_grad and id(p) not in hyper_of:
+                raise ValueError(
+                    "parameter '%s' of the model requires grad but was not given to the "
+                    "optimizer; pass it in a param_group, or freeze it (requires_grad=False)"
+                    % name)
+        self._groups, specs, values = self._plan_groups(model, hyper_of)
+        self._engine = memwall.Engine(text, specs, backend=backend,
+                                      device_memory=device_memory,
+                                      pinned_memory=pinned_memory)
+        del values  # the engine has its copy
+        self._stage = self._engine.stage
+        self._dtype = _DTYPES[self._engine.param_dtype]
+        self._group_of = {}  # id(param) -> _Group
+        for g in self._groups:
+            for _, p in g.params:
+                self._group_of[id(p)] = g
+        self._storage = {}  # stage 3: data_ptr of a gathered parameter -> param
+        self._micro_batches = 0
+        self._accumulation = int(parsed.get("gradient_accumulation_steps", 1))
+        self._hooks = []
+        self._placeholder = torch.zeros(1, dtype=self._dtype)
+        if self._dtype != torch.float32:
+            model.to(self._dtype)  # buffers too, as the parameters' dtype
+        for g in self._groups:
+            if self._stage == 3:
+                self._release_views(g)
+            else:
+                self._point_at_engine(g)
+        self._install_hooks(model)
+
+    # -- set-up -------------------------------------------------------------
+
+    def _named(self):
+        return [(self._names[id(p)], p) for g in self._groups for _, p in g.params]
+
+    def _plan_groups(self, model, hyper_of):
+        """Groups in module order: each module's own parameters, trainable
+        ones and frozen ones apart. Also returns the f32 tensors whose
+        addresses the specs hold, to keep alive until the engine copies
+        them."""
+        owner = {}
+        for name, p in model.named_parameters():
+            owner.setdefault(id(p), name.rpartition(".")[0])
+        groups, specs, values = [], [], []
+        for module_name, module in model.named_modules():
+            own = [(self._names[id(p)], p) for p in module._parameters.values()
+                   if p is not None and owner[id(p)] == module_name]
+            for trainable in (True, False):
+                members = [(n, p) for n, p in own if p.requires_grad == trainable]
+                if not members:
+                    continue
+                label = (module_name or "<model>") + ("" if trainable else " (frozen)")
+                groups.append(_Group(len(groups), label, members, trainable))
+                parameters = []
+                for n, p in members:
+                    values.append(p.detach().to(torch.float32).contiguous())
+                    parameters.append(memwall.Parameter(
+                        n, list(p.shape), values[-1].data_ptr(), trainable,
+                        hyper_of.get(id(p), 0)))
+                specs.append((label, parameters))
+        return groups, specs, values
+
+    def _view(self, memory, p):
+        return torch.frombuffer(memory, dtype=self._dtype).view(self._shape[id(p)])
+
+    def _point_at_engine(self, g):
+        for name, p in g.params:
+            p.data = self._view(self._engine.parameter(name), p)
+
+    def _release_views(self, g):
+        # Released parameters keep their shape (autograd checks gradients
+        # against it when it accumulates them) over one element of memory:
+        # their values are the engine's, gathered only while in use.
+        for _, p in g.params:
+            self._storage.pop(p.data.data_ptr(), None)
+            p.data = self._placeholder.expand(self._shape[id(p)])
+
+    def _install_hooks(self, model):
+        for _, p in self._named():
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
+        if self._stage != 3:
+            return
+        for module in model.modules():
+            groups = []
+            for p in module._parameters.values():
+                if p is not None and self._group_of[id(p)] not in groups:
+                    groups.append(self._group_of[id(p)])
+            if not groups:
+                continue
+            self._hooks.append(module.register_forward_pre_hook(
+                lambda m, args, groups=groups: self._forward_gather(groups)))
+            self._hooks.append(module.register_forward_hook(
+                lambda m, args, out, groups=groups: self._forward_release(groups),
+                always_call=True))
+        self._hooks.append(model.register_forward_pre_hook(self._enter_saving))
+        self._hooks.append(model.register_forward_hook(self._exit_saving, always_call=True))
+        self._saving = None
+
+    # -- stage 3 ------------------------------------------------------------
+
+    def _gather(self, g):
+        if g.gathered:
+            return
+        self._engine.gather(g.index)
+        g.gathered = True
+        for name, p in g.params:
+            p.data = self._view(self._engine.parameter(name), p)
+            self._storage[p.data.data_ptr()] = p
+
+    def _release(self, g):
+        if not g.gathered:
+            return
+        self._release_views(g)
+        self._engine.release(g.index)
+        g.gathered = False
+        g.backward_gathered = False
+
+    def _forward_gather(self, groups):
+        for g in groups:
+            self._gather(g)
+            g.forward_uses += 1
+
+    def _forward_release(self, groups):
+        for g in groups:
+            g.forward_uses -= 1
+            if g.forward_uses == 0 and not g.backward_gathered:
+                self._release(g)
+
+    def _enter_saving(self, module, args):
+        self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._saving.__enter__()
+
+    def _exit_saving(self, module, args, out):
+        if self._saving is not None:
+            self._saving.__exit__(None, None, None)
+            self._saving = None
+
+    def _pack(self, tensor):
+        # A tensor in gathered memory is saved as where it lies in its
+        # parameter, and rebuilt from the memory gathered again in backward.
+        p = self._storage.get(tensor.untyped_storage().data_ptr())
+        if p is None:
+            return tensor
+        return (p, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+
+    def _unpack(self, packed):
+        if not isinstance(packed, tuple):
+            return packed
+        p, offset, shape, stride = packed
+        g = self._group_of[id(p)]
+        if not g.gathered:
+            self._gather(g)
+            g.backward_gathered = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        return p.data.as_strided(shape, stride, offset)
+
+    def _end_backward(self):
+        for g in self._groups:
+            if g.backward_gathered and g.forward_uses == 0:
+                self._release(g)
+
+    # -- gradients ----------------------------------------------------------
+
+    def _on_gradient(self, p):
+        g = self._group_of[id(p)]
+        name = self._names[id(p)]
+        if not g.acquired:
+            self._engine.acquire_gradients(g.index)
+            g.acquired = True
+            g.pending = sum(1 for _, q in g.params if q.requires_grad)
+        self._view(self._engine.gradient(name), p).add_(p.grad.to(self._dtype))
+        p.grad = None
+        g.pending -= 1
+        if g.pending == 0:
+            self._reduce(g)
+
+    def _reduce(self, g):
+        self._engine.reduce_gradients(g.index)
+        g.acquired = False
+        if self._stage == 3 and g.backward_gathered and g.forward_uses == 0:
+            self._release(g)
+
+    # -- the torch.optim.Optimizer interface ---------------------------------
+
+    @property
+    def engine(self):
+        """The memwall.Engine behind this optimizer."""
+        return self._engine
+
+    @property
+    def loss_scale(self):
+        return self._engine.loss_scale
+
+    def backward(self, loss):
+        """loss.backward() with the engine's loss scale (fp16), counting the
+        micro-batch for step()'s accumulation check."""
+        self._micro_batches += 1
+        (loss * self._engine.loss_scale if self._engine.loss_scale != 1 else loss).backward()
+
+    def zero_grad(self, set_to_none=True):
+        """Gradients live in the engine, which zeroes them at each step; the
+        parameters' .grad is already None."""
+
+    def _check_model(self):
+        current = {name: p for name, p in self._model.named_parameters()}
+        for name, p in current.items():
+            if id(p) not in self._group_of:
+                raise memwall.Error(
+                    "FAILED_PRECONDITION: the model changed after wrapping: parameter '%s' is "
+                    "new; build the ZeroOptimizer after the model is final" % name)
+        for name, p in self._named():
+            if current.get(name) is not p:
+                raise memwall.Error(
+                    "FAILED_PRECONDITION: the model changed after wrapping: parameter '%s' was "
+                    "removed or replaced" % name)
+            if self._stage != 3 and p.data.data_ptr() != \
+                    torch.frombuffer(self._engine.parameter(name), dtype=self._dtype).data_ptr():
+                raise memwall.Error(
+                    "FAILED_PRECONDITION: the model changed after wrapping: parameter '%s' no "
+                    "longer lies in memwall's memory (was the model moved or cast?)" % name)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One engine step (every rank calls it): reduces what backward left,
+        sends each param_group's hyperparameters, updates. Returns the
+        closure's loss, if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_model()
+        if self._micro_batches not in (0, self._accumulation):
+            # Their gradients are dropped: the next step starts afresh.
+            count, self._micro_batches = self._micro_batches, 0
+            for g in self._groups:
+                g.acquired = False
+                g.forward_uses = 0
+                if g.gathered:
+                    self._release_views(g)
+                    g.gathered = g.backward_gathered = False
+            self._engine.abort_step()
+            raise memwall.Error(
+                "FAILED_PRECONDITION: step(): %d backward passes since the last step; the "
+                "config's gradient_accumulation_steps is %d" % (count, self._accumulation))
+        self._micro_batches = 0
+        for g in self._groups:
+            if g.acquired:
+                self._reduce(g)
+            if self._stage == 3:
+                g.forward_uses = 0
+                self._release(g)
+        for i, group in enumerate(self.param_groups):
+            beta1, beta2 = group["betas"]
+            self._engine.set_hyperparameters(
+                i, float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                float(group["weight_decay"]), float(group.get("momentum", 0.0)))
+        self.last_step = self._engine.step()
+        return loss
+
+    def master_weights(self, name):
+        """The f32 master weights of parameter `name` (collective)."""
+        shape = next(self._shape[id(p)] for n, p in self._named() if n == name)
+        return torch.tensor(self._engine.master_weights(name)).view(shape)
+
+    def memory(self):
+        """The engine allocator's bytes by category ({"parameter":
+        {"current", "peak"}, ...}, "pinned": the pinned pool's)."""
+        return self._engine.memory()

@@ -1,0 +1,251 @@
+// memwall._memwall: the engine facade (engine/engine.h) for Python, and
+// nothing else. The torch glue in memwall/torch.py drives it; every
+// collective, update and allocation happens here, in the engine.
+//
+// Memory crosses the boundary without copies: parameter and gradient views
+// are returned as writable memoryviews over the engine's own memory, which
+// torch.frombuffer wraps (host backend: that memory is ordinary host RAM).
+// A view is valid while the engine lives and, at stage 3 or for stage 2-3
+// gradients, until its group is released or reduced; the glue keeps those
+// rules. Values going in (initial parameters, gradients) come as the
+// address and element count of a contiguous f32 CPU buffer, as torch's
+// data_ptr() gives them.
+//
+// Errors: an absl::Status becomes memwall.Error (a RuntimeError) whose
+// message is "<CODE>: <message>", so Python callers see the same text the
+// command prints.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "pybind11/pybind11.h"
+#include "pybind11/stl.h"
+#include "runtime/memory.h"
+#include "runtime/units.h"
+
+namespace py = pybind11;
+
+namespace memwall {
+namespace {
+
+// memwall.Error, raised for every failed engine call.
+PyObject* error_type = nullptr;
+
+[[noreturn]] void Raise(const absl::Status& status) {
+  const std::string text =
+      absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+  PyErr_SetString(error_type, text.c_str());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+template <typename T>
+T Value(absl::StatusOr<T> value) {
+  if (!value.ok()) Raise(value.status());
+  return std::move(value).value();
+}
+
+Backend ParseBackend(const std::string& name) {
+  if (name == "host") return Backend::kHost;
+  if (name == "meta") return Backend::kMeta;
+  if (name == "cuda") return Backend::kCuda;
+  Raise(absl::InvalidArgumentError(
+      absl::StrCat("backend: expected \"host\", \"meta\" or \"cuda\", got \"", name, "\"")));
+}
+
+// One parameter as the glue registers it.
+struct ParameterArg {
+  std::string name;
+  std::vector<int64_t> shape;
+  uintptr_t values = 0;  // address of NumElements(shape) f32 values; 0: none (meta)
+  bool trainable = true;
+  int hyper_group = 0;
+};
+
+py::memoryview ViewOf(const ShardedOptimizer::View& view) {
+  return py::memoryview::from_memory(view.data,
+                                     static_cast<py::ssize_t>(view.numel * DTypeSize(view.dtype)),
+                                     /*readonly=*/false);
+}
+
+// The engine with the Python-facing calls.
+class PyEngine {
+ public:
+  PyEngine(const std::string& config_json,
+           const std::vector<std::pair<std::string, std::vector<ParameterArg>>>& groups,
+           const std::string& backend, const std::string& device_memory,
+           const std::string& pinned_memory, int simulate_ranks, uint64_t seed) {
+    Config config = Value(ParseConfig(config_json));
+    EngineOptions options;
+    options.backend = ParseBackend(backend);
+    options.device_bytes = Value(ParseBytes(device_memory, "device_memory"));
+    options.pinned_bytes = Value(ParseBytes(pinned_memory, "pinned_memory"));
+    options.simulate_ranks = simulate_ranks;
+    options.seed = seed;
+    options.oom_advice = false;  // the auto strategy needs memwall's own layers
+    std::vector<ParameterGroup> parameter_groups;
+    for (const auto& [name, parameters] : groups) {
+      ParameterGroup group{name, {}};
+      for (const ParameterArg& p : parameters) {
+        ShardedOptimizer::ParameterInit init{p.name, p.shape, {}, p.trainable, p.hyper_group};
+        if (p.values != 0) {
+          const auto* values = reinterpret_cast<const float*>(p.values);
+          init.values.assign(values, values + NumElements(p.shape));
+        }
+        group.parameters.push_back(std::move(init));
+      }
+      parameter_groups.push_back(std::move(group));
+    }
+    engine_ = Value(Engine::Create(options, config, std::move(parameter_groups)));
+  }
+
+  Engine& engine() { return *engine_; }
+  ShardedOptimizer& opt() { return engine_->optimizer(); }
+
+  py::memoryview Parameter(const std::string& name) { return ViewOf(Value(opt().Parameter(name))); }
+  py::memoryview Gradient(const std::string& name) { return ViewOf(Value(opt().Gradient(name))); }
+
+  void AddGradient(const std::string& name, uintptr_t data, int64_t numel) {
+    const auto* values = reinterpret_cast<const float*>(data);
+    Check(opt().AddGradient(name, absl::MakeConstSpan(values, numel)));
+  }
+
+  py::dict Step() {
+    const ShardedOptimizer::StepResult r = Value(engine_->Step());
+    py::dict out;
+    out["applied"] = r.applied;
+    out["grad_norm"] = r.grad_norm;
+    out["loss_scale"] = r.loss_scale;
+    return out;
+  }
+
+  void SetHyperparameters(int index, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, float momentum) {
+    Check(opt().SetHyperparameters(index, {lr, beta1, beta2, eps, weight_decay, momentum}));
+  }
+
+  std::vector<float> MasterWeights(const std::string& name) {
+    Value(opt().GroupOf(name));  // kNotFound for a name never registered
+    const std::vector<ParameterSpec>& specs = opt().parameters();
+    size_t p = 0;
+    while (specs[p].name != name) ++p;
+    std::vector<float> out(opt().layout().placements[p].numel);
+    Check(opt().MasterWeights(name, absl::MakeSpan(out)));
+    return out;
+  }
+
+  // Bytes by category: {"parameter": {"current": ..., "peak": ...}, ...},
+  // from the device's allocator, and under "pinned" its pinned pool's.
+  py::dict Memory() {
+    py::dict out;
+    auto add = [](py::dict& into, const AllocatorStats& stats) {
+      for (int c = 0; c < kNumMemoryCategories; ++c) {
+        const MemoryStat& s = stats.by_category[c];
+        py::dict entry;
+        entry["current"] = s.current;
+        entry["peak"] = s.peak;
+        into[py::str(std::string(MemoryCategoryName(static_cast<MemoryCategory>(c))))] = entry;
+      }
+    };
+    add(out, engine_->device().allocator().stats());
+    if (CachingAllocator* pinned = engine_->device().pinned_allocator()) {
+      py::dict host;
+      add(host, pinned->stats());
+      out["pinned"] = host;
+    }
+    return out;
+  }
+
+  py::list Groups() {
+    py::list out;
+    const FlatLayout& layout = opt().layout();
+    for (const FlatGroup& g : layout.groups) {
+      py::dict d;
+      d["name"] = g.name;
+      d["trainable"] = g.trainable;
+      d["numel"] = g.numel;
+      d["padded_numel"] = g.padded_numel;
+      py::list names;
+      for (int p : g.parameters) names.append(opt().parameters()[p].name);
+      d["parameters"] = names;
+      out.append(d);
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace
+}  // namespace memwall
+
+PYBIND11_MODULE(_memwall, m) {
+  using memwall::PyEngine;
+  m.doc() = "memwall's engine facade (engine/engine.h); use memwall.torch";
+  memwall::error_type = PyErr_NewException("memwall.Error", PyExc_RuntimeError, nullptr);
+  m.attr("Error") = py::handle(memwall::error_type);
+
+  py::class_<memwall::ParameterArg>(m, "Parameter")
+      .def(py::init([](std::string name, std::vector<int64_t> shape, uintptr_t values,
+                       bool trainable, int hyper_group) {
+             return memwall::ParameterArg{std::move(name), std::move(shape), values, trainable,
+                                          hyper_group};
+           }),
+           py::arg("name"), py::arg("shape"), py::arg("values") = 0, py::arg("trainable") = true,
+           py::arg("hyper_group") = 0);
+
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init<const std::string&,
+                    const std::vector<std::pair<std::string, std::vector<memwall::ParameterArg>>>&,
+                    const std::string&, const std::string&, const std::string&, int, uint64_t>(),
+           py::arg("config_json"), py::arg("groups"), py::arg("backend") = "host",
+           py::arg("device_memory") = "1GiB", py::arg("pinned_memory") = "0",
+           py::arg("simulate_ranks") = 1, py::arg("seed") = 1)
+      .def_property_readonly("rank", [](PyEngine& e) { return e.engine().communicator().rank(); })
+      .def_property_readonly("world_size",
+                             [](PyEngine& e) { return e.engine().communicator().world_size(); })
+      .def_property_readonly("stage", [](PyEngine& e) { return e.engine().config().zero.stage; })
+      .def_property_readonly("param_dtype",
+                             [](PyEngine& e) {
+                               return std::string(memwall::DTypeName(e.opt().config().param_dtype()));
+                             })
+      .def_property_readonly("loss_scale", [](PyEngine& e) { return e.opt().loss_scale(); })
+      .def_property_readonly("steps", [](PyEngine& e) { return e.engine().steps(); })
+      .def_property_readonly("num_hyper_groups", [](PyEngine& e) { return e.opt().num_hyper_groups(); })
+      .def("groups", &PyEngine::Groups)
+      .def("group_of", [](PyEngine& e, const std::string& name) { return memwall::Value(e.opt().GroupOf(name)); })
+      .def("parameter", &PyEngine::Parameter)
+      .def("gradient", &PyEngine::Gradient)
+      .def("add_gradient", &PyEngine::AddGradient)
+      .def("gather", [](PyEngine& e, int g) { memwall::Check(e.opt().GatherParameters(g)); })
+      .def("release", [](PyEngine& e, int g) { memwall::Check(e.opt().ReleaseParameters(g)); })
+      .def("acquire_gradients", [](PyEngine& e, int g) { memwall::Check(e.opt().AcquireGradients(g)); })
+      .def("reduce_gradients", [](PyEngine& e, int g) { memwall::Check(e.opt().ReduceGradients(g)); })
+      .def("step", &PyEngine::Step)
+      .def("abort_step", [](PyEngine& e) { memwall::Check(e.opt().AbortStep()); })
+      .def("set_hyperparameters", &PyEngine::SetHyperparameters)
+      .def("master_weights", &PyEngine::MasterWeights)
+      .def("memory", &PyEngine::Memory)
+      .def("save_checkpoint",
+           [](PyEngine& e, const std::string& dir, int keep) {
+             return memwall::Value(e.engine().SaveCheckpoint(dir, keep));
+           })
+      .def("load_checkpoint", [](PyEngine& e, const std::string& path) {
+        const memwall::LoadedCheckpoint loaded = memwall::Value(e.engine().LoadCheckpoint(path));
+        py::dict out;
+        out["path"] = loaded.path;
+        out["steps"] = loaded.steps;
+        out["skipped"] = loaded.skipped;
+        return out;
+      });
+}

@@ -1,0 +1,34 @@
+"""Helpers for the Python front end's tests: multi-rank runs are real MPI
+processes (tools/mpirun.sh NP python WORKER ...), never ranks faked in one
+process."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKERS = os.path.join(ROOT, "tests", "python", "workers")
+
+
+def run_ranks(ranks, worker, out, *args, timeout=600):
+    """Runs WORKER on `ranks` MPI processes with OUT and ARGS; returns each
+    rank's JSON result (OUT.rank<r>), after checking every rank exited 0."""
+    command = [os.path.join(ROOT, "tools", "mpirun.sh"), str(ranks), sys.executable,
+               os.path.join(WORKERS, worker), str(out)] + [str(a) for a in args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, "%s failed (%d):\n%s\n%s" % (
+        " ".join(command), done.returncode, done.stdout[-4000:], done.stderr[-4000:])
+    results = []
+    for r in range(ranks):
+        with open("%s.rank%d" % (out, r)) as f:
+            results.append(json.load(f))
+    return results
+
+
+@pytest.fixture
+def ranks_runner(tmp_path):
+    def run(ranks, worker, *args, name="result"):
+        return run_ranks(ranks, worker, tmp_path / name, *args)
+    return run

@@ -1,0 +1,89 @@
+"""Bad use of memwall.torch gets an error that names the cause, and leaves
+the model as it was."""
+import pytest
+import torch
+
+import memwall
+import memwall.torch as mt
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def test_a_parameter_not_given_to_the_optimizer():
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError) as error:
+        mt.ZeroOptimizer(model, model[0].parameters(), {})
+    assert str(error.value) == (
+        "parameter '2.weight' of the model requires grad but was not given to the optimizer; "
+        "pass it in a param_group, or freeze it (requires_grad=False)")
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b)
+
+
+def test_a_parameter_that_is_not_the_models():
+    model, other = mlp(), torch.nn.Linear(3, 5)
+    with pytest.raises(ValueError) as error:
+        mt.ZeroOptimizer(model, list(model.parameters()) + [other.weight], {})
+    assert str(error.value) == (
+        "param_groups[0]: a parameter of shape (5, 3) is not a parameter of the model")
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_model_changed_after_wrapping(stage):
+    model = mlp()
+    opt = mt.ZeroOptimizer(model, None, {"zero_optimization": {"stage": stage}})
+    model.add_module("extra", torch.nn.Linear(2, 2))
+    with pytest.raises(memwall.Error) as error:
+        opt.step()
+    assert str(error.value) == (
+        "FAILED_PRECONDITION: the model changed after wrapping: parameter 'extra.weight' is "
+        "new; build the ZeroOptimizer after the model is final")
+
+
+def test_a_model_moved_out_of_memwalls_memory():
+    model = mlp()
+    opt = mt.ZeroOptimizer(model, None, {"zero_optimization": {"stage": 1}})
+    model[0].weight.data = model[0].weight.data.clone()
+    with pytest.raises(memwall.Error) as error:
+        opt.step()
+    assert str(error.value) == (
+        "FAILED_PRECONDITION: the model changed after wrapping: parameter '0.weight' no longer "
+        "lies in memwall's memory (was the model moved or cast?)")
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"activation_checkpointing": {"planner": "optimal"}},
+     "INVALID_ARGUMENT: activation_checkpointing: a caller-owned model runs its own forward "
+     "and backward, so memwall cannot recompute it; expected planner \"none\", got \"optimal\""),
+    ({"zero_optimization": {"stage": "auto"}},
+     "INVALID_ARGUMENT: zero_optimization.stage: \"auto\" dry-runs whole training steps, which "
+     "needs a model of memwall layers; a caller-owned model names its stage (0..3)"),
+    ({"zero_optimization": {"stagee": 1}},
+     "INVALID_ARGUMENT: zero_optimization.stagee: unknown key (known here: "
+     "allgather_bucket_size, offload_optimizer, offload_param, overlap_comm, "
+     "reduce_bucket_size, stage, stage3_max_live_parameters, stage3_prefetch_bucket_size)"),
+])
+def test_a_config_it_cannot_honour(config, message):
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(memwall.Error) as error:
+        mt.ZeroOptimizer(model, None, config)
+    assert str(error.value) == message
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b)
+
+
+def test_backward_passes_that_do_not_match_the_accumulation():
+    model = mlp()
+    opt = mt.ZeroOptimizer(model, None, {"gradient_accumulation_steps": 2})
+    for _ in range(3):
+        opt.backward(model(torch.ones(1, 4)).sum())
+    with pytest.raises(memwall.Error) as error:
+        opt.step()
+    assert str(error.value) == (
+        "FAILED_PRECONDITION: step(): 3 backward passes since the last step; the config's "
+        "gradient_accumulation_steps is 2")
