@@ -143,6 +143,44 @@ class PyEngine {
     return out;
   }
 
+  // Collective: state `which` of group g, all its padded elements, as f32
+  // bytes.
+  py::bytes GatherState(int g, int which) {
+    const FlatLayout& layout = opt().layout();
+    if (g < 0 || g >= static_cast<int>(layout.groups.size())) {
+      Raise(absl::InvalidArgumentError(absl::StrCat("group ", g, " of ", layout.groups.size())));
+    }
+    std::vector<float> out(layout.groups[g].padded_numel);
+    Check(opt().GatherState(g, which, absl::MakeSpan(out)));
+    return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+  }
+
+  void SetState(int g, int which, uintptr_t data, int64_t numel) {
+    const auto* values = reinterpret_cast<const float*>(data);
+    Check(opt().SetState(g, which, absl::MakeConstSpan(values, numel)));
+  }
+
+  py::dict Progress() {
+    const ShardedOptimizer::Progress p = opt().progress();
+    py::dict out;
+    out["steps_applied"] = p.steps_applied;
+    out["steps_skipped"] = p.steps_skipped;
+    out["loss_scale"] = p.loss_scale;
+    out["clean_steps"] = p.clean_steps;
+    out["overflows_left"] = p.overflows_left;
+    return out;
+  }
+
+  void SetProgress(const py::dict& d) {
+    ShardedOptimizer::Progress p;
+    p.steps_applied = d["steps_applied"].cast<int64_t>();
+    p.steps_skipped = d["steps_skipped"].cast<int64_t>();
+    p.loss_scale = d["loss_scale"].cast<float>();
+    p.clean_steps = d["clean_steps"].cast<int>();
+    p.overflows_left = d["overflows_left"].cast<int>();
+    opt().set_progress(p);
+  }
+
   // Bytes by category: {"parameter": {"current": ..., "peak": ...}, ...},
   // from the device's allocator, and under "pinned" its pinned pool's.
   py::dict Memory() {
@@ -174,9 +212,13 @@ class PyEngine {
       d["trainable"] = g.trainable;
       d["numel"] = g.numel;
       d["padded_numel"] = g.padded_numel;
-      py::list names;
-      for (int p : g.parameters) names.append(opt().parameters()[p].name);
+      py::list names, offsets;
+      for (int p : g.parameters) {
+        names.append(opt().parameters()[p].name);
+        offsets.append(layout.placements[p].offset);
+      }
       d["parameters"] = names;
+      d["offsets"] = offsets;
       out.append(d);
     }
     return out;
@@ -236,6 +278,11 @@ PYBIND11_MODULE(_memwall, m) {
       .def("set_hyperparameters", &PyEngine::SetHyperparameters)
       .def("master_weights", &PyEngine::MasterWeights)
       .def("memory", &PyEngine::Memory)
+      .def_property_readonly("num_states", [](PyEngine& e) { return e.opt().num_states(); })
+      .def("gather_state", &PyEngine::GatherState)
+      .def("set_state", &PyEngine::SetState)
+      .def("progress", &PyEngine::Progress)
+      .def("set_progress", &PyEngine::SetProgress)
       .def("save_checkpoint",
            [](PyEngine& e, const std::string& dir, int keep) {
              return memwall::Value(e.engine().SaveCheckpoint(dir, keep));

@@ -389,6 +389,134 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.last_step = self._engine.step()
         return loss
 
+    # -- state ----------------------------------------------------------------
+
+    def _state_names(self):
+        """The names of the engine's per-element states after the master
+        weights, as torch's AdamW and SGD call them."""
+        if self._engine.num_states == 3:
+            return ["exp_avg", "exp_avg_sq"]
+        return ["momentum_buffer"] if self._engine.num_states == 2 else []
+
+    def _gather_states(self, g):
+        """Every state of memwall group g (collective), f32, padded."""
+        return [torch.frombuffer(bytearray(self._engine.gather_state(g.index, which)),
+                                 dtype=torch.float32)
+                for which in range(self._engine.num_states)]
+
+    def _slices(self):
+        """(torch state index, param, memwall group, offset, numel) of every
+        trainable parameter in param_groups order."""
+        offsets = {}
+        for info in self._engine.groups():
+            for name, offset in zip(info["parameters"], info["offsets"]):
+                offsets[name] = offset
+        out, index = [], 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    g = self._group_of[id(p)]
+                    numel = torch.Size(self._shape[id(p)]).numel()
+                    out.append((index, p, g, offsets[self._names[id(p)]], numel))
+                index += 1
+        return out
+
+    def state_dict(self):
+        """torch.optim.AdamW's (or SGD's) state_dict format, gathered from
+        every rank (collective): per trainable parameter "step",
+        "exp_avg" and "exp_avg_sq" (or "momentum_buffer"), and
+        "master_weight" (the f32 master weights, which the model's own
+        parameters are only in f32 runs); frozen ones have no state, as in
+        torch."""
+        gathered = {g.index: self._gather_states(g) for g in self._groups if g.trainable}
+        step = torch.tensor(float(self._engine.progress()["steps_applied"]))
+        state = {}
+        for index, p, g, offset, numel in self._slices():
+            states = gathered[g.index]
+            shape = self._shape[id(p)]
+            entry = {"step": step.clone(),
+                     "master_weight": states[0][offset:offset + numel].clone().view(shape)}
+            for which, key in enumerate(self._state_names(), start=1):
+                entry[key] = states[which][offset:offset + numel].clone().view(shape)
+            state[index] = entry
+        param_groups, index = [], 0
+        for group in self.param_groups:
+            saved = {k: v for k, v in group.items() if k != "params"}
+            saved["params"] = list(range(index, index + len(group["params"])))
+            index += len(group["params"])
+            param_groups.append(saved)
+        return {"state": state, "param_groups": param_groups}
+
+    def load_state_dict(self, state_dict):
+        """Loads a state_dict of this class or of torch.optim.AdamW / SGD
+        (collective: every rank passes the same one). The param_groups'
+        hyperparameters are taken; each parameter's moments and step are
+        set, and its master weights when the dict has them (torch's own
+        optimizers keep none: the model's parameters are the weights then).
+        Everything is checked before anything changes."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError("load_state_dict: %d param_groups, this optimizer has %d"
+                             % (len(groups), len(self.param_groups)))
+        for i, (saved, mine) in enumerate(zip(groups, self.param_groups)):
+            if len(saved["params"]) != len(mine["params"]):
+                raise ValueError("load_state_dict: param_groups[%d] has %d parameters, this "
+                                 "optimizer's has %d" % (i, len(saved["params"]),
+                                                          len(mine["params"])))
+        ids = [i for saved in groups for i in saved["params"]]
+        states = state_dict["state"]
+        names = ["master_weight"] + self._state_names()
+        slices = self._slices()
+        for index, p, _, _, _ in slices:
+            entry = states.get(ids[index], {})
+            for key in names[1:]:
+                if key not in entry:
+                    raise ValueError("load_state_dict: parameter '%s' (state %d) has no '%s'"
+                                     % (self._names[id(p)], ids[index], key))
+            for key in names:
+                if key in entry and tuple(entry[key].shape) != self._shape[id(p)]:
+                    raise ValueError("load_state_dict: '%s' of parameter '%s' has shape %s, "
+                                     "expected %s" % (key, self._names[id(p)],
+                                                      tuple(entry[key].shape),
+                                                      self._shape[id(p)]))
+        for saved, mine in zip(groups, self.param_groups):
+            mine.update({k: v for k, v in saved.items() if k != "params"})
+        by_group = {}
+        for item in slices:
+            by_group.setdefault(item[2].index, []).append(item)
+        steps = None
+        for g in self._groups:
+            if g.index not in by_group:
+                continue
+            current = self._gather_states(g)
+            for index, p, _, offset, numel in by_group[g.index]:
+                entry = states[ids[index]]
+                for which, key in enumerate(names):
+                    if key in entry:
+                        current[which][offset:offset + numel] = \
+                            entry[key].detach().reshape(-1).to(torch.float32)
+                if "step" in entry:
+                    steps = int(float(entry["step"]))
+            for which, values in enumerate(current):
+                self._engine.set_state(g.index, which, values.data_ptr(), values.numel())
+        if steps is not None:
+            progress = self._engine.progress()
+            progress["steps_applied"] = steps
+            self._engine.set_progress(progress)
+
+    def save_checkpoint(self, directory, keep=2):
+        """A memwall training checkpoint (engine/checkpoint.h: the format of
+        `memwall train --save`, loadable at any world size and stage, read
+        by `memwall export`) under `directory`; collective. Returns its
+        path. The param_groups' hyperparameters are not in it: a schedule
+        sets them again."""
+        return self._engine.save_checkpoint(str(directory), keep)
+
+    def load_checkpoint(self, path):
+        """Loads the newest intact checkpoint under `path` (or that
+        checkpoint); collective. Returns {"path", "steps", "skipped"}."""
+        return self._engine.load_checkpoint(str(path))
+
     def master_weights(self, name):
         """The f32 master weights of parameter `name` (collective)."""
         shape = next(self._shape[id(p)] for n, p in self._named() if n == name)

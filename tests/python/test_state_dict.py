@@ -1,0 +1,101 @@
+"""ZeroOptimizer's state_dict is torch.optim.AdamW's: a state saved by
+torch's AdamW loads into a ZeroOptimizer and the run goes on as torch's
+would, and the other way round (one process; multi-rank resumption is in
+test_checkpoint.py)."""
+import copy
+
+import pytest
+import torch
+
+import memwall.torch as mt
+
+CONFIG = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.05}}}
+
+
+def model_and_data():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.LayerNorm(12),
+                                torch.nn.Linear(12, 3))
+    data = [(torch.randn(16, 6), torch.randn(16, 3)) for _ in range(6)]
+    return model, data
+
+
+def groups(model):
+    return [{"params": [p for p in model.parameters() if p.dim() >= 2]},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def train(model, opt, batches, zero):
+    for x, y in batches:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if zero:
+            opt.backward(loss)
+        else:
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def weights(model, opt=None):
+    if opt is None:
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+    return {n: opt.master_weights(n) for n, _ in model.named_parameters()}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_torch_adamw_state_loads_and_training_goes_on_as_torchs(stage):
+    model, data = model_and_data()
+    ref_opt = torch.optim.AdamW(groups(model), lr=1e-2, weight_decay=0.05)
+    train(model, ref_opt, data[:3], zero=False)
+    resumed = copy.deepcopy(model)
+    opt = mt.ZeroOptimizer(resumed, groups(resumed), {**CONFIG, "zero_optimization": {"stage": stage}})
+    opt.load_state_dict(ref_opt.state_dict())
+    assert opt.param_groups[1]["weight_decay"] == 0.0
+    train(model, ref_opt, data[3:], zero=False)
+    train(resumed, opt, data[3:], zero=True)
+    want, got = weights(model), weights(resumed, opt)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=0, atol=1e-6), name
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_zero_state_loads_into_torch_adamw(stage):
+    model, data = model_and_data()
+    opt = mt.ZeroOptimizer(model, groups(model), {**CONFIG, "zero_optimization": {"stage": stage}})
+    train(model, opt, data[:3], zero=True)
+    state = opt.state_dict()
+    assert sorted(state["state"][0]) == ["exp_avg", "exp_avg_sq", "master_weight", "step"]
+    assert float(state["state"][0]["step"]) == 3.0
+    assert [g["params"] for g in state["param_groups"]] == [[0, 1], [2, 3, 4, 5]]
+    # torch's model: the master weights (f32 here, so also the parameters).
+    plain, _ = model_and_data()
+    named = dict(plain.named_parameters())
+    with torch.no_grad():
+        for name, p in named.items():
+            p.copy_(opt.master_weights(name))
+    ref_opt = torch.optim.AdamW(groups(plain), lr=1e-2, weight_decay=0.05)
+    ref_opt.load_state_dict(state)
+    train(plain, ref_opt, data[3:], zero=False)
+    train(model, opt, data[3:], zero=True)
+    want, got = weights(plain), weights(model, opt)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=0, atol=1e-6), name
+
+
+def test_a_state_for_another_optimizer_is_refused_before_anything_changes():
+    model, _ = model_and_data()
+    opt = mt.ZeroOptimizer(model, groups(model), CONFIG)
+    state = opt.state_dict()
+    state["state"][2]["exp_avg"] = torch.zeros(3, 3)
+    before = opt.state_dict()
+    with pytest.raises(ValueError) as error:
+        opt.load_state_dict(state)
+    assert str(error.value) == ("load_state_dict: 'exp_avg' of parameter '0.bias' has shape "
+                                "(3, 3), expected (12,)")
+    after = opt.state_dict()
+    for i in before["state"]:
+        for key, value in before["state"][i].items():
+            assert torch.equal(after["state"][i][key], value)
+    with pytest.raises(ValueError) as error:
+        opt.load_state_dict({"state": {}, "param_groups": state["param_groups"][:1]})
+    assert str(error.value) == "load_state_dict: 1 param_groups, this optimizer has 2"
