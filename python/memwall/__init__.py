@@ -2,18 +2,17 @@
 memwall.torch, a torch.optim.Optimizer that hands a PyTorch model's
 optimizer step to memwall's ZeRO engine.
 
-The extension links MPI; its libraries are loaded with RTLD_GLOBAL so that
-Open MPI's plugins, which it opens itself, find MPI's symbols when the
-interpreter runs under mpirun (as mpi4py does).
+torch, when installed, is imported before the extension: both link CUDA
+libraries of the same sonames (libnccl.so.2, libcublas.so.13), which a
+process loads once, and torch's wheel needs its own, newer builds (memwall
+uses a subset of their API, so it runs on them too). Imported the other
+way round, torch would fail to load with an undefined NCCL symbol.
 """
-import os as _os
-import sys as _sys
-
-_flags = _sys.getdlopenflags()
-_sys.setdlopenflags(_flags | _os.RTLD_GLOBAL)
 try:
-    from memwall._memwall import Engine, Error, Parameter  # noqa: F401
-finally:
-    _sys.setdlopenflags(_flags)
+    import torch as _torch  # noqa: F401
+except ImportError:
+    pass
+
+from memwall._memwall import Engine, Error, Parameter  # noqa: E402,F401
 
 __all__ = ["Engine", "Error", "Parameter"]
