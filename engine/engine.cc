@@ -58,7 +58,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   engine->config_ = config;
   engine->model_ = std::move(model);
   MW_RETURN_IF_ERROR(engine->StartRanks(options));
-  MW_RETURN_IF_ERROR(engine->AgreeOnRun(options, Crc(options.model_description)));
+  MW_RETURN_IF_ERROR(engine->AgreeOnRun(options, Crc(options.model_description), false));
   MW_RETURN_IF_ERROR(engine->ResolveAuto(options));
   MW_RETURN_IF_ERROR(engine->StartDevice(options));
   MW_RETURN_IF_ERROR(engine->BuildTrainer(options));
@@ -94,7 +94,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       model_crc = Crc(p.values.data(), p.values.size() * sizeof(float), model_crc);
     }
   }
-  MW_RETURN_IF_ERROR(engine->AgreeOnRun(options, model_crc));
+  MW_RETURN_IF_ERROR(engine->AgreeOnRun(options, model_crc, true));
   MW_RETURN_IF_ERROR(engine->StartDevice(options));
   Engine& e = *engine;
   MW_ASSIGN_OR_RETURN(e.owned_optimizer_, ShardedOptimizer::Create(config, *e.device_, *e.comm_));
@@ -159,9 +159,15 @@ absl::Status Engine::StartDevice(const EngineOptions& options) {
   return absl::OkStatus();
 }
 
-absl::Status Engine::AgreeOnRun(const EngineOptions& options, uint32_t model_crc) {
+absl::Status Engine::AgreeOnRun(const EngineOptions& options, uint32_t model_crc,
+                                bool caller_owned) {
   if (world_->world_size() == 1) return absl::OkStatus();
-  const char* const kWhat[] = {"config", "seed", "model", "data"};
+  // A caller's model is its parameters: seeding its framework alike on
+  // every rank is what makes them agree.
+  const char* const kWhat[] = {
+      "config", "seed",
+      caller_owned ? "model (its parameters' names, shapes or initial values)" : "model",
+      "data"};
   const std::array<int64_t, 5> mine = {Crc(ConfigToJson(config_)),
                                        Crc(absl::StrCat(options.seed)), model_crc,
                                        Crc(options.data_description), 0};

@@ -182,9 +182,10 @@ class Engine {
   absl::Status StartRanks(const EngineOptions& options);
   // Every rank must run the same config, seed, model and data: compared
   // once at the start through CRC-32s (`model_crc` stands for the model;
-  // for caller-owned ones it covers their parameters' values too), and the
-  // error names what differs. One agreement round over MPI.
-  absl::Status AgreeOnRun(const EngineOptions& options, uint32_t model_crc);
+  // for caller-owned ones, `caller_owned`, it covers their parameters'
+  // names, shapes and values), and the error names what differs. One
+  // agreement round over MPI.
+  absl::Status AgreeOnRun(const EngineOptions& options, uint32_t model_crc, bool caller_owned);
   absl::Status StartDevice(const EngineOptions& options);
   absl::Status ResolveAuto(const EngineOptions& options);
   absl::Status BuildTrainer(const EngineOptions& options);

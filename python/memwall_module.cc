@@ -20,6 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include <mpi.h>
+
+#include <cstdio>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/config.h"
@@ -228,6 +232,21 @@ class PyEngine {
   std::unique_ptr<Engine> engine_;
 };
 
+// Ends every rank of a multi-rank job (MPI_Abort), as the memwall command
+// does on an error: the others may wait in a collective this rank will
+// never join. No-op without an MPI world of more than one rank.
+void AbortRanks(int code) {
+  int initialized = 0, finalized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) {
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }
+}
+
 }  // namespace
 }  // namespace memwall
 
@@ -236,6 +255,8 @@ PYBIND11_MODULE(_memwall, m) {
   m.doc() = "memwall's engine facade (engine/engine.h); use memwall.torch";
   memwall::error_type = PyErr_NewException("memwall.Error", PyExc_RuntimeError, nullptr);
   m.attr("Error") = py::handle(memwall::error_type);
+  m.def("abort_ranks", &memwall::AbortRanks, py::arg("code") = 1,
+        "Ends every rank of a multi-rank MPI job (no-op on one rank).");
 
   py::class_<memwall::ParameterArg>(m, "Parameter")
       .def(py::init([](std::string name, std::vector<int64_t> shape, uintptr_t values,

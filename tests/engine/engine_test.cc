@@ -460,7 +460,8 @@ TEST_CASE("ranks that disagree on the run are refused, naming what differs", "[e
                                "the same config, model, seed and data (rank "));
   CHECK(values.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(values.status().message()),
-             Catch::StartsWith("the ranks disagree on the run's model, data: every rank"));
+             Catch::StartsWith("the ranks disagree on the run's model (its parameters' names, "
+                               "shapes or initial values), data: every rank"));
 }
 
 TEST_CASE("stage auto resolves for a layer model, and out of memory says what fits",

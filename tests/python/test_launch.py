@@ -1,0 +1,30 @@
+"""Launching Python training like every memwall job: the README's example
+under `memwall launch --ranks 2`, and a failure on one rank ending them all."""
+import os
+import re
+import subprocess
+import sys
+
+from conftest import ROOT, WORKERS
+
+MEMWALL = os.path.join(ROOT, "bazel-bin", "cli", "memwall")
+
+
+def test_the_readme_example_trains_under_memwall_launch():
+    done = subprocess.run([MEMWALL, "launch", "--ranks", "2", "--", sys.executable,
+                           os.path.join(ROOT, "examples", "torch_gpt2.py")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [float(x) for x in re.findall(r"^step \d+ loss ([0-9.]+)$", done.stdout, re.M)]
+    assert len(losses) == 3  # rank 0 prints steps 0, 10 and 20
+    assert losses[2] < 0.5 * losses[0]
+
+
+def test_an_uncaught_exception_on_one_rank_ends_every_rank():
+    done = subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), "2", sys.executable,
+                           os.path.join(WORKERS, "fail_on_rank1.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert "ValueError: deliberate failure on rank 1" in output
+    assert "MPI_ABORT was invoked on rank 1" in output
