@@ -119,10 +119,12 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
   std::fflush(stdout);
 }
 
-// The progress line of a step: loss, throughput, and each category's peak
-// over the ranks.
+// The progress line of a step: loss, the learning rate it trained with
+// (the text line shows it when the config schedules it), throughput, and
+// each category's peak over the ranks.
 absl::Status PrintStep(const TrainOptions& options, Engine& engine, MpiCommunicator& world,
-                       int64_t step, float loss, double tokens_per_second, bool applied) {
+                       int64_t step, float loss, float lr, double tokens_per_second,
+                       bool applied) {
   const AllocatorStats s = engine.device().allocator().stats();
   std::array<int64_t, 5> peaks;
   for (size_t i = 0; i < kShown.size(); ++i) peaks[i] = s.by_category[int(kShown[i])].peak;
@@ -137,6 +139,9 @@ absl::Status PrintStep(const TrainOptions& options, Engine& engine, MpiCommunica
                                      static_cast<long long>(options.steps));
   // Six decimals: enough to tell two runs apart, not only their trend.
   if (engine.device().holds_bytes()) absl::StrAppendFormat(&line, " | loss %.6f", loss);
+  if (engine.config().schedule.type != LrSchedule::Type::kNone) {
+    absl::StrAppendFormat(&line, " | lr %.4g", lr);
+  }
   absl::StrAppendFormat(&line, " | %.0f tokens/s", tokens_per_second);
   if (!applied) absl::StrAppend(&line, " | step skipped (inf/nan gradients)");
   absl::StrAppend(&line, " | peak memory/rank:");
@@ -147,6 +152,7 @@ absl::Status PrintStep(const TrainOptions& options, Engine& engine, MpiCommunica
   json record = {{"event", "step"},
                  {"step", step + 1},
                  {"steps", options.steps},
+                 {"lr", lr},
                  {"tokens_per_s", tokens_per_second},
                  {"applied", applied}};
   if (engine.device().holds_bytes()) record["loss"] = loss;
@@ -196,6 +202,7 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
                                                     step * accumulation + u));
       batches.push_back(std::move(b));
     }
+    const float lr = engine.optimizer().LearningRate(0);  // memwall's layers use one group
     const auto start = std::chrono::steady_clock::now();
     MW_ASSIGN_OR_RETURN(const Trainer::StepReport report, engine.TrainStep(batches));
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
@@ -212,7 +219,7 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
       MW_RETURN_IF_ERROR(Save(options, engine));
     }
     if ((step + 1) % options.log_every == 0 || step + 1 == options.steps || step == first_step) {
-      MW_RETURN_IF_ERROR(PrintStep(options, engine, world, step, loss,
+      MW_RETURN_IF_ERROR(PrintStep(options, engine, world, step, loss, lr,
                                    tokens_per_step / took.count(), report.step.applied));
     }
   }

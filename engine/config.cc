@@ -193,6 +193,48 @@ absl::Status ReadOptimizer(const Json& value, OptimizerConfig& out) {
   return reader.Finish();
 }
 
+absl::Status ReadScheduler(const Json& value, LrSchedule& out) {
+  using Type = LrSchedule::Type;
+  MW_ASSIGN_OR_RETURN(ObjectReader reader, ObjectReader::Open(value, "scheduler"));
+  std::string type;
+  MW_RETURN_IF_ERROR(
+      reader.Choice("type", {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}, type));
+  if (type.empty()) {
+    return absl::InvalidArgumentError(
+        "scheduler.type: expected one of \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\", "
+        "got nothing");
+  }
+  out.type = type == "WarmupLR"         ? Type::kWarmupLR
+             : type == "WarmupDecayLR" ? Type::kWarmupDecayLR
+                                       : Type::kWarmupCosineLR;
+  const Json empty = Json::object();
+  const Json* params = reader.Find("params");
+  MW_ASSIGN_OR_RETURN(ObjectReader p,
+                      ObjectReader::Open(params != nullptr ? *params : empty, "scheduler.params"));
+  MW_RETURN_IF_ERROR(p.Int("warmup_num_steps", 0, INT64_MAX, out.warmup_num_steps));
+  std::string warmup = "log";
+  MW_RETURN_IF_ERROR(p.Choice("warmup_type", {"log", "linear"}, warmup));
+  out.warmup_linear = warmup == "linear";
+  if (out.type == Type::kWarmupCosineLR) {
+    MW_RETURN_IF_ERROR(p.Float("warmup_min_ratio", 0, 1, false, "a number in [0, 1]",
+                               out.warmup_min_ratio));
+    MW_RETURN_IF_ERROR(
+        p.Float("cos_min_ratio", 0, 1, false, "a number in [0, 1]", out.cos_min_ratio));
+  } else {
+    MW_RETURN_IF_ERROR(p.Float("warmup_min_lr", 0, 1e30, false, "a number >= 0", out.warmup_min_lr));
+    MW_RETURN_IF_ERROR(p.Float("warmup_max_lr", 0, 1e30, false, "a number >= 0", out.warmup_max_lr));
+  }
+  if (out.type != Type::kWarmupLR) {
+    if (p.Find("total_num_steps") == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scheduler.params.total_num_steps: required by ", type, "; expected an integer >= 1"));
+    }
+    MW_RETURN_IF_ERROR(p.Int("total_num_steps", 1, INT64_MAX, out.total_num_steps));
+  }
+  MW_RETURN_IF_ERROR(p.Finish());
+  return reader.Finish();
+}
+
 absl::Status ReadFp16(const Json& value, Config& out) {
   MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(value, "fp16"));
   MW_RETURN_IF_ERROR(r.Bool("enabled", out.fp16));
@@ -386,6 +428,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
   MW_RETURN_IF_ERROR(r.Choice("communication_data_type", {"fp32", "fp16", "bf16"}, comm));
   config.reduce_dtype = comm == "fp16" ? DType::kF16 : (comm == "bf16" ? DType::kBF16 : DType::kF32);
   if (const Json* v = r.Find("optimizer")) MW_RETURN_IF_ERROR(ReadOptimizer(*v, config.optimizer));
+  if (const Json* v = r.Find("scheduler")) MW_RETURN_IF_ERROR(ReadScheduler(*v, config.schedule));
   if (const Json* v = r.Find("fp16")) MW_RETURN_IF_ERROR(ReadFp16(*v, config));
   if (const Json* v = r.Find("bf16")) {
     MW_ASSIGN_OR_RETURN(ObjectReader b, ObjectReader::Open(*v, "bf16"));
@@ -440,6 +483,24 @@ std::string ConfigToJson(const Config& c) {
   j["optimizer"] = {
       {"type", o.type == OptimizerType::kSgd ? "SGD" : (o.adamw ? "AdamW" : "Adam")},
       {"params", params}};
+  const LrSchedule& schedule = c.schedule;
+  if (schedule.type != LrSchedule::Type::kNone) {
+    using Type = LrSchedule::Type;
+    Json p = {{"warmup_num_steps", schedule.warmup_num_steps},
+              {"warmup_type", schedule.warmup_linear ? "linear" : "log"}};
+    if (schedule.type == Type::kWarmupCosineLR) {
+      p["warmup_min_ratio"] = Decimal(schedule.warmup_min_ratio);
+      p["cos_min_ratio"] = Decimal(schedule.cos_min_ratio);
+    } else {
+      p["warmup_min_lr"] = Decimal(schedule.warmup_min_lr);
+      p["warmup_max_lr"] = Decimal(schedule.warmup_max_lr);
+    }
+    if (schedule.type != Type::kWarmupLR) p["total_num_steps"] = schedule.total_num_steps;
+    j["scheduler"] = {{"type", schedule.type == Type::kWarmupLR        ? "WarmupLR"
+                               : schedule.type == Type::kWarmupDecayLR ? "WarmupDecayLR"
+                                                                       : "WarmupCosineLR"},
+                      {"params", p}};
+  }
   const LossScaleConfig& s = c.loss_scale;
   j["fp16"] = {{"enabled", c.fp16},
                {"loss_scale", Decimal(s.static_scale)},

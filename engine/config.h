@@ -13,6 +13,17 @@
 //   optimizer.params.weight_decay    number >= 0                   (0)
 //   optimizer.params.adam_w_mode     bool (Adam only)              (true, as DeepSpeed)
 //   optimizer.params.momentum        number in [0, 1) (SGD only)   (0)
+//   scheduler.type                   "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"
+//                                     (DeepSpeed's; sharding/lr_schedule.h
+//                                     has the formulas; none by default)
+//   scheduler.params.warmup_num_steps int >= 0                     (1000)
+//   scheduler.params.warmup_type     "log" | "linear"              ("log")
+//   scheduler.params.warmup_min_lr, warmup_max_lr  numbers >= 0 (WarmupLR,
+//                                     WarmupDecayLR)               (0, 1e-3)
+//   scheduler.params.total_num_steps int >= 1, required by WarmupDecayLR
+//                                     and WarmupCosineLR
+//   scheduler.params.warmup_min_ratio, cos_min_ratio  in [0, 1]
+//                                     (WarmupCosineLR)             (0, 1e-4)
 //   fp16.enabled                     bool                          (false)
 //   fp16.loss_scale                  number >= 0; 0 = dynamic      (0)
 //   fp16.initial_scale_power         int 0..64: scale 2^power      (16)

@@ -297,6 +297,16 @@ PYBIND11_MODULE(_memwall, m) {
       .def("step", &PyEngine::Step)
       .def("abort_step", [](PyEngine& e) { memwall::Check(e.opt().AbortStep()); })
       .def("set_hyperparameters", &PyEngine::SetHyperparameters)
+      .def("learning_rate",
+           [](PyEngine& e, int index) {
+             if (index < 0 || index >= e.opt().num_hyper_groups()) {
+               memwall::Raise(absl::InvalidArgumentError(
+                   absl::StrCat("learning_rate: group ", index, " of ", e.opt().num_hyper_groups())));
+             }
+             return e.opt().LearningRate(index);
+           },
+           "The rate group `index` trains with at the next step (the config's scheduler "
+           "applied to its lr).")
       .def("master_weights", &PyEngine::MasterWeights)
       .def("memory", &PyEngine::Memory)
       .def_property_readonly("num_states", [](PyEngine& e) { return e.opt().num_states(); })

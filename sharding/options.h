@@ -54,6 +54,26 @@ struct LossScaleConfig {
   float min_loss_scale = 1.0f;
 };
 
+// A learning-rate schedule (DeepSpeed's `scheduler` types), applied by the
+// optimizer at every step to every hyperparameter group
+// (sharding/lr_schedule.h has the formulas).
+struct LrSchedule {
+  enum class Type : uint8_t { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+  Type type = Type::kNone;
+  // Warm-up over warmup_num_steps steps, logarithmic (DeepSpeed's default)
+  // or linear.
+  int64_t warmup_num_steps = 1000;
+  bool warmup_linear = false;
+  // WarmupLR, WarmupDecayLR: the learning rate itself, from min to max.
+  float warmup_min_lr = 0.0f;
+  float warmup_max_lr = 1e-3f;
+  // WarmupDecayLR (to 0), WarmupCosineLR (to cos_min_ratio): the last step.
+  int64_t total_num_steps = 0;
+  // WarmupCosineLR: ratios of each group's own learning rate.
+  float warmup_min_ratio = 0.0f;
+  float cos_min_ratio = 1e-4f;
+};
+
 // zero_optimization.stage "auto": the engine's auto strategy picks the
 // stage (engine/auto_strategy.h) before anything is built; the sharded
 // optimizer itself refuses it.
@@ -97,6 +117,7 @@ struct ShardingOptions {
   // Clip the global gradient norm to this; 0 = off.
   float gradient_clipping = 0.0f;
   int gradient_accumulation_steps = 1;
+  LrSchedule schedule;
   // The dtype gradients are reduced in across ranks.
   DType reduce_dtype = DType::kF32;
 

@@ -12,6 +12,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
+#include "sharding/lr_schedule.h"
 
 namespace memwall {
 namespace {
@@ -351,6 +352,10 @@ absl::Status ShardedOptimizer::CheckTrainable(int g, absl::string_view call) con
   if (layout_.groups[g].trainable) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       call, ": group ", g, " ('", layout_.groups[g].name, "') is frozen and has no gradients"));
+}
+
+float ShardedOptimizer::LearningRate(int index) const {
+  return ScheduledLr(config_.schedule, steps_applied_, hyper_[index].lr);
 }
 
 absl::Status ShardedOptimizer::SetHyperparameters(int index, const Hyperparameters& values) {
@@ -781,7 +786,8 @@ std::vector<StateTier::Segment> ShardedOptimizer::SegmentsOf(int g, int64_t begi
   for (const HyperRun& run : runs_[g]) {
     const int64_t lo = std::max(run.begin, begin), hi = std::min(run.end, begin + count);
     if (lo >= hi) continue;
-    const Hyperparameters& h = hyper_[run.hyper];
+    Hyperparameters h = hyper_[run.hyper];
+    h.lr = LearningRate(run.hyper);
     segments.push_back({lo - begin, hi - lo, AdamFor(h, config_.optimizer.adamw, step, grad_scale),
                         SgdFor(h, grad_scale)});
   }

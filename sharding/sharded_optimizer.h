@@ -190,6 +190,10 @@ class ShardedOptimizer {
   // config's values (OptimizerConfig).
   int num_hyper_groups() const { return static_cast<int>(hyper_.size()); }
   const Hyperparameters& hyperparameters(int index) const { return hyper_[index]; }
+  // The learning rate group `index` trains with at the next step: its lr
+  // through the config's schedule (sharding/lr_schedule.h; the lr itself
+  // without one), at steps_applied().
+  float LearningRate(int index) const;
   // Sets group `index`'s values for the following steps (a schedule calls
   // it between steps). Not collective, but every rank must set the same
   // values. kInvalidArgument, changing nothing, for an index out of range,

@@ -139,6 +139,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                       device_memory=device_memory,
                                       pinned_memory=pinned_memory)
         del values  # the engine has its copy
+        self._send_hyperparameters()  # refused values leave the model untouched
         self._stage = self._engine.stage
         self._dtype = _DTYPES[self._engine.param_dtype]
         self._group_of = {}  # id(param) -> _Group
@@ -381,11 +382,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if self._stage == 3:
                 g.forward_uses = 0
                 self._release(g)
-        for i, group in enumerate(self.param_groups):
-            beta1, beta2 = group["betas"]
-            self._engine.set_hyperparameters(
-                i, float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                float(group["weight_decay"]), float(group.get("momentum", 0.0)))
+        self._send_hyperparameters()
         self.last_step = self._engine.step()
         return loss
 
@@ -516,6 +513,20 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Loads the newest intact checkpoint under `path` (or that
         checkpoint); collective. Returns {"path", "steps", "skipped"}."""
         return self._engine.load_checkpoint(str(path))
+
+    def _send_hyperparameters(self):
+        """Each param_group's values to its engine hyperparameter group (a
+        config scheduler then schedules the lr sent as the group's own)."""
+        for i, group in enumerate(self.param_groups):
+            beta1, beta2 = group["betas"]
+            try:
+                self._engine.set_hyperparameters(
+                    i, float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                    float(group["weight_decay"]), float(group.get("momentum", 0.0)))
+            except memwall.Error as error:
+                # "INVALID_ARGUMENT: SetHyperparameters(i): <what>" in torch's terms.
+                raise ValueError("param_groups[%d]: %s"
+                                 % (i, str(error).split("): ", 1)[-1])) from None
 
     def master_weights(self, name):
         """The f32 master weights of parameter `name` (collective)."""

@@ -48,6 +48,23 @@ check "json log matches the text log" "$text" "loss $jfirst -> $jlast" "summary:
 out=$("$memwall" train --log_format yaml 2>&1)
 check "bad log format" "$out" "--log_format: expected text or json, got 'yaml'"
 
+# The config's scheduler sets each step's learning rate: WarmupDecayLR,
+# linear warm-up over 4 steps to 0.003, then down to 0 at step 8 (the
+# rates each step trained with, by the formulas in sharding/lr_schedule.h).
+cat > "$tmp/schedule.json" <<'JSON'
+{"optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
+ "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 4, "warmup_type": "linear",
+               "warmup_max_lr": 0.003, "total_num_steps": 8}}}
+JSON
+jsonl=$("$memwall" train --config "$tmp/schedule.json" --steps 8 --log_every 1 --log_format json 2>&1)
+rates=$(python3 -c '
+import json, sys
+print(" ".join("%.6g" % r["lr"] for r in map(json.loads, sys.argv[1].splitlines()) if r["event"] == "step"))
+' "$jsonl")
+check "the scheduler's learning rates" "$rates" "0 0.00075 0.0015 0.00225 0.003 0.00225 0.0015 0.00075"
+text=$("$memwall" train --config "$tmp/schedule.json" --steps 2 --log_every 1 2>&1)
+check "the text log shows a scheduled rate" "$text" "step 2/2 | loss " " | lr 0.00075 | "
+
 # The same through `memwall launch`, with a config file and a data file.
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 1 200) > "$tmp/corpus.txt"
 cat > "$tmp/zero3.json" <<'JSON'

@@ -297,6 +297,43 @@ TEST_CASE("ConfigToJson writes every key, and parses back to the same config", "
   CHECK(sgd.zero.offload_nvme_path.empty());
 }
 
+TEST_CASE("scheduler: DeepSpeed's warm-up schedules, round-tripped, bad ones named",
+          "[config][scheduler]") {
+  const Config cosine = ParseConfig(R"({"scheduler": {"type": "WarmupCosineLR", "params": {
+      "total_num_steps": 5000, "warmup_num_steps": 100, "warmup_type": "linear",
+      "warmup_min_ratio": 0.1, "cos_min_ratio": 0.01}}})").value();
+  CHECK(cosine.schedule.type == LrSchedule::Type::kWarmupCosineLR);
+  CHECK(cosine.schedule.total_num_steps == 5000);
+  CHECK(cosine.schedule.warmup_num_steps == 100);
+  CHECK(cosine.schedule.warmup_linear);
+  CHECK(cosine.schedule.warmup_min_ratio == 0.1f);
+  CHECK(cosine.schedule.cos_min_ratio == 0.01f);
+  const Config warmup = ParseConfig(R"({"scheduler": {"type": "WarmupLR"}})").value();
+  CHECK(warmup.schedule.type == LrSchedule::Type::kWarmupLR);
+  CHECK(warmup.schedule.warmup_num_steps == 1000);  // DeepSpeed's defaults
+  CHECK_FALSE(warmup.schedule.warmup_linear);
+  CHECK(warmup.schedule.warmup_max_lr == 1e-3f);
+  for (const Config& c : {cosine, warmup}) {
+    const std::string json = ConfigToJson(c);
+    CHECK(ConfigToJson(ParseConfig(json).value()) == json);
+  }
+  CHECK_THAT(ConfigToJson(cosine), Catch::Contains("\"type\": \"WarmupCosineLR\""));
+  CHECK(ConfigToJson(Config()).find("scheduler") == std::string::npos);
+
+  CHECK(Error(R"({"scheduler": {"type": "OneCycle"}})") ==
+        "scheduler.type: expected one of \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\", "
+        "got \"OneCycle\"");
+  CHECK(Error(R"({"scheduler": {"params": {}}})") ==
+        "scheduler.type: expected one of \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\", "
+        "got nothing");
+  CHECK(Error(R"({"scheduler": {"type": "WarmupDecayLR"}})") ==
+        "scheduler.params.total_num_steps: required by WarmupDecayLR; expected an integer >= 1");
+  CHECK(Error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}})") ==
+        "scheduler.params.warmup_type: expected one of \"log\", \"linear\", got \"cubic\"");
+  CHECK_THAT(Error(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})"),
+             Catch::StartsWith("scheduler.params.cos_min_ratio: unknown key"));
+}
+
 TEST_CASE("repeated keys, deep nesting and huge files are refused by name", "[config]") {
   auto twice = ParseConfig(R"({"zero_optimization": {"stage": 1, "overlap_comm": true, "stage": 3}})");
   CHECK(twice.status().code() == absl::StatusCode::kInvalidArgument);

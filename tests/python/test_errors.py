@@ -87,3 +87,17 @@ def test_backward_passes_that_do_not_match_the_accumulation():
     assert str(error.value) == (
         "FAILED_PRECONDITION: step(): 3 backward passes since the last step; the config's "
         "gradient_accumulation_steps is 2")
+
+
+def test_a_hyperparameter_the_update_refuses():
+    model = mlp()
+    before = model[0].weight.data_ptr()
+    with pytest.raises(ValueError) as error:
+        mt.ZeroOptimizer(model, [{"params": model.parameters(), "betas": (0.9, 1.5)}], {})
+    assert str(error.value) == "param_groups[0]: adam beta2: expected 0 <= beta2 < 1, got 1.5"
+    assert model[0].weight.data_ptr() == before  # still torch's own memory
+    opt = mt.ZeroOptimizer(model, None, {})
+    opt.param_groups[0]["lr"] = -1.0  # as a broken schedule would
+    with pytest.raises(ValueError) as error:
+        opt.step()
+    assert str(error.value) == "param_groups[0]: adam lr: expected a finite value >= 0, got -1"
