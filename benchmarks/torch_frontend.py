@@ -120,10 +120,17 @@ def rank_worker(kind, steps, out):
         torch.distributed.destroy_process_group()
 
 
+def clean_env():
+    """The environment without what Open MPI added when this process ran a
+    ZeroOptimizer itself (a singleton rank): a child mpirun that saw it
+    would fail."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "OPAL_"))}
+
+
 def spawn(ranks, *args):
     command = [os.path.join(ROOT, "tools", "mpirun.sh"), str(ranks), sys.executable,
                os.path.abspath(__file__)] + [str(a) for a in args]
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=clean_env())
     if done.returncode != 0:
         sys.exit("%s failed:\n%s" % (" ".join(command), done.stderr[-3000:]))
 
@@ -190,7 +197,7 @@ def part_adam(steps):
         for threads in (1, 2):
             for kind, _ in kinds:
                 out = os.path.join(tmp, "%s-%d.json" % (kind, threads))
-                env = dict(os.environ, MEMWALL_CPU_THREADS=str(threads))
+                env = dict(clean_env(), MEMWALL_CPU_THREADS=str(threads))
                 subprocess.run([sys.executable, os.path.abspath(__file__), "--adam-worker", kind,
                                 "--threads", str(threads), "--steps", str(steps), "--out", out],
                                check=True, env=env, stdout=subprocess.DEVNULL,

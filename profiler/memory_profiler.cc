@@ -44,20 +44,23 @@ double MemoryProfiler::NowUs() const {
       .count();
 }
 
+void MemoryProfiler::Book(MemoryCategory category, absl::string_view owner, int64_t delta) {
+  current_[int(category)] += delta;
+  category_peaks_[int(category)] = std::max(category_peaks_[int(category)], current_[int(category)]);
+  total_ += delta;
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) it = owners_.try_emplace(std::string(owner)).first;
+  it->second[int(category)] += delta;
+}
+
 void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
   std::lock_guard<std::mutex> lock(mu_);
   switch (e.kind) {
     case MemoryEvent::Kind::kAlloc:
     case MemoryEvent::Kind::kFree: {
-      const int64_t delta = e.kind == MemoryEvent::Kind::kAlloc ? e.bytes : -e.bytes;
-      allocated_ += e.kind == MemoryEvent::Kind::kAlloc ? e.block_bytes : -e.block_bytes;
-      current_[int(e.category)] += delta;
-      category_peaks_[int(e.category)] =
-          std::max(category_peaks_[int(e.category)], current_[int(e.category)]);
-      total_ += delta;
-      auto it = owners_.find(e.owner);
-      if (it == owners_.end()) it = owners_.try_emplace(std::string(e.owner)).first;
-      it->second[int(e.category)] += delta;
+      const bool alloc = e.kind == MemoryEvent::Kind::kAlloc;
+      allocated_ += alloc ? e.block_bytes : -e.block_bytes;
+      Book(e.category, e.owner, alloc ? e.bytes : -e.bytes);
       break;
     }
     case MemoryEvent::Kind::kSegmentReserve:
@@ -67,12 +70,24 @@ void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
       return;
   }
   reserved_ = e.reserved_after;
+  last_sequence_ = e.sequence;
+  Account(e.sequence);
+}
+
+void MemoryProfiler::RecordExternal(MemoryCategory category, absl::string_view owner,
+                                    int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Book(category, owner, bytes);
+  Account(last_sequence_);
+}
+
+void MemoryProfiler::Account(uint64_t sequence) {
   if (total_ > peak_.bytes) {
     peak_.bytes = total_;
     peak_.by_category = current_;
     peak_.reserved = reserved_;
     peak_.allocated = allocated_;
-    peak_.sequence = e.sequence;
+    peak_.sequence = sequence;
     peak_.phase = open_.empty() ? "" : open_.back().name;
     peak_.phase_path.clear();
     for (const PhaseRecord& p : open_) peak_.phase_path.push_back(p.name);
@@ -84,7 +99,7 @@ void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
       p.peak_by_category = current_;
     }
   }
-  ring_.push_back({NowUs(), e.sequence, current_, reserved_});
+  ring_.push_back({NowUs(), sequence, current_, reserved_});
   if (ring_.size() > ring_capacity_) {
     ring_.pop_front();
     ++dropped_;
@@ -111,6 +126,20 @@ bool MemoryProfiler::EndPhase() {
   p.end_bytes = total_;
   closed_.push_back(std::move(p));
   return true;
+}
+
+std::vector<OwnerBytes> MemoryProfiler::owners() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<OwnerBytes> out;
+  for (const auto& [owner, bytes] : owners_) {
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
+      if (bytes[c] != 0) out.push_back({owner, static_cast<MemoryCategory>(c), bytes[c]});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const OwnerBytes& a, const OwnerBytes& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.owner < b.owner;
+  });
+  return out;
 }
 
 CategoryBytes MemoryProfiler::category_peaks() const {

@@ -10,6 +10,12 @@
 // gradients + optimizer states; activation is activations + checkpointed
 // activations; the rest is buffers (workspace, communication, other).
 //
+// Memory held outside the allocator can be declared (RecordExternal): a
+// framework's activations that memwall's allocator never sees, such as the
+// tensors torch's autograd saves for backward (memwall.torch.profile). The
+// books then sum the allocator's requested bytes and the declared ones;
+// `reserved` and `allocated` stay the allocator's.
+//
 // Recording is bounded: the last `ring_capacity` events are kept for the
 // timeline (older ones are dropped and counted), while peaks, per-phase
 // peaks and per-step summaries are exact over the whole run.
@@ -95,6 +101,12 @@ class MemoryProfiler : public MemoryListener {
 
   void OnMemoryEvent(const MemoryEvent& event) override;
 
+  // Declares `bytes` (negative: released) of memory outside the allocator,
+  // of `category` and `owner`, counted from now on as allocator bytes are:
+  // in the totals, the owners, the peaks, the phases and the timeline (at
+  // the sequence number of the allocator's latest event).
+  void RecordExternal(MemoryCategory category, absl::string_view owner, int64_t bytes);
+
   // Phases nest: "step 3" > "forward" > "block2". EndPhase closes the
   // innermost; returns false (and does nothing) if none is open.
   void BeginPhase(absl::string_view name);
@@ -103,6 +115,9 @@ class MemoryProfiler : public MemoryListener {
   // Copies of what has been recorded.
   PeakSnapshot peak() const;
   CategoryBytes current() const;
+  // The live bytes of every owner and category now (zeros left out),
+  // largest first.
+  std::vector<OwnerBytes> owners() const;
   // The highest bytes each category reached on its own (not at one moment).
   CategoryBytes category_peaks() const;
   std::vector<PhaseRecord> phases() const;  // closed phases, in closing order
@@ -114,6 +129,12 @@ class MemoryProfiler : public MemoryListener {
 
  private:
   double NowUs() const;
+  // After the books changed by an event numbered `sequence`: peaks, open
+  // phases and the timeline.
+  void Account(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `delta` bytes of `category` owned by `owner` to the books.
+  void Book(MemoryCategory category, absl::string_view owner, int64_t delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SnapshotPeakOwners() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CachingAllocator& allocator_;
@@ -142,6 +163,7 @@ class MemoryProfiler : public MemoryListener {
   std::vector<PhaseRecord> closed_ ABSL_GUARDED_BY(mu_);
   std::deque<TimelinePoint> ring_ ABSL_GUARDED_BY(mu_);
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_sequence_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Opens a phase of `profiler` for its lifetime; does nothing when the

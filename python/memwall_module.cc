@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "profiler/report.h"
 #include "pybind11/pybind11.h"
 #include "pybind11/stl.h"
 #include "runtime/memory.h"
@@ -185,6 +186,27 @@ class PyEngine {
     opt().set_progress(p);
   }
 
+  // The profiler's peak: {"bytes", "phase", "phase_path", "by_category":
+  // {...}, "top_owners": [(owner, category, bytes)]}.
+  py::dict Peak() {
+    const PeakSnapshot peak = engine_->profiler().peak();
+    py::dict out, by_category;
+    out["bytes"] = peak.bytes;
+    out["phase"] = peak.phase;
+    out["phase_path"] = peak.phase_path;
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
+      by_category[py::str(std::string(MemoryCategoryName(static_cast<MemoryCategory>(c))))] =
+          peak.by_category[c];
+    }
+    out["by_category"] = by_category;
+    py::list owners;
+    for (const OwnerBytes& o : peak.top_owners) {
+      owners.append(py::make_tuple(o.owner, std::string(MemoryCategoryName(o.category)), o.bytes));
+    }
+    out["top_owners"] = owners;
+    return out;
+  }
+
   // Bytes by category: {"parameter": {"current": ..., "peak": ...}, ...},
   // from the device's allocator, and under "pinned" its pinned pool's.
   py::dict Memory() {
@@ -309,6 +331,28 @@ PYBIND11_MODULE(_memwall, m) {
            "applied to its lr).")
       .def("master_weights", &PyEngine::MasterWeights)
       .def("memory", &PyEngine::Memory)
+      .def("begin_phase", [](PyEngine& e, const std::string& name) { e.engine().profiler().BeginPhase(name); })
+      .def("end_phase", [](PyEngine& e) { return e.engine().profiler().EndPhase(); })
+      .def("record_activation",
+           [](PyEngine& e, const std::string& owner, int64_t bytes) {
+             e.engine().profiler().RecordExternal(memwall::MemoryCategory::kActivation, owner, bytes);
+           },
+           "Declares `bytes` (negative: released) of activations held outside the allocator.")
+      .def("peak", &PyEngine::Peak)
+      .def("owners",
+           [](PyEngine& e) {
+             py::list out;
+             for (const memwall::OwnerBytes& o : e.engine().profiler().owners()) {
+               out.append(py::make_tuple(o.owner, std::string(memwall::MemoryCategoryName(o.category)),
+                                         o.bytes));
+             }
+             return out;
+           },
+           "The profiler's live bytes per (owner, category, bytes), largest first.")
+      .def("write_reports",
+           [](PyEngine& e, const std::string& dir) {
+             memwall::Check(memwall::WriteReports(e.engine().profiler(), dir));
+           })
       .def_property_readonly("num_states", [](PyEngine& e) { return e.opt().num_states(); })
       .def("gather_state", &PyEngine::GatherState)
       .def("set_state", &PyEngine::SetState)

@@ -85,6 +85,96 @@ class _Group:
         self.pending = 0            # trainable parameters still to get a gradient
 
 
+class _Counted:
+    """A saved tensor's share of a storage the profiler counts: the last one
+    released (autograd frees what it saved after the node that used it)
+    declares the storage's bytes released."""
+
+    __slots__ = ("profile", "key", "value", "__weakref__")
+
+    def __init__(self, profile, key, value):
+        self.profile, self.key, self.value = profile, key, value
+
+    def __del__(self):
+        self.profile._release(self.key)
+
+
+class Profile:
+    """Memory profile of a torch training run with a ZeroOptimizer (use
+    memwall.torch.profile(opt, directory) or opt.profile(directory)).
+
+    While the context is open memwall's profiler sees, besides the engine
+    allocator's parameters, gradients, optimizer states and communication
+    buffers (exact, as always), the activations: every storage autograd
+    saves for backward (saved_tensors_hooks) counted once, however many
+    saved tensors view it, from the first save until the last is released,
+    parameters excluded, attributed to the innermost module whose forward
+    saved it first. Phases: "forward" with "forward <module>" for each
+    block (the items of a ModuleList or Sequential), "backward" (around
+    opt.backward), "optimizer step". On leaving, the reports (profile.txt,
+    profile.json, trace.json, profile.html) are written to
+    <directory>/rank<r>/, as `memwall profile` writes them.
+
+    Only the saving forward passes of the wrapped model are seen (its
+    forward hooks install the saved-tensor hooks); torch's other
+    temporaries (outputs not saved, gradients before they reach the
+    engine) are not counted.
+    """
+
+    def __init__(self, optimizer, directory):
+        self._opt = optimizer
+        self.directory = str(directory)
+        self.active = False
+        self._live = {}  # storage key -> [owner, bytes, references]
+
+    def __enter__(self):
+        self._opt._start_profile(self)
+        self.active = True
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        self.active = False
+        self._opt._stop_profile()
+        if kind is None:
+            import os
+            self._opt._engine.write_reports(
+                os.path.join(self.directory, "rank%d" % self._opt._engine.rank))
+        return False
+
+    def peak(self):
+        """The profiler's peak: bytes, phase, by_category, top_owners."""
+        return self._opt._engine.peak()
+
+    def owners(self):
+        """Live bytes now: [(owner, category, bytes)], largest first."""
+        return self._opt._engine.owners()
+
+    def _count(self, tensor, owner):
+        storage = tensor.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        entry = self._live.get(key)
+        if entry is None:
+            entry = self._live[key] = [owner, storage.nbytes(), 0]
+            self._opt._engine.record_activation(owner, entry[1])
+        entry[2] += 1
+        return key
+
+    def _release(self, key):
+        entry = self._live.get(key)
+        if entry is None:
+            return
+        entry[2] -= 1
+        if entry[2] == 0:
+            del self._live[key]
+            self._opt._engine.record_activation(entry[0], -entry[1])
+
+
+def profile(optimizer, directory="memwall-profile"):
+    """memwall's memory reports of the training run inside the `with`
+    block (Profile); `optimizer` is the run's ZeroOptimizer."""
+    return Profile(optimizer, directory)
+
+
 class ZeroOptimizer(torch.optim.Optimizer):
     """A torch.optim.Optimizer whose step is memwall's ZeRO engine.
 
@@ -150,6 +240,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._micro_batches = 0
         self._accumulation = int(parsed.get("gradient_accumulation_steps", 1))
         self._hooks = []
+        self._saving = None
+        self._profile = None  # the open Profile
+        self._profile_hooks = []
+        self._module_stack = []  # names of the modules in forward, innermost last
+        self._parameter_storage = set()
         self._placeholder = torch.zeros(1, dtype=self._dtype)
         if self._dtype != torch.float32:
             model.to(self._dtype)  # buffers too, as the parameters' dtype
@@ -211,6 +306,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for _, p in self._named():
             if p.requires_grad:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
+        self._hooks.append(model.register_forward_pre_hook(self._enter_saving))
+        self._hooks.append(model.register_forward_hook(self._exit_saving, always_call=True))
         if self._stage != 3:
             return
         for module in model.modules():
@@ -225,9 +322,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._hooks.append(module.register_forward_hook(
                 lambda m, args, out, groups=groups: self._forward_release(groups),
                 always_call=True))
-        self._hooks.append(model.register_forward_pre_hook(self._enter_saving))
-        self._hooks.append(model.register_forward_hook(self._exit_saving, always_call=True))
-        self._saving = None
 
     # -- stage 3 ------------------------------------------------------------
 
@@ -259,24 +353,41 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if g.forward_uses == 0 and not g.backward_gathered:
                 self._release(g)
 
+    # -- saved tensors (stage 3 and profiling) --------------------------------
+
     def _enter_saving(self, module, args):
+        # One pair of saved-tensor hooks serves stage 3 and the profiler:
+        # nested pairs would hide the outer one.
+        if self._stage != 3 and self._profile is None:
+            return
         self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saving.__enter__()
+        if self._profile is not None:
+            self._engine.begin_phase("forward")
 
     def _exit_saving(self, module, args, out):
         if self._saving is not None:
+            if self._profile is not None:
+                self._engine.end_phase()
             self._saving.__exit__(None, None, None)
             self._saving = None
 
     def _pack(self, tensor):
-        # A tensor in gathered memory is saved as where it lies in its
-        # parameter, and rebuilt from the memory gathered again in backward.
-        p = self._storage.get(tensor.untyped_storage().data_ptr())
-        if p is None:
+        ptr = tensor.untyped_storage().data_ptr()
+        # Stage 3: a tensor in gathered memory is saved as where it lies in
+        # its parameter, and rebuilt from the memory gathered again in
+        # backward.
+        p = self._storage.get(ptr)
+        if p is not None:
+            return (p, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+        if self._profile is None or ptr in self._parameter_storage:
             return tensor
-        return (p, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+        owner = self._module_stack[-1] if self._module_stack else "<model>"
+        return _Counted(self._profile, self._profile._count(tensor, owner), tensor)
 
     def _unpack(self, packed):
+        if isinstance(packed, _Counted):
+            return packed.value
         if not isinstance(packed, tuple):
             return packed
         p, offset, shape, stride = packed
@@ -284,7 +395,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not g.gathered:
             self._gather(g)
             g.backward_gathered = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+            # Released when its gradients are reduced, at the latest when
+            # backward ends (or, read outside backward, at the next step).
+            if torch._C._current_autograd_node() is not None:
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
         return p.data.as_strided(shape, stride, offset)
 
     def _end_backward(self):
@@ -328,7 +442,51 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """loss.backward() with the engine's loss scale (fp16), counting the
         micro-batch for step()'s accumulation check."""
         self._micro_batches += 1
-        (loss * self._engine.loss_scale if self._engine.loss_scale != 1 else loss).backward()
+        if self._profile is not None:
+            self._engine.begin_phase("backward")
+        try:
+            (loss * self._engine.loss_scale if self._engine.loss_scale != 1 else loss).backward()
+        finally:
+            if self._profile is not None:
+                self._engine.end_phase()
+
+    def profile(self, directory="memwall-profile"):
+        """A Profile of the run inside the `with` block (memwall.torch.profile)."""
+        return Profile(self, directory)
+
+    def _start_profile(self, profile):
+        if self._profile is not None:
+            raise memwall.Error("FAILED_PRECONDITION: profile: a profile of this optimizer is "
+                                "already open")
+        self._profile = profile
+        self._parameter_storage = {p.data.untyped_storage().data_ptr() for _, p in self._named()}
+        self._parameter_storage.add(self._placeholder.untyped_storage().data_ptr())
+        blocks = set()
+        for module in self._model.modules():
+            if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+                blocks.update(id(child) for child in module.children())
+        for name, module in self._model.named_modules():
+            block = id(module) in blocks
+            self._profile_hooks.append(module.register_forward_pre_hook(
+                lambda m, args, name=name, block=block: self._enter_module(name, block)))
+            self._profile_hooks.append(module.register_forward_hook(
+                lambda m, args, out, block=block: self._exit_module(block), always_call=True))
+
+    def _stop_profile(self):
+        for hook in self._profile_hooks:
+            hook.remove()
+        self._profile_hooks = []
+        self._profile = None
+
+    def _enter_module(self, name, block):
+        self._module_stack.append(name or "<model>")
+        if block:
+            self._engine.begin_phase("forward " + name)
+
+    def _exit_module(self, block):
+        self._module_stack.pop()
+        if block:
+            self._engine.end_phase()
 
     def zero_grad(self, set_to_none=True):
         """Gradients live in the engine, which zeroes them at each step; the
@@ -383,7 +541,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 g.forward_uses = 0
                 self._release(g)
         self._send_hyperparameters()
-        self.last_step = self._engine.step()
+        if self._profile is not None:
+            self._engine.begin_phase("optimizer step")
+        try:
+            self.last_step = self._engine.step()
+        finally:
+            if self._profile is not None:
+                self._engine.end_phase()
         return loss
 
     # -- state ----------------------------------------------------------------

@@ -61,6 +61,54 @@ TEST_CASE("category totals match the allocator at every event, and the peak to t
   CHECK(profiler.dropped_events() > 0);
 }
 
+TEST_CASE("memory declared from outside the allocator joins the books, peaks and phases",
+          "[profiler][external]") {
+  auto device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value();
+  MemoryProfiler profiler(device->allocator());
+  auto params = device->Allocate(1000, MemoryCategory::kParameter, "fc").value();
+  profiler.BeginPhase("forward");
+  profiler.RecordExternal(MemoryCategory::kActivation, "fc", 600);
+  profiler.RecordExternal(MemoryCategory::kActivation, "act", 400);
+  profiler.EndPhase();
+  profiler.BeginPhase("backward");
+  profiler.RecordExternal(MemoryCategory::kActivation, "act", -400);
+  auto grads = device->Allocate(300, MemoryCategory::kGradient, "fc.grad").value();
+  profiler.RecordExternal(MemoryCategory::kActivation, "fc", -600);
+  profiler.EndPhase();
+  // Requested bytes are the allocator's 1300 plus what is declared (none
+  // now); the peak, 2000 at the end of forward, was made of both.
+  CHECK(Sum(profiler.current()) == 1300);
+  CHECK(profiler.current()[int(MemoryCategory::kActivation)] == 0);
+  const PeakSnapshot peak = profiler.peak();
+  CHECK(peak.bytes == 2000);
+  CHECK(peak.phase == "forward");
+  CHECK(peak.by_category[int(MemoryCategory::kActivation)] == 1000);
+  CHECK(peak.by_category[int(MemoryCategory::kParameter)] == 1000);
+  REQUIRE(peak.top_owners.size() == 3);
+  CHECK(peak.top_owners[0].owner == "fc");
+  CHECK(peak.top_owners[0].category == MemoryCategory::kParameter);
+  CHECK(peak.top_owners[1].owner == "fc");
+  CHECK(peak.top_owners[1].category == MemoryCategory::kActivation);
+  CHECK(peak.top_owners[1].bytes == 600);
+  CHECK(peak.allocated >= 1000);  // the allocator's blocks only
+  CHECK(peak.allocated < 2000);
+  CHECK(profiler.category_peaks()[int(MemoryCategory::kActivation)] == 1000);
+  // Live now: the parameters and the gradient; released owners are gone.
+  const std::vector<OwnerBytes> owners = profiler.owners();
+  REQUIRE(owners.size() == 2);
+  CHECK(owners[0].owner == "fc");
+  CHECK(owners[0].bytes == 1000);
+  CHECK(owners[1].owner == "fc.grad");
+  CHECK(owners[1].category == MemoryCategory::kGradient);
+  CHECK(owners[1].bytes == 300);
+  const std::vector<PhaseRecord> phases = profiler.phases();
+  REQUIRE(phases.size() == 2);
+  CHECK(phases[0].peak_bytes == 2000);
+  CHECK(phases[1].start_bytes == 2000);
+  CHECK(phases[1].peak_bytes == 2000);
+  CHECK(phases[1].end_bytes == 1300);
+}
+
 TEST_CASE("phases nest and know their own peaks", "[profiler]") {
   auto device = CreateDevice({Backend::kMeta, 0, kGiB}).value();
   MemoryProfiler profiler(device->allocator());

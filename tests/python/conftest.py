@@ -12,12 +12,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORKERS = os.path.join(ROOT, "tests", "python", "workers")
 
 
+def clean_env():
+    """This process's environment without what Open MPI added to it when an
+    in-process test started MPI (a singleton rank): a child mpirun that saw
+    those would take itself for that rank's child and fail."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "OPAL_"))}
+
+
 def run_ranks(ranks, worker, out, *args, timeout=600):
     """Runs WORKER on `ranks` MPI processes with OUT and ARGS; returns each
     rank's JSON result (OUT.rank<r>), after checking every rank exited 0."""
     command = [os.path.join(ROOT, "tools", "mpirun.sh"), str(ranks), sys.executable,
                os.path.join(WORKERS, worker), str(out)] + [str(a) for a in args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env=clean_env())
     assert done.returncode == 0, "%s failed (%d):\n%s\n%s" % (
         " ".join(command), done.returncode, done.stdout[-4000:], done.stderr[-4000:])
     results = []

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, clean_env
 
 SAVED_STEPS, MORE_STEPS = 3, 3
 
@@ -43,7 +43,7 @@ def test_memwall_export_reads_it(saved, tmp_path):
     binary = os.path.join(ROOT, "bazel-bin", "cli", "memwall")
     out = tmp_path / "model.safetensors"
     done = subprocess.run([binary, "export", "--checkpoint", str(directory), "--out", str(out)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=clean_env())
     assert done.returncode == 0, done.stderr
     tensors = load_file(str(out))
     # Every parameter by its torch name (the tied lm_head is wte), with the

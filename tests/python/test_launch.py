@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from conftest import ROOT, WORKERS
+from conftest import ROOT, WORKERS, clean_env
 
 MEMWALL = os.path.join(ROOT, "bazel-bin", "cli", "memwall")
 
@@ -13,7 +13,7 @@ MEMWALL = os.path.join(ROOT, "bazel-bin", "cli", "memwall")
 def test_the_readme_example_trains_under_memwall_launch():
     done = subprocess.run([MEMWALL, "launch", "--ranks", "2", "--", sys.executable,
                            os.path.join(ROOT, "examples", "torch_gpt2.py")],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=clean_env())
     assert done.returncode == 0, done.stderr[-3000:]
     losses = [float(x) for x in re.findall(r"^step \d+ loss ([0-9.]+)$", done.stdout, re.M)]
     assert len(losses) == 3  # rank 0 prints steps 0, 10 and 20
@@ -23,7 +23,7 @@ def test_the_readme_example_trains_under_memwall_launch():
 def test_an_uncaught_exception_on_one_rank_ends_every_rank():
     done = subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), "2", sys.executable,
                            os.path.join(WORKERS, "fail_on_rank1.py")],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=clean_env())
     assert done.returncode != 0
     output = done.stdout + done.stderr
     assert "ValueError: deliberate failure on rank 1" in output
