@@ -84,7 +84,11 @@ TEST_CASE("a host slice updates bit for bit like the device update", "[offload]"
         REQUIRE(slice->StageGradients(*s.stream, g.data()).ok());
         DeviceBuffer scratch =
             d.AllocatePinned(slice->scratch_bytes(), MemoryCategory::kWorkspace, "scratch").value();
-        REQUIRE(slice->Update(*s.stream, {ap, sp, nullptr, nullptr, scratch.data(), nullptr}).ok());
+        const StateTier::Segment all{0, kN, ap, sp};
+        StateTier::UpdateArgs args;
+        args.segments = absl::MakeConstSpan(&all, 1);
+        args.scratch = scratch.data();
+        REQUIRE(slice->Update(*s.stream, args).ok());
         REQUIRE(slice->Commit(*s.stream, host_params.data()).ok());
       }
       std::vector<float> host_master(kN);
@@ -106,7 +110,10 @@ TEST_CASE("a host slice updates bit for bit like the device update", "[offload]"
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kWorkspace)].current == 0);
       CHECK(slice->scratch_bytes() == (dtype == DType::kF32 ? kN * 4 : kN * (4 + size)));
       // A second update without new gradients is refused.
-      const absl::Status again = slice->Update(*s.stream, {ap, sp});
+      const StateTier::Segment all{0, kN, ap, sp};
+      StateTier::UpdateArgs args;
+      args.segments = absl::MakeConstSpan(&all, 1);
+      const absl::Status again = slice->Update(*s.stream, args);
       CHECK(again.code() == absl::StatusCode::kFailedPrecondition);
       CHECK(again.message() == "offloaded optimizer states of 'g0': no gradients staged");
     }

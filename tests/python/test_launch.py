@@ -24,7 +24,9 @@ def test_an_uncaught_exception_on_one_rank_ends_every_rank():
     done = subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), "2", sys.executable,
                            os.path.join(WORKERS, "fail_on_rank1.py")],
                           capture_output=True, text=True, timeout=120, env=clean_env())
+    # Rank 0 waits in the step's collectives for rank 1, which never comes:
+    # without the abort this run would hang until the timeout fails the
+    # test. (Open MPI's own "MPI_ABORT was invoked" notice is not checked:
+    # it sometimes fails to print while the job is being killed.)
     assert done.returncode != 0
-    output = done.stdout + done.stderr
-    assert "ValueError: deliberate failure on rank 1" in output
-    assert "MPI_ABORT was invoked on rank 1" in output
+    assert "ValueError: deliberate failure on rank 1" in done.stdout + done.stderr
