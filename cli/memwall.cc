@@ -124,7 +124,9 @@ usage:
       and the update of that part runs on the CPU (ZeRO-Offload; "nvme" with
       "nvme_path" keeps them in a file on a local disk instead); at stage 3
       offload_param {"device": "cpu"} pages the parameter shards in from
-      there too.
+      there too. The config's scheduler (WarmupLR, WarmupDecayLR,
+      WarmupCosineLR, as DeepSpeed's; sharding/lr_schedule.h) sets each
+      step's learning rate, which the log then shows.
       --save DIR writes training checkpoints (every rank's shard of the f32
       master weights and optimizer states, step counters and loss scaler,
       a manifest with CRC-32s written last) to DIR/step-<N>; --resume DIR
