@@ -186,7 +186,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         no optimizer state) whether listed or not.
     config: the DeepSpeed-style config (a dict, JSON text or a file path);
         its optimizer.params are the param_groups' defaults.
-    backend: "host" (CPU tensors, MPI ranks) or "meta" (a dry run).
+    backend: "host" (CPU tensors, MPI ranks; the only one the glue drives
+        so far).
     device_memory / pinned_memory: the engine device's capacity and pinned
         pool ("8GiB"; pinned "0": derived from the config).
 
@@ -199,6 +200,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
                  device_memory="4GiB", pinned_memory="0"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("model: expected a torch.nn.Module, got %s" % type(model).__name__)
+        devices = {p.device.type for p in model.parameters()}
+        if devices - {"cpu"} or backend != "host":
+            raise ValueError(
+                "memwall.torch runs CPU tensors on the host backend; got parameters on %s and "
+                "backend %r (CUDA tensors on the cuda backend are not supported yet)"
+                % (", ".join(sorted(devices)), backend))
         text = _config_text(config)
         parsed = json.loads(text)
         if params is None:

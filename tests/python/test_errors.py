@@ -101,3 +101,12 @@ def test_a_hyperparameter_the_update_refuses():
     with pytest.raises(ValueError) as error:
         opt.step()
     assert str(error.value) == "param_groups[0]: adam lr: expected a finite value >= 0, got -1"
+
+
+def test_a_backend_the_torch_glue_does_not_drive_yet():
+    model = mlp()
+    with pytest.raises(ValueError) as error:
+        mt.ZeroOptimizer(model, None, {}, backend="cuda")
+    assert str(error.value) == (
+        "memwall.torch runs CPU tensors on the host backend; got parameters on cpu and backend "
+        "'cuda' (CUDA tensors on the cuda backend are not supported yet)")
