@@ -49,18 +49,11 @@ def time_steps(model, opt, data, backward, share=None):
     """Median seconds per step, and of its optimizer step alone."""
     steps, opt_steps = [], []
     for i, tokens in enumerate(data):
-        if share is not None:
-            tokens = tokens[share]
-        start = time.perf_counter()
-        loss = model(tokens, labels=tokens).loss
-        backward(loss)
-        mid = time.perf_counter()
-        opt.step()
-        opt.zero_grad()
-        end = time.perf_counter()
+        step, opt_step = one_step(model, opt, tokens if share is None else tokens[share],
+                                  backward)
         if i >= 2:
-            steps.append(end - start)
-            opt_steps.append(end - mid)
+            steps.append(step)
+            opt_steps.append(opt_step)
     return statistics.median(steps), statistics.median(opt_steps)
 
 

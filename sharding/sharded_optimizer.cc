@@ -348,6 +348,32 @@ absl::Status ShardedOptimizer::CheckGroup(int g, absl::string_view call) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+kernels::AdamParams AdamFor(const Hyperparameters& h, bool adamw, int64_t step, float grad_scale) {
+  kernels::AdamParams adam;
+  adam.lr = h.lr;
+  adam.beta1 = h.beta1;
+  adam.beta2 = h.beta2;
+  adam.eps = h.eps;
+  adam.weight_decay = h.weight_decay;
+  adam.adamw = adamw;
+  adam.step = step;
+  adam.grad_scale = grad_scale;
+  return adam;
+}
+
+kernels::SgdParams SgdFor(const Hyperparameters& h, float grad_scale) {
+  kernels::SgdParams sgd;
+  sgd.lr = h.lr;
+  sgd.momentum = h.momentum;
+  sgd.weight_decay = h.weight_decay;
+  sgd.grad_scale = grad_scale;
+  return sgd;
+}
+
+}  // namespace
+
 absl::Status ShardedOptimizer::CheckTrainable(int g, absl::string_view call) const {
   if (layout_.groups[g].trainable) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
@@ -366,12 +392,8 @@ absl::Status ShardedOptimizer::SetHyperparameters(int index, const Hyperparamete
                                                    num_hyper_groups() - 1, ")"));
   }
   if (config_.optimizer.type == OptimizerType::kAdam) {
-    kernels::AdamParams adam;
-    adam.lr = values.lr;
-    adam.beta1 = values.beta1;
-    adam.beta2 = values.beta2;
-    adam.eps = values.eps;
-    adam.weight_decay = values.weight_decay;
+    const kernels::AdamParams adam =
+        AdamFor(values, config_.optimizer.adamw, /*step=*/1, /*grad_scale=*/1.0f);
     if (absl::Status valid = kernels::ValidateAdamParams(adam); !valid.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("SetHyperparameters(", index, "): ", valid.message()));
@@ -754,31 +776,6 @@ void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
   return group.grads.data();
 }
 
-namespace {
-
-kernels::AdamParams AdamFor(const Hyperparameters& h, bool adamw, int64_t step, float grad_scale) {
-  kernels::AdamParams adam;
-  adam.lr = h.lr;
-  adam.beta1 = h.beta1;
-  adam.beta2 = h.beta2;
-  adam.eps = h.eps;
-  adam.weight_decay = h.weight_decay;
-  adam.adamw = adamw;
-  adam.step = step;
-  adam.grad_scale = grad_scale;
-  return adam;
-}
-
-kernels::SgdParams SgdFor(const Hyperparameters& h, float grad_scale) {
-  kernels::SgdParams sgd;
-  sgd.lr = h.lr;
-  sgd.momentum = h.momentum;
-  sgd.weight_decay = h.weight_decay;
-  sgd.grad_scale = grad_scale;
-  return sgd;
-}
-
-}  // namespace
 
 std::vector<StateTier::Segment> ShardedOptimizer::SegmentsOf(int g, int64_t begin, int64_t count,
                                                              int64_t step, float grad_scale) const {

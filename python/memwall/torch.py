@@ -34,6 +34,7 @@ averages over ranks and over the config's gradient_accumulation_steps
 micro-batches, so losses are not divided by the accumulation count.
 """
 import json
+import os
 
 import torch
 
@@ -136,7 +137,6 @@ class Profile:
         self.active = False
         self._opt._stop_profile()
         if kind is None:
-            import os
             self._opt._engine.write_reports(
                 os.path.join(self.directory, "rank%d" % self._opt._engine.rank))
         return False
