@@ -252,7 +252,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._profile_hooks = []
         self._module_stack = []  # names of the modules in forward, innermost last
         self._parameter_storage = set()
-        self._placeholder = torch.zeros(1, dtype=self._dtype)
+        # Stage 3: each released parameter's one element, and by its address
+        # the parameter's name.
+        self._holders = {id(p): torch.zeros(1, dtype=self._dtype) for _, p in self._named()}
+        self._released = {self._holders[id(p)].data_ptr(): name for name, p in self._named()}
         if self._dtype != torch.float32:
             model.to(self._dtype)  # buffers too, as the parameters' dtype
         for g in self._groups:
@@ -303,11 +306,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def _release_views(self, g):
         # Released parameters keep their shape (autograd checks gradients
-        # against it when it accumulates them) over one element of memory:
-        # their values are the engine's, gathered only while in use.
+        # against it when it accumulates them) over one element of memory
+        # of their own, which the saved-tensor hook recognises: their values
+        # are the engine's, gathered only while in use.
         for _, p in g.params:
             self._storage.pop(p.data.data_ptr(), None)
-            p.data = self._placeholder.expand(self._shape[id(p)])
+            p.data = self._holders[id(p)].expand(self._shape[id(p)])
 
     def _install_hooks(self, model):
         for _, p in self._named():
@@ -387,6 +391,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         p = self._storage.get(ptr)
         if p is not None:
             return (p, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+        released = self._released.get(ptr) if self._stage == 3 else None
+        if released is not None:
+            raise memwall.Error(
+                "FAILED_PRECONDITION: parameter '%s' was used while released: stage 3 gathers "
+                "a module's parameters only around that module's own forward, and this one was "
+                "read outside it (a parent reading child.weight?); call it through its module"
+                % released)
         if self._profile is None or ptr in self._parameter_storage:
             return tensor
         owner = self._module_stack[-1] if self._module_stack else "<model>"
@@ -467,7 +478,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                 "already open")
         self._profile = profile
         self._parameter_storage = {p.data.untyped_storage().data_ptr() for _, p in self._named()}
-        self._parameter_storage.add(self._placeholder.untyped_storage().data_ptr())
+        self._parameter_storage.update(self._released)
         blocks = set()
         for module in self._model.modules():
             if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):

@@ -110,3 +110,29 @@ def test_a_backend_the_torch_glue_does_not_drive_yet():
     assert str(error.value) == (
         "memwall.torch runs CPU tensors on the host backend; got parameters on cpu and backend "
         "'cuda' (CUDA tensors on the cuda backend are not supported yet)")
+
+
+def test_a_stage3_parameter_read_outside_its_module():
+    """Stage 3 gathers a module's parameters around its own forward; a
+    parent reading a child's weight directly would compute with the
+    released placeholder: the saved-tensor hook refuses it by name."""
+
+    class Parent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = torch.nn.Linear(4, 4)
+            self.inner = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.nn.functional.linear(self.first(x), self.inner.weight)
+
+    torch.manual_seed(0)
+    model = Parent()
+    opt = mt.ZeroOptimizer(model, None, {"zero_optimization": {"stage": 3}})
+    with pytest.raises(memwall.Error) as error:
+        model(torch.ones(2, 4))
+    assert str(error.value) == (
+        "FAILED_PRECONDITION: parameter 'inner.weight' was used while released: stage 3 "
+        "gathers a module's parameters only around that module's own forward, and this one was "
+        "read outside it (a parent reading child.weight?); call it through its module")
+    del opt
