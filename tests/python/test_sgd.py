@@ -1,0 +1,40 @@
+"""SGD with momentum through ZeroOptimizer equals torch.optim.SGD (same
+lr, momentum and weight decay per param_group, a StepLR schedule), at
+stages 0 and 3 (one process)."""
+import copy
+
+import pytest
+import torch
+
+import memwall.torch as mt
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_sgd_with_momentum_matches_torch(stage):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3))
+    reference = copy.deepcopy(model)
+
+    def groups(m):
+        return [{"params": [m[0].weight, m[2].weight], "weight_decay": 1e-3},
+                {"params": [m[0].bias, m[2].bias], "lr": 0.02, "momentum": 0.5}]
+
+    config = {"zero_optimization": {"stage": stage},
+              "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}}
+    opt = mt.ZeroOptimizer(model, groups(model), config)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    ref_opt = torch.optim.SGD(groups(reference), lr=0.05, momentum=0.9)
+    ref_schedule = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=2, gamma=0.5)
+    for _ in range(5):
+        x, y = torch.randn(12, 6), torch.randn(12, 3)
+        opt.backward(torch.nn.functional.mse_loss(model(x), y))
+        opt.step()
+        schedule.step()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_schedule.step()
+    for name, p in reference.named_parameters():
+        assert torch.allclose(opt.master_weights(name), p.detach(), rtol=0, atol=1e-6), name
+    state = opt.state_dict()
+    assert sorted(state["state"][0]) == ["master_weight", "momentum_buffer", "step"]
