@@ -1,5 +1,4 @@
 // The `memwall` command: train, launch, demo.
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +22,7 @@
 #include "cli/train.h"
 #include "engine/checkpoint.h"
 #include "runtime/device.h"
+#include "runtime/mpi_communicator.h"
 #include "runtime/units.h"
 
 ABSL_FLAG(std::string, backend, "",
@@ -205,16 +205,7 @@ int Fail(const absl::Status& status) {
 // others may be waiting in a collective this rank will never join.
 int FailRanks(const absl::Status& status) {
   Fail(status);
-  int initialized = 0, finalized = 0, size = 1;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) {
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size > 1) {
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-  }
+  memwall::AbortRanks(1);
   return 1;
 }
 

@@ -22,6 +22,21 @@ using internal::CudaStreamOf;
 using internal::NoCuda;
 #endif
 
+absl::Status ValidateSgdParams(const SgdParams& p) {
+  if (!(p.lr >= 0.0f) || !std::isfinite(p.lr)) {
+    return absl::InvalidArgumentError(absl::StrCat("sgd lr: expected a finite value >= 0, got ", p.lr));
+  }
+  if (!(p.momentum >= 0.0f && p.momentum < 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sgd momentum: expected 0 <= momentum < 1, got ", p.momentum));
+  }
+  if (!(p.weight_decay >= 0.0f) || !std::isfinite(p.weight_decay)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sgd weight_decay: expected a finite value >= 0, got ", p.weight_decay));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateAdamParams(const AdamParams& p) {
   if (!(p.lr >= 0.0f) || !std::isfinite(p.lr)) {
     return absl::InvalidArgumentError(absl::StrCat("adam lr: expected a finite value >= 0, got ", p.lr));
@@ -191,13 +206,7 @@ absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params
 absl::Status SgdUpdate(Device& device, Stream& stream, const SgdParams& params, float* p,
                        const float* g, float* momentum_buffer, void* p_low, DType low_dtype,
                        size_t n) {
-  if (!(params.lr >= 0.0f) || !std::isfinite(params.lr)) {
-    return absl::InvalidArgumentError(absl::StrCat("sgd lr: expected a finite value >= 0, got ", params.lr));
-  }
-  if (!(params.momentum >= 0.0f && params.momentum < 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sgd momentum: expected 0 <= momentum < 1, got ", params.momentum));
-  }
+  MW_RETURN_IF_ERROR(ValidateSgdParams(params));
   if ((params.momentum > 0.0f) != (momentum_buffer != nullptr) && device.holds_bytes()) {
     return absl::InvalidArgumentError(
         "sgd momentum_buffer: expected one exactly when momentum > 0");

@@ -95,6 +95,8 @@ absl::Status SgdUpdate(Device& device, Stream& stream, const SgdParams& params, 
 // Checks the ranges of Adam's hyper-parameters (lr >= 0, 0 <= beta < 1,
 // eps > 0, weight_decay >= 0, step >= 1, finite grad_scale).
 absl::Status ValidateAdamParams(const AdamParams& params);
+// The same for SGD (finite lr and weight_decay >= 0, 0 <= momentum < 1).
+absl::Status ValidateSgdParams(const SgdParams& params);
 
 }  // namespace kernels
 }  // namespace memwall

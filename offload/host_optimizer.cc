@@ -141,11 +141,7 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
     return absl::FailedPreconditionError(
         absl::StrCat("offloaded optimizer states of '", owner_, "': no gradients staged"));
   }
-  if (rule_ == Rule::kAdam) {
-    for (const Segment& segment : args.segments) {
-      MW_RETURN_IF_ERROR(kernels::ValidateAdamParams(segment.adam));
-    }
-  }
+  MW_RETURN_IF_ERROR(Validate(rule_, args.segments));
   // The staged gradients stay staged until Commit: a failed update (an NVMe
   // write) can be retried from them.
   const bool wide = dtype_ == DType::kF32;

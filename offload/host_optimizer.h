@@ -80,7 +80,7 @@ class HostOptimizerSlice final : public StateTier {
   // rule) of each run of elements; `args.scratch`: scratch_bytes() of
   // pinned memory (null on meta), left alone by the caller until Commit;
   // the other fields are the device tier's. kFailedPrecondition if no gradients were staged since the last
-  // commit; kInvalidArgument for bad Adam settings (before anything
+  // commit; kInvalidArgument for bad settings in a segment (before anything
   // changes). The staged gradients stay until Commit, so a failed Update
   // may be retried.
   absl::Status Update(Stream& stream, const UpdateArgs& args) override;

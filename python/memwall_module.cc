@@ -20,10 +20,6 @@
 #include <utility>
 #include <vector>
 
-#include <mpi.h>
-
-#include <cstdio>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/config.h"
@@ -32,6 +28,7 @@
 #include "pybind11/pybind11.h"
 #include "pybind11/stl.h"
 #include "runtime/memory.h"
+#include "runtime/mpi_communicator.h"
 #include "runtime/units.h"
 
 namespace py = pybind11;
@@ -59,14 +56,6 @@ T Value(absl::StatusOr<T> value) {
   return std::move(value).value();
 }
 
-Backend ParseBackend(const std::string& name) {
-  if (name == "host") return Backend::kHost;
-  if (name == "meta") return Backend::kMeta;
-  if (name == "cuda") return Backend::kCuda;
-  Raise(absl::InvalidArgumentError(
-      absl::StrCat("backend: expected \"host\", \"meta\" or \"cuda\", got \"", name, "\"")));
-}
-
 // One parameter as the glue registers it.
 struct ParameterArg {
   std::string name;
@@ -75,6 +64,19 @@ struct ParameterArg {
   bool trainable = true;
   int hyper_group = 0;
 };
+
+py::str CategoryName(MemoryCategory category) {
+  return py::str(std::string(MemoryCategoryName(category)));
+}
+
+// [(owner, category, bytes)].
+py::list OwnerList(const std::vector<OwnerBytes>& owners) {
+  py::list out;
+  for (const OwnerBytes& o : owners) {
+    out.append(py::make_tuple(o.owner, CategoryName(o.category), o.bytes));
+  }
+  return out;
+}
 
 py::memoryview ViewOf(const ShardedOptimizer::View& view) {
   return py::memoryview::from_memory(view.data,
@@ -91,7 +93,7 @@ class PyEngine {
            const std::string& pinned_memory, int simulate_ranks, uint64_t seed) {
     Config config = Value(ParseConfig(config_json));
     EngineOptions options;
-    options.backend = ParseBackend(backend);
+    options.backend = Value(ParseBackend(backend));
     options.device_bytes = Value(ParseBytes(device_memory, "device_memory"));
     options.pinned_bytes = Value(ParseBytes(pinned_memory, "pinned_memory"));
     options.simulate_ranks = simulate_ranks;
@@ -195,15 +197,10 @@ class PyEngine {
     out["phase"] = peak.phase;
     out["phase_path"] = peak.phase_path;
     for (int c = 0; c < kNumMemoryCategories; ++c) {
-      by_category[py::str(std::string(MemoryCategoryName(static_cast<MemoryCategory>(c))))] =
-          peak.by_category[c];
+      by_category[CategoryName(static_cast<MemoryCategory>(c))] = peak.by_category[c];
     }
     out["by_category"] = by_category;
-    py::list owners;
-    for (const OwnerBytes& o : peak.top_owners) {
-      owners.append(py::make_tuple(o.owner, std::string(MemoryCategoryName(o.category)), o.bytes));
-    }
-    out["top_owners"] = owners;
+    out["top_owners"] = OwnerList(peak.top_owners);
     return out;
   }
 
@@ -217,7 +214,7 @@ class PyEngine {
         py::dict entry;
         entry["current"] = s.current;
         entry["peak"] = s.peak;
-        into[py::str(std::string(MemoryCategoryName(static_cast<MemoryCategory>(c))))] = entry;
+        into[CategoryName(static_cast<MemoryCategory>(c))] = entry;
       }
     };
     add(out, engine_->device().allocator().stats());
@@ -253,21 +250,6 @@ class PyEngine {
  private:
   std::unique_ptr<Engine> engine_;
 };
-
-// Ends every rank of a multi-rank job (MPI_Abort), as the memwall command
-// does on an error: the others may wait in a collective this rank will
-// never join. No-op without an MPI world of more than one rank.
-void AbortRanks(int code) {
-  int initialized = 0, finalized = 0, size = 1;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (!initialized || finalized) return;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size > 1) {
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, code);
-  }
-}
 
 }  // namespace
 }  // namespace memwall
@@ -340,14 +322,7 @@ PYBIND11_MODULE(_memwall, m) {
            "Declares `bytes` (negative: released) of activations held outside the allocator.")
       .def("peak", &PyEngine::Peak)
       .def("owners",
-           [](PyEngine& e) {
-             py::list out;
-             for (const memwall::OwnerBytes& o : e.engine().profiler().owners()) {
-               out.append(py::make_tuple(o.owner, std::string(memwall::MemoryCategoryName(o.category)),
-                                         o.bytes));
-             }
-             return out;
-           },
+           [](PyEngine& e) { return memwall::OwnerList(e.engine().profiler().owners()); },
            "The profiler's live bytes per (owner, category, bytes), largest first.")
       .def("write_reports",
            [](PyEngine& e, const std::string& dir) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -124,6 +125,18 @@ absl::Status CheckHostStream(const Stream& stream, absl::string_view call) {
 }
 
 }  // namespace
+
+void AbortRanks(int code) {
+  int initialized = 0, finalized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) {
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }
+}
 
 absl::Status MpiStatus(int code, absl::string_view call) {
   if (code == MPI_SUCCESS) return absl::OkStatus();

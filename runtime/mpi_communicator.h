@@ -25,6 +25,12 @@ namespace memwall {
 // OK for MPI_SUCCESS; otherwise kInternal "<call>: <MPI error string>".
 absl::Status MpiStatus(int code, absl::string_view call);
 
+// Ends every rank of a multi-rank job (MPI_Abort with `code`, after
+// flushing stderr), for an error on this rank: the others may be waiting in
+// a collective it will never join. Returns (does nothing) when MPI is not
+// running or the job has one rank.
+void AbortRanks(int code);
+
 class MpiCommunicator final : public Communicator {
  public:
   // Initialises MPI if no one has (asking for MPI_THREAD_MULTIPLE and taking

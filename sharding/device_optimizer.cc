@@ -53,11 +53,7 @@ T* Offset(T* base, int64_t i, size_t size = sizeof(T)) {
 }  // namespace
 
 absl::Status DeviceOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) {
-  if (rule_ == Rule::kAdam) {
-    for (const Segment& segment : args.segments) {
-      MW_RETURN_IF_ERROR(kernels::ValidateAdamParams(segment.adam));
-    }
-  }
+  MW_RETURN_IF_ERROR(Validate(rule_, args.segments));
   const void* grads = args.grads;
   if (dtype_ != DType::kF32) {
     MW_RETURN_IF_ERROR(kernels::Cast(device_, stream, grads, dtype_, args.device_scratch,

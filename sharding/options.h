@@ -12,19 +12,6 @@ namespace memwall {
 
 enum class OptimizerType : uint8_t { kAdam, kSgd };
 
-struct OptimizerConfig {
-  OptimizerType type = OptimizerType::kAdam;
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  // Adam: decoupled weight decay (AdamW); DeepSpeed's default for "Adam".
-  bool adamw = true;
-  // SGD momentum (0: plain SGD, no momentum buffer).
-  float momentum = 0.0f;
-};
-
 // The settings of the update rule that may differ between parameters and
 // change between steps (torch's param_groups: a no-decay group for biases
 // and norms, a learning-rate schedule). Whether Adam is AdamW, and whether
@@ -35,11 +22,16 @@ struct Hyperparameters {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
-  float momentum = 0.0f;  // SGD
+  // SGD momentum (0: plain SGD; the config's 0 means no momentum buffer).
+  float momentum = 0.0f;
+};
 
-  static Hyperparameters Of(const OptimizerConfig& o) {
-    return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.momentum};
-  }
+// The config's optimizer: its hyperparameters are every parameter's until
+// a caller sets a group's own (ShardedOptimizer::SetHyperparameters).
+struct OptimizerConfig : Hyperparameters {
+  OptimizerType type = OptimizerType::kAdam;
+  // Adam: decoupled weight decay (AdamW); DeepSpeed's default for "Adam".
+  bool adamw = true;
 };
 
 // Dynamic loss scaling for fp16 (DeepSpeed's semantics): start at

@@ -309,7 +309,7 @@ absl::Status ShardedOptimizer::Finalize() {
   }
   groups_ = std::move(groups);
   const int hyper_groups = 1 + *std::max_element(hyper_of_.begin(), hyper_of_.end());
-  hyper_.assign(hyper_groups, Hyperparameters::Of(config_.optimizer));
+  hyper_.assign(hyper_groups, config_.optimizer);  // its Hyperparameters part
   runs_.assign(groups_.size(), {});
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
@@ -391,31 +391,20 @@ absl::Status ShardedOptimizer::SetHyperparameters(int index, const Hyperparamete
                                                    num_hyper_groups(), " (0..",
                                                    num_hyper_groups() - 1, ")"));
   }
-  if (config_.optimizer.type == OptimizerType::kAdam) {
-    const kernels::AdamParams adam =
-        AdamFor(values, config_.optimizer.adamw, /*step=*/1, /*grad_scale=*/1.0f);
-    if (absl::Status valid = kernels::ValidateAdamParams(adam); !valid.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("SetHyperparameters(", index, "): ", valid.message()));
-    }
-  } else {
-    if (!(values.lr >= 0.0f) || !std::isfinite(values.lr) || !(values.weight_decay >= 0.0f) ||
-        !std::isfinite(values.weight_decay)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "SetHyperparameters(", index, "): sgd lr and weight_decay: expected finite values >= 0, "
-          "got ", values.lr, " and ", values.weight_decay));
-    }
-    if (values.momentum != 0.0f && !(config_.optimizer.momentum > 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "SetHyperparameters(", index, "): sgd momentum ", values.momentum,
-          " needs a momentum buffer, which this optimizer keeps only when the config's momentum "
-          "is > 0"));
-    }
-    if (!(values.momentum >= 0.0f && values.momentum < 1.0f)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "SetHyperparameters(", index, "): sgd momentum: expected 0 <= momentum < 1, got ",
-          values.momentum));
-    }
+  const bool adam = config_.optimizer.type == OptimizerType::kAdam;
+  absl::Status valid =
+      adam ? kernels::ValidateAdamParams(AdamFor(values, config_.optimizer.adamw, /*step=*/1,
+                                                 /*grad_scale=*/1.0f))
+           : kernels::ValidateSgdParams(SgdFor(values, /*grad_scale=*/1.0f));
+  if (valid.ok() && !adam && values.momentum != 0.0f && !(config_.optimizer.momentum > 0)) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat("sgd momentum ", values.momentum,
+                     " needs a momentum buffer, which this optimizer keeps only when the "
+                     "config's momentum is > 0"));
+  }
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetHyperparameters(", index, "): ", valid.message()));
   }
   hyper_[index] = values;
   return absl::OkStatus();
@@ -777,18 +766,28 @@ void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
 }
 
 
-std::vector<StateTier::Segment> ShardedOptimizer::SegmentsOf(int g, int64_t begin, int64_t count,
-                                                             int64_t step, float grad_scale) const {
-  std::vector<StateTier::Segment> segments;
+std::vector<StateTier::Segment> ShardedOptimizer::StepHyperparameters(float grad_scale) const {
+  std::vector<StateTier::Segment> out(hyper_.size());
+  for (size_t i = 0; i < hyper_.size(); ++i) {
+    Hyperparameters h = hyper_[i];
+    h.lr = LearningRate(static_cast<int>(i));
+    out[i].adam = AdamFor(h, config_.optimizer.adamw, steps_applied_ + 1, grad_scale);
+    out[i].sgd = SgdFor(h, grad_scale);
+  }
+  return out;
+}
+
+void ShardedOptimizer::SegmentsOf(int g, int64_t begin, int64_t count,
+                                  absl::Span<const StateTier::Segment> hyper,
+                                  std::vector<StateTier::Segment>& out) const {
+  out.clear();
   for (const HyperRun& run : runs_[g]) {
     const int64_t lo = std::max(run.begin, begin), hi = std::min(run.end, begin + count);
     if (lo >= hi) continue;
-    Hyperparameters h = hyper_[run.hyper];
-    h.lr = LearningRate(run.hyper);
-    segments.push_back({lo - begin, hi - lo, AdamFor(h, config_.optimizer.adamw, step, grad_scale),
-                        SgdFor(h, grad_scale)});
+    out.push_back(hyper[run.hyper]);
+    out.back().begin = lo - begin;
+    out.back().count = hi - lo;
   }
-  return segments;
 }
 
 void* ShardedOptimizer::ParamsAt(const FlatGroup& flat, Group& group, int64_t i) {
@@ -963,6 +962,8 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   MW_ASSIGN_OR_RETURN(UpdateWorkspace workspace, AllocateUpdateWorkspace(two_phase));
   StateTier::UpdateArgs args;
   args.device_scratch = workspace.widened.data();
+  const std::vector<StateTier::Segment> hyper = StepHyperparameters(grad_scale);
+  std::vector<StateTier::Segment> segments;
   // Tiers that update without touching their current state (NVMe) commit
   // after every group has updated; the others at once (Note [State tiers]).
   std::vector<std::pair<StateTier*, void*>> uncommitted;
@@ -982,9 +983,8 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
                        ? static_cast<const char*>(UpdateGradients(flat, group)) + t.begin * size
                        : nullptr;
       args.params = ParamsAt(flat, group, t.begin);
-      const std::vector<StateTier::Segment> segments =
-          SegmentsOf(static_cast<int>(g), update_begin(flat) + t.begin, t.tier->numel(),
-                     steps_applied_ + 1, grad_scale);
+      SegmentsOf(static_cast<int>(g), update_begin(flat) + t.begin, t.tier->numel(), hyper,
+                 segments);
       args.segments = segments;
       MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
       if (t.tier->two_phase()) {
@@ -1179,34 +1179,20 @@ absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> o
 absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
   const FlatGroup& flat = layout_.groups[g];
   Group& group = groups_[g];
-  const DType dtype = config_.param_dtype();
+  // Stage 3 holds a shard: gathered as GatherParameters gathers, unless it
+  // is (or is being) already, and dropped again after.
+  const bool gather = stage() == 3 && group.gathered.empty();
+  if (gather) MW_RETURN_IF_ERROR(StartGather(g, /*prefetch=*/false));
+  const void* full = stage() == 3 ? group.gathered.data() : group.params.data();
   MW_ASSIGN_OR_RETURN(DeviceBuffer wide,
                       device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
                                        absl::StrCat(flat.name, ".state_gather")));
-  const void* full = group.params.data();
-  DeviceBuffer gathered;
-  if (stage() == 3) {
-    MW_ASSIGN_OR_RETURN(gathered, device_.Allocate(flat.padded_numel * DTypeSize(dtype),
-                                                   MemoryCategory::kWorkspace,
-                                                   absl::StrCat(flat.name, ".params_gather")));
-    const void* shard = group.params.data();
-    DeviceBuffer staged;  // paged parameters: the pinned shard goes to the device first
-    if (paged()) {
-      MW_ASSIGN_OR_RETURN(staged, device_.Allocate(flat.shard_numel * DTypeSize(dtype),
-                                                   MemoryCategory::kWorkspace,
-                                                   absl::StrCat(flat.name, ".params_shard")));
-      MW_RETURN_IF_ERROR(device_.CopyAsync(staged.data(), shard,
-                                           flat.shard_numel * DTypeSize(dtype), *comm_stream_));
-      shard = staged.data();
-    }
-    MW_RETURN_IF_ERROR(
-        comm_.AllGather(shard, gathered.data(), flat.shard_numel, dtype, *comm_stream_));
-    full = gathered.data();
-  }
-  MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, full, dtype, wide.data(), DType::kF32,
-                                   flat.padded_numel));
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, full, config_.param_dtype(),
+                                   wide.data(), DType::kF32, flat.padded_numel));
   MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), wide.data(), flat.padded_numel * 4, *comm_stream_));
-  return comm_stream_->Synchronize();
+  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
+  if (gather) group.gathered.Reset();
+  return absl::OkStatus();
 }
 
 absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float> full) {

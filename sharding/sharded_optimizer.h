@@ -384,10 +384,13 @@ class ShardedOptimizer {
   absl::Status Register(std::string name, std::vector<int64_t> shape,
                         absl::Span<const float> initial_values, std::string group,
                         bool trainable, int hyper_group);
-  // This step's update segments of the tier holding elements
-  // [begin, begin + count) of group g's padded elements.
-  std::vector<StateTier::Segment> SegmentsOf(int g, int64_t begin, int64_t count, int64_t step,
-                                             float grad_scale) const;
+  // This step's update rule of each hyperparameter group (a segment
+  // without its range), `grad_scale` folded in: computed once a step.
+  std::vector<StateTier::Segment> StepHyperparameters(float grad_scale) const;
+  // Into `out`: the segments of the tier holding elements [begin, begin +
+  // count) of group g's padded elements, each with its group's `hyper`.
+  void SegmentsOf(int g, int64_t begin, int64_t count, absl::Span<const StateTier::Segment> hyper,
+                  std::vector<StateTier::Segment>& out) const;
   // GatherState of a frozen group: its parameters in f32 (gathered at
   // stage 3) for the master weights, zeros for the moments it never had.
   absl::Status GatherFrozen(int g, absl::Span<float> out);

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/elementwise.h"
 #include "runtime/device.h"
 
@@ -59,6 +60,10 @@ class StateTier {
     void* device_scratch = nullptr;
   };
 
+  // kInvalidArgument for the first segment whose hyperparameters `rule`
+  // refuses; tiers check every segment before they update any.
+  static absl::Status Validate(Rule rule, absl::Span<const Segment> segments);
+
   virtual ~StateTier() = default;
 
   // Elements of the update range this tier holds.
@@ -72,8 +77,8 @@ class StateTier {
   virtual bool two_phase() const = 0;
 
   // Phase one of a step, ordered on `stream` (the optimizer's
-  // communication stream). kInvalidArgument for bad Adam settings in any
-  // segment, before anything changes.
+  // communication stream). kInvalidArgument for bad settings in any
+  // segment (Validate), before anything changes.
   virtual absl::Status Update(Stream& stream, const UpdateArgs& args) = 0;
   // Phase two: the update becomes current and the refreshed parameters are
   // at `params` (the UpdateArgs::params of the Update) once `stream` has

@@ -39,6 +39,7 @@ import os
 import torch
 
 import memwall
+from memwall.trace import block_ids
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -253,9 +254,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._module_stack = []  # names of the modules in forward, innermost last
         self._parameter_storage = set()
         # Stage 3: each released parameter's one element, and by its address
-        # the parameter's name.
-        self._holders = {id(p): torch.zeros(1, dtype=self._dtype) for _, p in self._named()}
-        self._released = {self._holders[id(p)].data_ptr(): name for name, p in self._named()}
+        # the parameter's name. Stages 0-2: each parameter's address.
+        self._holders = {id(p): torch.zeros(1, dtype=self._dtype)
+                         for _, p in self._named()} if self._stage == 3 else {}
+        self._released = {self._holders[id(p)].data_ptr(): name
+                          for name, p in self._named() if id(p) in self._holders}
+        self._homes = {}
         if self._dtype != torch.float32:
             model.to(self._dtype)  # buffers too, as the parameters' dtype
         for g in self._groups:
@@ -301,8 +305,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return torch.frombuffer(memory, dtype=self._dtype).view(self._shape[id(p)])
 
     def _point_at_engine(self, g):
+        # Stages 0-2: the parameters stay where they are for the engine's
+        # lifetime; _check_model compares against these addresses.
         for name, p in g.params:
             p.data = self._view(self._engine.parameter(name), p)
+            self._homes[id(p)] = p.data.data_ptr()
 
     def _release_views(self, g):
         # Released parameters keep their shape (autograd checks gradients
@@ -391,7 +398,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         p = self._storage.get(ptr)
         if p is not None:
             return (p, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
-        released = self._released.get(ptr) if self._stage == 3 else None
+        released = self._released.get(ptr)
         if released is not None:
             raise memwall.Error(
                 "FAILED_PRECONDITION: parameter '%s' was used while released: stage 3 gathers "
@@ -432,7 +439,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not g.acquired:
             self._engine.acquire_gradients(g.index)
             g.acquired = True
-            g.pending = sum(1 for _, q in g.params if q.requires_grad)
+            g.pending = len(g.params)  # only trainable groups have gradients
         self._view(self._engine.gradient(name), p).add_(p.grad.to(self._dtype))
         p.grad = None
         g.pending -= 1
@@ -479,10 +486,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._profile = profile
         self._parameter_storage = {p.data.untyped_storage().data_ptr() for _, p in self._named()}
         self._parameter_storage.update(self._released)
-        blocks = set()
-        for module in self._model.modules():
-            if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
-                blocks.update(id(child) for child in module.children())
+        blocks = block_ids(self._model)
         for name, module in self._model.named_modules():
             block = id(module) in blocks
             self._profile_hooks.append(module.register_forward_pre_hook(
@@ -522,8 +526,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 raise memwall.Error(
                     "FAILED_PRECONDITION: the model changed after wrapping: parameter '%s' was "
                     "removed or replaced" % name)
-            if self._stage != 3 and p.data.data_ptr() != \
-                    torch.frombuffer(self._engine.parameter(name), dtype=self._dtype).data_ptr():
+            if self._stage != 3 and p.data.data_ptr() != self._homes[id(p)]:
                 raise memwall.Error(
                     "FAILED_PRECONDITION: the model changed after wrapping: parameter '%s' no "
                     "longer lies in memwall's memory (was the model moved or cast?)" % name)
@@ -544,9 +547,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for g in self._groups:
                 g.acquired = False
                 g.forward_uses = 0
-                if g.gathered:
-                    self._release_views(g)
-                    g.gathered = g.backward_gathered = False
+                self._release(g)
             self._engine.abort_step()
             raise memwall.Error(
                 "FAILED_PRECONDITION: step(): %d backward passes since the last step; the "

@@ -75,13 +75,20 @@ class Trace:
         return sum(u.saved for u in self.units)
 
 
-def _units_of(model):
-    """{module: unit name} for every module, the innermost unit winning, in
-    named_modules order."""
+def block_ids(model):
+    """ids of the modules that are items of a ModuleList or Sequential: a
+    model's repeated blocks (traced as units, profiled as phases)."""
     blocks = set()
     for module in model.modules():
         if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
             blocks.update(id(child) for child in module.children())
+    return blocks
+
+
+def _units_of(model):
+    """{module: unit name} for every module, the innermost unit winning, in
+    named_modules order."""
+    blocks = block_ids(model)
     unit_of = {}
 
     def visit(module, name, current):
