@@ -88,6 +88,14 @@ ABSL_FLAG(bool, auto, false,
           "plan: search stage, offload, paging, NVMe and recomputation for the fastest "
           "configuration that fits, and print it as a config file (also when the config's "
           "zero_optimization.stage is \"auto\").");
+ABSL_FLAG(std::string, attention, "auto",
+          "plan --model hf:PATH: the attention kernel the trace accounts: auto (what torch picks "
+          "on a GPU: flash for 16-bit without a mask, else efficient), flash, efficient, math.");
+ABSL_FLAG(int64_t, lora_rank, 0,
+          "plan --model hf:PATH: LoRA fine-tuning with adapters of this rank on --lora_targets, "
+          "the base model frozen (0: full fine-tuning).");
+ABSL_FLAG(std::string, lora_targets, "q_proj,v_proj",
+          "plan --model hf:PATH: the linear layers (attribute names) --lora_rank adapts.");
 ABSL_FLAG(std::string, hardware, "",
           "plan: the step-time model's hardware (plan prints the predicted step time; --auto ranks by it): v100-32gb, a100-40gb, a100-80gb, "
           "h100-80gb, h200, or this-machine (measured now; plans the host backend, with no CUDA "
@@ -159,8 +167,13 @@ usage:
   memwall plan [--model M] [--gpus N] [--device_memory SIZE] [--host_memory SIZE]
                [--nvme SIZE] [--config FILE] [--batch N] [--seq N] [--json]
                [--auto [--hardware H] [--out FILE]]
+               [--attention K] [--lora_rank R [--lora_targets T,...]]
       Dry-runs one whole training step of M (any spec profile takes, or
-      gpt:params=80e9, gpt:layers=48,hidden=6400,heads=50) on the meta
+      gpt:params=80e9, gpt:layers=48,hidden=6400,heads=50; or a PyTorch
+      model: hf:PATH, a Hugging Face config.json or a directory with one,
+      traced on torch's meta device by the Python front end, no weights
+      read: MEMWALL_PYTHON=.venv/bin/python after tools/python_env.sh; or
+      traced:FILE, a description memwall.trace.describe wrote) on the meta
       backend as rank 0 of N GPUs with the config's ZeRO stage, offload and
       recomputation, and prints the peak by category, the allocator's
       reserved bytes, a 1 GiB allowance for the CUDA runtime, host and NVMe
@@ -230,7 +243,7 @@ const std::map<std::string, std::set<std::string>>& FlagsOf() {
         "image", "simulate_ranks", "collective_timeout", "out"}},
       {"plan",
        {"device_memory", "model", "config", "batch", "seq", "image", "gpus", "host_memory", "nvme",
-        "json", "auto", "hardware", "out"}},
+        "json", "auto", "hardware", "out", "attention", "lora_rank", "lora_targets"}},
       {"export", {"checkpoint", "out", "dtype", "force"}},
       {"demo", {"backend", "device_memory", "params"}},
       {"launch", {"ranks"}},
@@ -326,6 +339,9 @@ int Plan() {
   // This machine's "device" is the host backend's: no CUDA runtime to allow for.
   if (options.hardware == "this-machine") options.runtime_allowance = 0;
   options.out_path = absl::GetFlag(FLAGS_out);
+  options.attention = absl::GetFlag(FLAGS_attention);
+  options.lora_rank = absl::GetFlag(FLAGS_lora_rank);
+  options.lora_targets = absl::GetFlag(FLAGS_lora_targets);
   const absl::Status status = memwall::RunPlan(options);
   return status.ok() ? 0 : Fail(status);
 }

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "cli/session.h"
 #include "engine/auto_strategy.h"
 #include "models/spec.h"
+#include "models/traced.h"
 #include "nlohmann/json.hpp"
 #include "profiler/memory_profiler.h"
 #include "runtime/status.h"
@@ -21,7 +24,7 @@ namespace memwall {
 
 DryRunOptions ToDryRunOptions(const PlanOptions& options) {
   DryRunOptions dry;
-  dry.model = SpecModel(options.model, options.seq, options.image);
+  dry.model = options.factory ? options.factory : SpecModel(options.model, options.seq, options.image);
   dry.model_name = options.model;
   dry.gpus = options.gpus;
   dry.device_bytes = options.device_bytes;
@@ -34,140 +37,235 @@ DryRunOptions ToDryRunOptions(const PlanOptions& options) {
 
 namespace {
 
-absl::Status RunAuto(const PlanOptions& options, const Config& config) {
+// The chosen config goes to --out (only where a candidate fits).
+absl::Status WriteChosen(const PlanOptions& options, const std::string& json) {
+  if (options.out_path.empty()) return absl::OkStatus();
+  std::ofstream file(options.out_path);
+  file << json << "\n";
+  if (!file) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--out ", options.out_path, ": cannot write the chosen config"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config& config) {
   const std::string preset =
       options.hardware.empty() ? PresetForMemory(options.device_bytes) : options.hardware;
   MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(preset));
   MW_ASSIGN_OR_RETURN(const AutoResult result, AutoStrategy(ToDryRunOptions(options), config, hw));
-  std::printf("memwall plan --auto: %s on %lld GPU%s of %s, host %s, NVMe %s; step times on %s\n",
-              options.model.c_str(), static_cast<long long>(options.gpus),
-              options.gpus == 1 ? "" : "s", FormatBytes(options.device_bytes).c_str(),
-              FormatBytes(options.host_bytes).c_str(), FormatBytes(options.nvme_bytes).c_str(),
-              hw.name.c_str());
-  std::printf("  (%.1f TFLOP/s sustained, interconnect %.1f GB/s, host link %.1f GB/s, CPU Adam "
-              "%.1f GB/s, disk %.2f GB/s)\n",
-              hw.flops / 1e12, hw.interconnect_bps / 1e9, hw.pcie_bps / 1e9, hw.cpu_adam_bps / 1e9,
-              hw.nvme_bps / 1e9);
-  std::printf("%-80s %12s %12s %10s\n", "candidate", "device need", "host", "step s");
+  const Candidate* best = result.best >= 0 ? &result.candidates[result.best] : nullptr;
+  const std::string chosen = best != nullptr ? ConfigToJson(best->config) : "";
+  if (best != nullptr) MW_RETURN_IF_ERROR(WriteChosen(options, chosen));
+  if (options.json) {
+    nlohmann::json j;
+    j["schema"] = "memwall.plan-auto/1";
+    j["model"] = options.model;
+    j["gpus"] = options.gpus;
+    j["hardware"] = hw.name;
+    j["candidates"] = nlohmann::json::array();
+    for (const Candidate& c : result.candidates) {
+      j["candidates"].push_back({{"name", c.name},
+                                 {"fits", c.plan.fits},
+                                 {"device_needed", c.plan.device_needed},
+                                 {"host_peak", c.plan.host_peak},
+                                 {"nvme_used", c.plan.nvme_used},
+                                 {"step_seconds", c.plan.fits ? c.step_seconds : 0.0}});
+    }
+    j["fits"] = best != nullptr;
+    if (best != nullptr) {
+      j["chosen"] = best->name;
+      j["step_seconds"] = best->step_seconds;
+      j["config"] = nlohmann::json::parse(chosen);
+      j["plan"] = PlanJson(options, best->config, best->plan);
+    }
+    return j.dump(2) + "\n";
+  }
+  std::string out = absl::StrFormat(
+      "memwall plan --auto: %s on %lld GPU%s of %s, host %s, NVMe %s; step times on %s\n",
+      options.model, static_cast<long long>(options.gpus), options.gpus == 1 ? "" : "s",
+      FormatBytes(options.device_bytes), FormatBytes(options.host_bytes),
+      FormatBytes(options.nvme_bytes), hw.name);
+  absl::StrAppendFormat(&out,
+                        "  (%.1f TFLOP/s sustained, interconnect %.1f GB/s, host link %.1f GB/s, "
+                        "CPU Adam %.1f GB/s, disk %.2f GB/s)\n",
+                        hw.flops / 1e12, hw.interconnect_bps / 1e9, hw.pcie_bps / 1e9,
+                        hw.cpu_adam_bps / 1e9, hw.nvme_bps / 1e9);
+  absl::StrAppendFormat(&out, "%-80s %12s %12s %10s\n", "candidate", "device need", "host",
+                        "step s");
   int64_t least = INT64_MAX;
   for (const Candidate& c : result.candidates) {
     least = std::min(least, c.plan.device_needed);
-    std::printf("%-80s %12s %12s %10s\n", c.name.c_str(),
-                FormatBytes(c.plan.device_needed).c_str(), FormatBytes(c.plan.host_peak).c_str(),
-                c.plan.fits ? absl::StrFormat("%.3f", c.step_seconds).c_str() : "no fit");
+    absl::StrAppendFormat(&out, "%-80s %12s %12s %10s\n", c.name, FormatBytes(c.plan.device_needed),
+                          FormatBytes(c.plan.host_peak),
+                          c.plan.fits ? absl::StrFormat("%.3f", c.step_seconds) : "no fit");
   }
-  if (result.best < 0) {
-    std::printf("fits: no (no candidate fits; the smallest needs %s of device memory)\n",
-                FormatBytes(least).c_str());
-    return absl::OkStatus();
+  if (best == nullptr) {
+    absl::StrAppendFormat(&out,
+                          "fits: no (no candidate fits; the smallest needs %s of device memory)\n",
+                          FormatBytes(least));
+    return out;
   }
-  const Candidate& best = result.candidates[result.best];
-  const std::string json = ConfigToJson(best.config);
-  std::printf("chosen: %s, %.3f s per step predicted\n%s\n", best.name.c_str(),
-              best.step_seconds, json.c_str());
-  if (!options.out_path.empty()) {
-    std::ofstream out(options.out_path);
-    out << json << "\n";
-    if (!out) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("--out ", options.out_path, ": cannot write the chosen config"));
-    }
-    std::printf("written to %s\n", options.out_path.c_str());
-  }
-  std::printf("fits: yes\n");
-  return absl::OkStatus();
+  absl::StrAppendFormat(&out, "chosen: %s, %.3f s per step predicted\n%s\n", best->name,
+                        best->step_seconds, chosen);
+  if (!options.out_path.empty()) absl::StrAppendFormat(&out, "written to %s\n", options.out_path);
+  out += "fits: yes\n";
+  return out;
 }
 
 }  // namespace
 
-absl::Status RunPlan(const PlanOptions& options) {
-  MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
+namespace {
+
+// Single quotes for /bin/sh.
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Traces "hf:PATH" with the Python front end into a description file and
+// loads it.
+absl::StatusOr<TracedModel> TraceHuggingFace(const PlanOptions& options, const Config& config) {
+  const std::string path = options.model.substr(3);
+  const char* python_env = std::getenv("MEMWALL_PYTHON");
+  const std::string python = python_env != nullptr && *python_env ? python_env : "python3";
+  char tmpl[] = "/tmp/memwall-traced-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) return absl::InternalError("plan: cannot make a temporary file in /tmp");
+  close(fd);
+  const std::string out = tmpl;
+  const std::string command = absl::StrCat(
+      ShellQuote(python), " -m memwall.hf ", ShellQuote(path), " --seq ", options.seq,
+      " --image ", options.image == 224 ? 0 : options.image, " --batch ",
+      std::max<int64_t>(1, config.train_micro_batch_size_per_gpu), " --dtype ",
+      DTypeName(config.param_dtype()), " --attention ", ShellQuote(options.attention),
+      " --lora-rank ", options.lora_rank, " --lora-targets ", ShellQuote(options.lora_targets),
+      " --out ", ShellQuote(out), " 1>&2");
+  const int rc = std::system(command.c_str());
+  if (rc != 0) {
+    std::remove(out.c_str());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model ", options.model, ": tracing it with ", python,
+        " -m memwall.hf failed (exit ", rc, "; its message is above). It needs the Python "
+        "front end with torch and transformers: run tools/python_env.sh and set "
+        "MEMWALL_PYTHON=.venv/bin/python"));
+  }
+  absl::StatusOr<TracedModel> model = LoadTracedModel(out);
+  std::remove(out.c_str());
+  return model;
+}
+
+}  // namespace
+
+nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const DryRunResult& r) {
+  nlohmann::json collectives = nlohmann::json::object();
+  for (int c = 0; c < kNumCollectives; ++c) {
+    collectives[std::string(CollectiveName(static_cast<Collective>(c)))] = {
+        {"calls", r.collectives[c].calls}, {"bytes", r.collectives[c].bytes}};
+  }
+  nlohmann::json j;
+  j["schema"] = "memwall.plan/1";
+  j["model"] = options.model;
+  j["parameters"] = r.parameters;
+  j["gpus"] = options.gpus;
+  j["micro_batch"] = r.batch;
+  j["zero_stage"] = config.zero.stage;
+  j["forward_flops_per_step"] = r.forward_flops;
+  j["recompute_flops_per_step"] = r.extra_flops;
+  j["kernel_launches_per_step"] = r.kernel_launches;
+  j["transient_bytes_per_step"] = r.transient_bytes;
+  j["recomputation"] = r.recompute.planner;
+  if (!r.recompute_note.empty()) j["recomputation_note"] = r.recompute_note;
+  j["device"] = {{"budget", options.device_bytes},
+                 {"runtime_allowance", options.runtime_allowance},
+                 {"requested_peak", r.device_requested_peak},
+                 {"reserved_peak", r.device_reserved_peak},
+                 {"needed", r.device_needed}};
+  nlohmann::json by_category = nlohmann::json::object();
+  for (MemoryCategory c : kAllMemoryCategories) {
+    by_category[std::string(MemoryCategoryName(c))] = r.peak.by_category[static_cast<int>(c)];
+  }
+  j["device"]["at_peak"] = by_category;
+  j["device"]["peak_phase"] = absl::StrJoin(r.peak.phase_path, " > ");
+  j["host"] = {{"budget", options.host_bytes}, {"reserved_peak", r.host_peak}};
+  j["nvme"] = {{"budget", options.nvme_bytes},
+               {"used", r.nvme_used},
+               {"bytes_per_step", r.nvme_bytes_per_step}};
+  j["communication_bytes_per_step"] = r.comm_bytes;
+  j["host_link_bytes_per_step"] = r.pcie_bytes;
+  j["collectives"] = collectives;
+  j["fits"] = r.fits;
+  j["fits_text"] = r.fits_text;
+  return j;
+}
+
+absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
+  MW_ASSIGN_OR_RETURN(Config config, options.config_text.empty()
+                                         ? LoadConfigOrDefault(options.config_path)
+                                         : ParseConfig(options.config_text));
   // --batch is the configuration planned, so the config printed says it.
   if (options.batch > 0) config.train_micro_batch_size_per_gpu = options.batch;
-  if (options.auto_strategy || config.zero.stage == kAutoStage) return RunAuto(options, config);
+  if (options.model.rfind("hf:", 0) == 0 && !options.factory) {
+    MW_ASSIGN_OR_RETURN(TracedModel traced, TraceHuggingFace(options, config));
+    PlanOptions with_model = options;
+    with_model.factory = TracedModelFactory(std::make_shared<const TracedModel>(std::move(traced)));
+    return PlanReport(with_model);
+  }
+  if (options.auto_strategy || config.zero.stage == kAutoStage) return AutoReport(options, config);
   if (!options.out_path.empty()) {
     return absl::InvalidArgumentError(
         "--out applies to 'plan' with --auto (or a config whose stage is \"auto\") only: it is "
         "where the chosen config is written");
   }
   MW_ASSIGN_OR_RETURN(const DryRunResult r, DryRun(ToDryRunOptions(options), config));
-  nlohmann::json collectives = nlohmann::json::object();
-  for (int c = 0; c < kNumCollectives; ++c) {
-    collectives[std::string(CollectiveName(static_cast<Collective>(c)))] = {
-        {"calls", r.collectives[c].calls}, {"bytes", r.collectives[c].bytes}};
-  }
-
-  if (options.json) {
-    nlohmann::json j;
-    j["schema"] = "memwall.plan/1";
-    j["model"] = options.model;
-    j["parameters"] = r.parameters;
-    j["gpus"] = options.gpus;
-    j["micro_batch"] = r.batch;
-    j["zero_stage"] = config.zero.stage;
-    j["forward_flops_per_step"] = r.forward_flops;
-    j["recompute_flops_per_step"] = r.extra_flops;
-    j["kernel_launches_per_step"] = r.kernel_launches;
-    j["transient_bytes_per_step"] = r.transient_bytes;
-    j["recomputation"] = r.recompute.planner;
-    if (!r.recompute_note.empty()) j["recomputation_note"] = r.recompute_note;
-    j["device"] = {{"budget", options.device_bytes},
-                   {"runtime_allowance", options.runtime_allowance},
-                   {"requested_peak", r.device_requested_peak},
-                   {"reserved_peak", r.device_reserved_peak},
-                   {"needed", r.device_needed}};
-    nlohmann::json by_category = nlohmann::json::object();
-    for (MemoryCategory c : kAllMemoryCategories) {
-      by_category[std::string(MemoryCategoryName(c))] =
-          r.peak.by_category[static_cast<int>(c)];
-    }
-    j["device"]["at_peak"] = by_category;
-    j["device"]["peak_phase"] = absl::StrJoin(r.peak.phase_path, " > ");
-    j["host"] = {{"budget", options.host_bytes}, {"reserved_peak", r.host_peak}};
-    j["nvme"] = {{"budget", options.nvme_bytes}, {"used", r.nvme_used},
-                 {"bytes_per_step", r.nvme_bytes_per_step}};
-    j["communication_bytes_per_step"] = r.comm_bytes;
-    j["host_link_bytes_per_step"] = r.pcie_bytes;
-    j["collectives"] = collectives;
-    j["fits"] = r.fits;
-    j["fits_text"] = r.fits_text;
-    std::printf("%s\n", j.dump(2).c_str());
-    return absl::OkStatus();
-  }
-  std::printf("memwall plan: %s (%.2fB parameters), %lld GPU%s, ZeRO stage %d, micro-batch %lld, "
-              "recomputation %s\n",
-              options.model.c_str(), r.parameters / 1e9, static_cast<long long>(options.gpus),
-              options.gpus == 1 ? "" : "s", config.zero.stage, static_cast<long long>(r.batch),
-              r.recompute.planner.c_str());
+  if (options.json) return PlanJson(options, config, r).dump(2) + "\n";
+  std::string out = absl::StrFormat(
+      "memwall plan: %s (%.2fB parameters), %lld GPU%s, ZeRO stage %d, micro-batch %lld, "
+      "recomputation %s\n",
+      options.model, r.parameters / 1e9, static_cast<long long>(options.gpus),
+      options.gpus == 1 ? "" : "s", config.zero.stage, static_cast<long long>(r.batch),
+      r.recompute.planner);
   if (!r.recompute_note.empty()) {
-    std::printf("  (%s; planned the least activation peak instead)\n", r.recompute_note.c_str());
+    absl::StrAppendFormat(&out, "  (%s; planned the least activation peak instead)\n",
+                          r.recompute_note);
   }
-  std::printf("device (rank 0 of %lld), at the step's peak (%s):\n",
-              static_cast<long long>(options.gpus), absl::StrJoin(r.peak.phase_path, " > ").c_str());
+  absl::StrAppendFormat(&out, "device (rank 0 of %lld), at the step's peak (%s):\n",
+                        static_cast<long long>(options.gpus),
+                        absl::StrJoin(r.peak.phase_path, " > "));
   for (MemoryCategory c : kAllMemoryCategories) {
     const int64_t b = r.peak.by_category[static_cast<int>(c)];
-    if (b > 0) std::printf("  %-24s %12s\n", std::string(MemoryCategoryName(c)).c_str(), FormatBytes(b).c_str());
+    if (b > 0) {
+      absl::StrAppendFormat(&out, "  %-24s %12s\n", std::string(MemoryCategoryName(c)),
+                            FormatBytes(b));
+    }
   }
-  std::printf("  %-24s %12s  (model states %s, activations %s)\n", "requested",
-              FormatBytes(r.peak.bytes).c_str(), FormatBytes(ModelStateBytes(r.peak.by_category)).c_str(),
-              FormatBytes(ActivationBytesOf(r.peak.by_category)).c_str());
-  std::printf("  %-24s %12s  (allocator segments at their peak)\n", "reserved",
-              FormatBytes(r.device_reserved_peak).c_str());
-  std::printf("  %-24s %12s  (CUDA context, cuBLAS and NCCL workspaces)\n", "runtime allowance",
-              FormatBytes(options.runtime_allowance).c_str());
-  std::printf("  %-24s %12s of %s\n", "needed", FormatBytes(r.device_needed).c_str(),
-              FormatBytes(options.device_bytes).c_str());
-  std::printf("host (pinned): %s of %s; NVMe: %s of %s\n", FormatBytes(r.host_peak).c_str(),
-              FormatBytes(options.host_bytes).c_str(), FormatBytes(r.nvme_used).c_str(),
-              FormatBytes(options.nvme_bytes).c_str());
-  std::printf("communication per step (rank 0): %s; host link (PCIe) per step: %s\n",
-              FormatBytes(r.comm_bytes).c_str(), FormatBytes(r.pcie_bytes).c_str());
+  absl::StrAppendFormat(&out, "  %-24s %12s  (model states %s, activations %s)\n", "requested",
+                        FormatBytes(r.peak.bytes), FormatBytes(ModelStateBytes(r.peak.by_category)),
+                        FormatBytes(ActivationBytesOf(r.peak.by_category)));
+  absl::StrAppendFormat(&out, "  %-24s %12s  (allocator segments at their peak)\n", "reserved",
+                        FormatBytes(r.device_reserved_peak));
+  absl::StrAppendFormat(&out, "  %-24s %12s  (CUDA context, cuBLAS and NCCL workspaces)\n",
+                        "runtime allowance", FormatBytes(options.runtime_allowance));
+  absl::StrAppendFormat(&out, "  %-24s %12s of %s\n", "needed", FormatBytes(r.device_needed),
+                        FormatBytes(options.device_bytes));
+  absl::StrAppendFormat(&out, "host (pinned): %s of %s; NVMe: %s of %s\n", FormatBytes(r.host_peak),
+                        FormatBytes(options.host_bytes), FormatBytes(r.nvme_used),
+                        FormatBytes(options.nvme_bytes));
+  absl::StrAppendFormat(&out, "communication per step (rank 0): %s; host link (PCIe) per step: %s\n",
+                        FormatBytes(r.comm_bytes), FormatBytes(r.pcie_bytes));
   if (!options.hardware.empty()) {
     MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(options.hardware));
-    std::printf("predicted step time on %s: %s\n", hw.name.c_str(),
-                PredictStep(r, config, hw).ToString().c_str());
+    absl::StrAppendFormat(&out, "predicted step time on %s: %s\n", hw.name,
+                          PredictStep(r, config, hw).ToString());
   }
-  std::printf("fits: %s\n", r.fits_text.c_str());
+  absl::StrAppendFormat(&out, "fits: %s\n", r.fits_text);
+  return out;
+}
+
+absl::Status RunPlan(const PlanOptions& options) {
+  MW_ASSIGN_OR_RETURN(const std::string report, PlanReport(options));
+  std::fputs(report.c_str(), stdout);
   return absl::OkStatus();
 }
 

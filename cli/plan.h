@@ -9,14 +9,21 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "engine/config.h"
 #include "engine/dry_run.h"
+#include "engine/model.h"
+#include "nlohmann/json.hpp"
 
 namespace memwall {
 
 // The flags of `memwall plan`.
 struct PlanOptions {
   std::string model = "gpt2-1.5b";  // models/spec.h MakeModel's specs
+  // Set: the model to plan (e.g. a traced PyTorch model's factory, see
+  // models/traced.h), `model` naming it in the report.
+  ModelFactory factory;
   std::string config_path;          // empty: the built-in training config
+  std::string config_text;          // set: the config itself (JSON), not a file
   int64_t gpus = 1;                 // N: the data-parallel world
   int64_t device_bytes = int64_t{32} << 30;
   int64_t host_bytes = int64_t{512} << 30;  // pinned host memory per GPU
@@ -24,6 +31,13 @@ struct PlanOptions {
   int64_t batch = 0;                        // 0: the config's micro-batch
   int64_t seq = 0;                          // transformers: 0 = the model's
   int64_t image = 224;                      // CNNs
+  // "hf:PATH" models (a Hugging Face config.json or a directory with one):
+  // traced by `python -m memwall.hf` ($MEMWALL_PYTHON, else python3) in
+  // the config's dtype, with this attention kernel and LoRA adapters of
+  // rank lora_rank (0: full fine-tuning) on the lora_targets projections.
+  std::string attention = "auto";
+  int64_t lora_rank = 0;
+  std::string lora_targets = "q_proj,v_proj";
   bool json = false;
   // Device memory outside memwall's allocator: kDeviceRuntimeAllowance for
   // a GPU, 0 to plan a host-backend run.
@@ -40,10 +54,16 @@ struct PlanOptions {
 // The engine's dry-run options for these flags.
 DryRunOptions ToDryRunOptions(const PlanOptions& options);
 
-// Prints the plan (text, or JSON with --json) ending with "fits: yes" or
-// "fits: no (<what overflows, by how much>)". Errors only for bad input
-// (naming the flag, model or file) or a step that cannot run at all.
+// The plan: text ending with "fits: yes" or "fits: no (<what overflows,
+// by how much>)", or JSON with `json` ("memwall.plan/1"; with the auto
+// strategy "memwall.plan-auto/1": the candidates, the chosen config and its
+// plan). Errors only for bad input (naming the flag, model or file) or a
+// step that cannot run at all.
+absl::StatusOr<std::string> PlanReport(const PlanOptions& options);
+// PlanReport, printed.
 absl::Status RunPlan(const PlanOptions& options);
+// One dry run's report as "memwall.plan/1" JSON.
+nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const DryRunResult& r);
 
 }  // namespace memwall
 

@@ -60,6 +60,13 @@ struct ParameterDecl {
   std::vector<int64_t> shape;
   Init init = Init::kNormal;
   float stddev = 0.02f;  // for kNormal
+  // False: frozen (no gradient, no optimizer state; a LoRA base weight).
+  bool trainable = true;
+  // Non-empty: the explicit flat group (ShardedOptimizer::AddParameterGroup)
+  // it gathers, releases and reduces with; a group's parameters are
+  // consecutive in the model and all trainable or all frozen. Empty: the
+  // engine groups by layer and reduce bucket.
+  std::string group;
 };
 
 // What a layer sees while it runs. Owned by the engine; one per layer.
@@ -195,10 +202,16 @@ class Layer {
                                                      DType dtype) const {
     return absl::nullopt;
   }
+  // Whether Backward reads `input`. False lets the engine free the previous
+  // layer's output once this layer's forward has read it (unless a
+  // recomputation segment starts here and keeps it as its checkpoint): a
+  // traced PyTorch unit whose input autograd does not save.
+  virtual bool BackwardReadsInput() const { return true; }
   // Multiply-adds count two FLOPs.
   virtual double ForwardFlops(const std::vector<int64_t>& input) const = 0;
   virtual absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& input) = 0;
   // Adds the parameter gradients; returns the gradient of `input` (f32).
+  // `input` is empty when BackwardReadsInput() is false and it was freed.
   virtual absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor& input,
                                           const Tensor& grad_output) = 0;
 

@@ -47,6 +47,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   MW_ASSIGN_OR_RETURN(std::unique_ptr<ShardedOptimizer> optimizer,
                       ShardedOptimizer::Create(options, device, comm));
   std::set<std::string> names;
+  // Parameters naming an explicit group (and frozen ones, which a layer's
+  // buckets cannot hold: "<layer> (frozen)") are registered a group at a
+  // time, as the consecutive run of declarations naming it.
+  std::string pending_group;
+  std::vector<ShardedOptimizer::ParameterInit> pending;
+  auto flush = [&]() -> absl::Status {
+    if (pending.empty()) return absl::OkStatus();
+    absl::Status s = optimizer->AddParameterGroup(pending_group, std::move(pending));
+    pending.clear();
+    return s;
+  };
   for (const auto& layer : layers) {
     if (!names.insert(layer->name()).second) {
       return absl::InvalidArgumentError(
@@ -55,11 +66,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     for (const ParameterDecl& decl : layer->Parameters()) {
       const std::string full = absl::StrCat(layer->name(), ".", decl.name);
       // Meta holds no values: do not generate billions of them.
-      MW_RETURN_IF_ERROR(optimizer->AddParameter(
-          full, decl.shape,
-          device.holds_bytes() ? InitialValues(decl, full, seed) : std::vector<float>()));
+      std::vector<float> values =
+          device.holds_bytes() ? InitialValues(decl, full, seed) : std::vector<float>();
+      const std::string group = !decl.group.empty() ? decl.group
+                                : decl.trainable    ? std::string()
+                                                    : absl::StrCat(layer->name(), " (frozen)");
+      if (group != pending_group) MW_RETURN_IF_ERROR(flush());
+      pending_group = group;
+      if (group.empty()) {
+        MW_RETURN_IF_ERROR(optimizer->AddParameter(full, decl.shape, values));
+      } else {
+        pending.push_back({full, decl.shape, std::move(values), decl.trainable, 0});
+      }
     }
   }
+  MW_RETURN_IF_ERROR(flush());
   MW_RETURN_IF_ERROR(optimizer->Finalize());
   for (const auto& layer : layers) {
     for (const std::string& shared : layer->SharedParameters()) {
@@ -199,6 +220,9 @@ absl::Status Trainer::Forward(Pass& pass) {
       // and the previous output once this layer has read it, go now.
       contexts_[l]->saved().clear();
       if (l > segment.begin) pass.outputs[l - 1] = Tensor();
+    } else if (l > 0 && !layers_[l]->BackwardReadsInput()) {
+      // Nothing reads it again (a kept segment recomputes nothing from it).
+      pass.outputs[l - 1] = Tensor();
     }
     if (segment.mode == SegmentMode::kOffload && l == segment.end - 1) {
       MW_RETURN_IF_ERROR(Offload(pass, segment.begin - 1));  // the segment's input
@@ -266,7 +290,9 @@ absl::Status Trainer::Backward(Pass& pass, Tensor grad) {
     ScopedPhase layer(profiler_, layers_[l]->name());
     for (int g : groups_of_layer_[l]) {
       if (pass.gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
-      if (acquired.insert(g).second) MW_RETURN_IF_ERROR(opt.AcquireGradients(g));
+      if (opt.layout().groups[g].trainable && acquired.insert(g).second) {
+        MW_RETURN_IF_ERROR(opt.AcquireGradients(g));
+      }
     }
     MW_ASSIGN_OR_RETURN(Tensor grad_input,
                         layers_[l]->Backward(*contexts_[l], pass.input_of(l), grad));
@@ -276,7 +302,7 @@ absl::Status Trainer::Backward(Pass& pass, Tensor grad) {
     grad = std::move(grad_input);
     for (int g : groups_of_layer_[l]) {
       if (first_user_[g] != l) continue;
-      MW_RETURN_IF_ERROR(opt.ReduceGradients(g));
+      if (opt.layout().groups[g].trainable) MW_RETURN_IF_ERROR(opt.ReduceGradients(g));
       MW_RETURN_IF_ERROR(opt.ReleaseParameters(g));
       pass.gathered.erase(g);
       acquired.erase(g);

@@ -22,8 +22,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cli/plan.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "models/traced.h"
 #include "profiler/report.h"
 #include "pybind11/pybind11.h"
 #include "pybind11/stl.h"
@@ -82,6 +84,28 @@ py::memoryview ViewOf(const ShardedOptimizer::View& view) {
   return py::memoryview::from_memory(view.data,
                                      static_cast<py::ssize_t>(view.numel * DTypeSize(view.dtype)),
                                      /*readonly=*/false);
+}
+
+// memwall plan for a traced model (models/traced.h): the report's JSON.
+std::string PlanTraced(const std::string& description, const std::string& config_json,
+                       int64_t gpus, const std::string& device_memory,
+                       const std::string& host_memory, const std::string& nvme, int64_t batch,
+                       bool auto_strategy, const std::string& hardware) {
+  PlanOptions options;
+  auto model = std::make_shared<const TracedModel>(Value(ParseTracedModel(description, "<memory>")));
+  options.model = model->model;
+  options.factory = TracedModelFactory(model);
+  options.config_text = config_json;
+  options.gpus = gpus;
+  options.device_bytes = Value(ParseBytes(device_memory, "device_memory"));
+  options.host_bytes = Value(ParseBytes(host_memory, "host_memory"));
+  options.nvme_bytes = Value(ParseBytes(nvme, "nvme"));
+  options.batch = batch;
+  options.json = true;
+  options.auto_strategy = auto_strategy;
+  options.hardware = hardware;
+  if (hardware == "this-machine") options.runtime_allowance = 0;
+  return Value(PlanReport(options));
 }
 
 // The engine with the Python-facing calls.
@@ -261,6 +285,11 @@ PYBIND11_MODULE(_memwall, m) {
   m.attr("Error") = py::handle(memwall::error_type);
   m.def("abort_ranks", &memwall::AbortRanks, py::arg("code") = 1,
         "Ends every rank of a multi-rank MPI job (no-op on one rank).");
+  m.def("plan", &memwall::PlanTraced, py::arg("description"), py::arg("config"),
+        py::arg("gpus"), py::arg("device_memory"), py::arg("host_memory"), py::arg("nvme"),
+        py::arg("batch"), py::arg("auto_strategy"), py::arg("hardware"),
+        "memwall plan of a traced model's description (JSON text): the report's JSON text "
+        "(memwall.plan/1, or memwall.plan-auto/1 with auto_strategy).");
 
   py::class_<memwall::ParameterArg>(m, "Parameter")
       .def(py::init([](std::string name, std::vector<int64_t> shape, uintptr_t values,

@@ -720,3 +720,53 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """The engine allocator's bytes by category ({"parameter":
         {"current", "peak"}, ...}, "pinned": the pinned pool's)."""
         return self._engine.memory()
+
+
+def plan(model, *, inputs=None, seq=None, batch=1, gpus=1, device_memory="32GiB",
+         host_memory="512GiB", nvme="0", config=None, auto=False, hardware="",
+         attention="auto", lora_rank=0, lora_targets=("q_proj", "v_proj")):
+    """Does a training step of `model` fit, and with which config? memwall
+    plan for a PyTorch model: traced on torch's meta device (no memory, any
+    size; memwall.trace.describe) and dry-run as rank 0 of `gpus` under
+    `config` (dict, JSON text or path; its precision is the trace's dtype),
+    or with auto=True the fastest configuration that fits (the auto
+    strategy on `hardware`, empty: by device memory).
+
+    model: a torch.nn.Module (on meta for large ones; `inputs(batch)` then
+        gives its inputs, by default Hugging Face token ids and labels of
+        `seq`), or a Hugging Face config (a config.json path, a directory
+        with one, a dict, a PretrainedConfig), built on meta.
+    lora_rank > 0: LoRA fine-tuning (memwall.hf.lora) of `lora_targets`.
+    Returns the report as a dict: "memwall.plan/1" (fits, the device peak
+    by category, host and NVMe use, ...) or with auto "memwall.plan-auto/1"
+    (candidates, chosen, config, plan)."""
+    import memwall.hf as hf
+    from memwall import trace as tracing
+    text = _config_text(config)
+    dtype = _precision(json.loads(text))
+    if not isinstance(model, torch.nn.Module):
+        model = hf.build(model, dtype)
+    elif {p.dtype for p in model.parameters()} != {_DTYPES[dtype]}:
+        model = model.to(_DTYPES[dtype])
+    if lora_rank:
+        hf.lora(model, lora_rank, tuple(lora_targets))
+    was_training = model.training
+    model.train()
+    try:
+        micro = batch or json.loads(text).get("train_micro_batch_size_per_gpu", 1)
+        description = tracing.describe(model, inputs or hf.inputs_for(model, seq),
+                                       attention=attention, batches=(micro, micro + 1))
+    finally:
+        model.train(was_training)
+    report = memwall._memwall.plan(json.dumps(description), text, gpus, str(device_memory),
+                                   str(host_memory), str(nvme), batch, auto, hardware)
+    return json.loads(report)
+
+
+def _precision(config):
+    """The parameter dtype a config trains in: "bf16", "f16" or "f32"."""
+    if (config.get("bf16") or {}).get("enabled"):
+        return "bf16"
+    if (config.get("fp16") or {}).get("enabled"):
+        return "f16"
+    return "f32"

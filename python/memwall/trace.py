@@ -1,17 +1,19 @@
-"""memwall.trace: what a torch model's training step holds, unit by unit,
-measured by running it (issue 17's first part: the trace the planner will
-read).
+"""memwall.trace: what a torch model's training step holds, measured by
+running it, and the chain the planner takes from it (issue 17).
 
-    model = transformers.LlamaForCausalLM(config)      # under torch.device("meta")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
     t = memwall.trace.trace(model, {"input_ids": ids, "labels": ids})
+    d = memwall.trace.describe(model, lambda b: {...inputs of b samples...})
 
-runs one forward and backward of `model` on whatever device its tensors are
-on: on torch's meta device that costs no memory and no arithmetic, so a 70B
-model traces on a laptop; on the CPU it is a real step. It records, per
-unit (the parts the engine gathers: each item of a ModuleList or
-Sequential, e.g. a transformer block, and each other module holding
-parameters of its own, e.g. the embeddings, the final norm, the head;
-what runs outside any unit, such as the loss, is "<model>"):
+trace() runs one forward and backward of `model` on whatever device its
+tensors are on: on torch's meta device that costs no memory and no
+arithmetic, so a 70B model traces on a laptop; on the CPU it is a real
+step. It records, per unit (the parts the engine gathers: each item of a
+ModuleList or Sequential, e.g. a transformer block, and each other module
+holding parameters of its own, e.g. the embeddings, the final norm, the
+head; what runs outside any unit, such as the loss, is "<model>"; the
+innermost unit wins):
 
 - parameters: elements and bytes, trainable and frozen, each shared
   parameter counted once (for the unit meeting it first);
@@ -19,20 +21,45 @@ what runs outside any unit, such as the loss, is "<model>"):
   unit's forward, each storage once (the first unit to save it), parameters
   excluded -- the activations a training step keeps;
 - output: bytes of the unit's output tensors;
-- forward_flops: torch's flop counter over the unit's forward.
+- forward_flops: torch's FLOP formulas (torch.utils.flop_counter) over the
+  operators the unit's forward runs.
+
+and the step's chain: stages in forward order, one per outermost unit (a
+block's nested units are part of it; what runs outside every unit joins the
+stage before it, or the first stage), each with the bytes of saved storages
+it creates (an operator's fresh output, watched by a dispatch mode) besides
+its output (what it makes that the next stage takes; the last stage's
+is the loss), its output, its input's gradient, whether autograd saves its
+input, its FLOPs and its parameters. Their kept bytes and saved outputs sum
+to every saved byte of the step but the inputs' (token ids the embedding
+saves: the engine holds the batch itself).
+
+describe() traces at two micro-batch sizes and writes the description
+memwall's C++ side reads (models/traced.h, "memwall.traced/1"): figures
+as [fixed, per sample].
 
 Attention kernels: torch's scaled_dot_product_attention picks a kernel by
-device; on meta (and in this trace) it runs the math path, which saves the
-attention matrix that GPU flash / memory-efficient kernels do not. Models
-built with attn_implementation="eager" save it everywhere; planning for a
-flash kernel is issue 17's open part.
+device; on meta it runs the math path, which saves the attention matrix
+that a GPU's flash and memory-efficient kernels do not. `attention`
+chooses what the trace accounts: "math" (what runs), "flash" or
+"efficient" (the GPU kernels: what torch's own flash / efficient operators
+save -- query, key, value, output, the log-sum-exp and their random-number
+state; a test checks against the operators on meta), or "auto" (what
+torch picks on a GPU: flash for 16-bit inputs without an explicit mask,
+else efficient). Models built with attn_implementation="eager" compute
+attention themselves; the trace then says "none".
 
 Python numbers autograd keeps as 0-dim double tensors bypass saved-tensor
 hooks and are not counted (8 bytes each).
 """
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
-__all__ = ["Trace", "Unit", "trace"]
+__all__ = ["ATTENTION_KERNELS", "Stage", "Trace", "Unit", "block_ids", "describe", "trace"]
+
+ATTENTION_KERNELS = ("auto", "flash", "efficient", "math")
+_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 class Unit:
@@ -53,14 +80,47 @@ class Unit:
                    self.forward_flops))
 
 
-class Trace:
-    """The units in forward order, and totals."""
+class Stage:
+    """One stage of the chain (see the module docstring). parameters:
+    [(full name, parameter, group label)] it owns; shared: full names of
+    other stages' parameters it uses."""
 
-    def __init__(self, units):
+    def __init__(self, unit, name):
+        self.unit = unit             # the outermost unit's name; None before any
+        self.name = name
+        self.parameters = []
+        self.shared = []
+        self.kept = 0                # bytes
+        self.output = 0              # bytes
+        self.output_grad = 0         # bytes of its floating outputs that need a gradient
+        self.input_grad = 0          # bytes
+        self.reads_input = True
+        self.forward_flops = 0
+        self._outputs = []           # the output tensors, held while tracing
+
+    def __repr__(self):
+        return ("Stage(%r, kept=%d, output=%d, input_grad=%d, reads_input=%s, flops=%d)"
+                % (self.name, self.kept, self.output, self.input_grad, self.reads_input,
+                   self.forward_flops))
+
+
+class Trace:
+    """The units and the stages in forward order, and totals.
+    inputs_saved: bytes of saved storages the step did not create (its
+    inputs); attention: the kernel accounted, or "none" if the model never
+    called scaled_dot_product_attention."""
+
+    def __init__(self, units, stages, inputs_saved, attention):
         self.units = units
+        self.stages = stages
+        self.inputs_saved = inputs_saved
+        self.attention = attention
 
     def unit(self, name):
         return next(u for u in self.units if u.name == name)
+
+    def stage(self, name):
+        return next(s for s in self.stages if s.name == name)
 
     @property
     def parameters(self):
@@ -85,22 +145,26 @@ def block_ids(model):
     return blocks
 
 
-def _units_of(model):
-    """{module: unit name} for every module, the innermost unit winning, in
-    named_modules order."""
+def _structure(model):
+    """{id(module): innermost unit name}, {id(module): outermost unit
+    name}, {id(module): its name}; None outside every unit."""
     blocks = block_ids(model)
-    unit_of = {}
+    inner, outer, names = {}, {}, {}
 
-    def visit(module, name, current):
+    def visit(module, name, current, outermost):
         if id(module) in blocks or (current is None and any(
                 p is not None for p in module._parameters.values())):
             current = name
-        unit_of[id(module)] = current
+            if outermost is None:
+                outermost = name
+        inner[id(module)] = current
+        outer[id(module)] = outermost
+        names[id(module)] = name
         for child_name, child in module.named_children():
-            visit(child, "%s.%s" % (name, child_name) if name else child_name, current)
+            visit(child, "%s.%s" % (name, child_name) if name else child_name, current, outermost)
 
-    visit(model, "", None)
-    return unit_of
+    visit(model, "", None, None)
+    return inner, outer, names
 
 
 def _tensors(value):
@@ -115,77 +179,353 @@ def _tensors(value):
     return []
 
 
-def trace(model, inputs, loss=None):
+def _key(t):
+    return t.untyped_storage()._cdata
+
+
+class _Watch(TorchDispatchMode):
+    """Sees every operator the forward runs: on_op(func, args, kwargs, out)."""
+
+    def __init__(self, on_op):
+        super().__init__()
+        self.on_op = on_op
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.on_op(func, args, kwargs, out)
+        return out
+
+
+def _fresh_outputs(func, out):
+    """The tensors `func` returned in memory of their own (not views or
+    in-place results of its inputs)."""
+    returns = func._schema.returns
+    values = list(out) if isinstance(out, (list, tuple)) and len(returns) > 1 else [out]
+    fresh = []
+    for r, v in zip(returns, values):
+        if r.alias_info is not None:
+            continue
+        fresh.extend(t for t in _tensors(v))
+    return fresh
+
+
+class _Attention(torch.autograd.Function):
+    """scaled_dot_product_attention saving what a GPU kernel saves: query,
+    key, value (as given: a kernel with grouped-query support keeps the
+    key/value heads unexpanded), output, the f32 log-sum-exp (flash:
+    [batch, heads, L]; efficient: L rounded up to 32) and the kernel's
+    random-number state (flash: a 2-element and a 0-dim uint64; efficient:
+    two 0-dim int64), plus an explicit mask (efficient). Its output is
+    computed by torch's own SDPA; its backward recomputes it with autograd,
+    so gradients are exact on a real device."""
+
+    @staticmethod
+    def forward(ctx, kernel, sdpa, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa):
+        kwargs = {"scale": scale}
+        if gqa:
+            kwargs["enable_gqa"] = True
+        with torch.no_grad():
+            out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                       **kwargs)
+        batch, heads, length = q.shape[0], q.shape[-3] if q.dim() > 3 else 1, q.shape[-2]
+        if kernel == "flash":
+            lse = torch.empty((batch, heads, length), dtype=torch.float32, device=q.device)
+            rng = (torch.empty(2, dtype=torch.uint64, device=q.device),
+                   torch.empty((), dtype=torch.uint64, device=q.device))
+        else:
+            lse = torch.empty((batch, heads, (length + 31) // 32 * 32), dtype=torch.float32,
+                              device=q.device)
+            rng = (torch.empty((), dtype=torch.int64, device=q.device),
+                   torch.empty((), dtype=torch.int64, device=q.device))
+        extra = (attn_mask,) if attn_mask is not None and kernel == "efficient" else ()
+        ctx.save_for_backward(q, k, v, out, lse, *rng, *extra)
+        ctx.args = (sdpa, attn_mask, dropout_p, is_causal, kwargs)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v = ctx.saved_tensors[:3]
+        sdpa, attn_mask, dropout_p, is_causal, kwargs = ctx.args
+        with torch.enable_grad():
+            inputs = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+            out = sdpa(*inputs, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                       **kwargs)
+            wanted = [t for t in inputs if t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, grad))
+        return (None, None) + tuple(next(grads) if t.requires_grad else None
+                                    for t in inputs) + (None,) * 5
+
+
+class _KernelPatch:
+    """Routes torch.nn.functional.scaled_dot_product_attention through
+    _Attention for the chosen kernel while tracing; counts the calls."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.used = set()
+
+    def __enter__(self):
+        self.original = torch.nn.functional.scaled_dot_product_attention
+        original, kernel, used = self.original, self.kernel, self.used
+
+        def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False):
+            chosen = kernel
+            if chosen == "auto":
+                chosen = ("flash" if q.dtype in (torch.float16, torch.bfloat16) and
+                          attn_mask is None else "efficient")
+            used.add(chosen)
+            if chosen == "math":
+                kwargs = {"enable_gqa": True} if enable_gqa else {}
+                return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                is_causal=is_causal, scale=scale, **kwargs)
+            return _Attention.apply(chosen, original, q, k, v, attn_mask, dropout_p, is_causal,
+                                    scale, enable_gqa)
+
+        torch.nn.functional.scaled_dot_product_attention = sdpa
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.functional.scaled_dot_product_attention = self.original
+        return False
+
+
+def trace(model, inputs, loss=None, attention="math"):
     """Traces one training step of `model` on `inputs` (a dict of keyword
     arguments, or a tuple of positional ones). `loss(output)` makes the
     scalar to differentiate; by default the output's `.loss` if it has one,
-    else the sum of its first tensor. Returns a Trace."""
-    unit_of = _units_of(model)
+    else the sum of its first tensor. `attention`: one of ATTENTION_KERNELS
+    (see the module docstring). Returns a Trace."""
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError("attention: expected one of %s, got %r"
+                         % (", ".join(ATTENTION_KERNELS), attention))
+    inner_of, outer_of, name_of = _structure(model)
     units, order = {}, []
 
     def unit(name):
-        name = name or "<model>"
+        name = "<model>" if name is None or name == "" else name
         if name not in units:
             units[name] = Unit(name)
             order.append(name)
         return units[name]
 
-    seen_parameters, parameter_storages = set(), set()
+    # Parameters: each counted once, for the module named_parameters meets
+    # first (its owner); groups as memwall.torch.ZeroOptimizer forms them.
+    owner = {}
+    for full, p in model.named_parameters():
+        owner.setdefault(id(p), full.rpartition(".")[0])
+    module_of_name = {name_of[id(m)]: m for m in model.modules()}
+    parameter_storages = set()
+    full_name = {id(p): full for full, p in model.named_parameters()}
     for module in model.modules():
         for p in module._parameters.values():
-            if p is None or id(p) in seen_parameters:
+            if p is None or owner[id(p)] != name_of[id(module)]:
                 continue
-            seen_parameters.add(id(p))
-            parameter_storages.add(p.untyped_storage()._cdata)
-            u = unit(unit_of[id(module)])
+            parameter_storages.add(_key(p))
+            u = unit(inner_of[id(module)])
             u.parameters += p.numel()
             u.parameter_bytes += p.numel() * p.element_size()
             if p.requires_grad:
                 u.trainable += p.numel()
 
-    stack = []  # unit names of the modules in forward, innermost last
+    stages = [Stage(None, None)]  # what runs before the first unit joins it
+    seen_units = {}
+    unit_stack, outer_stack = [], []
+    created = {}          # storage key -> the stage whose operator made it
     saved_storages = set()
+    saved_created = []    # (stage, key, bytes) of saved storages the step made
+    inputs_saved = [0]
+
+    def on_op(func, args, kwargs, out):
+        stage = stages[-1]
+        for t in _fresh_outputs(func, out):
+            created[_key(t)] = stage
+        packet = func._overloadpacket
+        if packet in flop_registry:
+            flops = flop_registry[packet](*args, **kwargs, out_val=out)
+            stage.forward_flops += flops
+            for name in set(unit_stack):
+                if name is not None:
+                    unit(name).forward_flops += flops
 
     def pack(t):
-        storage = t.untyped_storage()
-        key = storage._cdata
+        key = _key(t)
         if key not in parameter_storages and key not in saved_storages:
             saved_storages.add(key)
-            unit(stack[-1] if stack else None).saved += storage.nbytes()
+            nbytes = t.untyped_storage().nbytes()
+            unit(unit_stack[-1] if unit_stack else None).saved += nbytes
+            if key in created:
+                saved_created.append((created[key], key, nbytes))
+            else:
+                inputs_saved[0] += nbytes
         return t
+
+    def enter(m, args, kwargs):
+        inner, outer = inner_of[id(m)], outer_of[id(m)]
+        unit_stack.append(inner)
+        outer_stack.append(outer)
+        if outer is None or stages[-1].unit == outer:
+            return
+        count = seen_units.get(outer, 0) + 1
+        seen_units[outer] = count
+        name = (outer or "<model>") + ("" if count == 1 else "#%d" % count)
+        previous = stages[-1]
+        if previous.unit is None:
+            previous.unit, previous.name = outer, name
+            return
+        # What a stage hands on: the tensors it made that the next one takes.
+        previous._outputs = [t for t in _tensors((args, kwargs))
+                             if created.get(_key(t)) is previous]
+        stages.append(Stage(outer, name))
+
+    def leave(m, args, out):
+        name = unit_stack.pop()
+        outer_stack.pop()
+        # A unit's output: what its outermost module returns.
+        if name is not None and (not unit_stack or unit_stack[-1] != name):
+            unit(name).output += sum(t.untyped_storage().nbytes() for t in _tensors(out))
 
     handles = []
     for module in model.modules():
-        name = unit_of[id(module)]
-        handles.append(module.register_forward_pre_hook(
-            lambda m, args, name=name: stack.append(name)))
-
-        def post(m, args, out, name=name):
-            stack.pop()
-            # A unit's output: what its outermost module returns.
-            if name is not None and (not stack or stack[-1] != name):
-                unit(name).output += sum(t.untyped_storage().nbytes() for t in _tensors(out))
-        handles.append(module.register_forward_hook(post, always_call=True))
-    from torch.utils.flop_counter import FlopCounterMode
-    counter = FlopCounterMode(display=False)
+        handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    patch = _KernelPatch(attention)
     try:
-        with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with patch, _Watch(on_op), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+            if loss is not None:
+                value = loss(out)
+            elif getattr(out, "loss", None) is not None:
+                value = out.loss
+            else:
+                value = _tensors(out)[0].sum()
     finally:
         for h in handles:
             h.remove()
-    flops = counter.get_flop_counts()
-    root = type(model).__name__
-    for name in order:
-        if name == "<model>":
-            continue
-        key = "%s.%s" % (root, name)
-        units[name].forward_flops = int(sum(flops.get(key, {}).values()))
-    if loss is not None:
-        value = loss(out)
-    elif getattr(out, "loss", None) is not None:
-        value = out.loss
-    else:
-        value = _tensors(out)[0].sum()
+    if stages[-1].unit is None and len(stages) == 1:
+        stages[0].name = "<model>"
+    stages[-1]._outputs = [value]
+
+    # Parameters by stage: each owned one in the stage of its owner's
+    # outermost unit (units that never ran: the last stage), in module
+    # order, trainable before frozen as ZeroOptimizer groups them.
+    first_stage = {}
+    for s in stages:
+        first_stage.setdefault(s.unit, s)
+    for module in model.modules():
+        name = name_of[id(module)]
+        stage = first_stage.get(outer_of[id(module)], stages[-1])
+        own = [p for p in module._parameters.values() if p is not None and owner[id(p)] == name]
+        for trainable in (True, False):
+            label = (name or "<model>") + ("" if trainable else " (frozen)")
+            stage.parameters.extend((full_name[id(p)], p, label) for p in own
+                                    if p.requires_grad == trainable)
+        for p in module._parameters.values():
+            if p is None or owner[id(p)] == name:
+                continue
+            home = first_stage.get(outer_of[id(module_of_name[owner[id(p)]])], stages[-1])
+            if home is not stage and full_name[id(p)] not in stage.shared:
+                stage.shared.append(full_name[id(p)])
+    for s in stages[1:]:
+        if s.unit in first_stage and first_stage[s.unit] is not s:
+            s.shared.extend(full for full, _, _ in first_stage[s.unit].parameters
+                            if full not in s.shared)
+
+    output_keys = {}
+    for s in stages:
+        tensors = {id(t): t for t in s._outputs}.values()
+        keys = {}
+        for t in tensors:
+            keys.setdefault(_key(t), t.untyped_storage().nbytes())
+        # Held to the next stage's backward: what autograd saves of it (the
+        # rest, a mask say, lives only while the forward uses it); if it
+        # saves none, all of it, freed after the next stage's forward.
+        held = {k: n for k, n in keys.items() if k in saved_storages}
+        output_keys[id(s)] = held or keys
+        s.output = sum((held or keys).values())
+        s.output_grad = sum(t.numel() * t.element_size() for t in tensors
+                            if t.is_floating_point() and t.requires_grad)
+    for stage, key, nbytes in saved_created:
+        if key not in output_keys[id(stage)]:
+            stage.kept += nbytes
+    for previous, s in zip(stages, stages[1:]):
+        s.reads_input = any(k in saved_storages for k in output_keys[id(previous)]) or \
+            not output_keys[id(previous)]
+        s.input_grad = previous.output_grad
     value.backward()
-    return Trace([units[name] for name in order])
+    for s in stages:
+        s._outputs = []
+    used = sorted(patch.used)
+    return Trace([units[name] for name in order], stages, inputs_saved[0],
+                 "+".join(used) if used else "none")
+
+
+def _dtype_of(model):
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPE_NAMES:
+        raise ValueError("describe: the model's parameters must share one dtype of f32, bf16 "
+                         "or f16; got %s" % ", ".join(sorted(str(d) for d in dtypes)))
+    return _DTYPE_NAMES[next(iter(dtypes))]
+
+
+def describe(model, make_inputs, loss=None, attention="auto", batches=(1, 2)):
+    """The description of `model`'s training step memwall's planner reads
+    (models/traced.h), as a dict: traced at the two micro-batch sizes
+    `batches` (make_inputs(b) gives the inputs of b samples, as trace()
+    takes them), each figure [fixed, per sample]: exact at those two
+    sizes, and at others as far as the model's memory is linear in the
+    batch (a test checks a third size; Hugging Face's GPT-2 saves 4 KiB more
+    per block at micro-batch 1 than the line through 2 and 3 says, so plan
+    a micro-batch by tracing at it: memwall.torch.plan and memwall.hf do).
+    The inputs' first tensor gives one sample's input shape."""
+    b1, b2 = batches
+    if not 0 < b1 < b2:
+        raise ValueError("batches: expected two increasing sizes >= 1, got %r" % (batches,))
+    traces = [trace(model, make_inputs(b), loss, attention) for b in batches]
+    names = [[s.name for s in t.stages] for t in traces]
+    if names[0] != names[1] or [s.reads_input for s in traces[0].stages] != \
+            [s.reads_input for s in traces[1].stages]:
+        raise ValueError("describe: the model's stages differ between micro-batches %d and %d "
+                         "(%s against %s): its forward depends on the batch size"
+                         % (b1, b2, names[0], names[1]))
+    first = _tensors(make_inputs(1))[0]
+
+    def figure(field, i):
+        x1, x2 = (getattr(t.stages[i], field) for t in traces)
+        per = (x2 - x1) / (b2 - b1)
+        return [x1 - per * b1, per]
+
+    stages = []
+    for i, s in enumerate(traces[0].stages):
+        prefix = s.unit + "." if s.unit else ""
+        stages.append({
+            "name": s.name,
+            "parameters": [{"name": full[len(prefix):] if full.startswith(prefix) else full,
+                            "shape": list(p.shape), "trainable": bool(p.requires_grad),
+                            "group": label} for full, p, label in s.parameters],
+            "shared": list(s.shared),
+            "kept": figure("kept", i),
+            "output": figure("output", i),
+            "input_grad": figure("input_grad", i),
+            "forward_flops": figure("forward_flops", i),
+            "reads_input": s.reads_input,
+        })
+    return {
+        "format": "memwall.traced/1",
+        "model": type(model).__name__,
+        "dtype": _dtype_of(model),
+        "attention": traces[0].attention,
+        "input": list(first.shape[1:]),
+        "parameters": traces[0].parameters,
+        "trainable": traces[0].trainable,
+        "inputs_saved": _figure_total(traces, "inputs_saved", batches),
+        "stages": stages,
+    }
+
+
+def _figure_total(traces, field, batches):
+    b1, b2 = batches
+    x1, x2 = (getattr(t, field) for t in traces)
+    per = (x2 - x1) / (b2 - b1)
+    return [x1 - per * b1, per]

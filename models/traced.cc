@@ -1,0 +1,264 @@
+#include "models/traced.h"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "runtime/status.h"
+
+namespace memwall {
+namespace {
+
+using json = nlohmann::json;
+
+// Errors name the description and the field.
+absl::Status Bad(const std::string& source, const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("traced model ", source, ": ", field, ": expected ", what));
+}
+
+absl::StatusOr<TracedFigure> Figure(const json& stage, const char* key, const std::string& source,
+                                    const std::string& where) {
+  const std::string field = absl::StrCat(where, ".", key);
+  if (!stage.contains(key)) return Bad(source, field, "[fixed, per sample], missing");
+  const json& v = stage.at(key);
+  if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) {
+    return Bad(source, field, absl::StrCat("[fixed, per sample] numbers, got ", v.dump()));
+  }
+  TracedFigure f{v[0].get<double>(), v[1].get<double>()};
+  if (!std::isfinite(f.fixed) || !std::isfinite(f.per_sample) || f.per_sample < 0 ||
+      f.At(1) < 0) {
+    return Bad(source, field, absl::StrCat("finite, per sample >= 0, >= 0 at micro-batch 1; got ",
+                                           v.dump()));
+  }
+  return f;
+}
+
+int64_t Bytes(const TracedFigure& f, int64_t batch) {
+  return static_cast<int64_t>(std::llround(std::max(0.0, f.At(batch))));
+}
+
+// One unit of a traced model at a given micro-batch size. Its output is one
+// 1-D tensor of the stage's output bytes in the traced dtype; what it keeps
+// besides is one saved tensor.
+class TracedLayer final : public Layer {
+ public:
+  TracedLayer(const TracedStage& stage, const TracedModel& model, int64_t batch)
+      : Layer(stage.name),
+        stage_(stage),
+        dtype_(model.dtype),
+        kept_(Bytes(stage.kept, batch)),
+        output_(Bytes(stage.output, batch)),
+        input_grad_(Bytes(stage.input_grad, batch)),
+        flops_(std::max(0.0, stage.forward_flops.At(batch))) {}
+
+  std::vector<ParameterDecl> Parameters() const override { return stage_.parameters; }
+  std::vector<std::string> SharedParameters() const override { return stage_.shared; }
+  absl::StatusOr<std::vector<int64_t>> OutputShape(const std::vector<int64_t>&) const override {
+    return std::vector<int64_t>{Elements(output_)};
+  }
+  int64_t ActivationBytes(const std::vector<int64_t>&, DType dtype) const override {
+    return static_cast<int64_t>(DTypeSize(dtype)) * (Elements(kept_) + Elements(output_));
+  }
+  int64_t InputGradientBytes(const std::vector<int64_t>&) const override {
+    return 4 * F32Elements(input_grad_);
+  }
+  bool BackwardReadsInput() const override { return stage_.reads_input; }
+  double ForwardFlops(const std::vector<int64_t>&) const override { return flops_; }
+
+  absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor&) override {
+    MW_RETURN_IF_ERROR(Runnable(ctx));
+    ctx.saved().clear();
+    if (kept_ > 0) {
+      MW_ASSIGN_OR_RETURN(Tensor saved, ctx.Activation({Elements(kept_)}));
+      ctx.saved().push_back(std::move(saved));
+    }
+    return ctx.Activation({Elements(output_)});
+  }
+  absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor&, const Tensor&) override {
+    MW_RETURN_IF_ERROR(Runnable(ctx));
+    // Input gradients are f32 in the engine (engine/layer.h); torch's are
+    // in the input's dtype: the same bytes, as f32 elements.
+    return ctx.InputGradient({F32Elements(input_grad_)});
+  }
+
+ private:
+  int64_t Elements(int64_t bytes) const {
+    const int64_t size = static_cast<int64_t>(DTypeSize(dtype_));
+    return (bytes + size - 1) / size;
+  }
+  static int64_t F32Elements(int64_t bytes) { return (bytes + 3) / 4; }
+  absl::Status Runnable(LayerContext& ctx) const {
+    if (ctx.computes()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "layer '", name(), "' is traced (its figures, not its computation): it runs on the "
+          "meta backend only"));
+    }
+    if (ctx.activation_dtype() != dtype_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer '", name(), "' was traced in ", DTypeName(dtype_), " but the config trains in ",
+          DTypeName(ctx.activation_dtype()),
+          " (its bf16/fp16 sections); trace the model in the config's dtype"));
+    }
+    return absl::OkStatus();
+  }
+
+  const TracedStage stage_;
+  const DType dtype_;
+  const int64_t kept_, output_, input_grad_;
+  const double flops_;
+};
+
+// The loss is part of the last stage (the stage's output is the loss
+// value); what remains is its gradient, which the engine allocates.
+class TracedLoss final : public LossFunction {
+ public:
+  absl::StatusOr<float> Compute(LayerContext& ctx, const Tensor&, const Tensor&,
+                                Tensor&) override {
+    if (ctx.computes()) return absl::UnimplementedError("a traced model's loss runs on meta only");
+    return 0.0f;
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
+                                             const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("traced model ", source, ": not JSON (", e.what(), ")"));
+  }
+  if (!j.is_object()) return Bad(source, "the document", "a JSON object");
+  if (j.value("format", "") != "memwall.traced/1") {
+    return Bad(source, "format", absl::StrCat("\"memwall.traced/1\", got ",
+                                              j.contains("format") ? j["format"].dump() : "none"));
+  }
+  TracedModel m;
+  m.source = source;
+  m.model = j.value("model", "traced");
+  m.attention = j.value("attention", "");
+  const std::string dtype = j.value("dtype", "");
+  if (dtype == "f32") {
+    m.dtype = DType::kF32;
+  } else if (dtype == "bf16") {
+    m.dtype = DType::kBF16;
+  } else if (dtype == "f16") {
+    m.dtype = DType::kF16;
+  } else {
+    return Bad(source, "dtype", absl::StrCat("\"f32\", \"bf16\" or \"f16\", got \"", dtype, "\""));
+  }
+  if (!j.contains("input") || !j["input"].is_array()) {
+    return Bad(source, "input", "one sample's input shape, e.g. [4096]");
+  }
+  for (const json& d : j["input"]) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 1) {
+      return Bad(source, "input", absl::StrCat("positive integers, got ", j["input"].dump()));
+    }
+    m.input.push_back(d.get<int64_t>());
+  }
+  if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty()) {
+    return Bad(source, "stages", "a non-empty array");
+  }
+  std::set<std::string> names, params;
+  for (size_t i = 0; i < j["stages"].size(); ++i) {
+    const json& s = j["stages"][i];
+    const std::string where = absl::StrCat("stages[", i, "]");
+    if (!s.is_object() || !s.contains("name") || !s["name"].is_string() ||
+        s["name"].get<std::string>().empty()) {
+      return Bad(source, where + ".name", "a non-empty string");
+    }
+    TracedStage stage;
+    stage.name = s["name"].get<std::string>();
+    if (!names.insert(stage.name).second) {
+      return Bad(source, where + ".name", absl::StrCat("unique; '", stage.name, "' repeats"));
+    }
+    for (const json& p : s.value("parameters", json::array())) {
+      ParameterDecl d;
+      if (!p.is_object() || !p.contains("name") || !p["name"].is_string() ||
+          !p.contains("shape") || !p["shape"].is_array()) {
+        return Bad(source, where + ".parameters", "objects with a name and a shape");
+      }
+      d.name = p["name"].get<std::string>();
+      for (const json& x : p["shape"]) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 1) {
+          return Bad(source, absl::StrCat(where, ".parameters '", d.name, "'.shape"),
+                     absl::StrCat("positive integers, got ", p["shape"].dump()));
+        }
+        d.shape.push_back(x.get<int64_t>());
+      }
+      d.trainable = p.value("trainable", true);
+      d.group = p.value("group", "");
+      if (!params.insert(absl::StrCat(stage.name, ".", d.name)).second) {
+        return Bad(source, where + ".parameters",
+                   absl::StrCat("unique names; '", d.name, "' repeats"));
+      }
+      stage.parameters.push_back(std::move(d));
+    }
+    for (const json& n : s.value("shared", json::array())) {
+      if (!n.is_string()) return Bad(source, where + ".shared", "full parameter names");
+      stage.shared.push_back(n.get<std::string>());
+    }
+    MW_ASSIGN_OR_RETURN(stage.kept, Figure(s, "kept", source, where));
+    MW_ASSIGN_OR_RETURN(stage.output, Figure(s, "output", source, where));
+    MW_ASSIGN_OR_RETURN(stage.input_grad, Figure(s, "input_grad", source, where));
+    MW_ASSIGN_OR_RETURN(stage.forward_flops, Figure(s, "forward_flops", source, where));
+    stage.reads_input = s.value("reads_input", true);
+    m.stages.push_back(std::move(stage));
+  }
+  for (const TracedStage& stage : m.stages) {
+    for (const std::string& shared : stage.shared) {
+      if (params.count(shared) == 0) {
+        return Bad(source, absl::StrCat("stages '", stage.name, "'.shared"),
+                   absl::StrCat("parameters of other stages; no stage declares '", shared, "'"));
+      }
+    }
+  }
+  return m;
+}
+
+absl::StatusOr<TracedModel> LoadTracedModel(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("traced model ", path, ": cannot read it"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseTracedModel(text.str(), path);
+}
+
+int64_t TracedParameters(const TracedModel& model) {
+  int64_t n = 0;
+  for (const TracedStage& s : model.stages) {
+    for (const ParameterDecl& p : s.parameters) {
+      int64_t e = 1;
+      for (int64_t d : p.shape) e *= d;
+      n += e;
+    }
+  }
+  return n;
+}
+
+ModelFactory TracedModelFactory(std::shared_ptr<const TracedModel> model) {
+  return [model](int64_t batch) -> absl::StatusOr<Model> {
+    if (batch < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("micro-batch: expected >= 1 samples, got ", batch));
+    }
+    Model m;
+    for (const TracedStage& s : model->stages) {
+      m.layers.push_back(std::make_unique<TracedLayer>(s, *model, batch));
+    }
+    m.loss = std::make_unique<TracedLoss>();
+    m.input = {batch};
+    m.input.insert(m.input.end(), model->input.begin(), model->input.end());
+    m.target = m.input;
+    return m;
+  };
+}
+
+}  // namespace memwall

@@ -1,0 +1,105 @@
+// Traced models (models/traced.h): a description's errors name the field;
+// a dry run of one holds exactly what it declares, frozen stages hold no
+// gradient or optimizer state, and a stage whose input autograd does not
+// save lets the engine free that input after its forward.
+#include "models/traced.h"
+
+#include <string>
+
+#include "catch2/catch.hpp"
+#include "engine/config.h"
+#include "engine/dry_run.h"
+
+namespace memwall {
+namespace {
+
+// Three stages at f32: an embedding [64, 4] (frozen when asked), a block
+// [16, 8] + [128], and a head sharing the embedding (flat groups of 128
+// elements' multiples: no padding). Per sample: kept 100, 60 and 40 bytes,
+// outputs 16, 16 and (the loss) 4 fixed.
+std::string Description(bool frozen_embedding, bool block_reads_input,
+                        const std::string& dtype = "f32") {
+  return std::string(R"({"format": "memwall.traced/1", "model": "Toy", "dtype": ")") + dtype +
+         R"(", "attention": "none", "input": [8], "stages": [
+    {"name": "embed", "parameters": [{"name": "weight", "shape": [64, 4], "trainable": )" +
+         (frozen_embedding ? "false" : "true") + R"(, "group": "embed"}],
+     "kept": [0, 100], "output": [0, 16], "input_grad": [0, 0], "forward_flops": [0, 0]},
+    {"name": "block", "parameters": [{"name": "w", "shape": [16, 8], "group": "block"},
+                                     {"name": "b", "shape": [128], "group": "block"}],
+     "kept": [8, 60], "output": [0, 16], "input_grad": [0, 16], "forward_flops": [0, 256],
+     "reads_input": )" +
+         (block_reads_input ? "true" : "false") + R"(},
+    {"name": "head", "shared": ["embed.weight"], "kept": [0, 40], "output": [4, 0],
+     "input_grad": [0, 16], "forward_flops": [0, 320]}]})";
+}
+
+AllocatorStats Step(const std::string& description, const std::string& config_json) {
+  auto model = std::make_shared<const TracedModel>(ParseTracedModel(description, "toy").value());
+  Model m = TracedModelFactory(model)(3).value();
+  Config config = ParseConfig(config_json).value();
+  RecomputationPlan keep{"none", {}};
+  for (int l = 0; l < 3; ++l) keep.segments.push_back({l, l + 1, SegmentMode::kKeep});
+  return DryRunStep(std::move(m), config, 0, 1, int64_t{1} << 40, &keep).value();
+}
+
+int64_t Peak(const AllocatorStats& s, MemoryCategory c) {
+  return s.by_category[static_cast<int>(c)].peak;
+}
+
+TEST_CASE("a traced model's dry run holds what its description declares", "[traced]") {
+  const AllocatorStats s = Step(Description(false, true), R"({"zero_optimization": {"stage": 0}})");
+  // 256 + 128 + 128 = 512 f32 parameters; gradients likewise; Adam's two
+  // moments.
+  CHECK(Peak(s, MemoryCategory::kParameter) == 512 * 4);
+  CHECK(Peak(s, MemoryCategory::kGradient) == 512 * 4);
+  CHECK(Peak(s, MemoryCategory::kOptimizerState) == 512 * 8);
+  // Batch 3: kept 300 + 8 + 180 + 120, outputs 48 + 48 + 4 (one f32 each),
+  // all live at the end of forward; then the loss's gradient (4 bytes) and
+  // the head's input gradient (48) while nothing has been freed yet.
+  CHECK(Peak(s, MemoryCategory::kActivation) == 300 + 8 + 180 + 120 + 48 + 48 + 4 + 4 + 48);
+}
+
+TEST_CASE("frozen traced parameters hold no gradient or optimizer state", "[traced]") {
+  const AllocatorStats s = Step(Description(true, true), R"({"zero_optimization": {"stage": 0}})");
+  CHECK(Peak(s, MemoryCategory::kParameter) == 512 * 4);
+  CHECK(Peak(s, MemoryCategory::kGradient) == 256 * 4);
+  CHECK(Peak(s, MemoryCategory::kOptimizerState) == 256 * 8);
+}
+
+TEST_CASE("a stage that does not save its input frees it after its forward", "[traced]") {
+  const int64_t reads = Peak(Step(Description(false, true), "{}"), MemoryCategory::kActivation);
+  const int64_t frees = Peak(Step(Description(false, false), "{}"), MemoryCategory::kActivation);
+  CHECK(reads - frees == 48);  // the embedding's output at micro-batch 3
+}
+
+TEST_CASE("a traced model refuses another dtype and names it", "[traced]") {
+  auto model = std::make_shared<const TracedModel>(
+      ParseTracedModel(Description(false, true, "bf16"), "toy").value());
+  auto status = DryRunStep(TracedModelFactory(model)(1).value(), ParseConfig("{}").value(), 0, 1)
+                    .status();
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()) ==
+        "layer 'embed' was traced in bf16 but the config trains in f32 (its bf16/fp16 "
+        "sections); trace the model in the config's dtype");
+}
+
+TEST_CASE("a bad description names its field", "[traced]") {
+  auto message = [](const std::string& text) {
+    return std::string(ParseTracedModel(text, "m.json").status().message());
+  };
+  CHECK(message("{") .rfind("traced model m.json: not JSON", 0) == 0);
+  CHECK(message(R"({"format": "x"})") ==
+        "traced model m.json: format: expected \"memwall.traced/1\", got \"x\"");
+  CHECK(message(R"({"format": "memwall.traced/1", "dtype": "f64"})") ==
+        "traced model m.json: dtype: expected \"f32\", \"bf16\" or \"f16\", got \"f64\"");
+  std::string d = Description(false, true);
+  CHECK(message(std::string(d).replace(d.find("\"kept\": [0, 100]"), 16, "\"kept\": [0]")) ==
+        "traced model m.json: stages[0].kept: expected [fixed, per sample] numbers, got [0]");
+  CHECK(message(std::string(d).replace(d.find("embed.weight"), 12, "embed.bias")) ==
+        "traced model m.json: stages 'head'.shared: expected parameters of other stages; no "
+        "stage declares 'embed.bias'");
+  CHECK(LoadTracedModel("/nonexistent/m.json").status().code() == absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace memwall

@@ -1,0 +1,167 @@
+"""Planning the user's own PyTorch / Hugging Face model (issue 17): the
+published parameter counts of whole families built from their configs on
+meta, the GPU attention kernels accounted as torch's own operators save,
+descriptions exact at other micro-batch sizes, LoRA's published counts,
+and plans through memwall.torch.plan and `memwall plan --model hf:PATH`."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+
+import memwall.hf as hf
+import memwall.torch as mt
+from memwall import trace as tracing
+
+from test_trace import small
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+LLAMA_2_7B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+              "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096}
+# Published parameter counts (model cards, papers), from the configs'
+# published hyperparameters.
+FAMILIES = {
+    "llama-3-8b": ({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                    "num_attention_heads": 32, "num_key_value_heads": 8,
+                    "vocab_size": 128256}, 8_030_261_248),
+    "llama-3-70b": ({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                     "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                     "num_attention_heads": 64, "num_key_value_heads": 8,
+                     "vocab_size": 128256}, 70_553_706_496),
+    "qwen2-72b": ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                   "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+                   "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 152064,
+                   "tie_word_embeddings": False}, 72_706_203_648),
+    "mixtral-8x7b": ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
+                      "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                      "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+                      "num_local_experts": 8, "num_experts_per_tok": 2}, 46_702_792_704),
+    "vit-b-16": ({"model_type": "vit", "architectures": ["ViTForImageClassification"],
+                  "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                  "intermediate_size": 3072, "image_size": 224, "patch_size": 16,
+                  "num_labels": 1000}, 86_567_656),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_families_built_from_their_configs_have_the_published_counts(name):
+    config, published = FAMILIES[name]
+    model = hf.build(config, "bf16")
+    assert sum(p.numel() for p in model.parameters()) == published
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+def test_lora_on_llama_2_7b_has_peft_s_published_counts():
+    # peft's print_trainable_parameters for Llama-2-7B, r=8 on q_proj and
+    # v_proj: "trainable params: 4,194,304 || all params: 6,742,609,920".
+    model = hf.lora(hf.build(LLAMA_2_7B, "bf16"), rank=8, targets=("q_proj", "v_proj"))
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 4_194_304
+    assert sum(p.numel() for p in model.parameters()) == 6_742_609_920
+    with pytest.raises(ValueError, match="lora targets nope: no nn.Linear of the model"):
+        hf.lora(hf.build(LLAMA_2_7B, "bf16"), targets=("nope",))
+
+
+@pytest.mark.parametrize("kernel,op", [
+    ("flash", lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, True)[0]),
+    ("efficient", lambda q, k, v: torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, True)[0]),
+])
+def test_gpu_attention_kernels_save_what_torch_s_operators_save(kernel, op):
+    def saved(fn):
+        got = []
+        q, k, v = (torch.empty(2, 4, 100, 64, device="meta", dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: got.append((tuple(t.shape), t.dtype)) or t, lambda t: t):
+            fn(q, k, v)
+        return sorted(got, key=str)
+
+    with tracing._KernelPatch(kernel):
+        ours = saved(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True))
+    assert ours == saved(op)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_description_is_exact_at_a_third_micro_batch(kind):
+    with torch.device("meta"):
+        model = small(kind)
+
+    def make(batch):
+        ids = torch.zeros(batch, 16, dtype=torch.long, device="meta")
+        return {"input_ids": ids, "labels": ids}
+    d = tracing.describe(model, make, batches=(2, 3))
+    t = tracing.trace(model, make(5), attention="auto")
+    for stage, s in zip(d["stages"], t.stages):
+        for field in ("kept", "output", "input_grad", "forward_flops"):
+            fixed, per = stage[field]
+            assert fixed + 5 * per == getattr(s, field), (stage["name"], field)
+    # Every saved byte but the inputs' is a stage's kept bytes or an output
+    # the next stage's backward reads.
+    held = sum(s.kept for s in t.stages) + sum(
+        a.output for a, b in zip(t.stages, t.stages[1:]) if b.reads_input)
+    assert held == t.saved - t.inputs_saved
+
+
+def test_llama_2_7b_lora_fits_one_24_gib_gpu_at_sequence_4096():
+    """Issue 17's question, answered by a dry run: with the optimal
+    recomputation planner, yes; without recomputation, no."""
+    config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 1}}
+    keep = mt.plan(LLAMA_2_7B, seq=4096, lora_rank=8, device_memory="24GiB", config=config)
+    assert keep["fits"] is False
+    fit = mt.plan(LLAMA_2_7B, seq=4096, lora_rank=8, device_memory="24GiB",
+                  config={**config, "activation_checkpointing": {"planner": "optimal"}})
+    assert fit["fits"] is True and fit["fits_text"] == "yes"
+    assert fit["parameters"] == 6_742_609_920
+    at_peak = fit["device"]["at_peak"]
+    # Only the adapters train: bf16 gradients, f32 master weights and Adam
+    # moments (12 bytes) for peft's 4,194,304 parameters.
+    assert at_peak["gradient"] == 4_194_304 * 2
+    assert at_peak["optimizer_state"] == 4_194_304 * 12
+    assert fit["device"]["needed"] <= 24 * 2**30
+
+
+def test_a_plan_s_model_states_are_what_the_front_end_holds(tmp_path):
+    """The dry run of a traced small Llama holds the parameters and
+    optimizer states a real ZeroOptimizer step of the same model holds.
+    (Gradients are not compared: the dry run's trainer acquires a stage's
+    gradient buffers when its backward starts, the front end at each
+    parameter's first gradient, so their peaks differ.)"""
+    config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}
+    with torch.device("meta"):
+        meta = small("llama")
+    r = mt.plan(meta, seq=16, batch=2, config=config, device_memory="1GiB",
+                hardware="this-machine", attention="math")
+    model = small("llama")
+    opt = mt.ZeroOptimizer(model, None, config)
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    opt.backward(model(ids, labels=ids).loss)
+    opt.step()
+    memory = opt.engine.memory()
+    for category in ("parameter", "optimizer_state"):
+        assert r["device"]["at_peak"][category] == memory[category]["peak"], category
+
+
+def test_the_cli_plans_a_hugging_face_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA_2_7B, "num_hidden_layers": 2}))
+    cli = os.path.join(ROOT, "bazel-bin", "cli", "memwall")
+    env = {**os.environ, "MEMWALL_PYTHON": sys.executable}
+    out = subprocess.run([cli, "plan", "--model", "hf:%s" % tmp_path, "--seq", "512", "--json",
+                          "--device_memory", "80GiB"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    published = 6_738_415_616 - 30 * 202_383_360  # Llama-2-7B less 30 of its 32 layers
+    assert report["parameters"] == published and report["fits"] is True
+    bad = subprocess.run([cli, "plan", "--model", "hf:%s/none" % tmp_path], env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "no such config.json" in bad.stderr and "tracing it with" in bad.stderr
