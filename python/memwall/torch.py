@@ -735,7 +735,9 @@ def plan(model, *, inputs=None, seq=None, batch=1, gpus=1, device_memory="32GiB"
     model: a torch.nn.Module (on meta for large ones; `inputs(batch)` then
         gives its inputs, by default Hugging Face token ids and labels of
         `seq`), or a Hugging Face config (a config.json path, a directory
-        with one, a dict, a PretrainedConfig), built on meta.
+        with one, a dict, a PretrainedConfig), built on meta, or a
+        description memwall.trace.describe / memwall.hf.describe made
+        (planned as it is: seq, attention and lora_* do not apply).
     lora_rank > 0: LoRA fine-tuning (memwall.hf.lora) of `lora_targets`.
     Returns the report as a dict: "memwall.plan/1" (fits, the device peak
     by category, host and NVMe use, ...) or with auto "memwall.plan-auto/1"
@@ -743,6 +745,10 @@ def plan(model, *, inputs=None, seq=None, batch=1, gpus=1, device_memory="32GiB"
     import memwall.hf as hf
     from memwall import trace as tracing
     text = _config_text(config)
+    if isinstance(model, dict) and model.get("format") == "memwall.traced/1":
+        return json.loads(memwall._memwall.plan(
+            json.dumps(model), text, gpus, str(device_memory), str(host_memory), str(nvme),
+            batch, auto, hardware))
     dtype = _precision(json.loads(text))
     if not isinstance(model, torch.nn.Module):
         model = hf.build(model, dtype)
