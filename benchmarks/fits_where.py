@@ -12,11 +12,15 @@ in the same run from the same model:
   row: its published formula, 4 bytes x the largest module's parameters
   + 18 bytes x parameters / GPUs (DeepSpeed is not installed here).
 
-Both count model states only: "left out" is the share of memwall's
-predicted peak (model states, activations at the planned recomputation,
-buffers, allocator rounding, the 1 GiB CUDA runtime allowance) the figure
-does not cover, for the configuration memwall chose. These are plans; no
-GPU measured them.
+Both count model states only. Each is set beside memwall's dry run of
+the configuration it describes (accelerate: plain Adam on one GPU, memwall
+stage 0 without recomputation; DeepSpeed: ZeRO-3 without offload over the
+machine's GPUs, memwall stage 3 likewise): "left out" is the share of
+memwall's predicted peak for that configuration (model states,
+activations, buffers, allocator rounding, the 1 GiB CUDA runtime
+allowance) the figure does not cover; negative where the figure is larger
+(LoRA: both count every parameter as trained). These are plans; no GPU
+measured them.
 
 Usage (after tools/python_env.sh): .venv/bin/python benchmarks/fits_where.py
     [--models llama-3-8b,...] [--seq 4096] [--lora-rank 16]
@@ -64,9 +68,9 @@ def main():
     args = parser.parse_args()
     print("seq %d, micro-batch 1, bf16, flash attention; LoRA: rank %d on q_proj, v_proj"
           % (args.seq, args.lora_rank))
-    print("%-13s %-5s %-7s %-62s %9s %11s %8s %10s %8s" % (
-        "model", "tune", "GPUs", "memwall --auto choice", "needed GB", "accelerate", "left out",
-        "DeepSpeed", "left out"))
+    print("%-13s %-5s %-7s %-58s %7s | %8s %8s %6s | %8s %8s %6s" % (
+        "model", "tune", "GPUs", "memwall --auto choice", "need GB", "accel.", "memwall",
+        "left", "DeepSp.", "memwall", "left"))
     for name in args.models.split(","):
         path = os.path.join(ROOT, "configs", "hf", name + ".json")
         for tune in ("full", "lora"):
@@ -76,24 +80,29 @@ def main():
             traced = time.perf_counter() - start
             model = hf.build(path, "bf16")
             acc, how = accelerate_figure(model)
+            plain = mt.plan(d, gpus=1, device_memory="1000GB",
+                            config={**CONFIG, "zero_optimization": {"stage": 0}})
             for label, gpus, memory in MACHINES:
                 start = time.perf_counter()
                 r = mt.plan(d, gpus=gpus, device_memory=memory, config=CONFIG, auto=True)
                 planned = time.perf_counter() - start
                 ds = deepspeed_figure(model, gpus)
+                zero3 = mt.plan(d, gpus=gpus, device_memory="1000GB",
+                                config={**CONFIG, "zero_optimization": {"stage": 3}})
                 if r["fits"]:
-                    need = r["plan"]["device"]["needed"]
-                    choice = r["chosen"]
-                    cells = ("%9.1f" % (need / GB), "%11.1f" % (acc / GB),
-                             "%7.0f%%" % (100 * max(0, need - acc) / need),
-                             "%10.1f" % (ds / GB), "%7.0f%%" % (100 * max(0, need - ds) / need))
+                    choice = r["chosen"].replace("recomputation ", "recomp. ")
+                    need = "%7.1f" % (r["plan"]["device"]["needed"] / GB)
                 else:
-                    choice = "does not fit (smallest %.1f GB)" % (
+                    choice = "does not fit (smallest needs %.1f GB)" % (
                         min(c["device_needed"] for c in r["candidates"]) / GB)
-                    cells = ("%9s" % "-", "%11.1f" % (acc / GB), "%8s" % "-",
-                             "%10.1f" % (ds / GB), "%8s" % "-")
-                print("%-13s %-5s %-7s %-62s %s %s %s %s %s   (trace %.1f s, plan %.1f s)" % (
-                    (name, tune, label, choice[:62]) + cells + (traced, planned)))
+                    need = "%7s" % "-"
+                cells = []
+                for figure, ours in ((acc, plain), (ds, zero3)):
+                    mem = ours["device"]["needed"]
+                    cells.append("%8.1f %8.1f %5.0f%%" % (figure / GB, mem / GB,
+                                                          100 * (mem - figure) / mem))
+                print("%-13s %-5s %-7s %-58s %s | %s | %s   (trace %.1f s, auto %.1f s)" % (
+                    name, tune, label, choice[:58], need, cells[0], cells[1], traced, planned))
     print("accelerate figures from: %s" % how)
 
 
