@@ -1,7 +1,9 @@
 """memwall.trace on torch's meta device: the parameters of whole models
 against their published counts, the seconds a trace of a whole step takes
 (the plan-time budget of issue 17), and the activations one LLaMA-7B layer
-saves with eager attention against torch's SDPA path, in the same run.
+saves with eager attention against torch's SDPA path (its math kernel, as
+meta runs it, and the GPU's memory-efficient and flash kernels as
+memwall.trace accounts them), in the same run.
 
 Usage (after tools/python_env.sh): .venv/bin/python benchmarks/trace_models.py
 """
@@ -38,14 +40,19 @@ def main():
         print("  %-12s %16d %16d %10.1f %14.2f" % (name, t.parameters, published, seconds,
                                                   t.saved / 2**30))
     print("one LLaMA-7B decoder layer, micro-batch 1, sequence 2048, bf16: saved activations")
-    for impl in ("eager", "sdpa"):
+    print("  (memwall's C++ zoo llama-7b layer declares 513 MiB: models/zoo.h says what it "
+          "models)")
+    for impl, kernel in (("eager", "math"), ("sdpa", "math"), ("sdpa", "efficient"),
+                         ("sdpa", "flash")):
         with torch.device("meta"):
             model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
                 **{**LLAMA_7B, "num_hidden_layers": 1}, attn_implementation=impl))
         model.to(torch.bfloat16)
         ids = torch.zeros(1, 2048, dtype=torch.long, device="meta")
-        unit = tracing.trace(model, {"input_ids": ids, "labels": ids}).unit("model.layers.0")
-        print("  %-6s %10.2f MiB" % (impl, unit.saved / 2**20))
+        unit = tracing.trace(model, {"input_ids": ids, "labels": ids},
+                             attention=kernel).unit("model.layers.0")
+        label = impl if impl == "eager" else "%s %s" % (impl, kernel)
+        print("  %-16s %10.2f MiB" % (label, unit.saved / 2**20))
 
 
 if __name__ == "__main__":
