@@ -21,10 +21,8 @@
 // against transformers' LlamaForCausalLM traced on meta (memwall.trace;
 // benchmarks/trace_models.py), one llama-7b block at sequence 2048 in bf16
 // declares 513 MiB here, where Hugging Face's saves 1133 MiB with eager
-// attention (f32 softmax and dropout-free copies beside the
-// probabilities, f32 RMSNorm upcasts), 925 MiB on SDPA's math kernel and
-// 381 MiB with a GPU's flash or memory-efficient kernel (no probabilities
-// at all). To plan a Hugging Face model use `memwall plan --model hf:PATH`
+// attention, 925 MiB on SDPA's math kernel and 381 MiB with a GPU's flash
+// or memory-efficient kernel (which keep no probabilities). To plan a Hugging Face model use `memwall plan --model hf:PATH`
 // (models/traced.h); the zoo stays for planning without Python.
 #ifndef MEMWALL_MODELS_ZOO_H_
 #define MEMWALL_MODELS_ZOO_H_
