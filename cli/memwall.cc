@@ -85,7 +85,8 @@ ABSL_FLAG(std::string, host_memory, "512GiB", "plan: pinned host memory per GPU.
 ABSL_FLAG(std::string, nvme, "0", "plan: NVMe space per GPU (0: none).");
 ABSL_FLAG(bool, json, false, "plan: print the plan as JSON (schema memwall.plan/1).");
 ABSL_FLAG(bool, auto, false,
-          "plan: search stage, offload, paging, NVMe and recomputation for the fastest "
+          "plan: search stage, offload, paging, NVMe, recomputation and the micro-batch "
+          "(keeping micro-batch x accumulation) for the fastest "
           "configuration that fits, and print it as a config file (also when the config's "
           "zero_optimization.stage is \"auto\").");
 ABSL_FLAG(std::string, attention, "auto",
@@ -181,9 +182,12 @@ usage:
       "fits: no" with what overflows and by how much. Sizes take GiB or GB
       (the plan prints the bytes used). Defaults: 32GiB device, 512GiB host.
       --auto (or "stage": "auto" in the config) dry-runs every combination
-      of stage, optimizer offload, parameter paging, NVMe and recomputation,
-      predicts each one's step time on a hardware profile, and prints the
-      fastest that fits as a config file (written to --out FILE if given).
+      of stage, optimizer offload, parameter paging, NVMe and recomputation
+      (and, when the config's micro-batch x gradient_accumulation_steps is
+      above 1, every micro-batch dividing that global batch, with the
+      accumulation that keeps it), predicts each one's step time on a
+      hardware profile, and prints the fastest that fits as a config file
+      (written to --out FILE if given).
 
   memwall export --checkpoint DIR --out FILE [--dtype f32|bf16] [--force]
       Writes the master weights of the newest complete checkpoint under DIR

@@ -201,31 +201,48 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
       }
     }
   }
+  // The global batch per GPU (micro-batch x accumulation) is kept; each of
+  // its divisors is a micro-batch to try when it has more than one.
+  const int64_t micro = options.batch > 0 ? options.batch : base.train_micro_batch_size_per_gpu;
+  const int64_t global = micro * base.gradient_accumulation_steps;
+  std::vector<int64_t> micro_batches;
+  for (int64_t m = 1; m <= global; ++m) {
+    if (global % m == 0) micro_batches.push_back(m);
+  }
+  const bool search = micro_batches.size() > 1;
+  if (!search) micro_batches = {micro};
   AutoResult result;
-  for (const Choice& c : choices) {
-    Candidate cand;
-    cand.config = base;
-    Config& config = cand.config;
-    config.zero.stage = c.stage;
-    config.zero.overlap_comm = c.stage > 0;
-    config.zero.reduce_bucket_size = c.bucket;
-    config.zero.stage3_prefetch_bucket_size = c.bucket;
-    config.zero.offload_optimizer_ratio = c.ratio;
-    config.zero.offload_param = c.paging;
-    config.zero.offload_nvme_path = c.nvme ? "/local_nvme" : "";
-    config.activation_checkpointing = RecomputeConfig();
-    config.activation_checkpointing.planner = c.planner;
-    cand.name = absl::StrCat("stage ", c.stage,
-                             c.ratio == 0 ? "" : absl::StrCat(", optimizer offload ", c.ratio),
-                             c.paging ? ", parameter paging" : "", c.nvme ? " (NVMe)" : "",
-                             ", recomputation ", c.planner, ", buckets ", c.bucket / 1e6, "M");
-    MW_ASSIGN_OR_RETURN(cand.plan, DryRun(options, config));
-    cand.step_seconds = PredictStepSeconds(cand.plan, config, hw);
-    result.candidates.push_back(std::move(cand));
-    const Candidate& added = result.candidates.back();
-    if (added.plan.fits &&
-        (result.best < 0 || added.step_seconds < result.candidates[result.best].step_seconds)) {
-      result.best = static_cast<int>(result.candidates.size()) - 1;
+  for (int64_t m : micro_batches) {
+    DryRunOptions at = options;
+    at.batch = m;
+    for (const Choice& c : choices) {
+      Candidate cand;
+      cand.config = base;
+      Config& config = cand.config;
+      config.train_micro_batch_size_per_gpu = m;
+      config.gradient_accumulation_steps = static_cast<int>(global / m);
+      config.zero.stage = c.stage;
+      config.zero.overlap_comm = c.stage > 0;
+      config.zero.reduce_bucket_size = c.bucket;
+      config.zero.stage3_prefetch_bucket_size = c.bucket;
+      config.zero.offload_optimizer_ratio = c.ratio;
+      config.zero.offload_param = c.paging;
+      config.zero.offload_nvme_path = c.nvme ? "/local_nvme" : "";
+      config.activation_checkpointing = RecomputeConfig();
+      config.activation_checkpointing.planner = c.planner;
+      cand.name = absl::StrCat("stage ", c.stage,
+                               c.ratio == 0 ? "" : absl::StrCat(", optimizer offload ", c.ratio),
+                               c.paging ? ", parameter paging" : "", c.nvme ? " (NVMe)" : "",
+                               ", recomputation ", c.planner, ", buckets ", c.bucket / 1e6, "M",
+                               search ? absl::StrCat(", micro-batch ", m, " x ", global / m) : "");
+      MW_ASSIGN_OR_RETURN(cand.plan, DryRun(at, config));
+      cand.step_seconds = PredictStepSeconds(cand.plan, config, hw);
+      result.candidates.push_back(std::move(cand));
+      const Candidate& added = result.candidates.back();
+      if (added.plan.fits &&
+          (result.best < 0 || added.step_seconds < result.candidates[result.best].step_seconds)) {
+        result.best = static_cast<int>(result.candidates.size()) - 1;
+      }
     }
   }
   return result;

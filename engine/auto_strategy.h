@@ -74,10 +74,14 @@ struct StepTime {
 StepTime PredictStep(const DryRunResult& plan, const Config& config, const Hardware& hw);
 double PredictStepSeconds(const DryRunResult& plan, const Config& config, const Hardware& hw);
 
-// Tries every candidate built from `base` (its optimizer, precision, batch
-// and accumulation kept): stages, optimizer offload, paging, recomputation,
-// and flat-group (bucket and prefetch) sizes of 5e6 and 5e7 elements;
-// offload to NVMe only when options.nvme_bytes > 0.
+// Tries every candidate built from `base` (its optimizer and precision
+// kept): stages, optimizer offload, paging, recomputation, and flat-group
+// (bucket and prefetch) sizes of 5e6 and 5e7 elements; offload to NVMe
+// only when options.nvme_bytes > 0; and, when the global batch per GPU
+// (options.batch, else the config's micro-batch, times its
+// gradient_accumulation_steps) is above 1, each of its divisors as the
+// micro-batch with the accumulation that keeps it (", micro-batch M x K"
+// in the candidate's name).
 absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Config& base,
                                         const Hardware& hw);
 

@@ -3,6 +3,7 @@
 // step (kernels launched, activation and workspace bytes written).
 #include "engine/auto_strategy.h"
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,42 @@ TEST_CASE("the dry run counts the kernels and transient bytes a real step has", 
   REQUIRE(trainer->TrainStep({&batch, 1}).ok());
   CHECK(device->launches() - launches == plan.kernel_launches);
   CHECK(transient() - bytes == plan.transient_bytes);
+}
+
+TEST_CASE("--auto searches the micro-batch, keeping the global batch", "[auto]") {
+  // GPT-2 124M, sequence 1024, 8 samples per GPU per step, on 4 GiB: at
+  // micro-batch 8 no candidate fits (one block's activations alone are too
+  // many even under optimal recomputation); at smaller ones some do.
+  DryRunOptions options;
+  options.model = SpecModel("gpt2-124m");
+  options.device_bytes = 4 * kGiB;
+  Config base;
+  base.train_micro_batch_size_per_gpu = 8;
+  const AutoResult r =
+      AutoStrategy(options, base, HardwarePreset("a100-40gb").value()).value();
+  std::set<int64_t> tried;
+  bool eight_fits = false;
+  for (const Candidate& c : r.candidates) {
+    const int64_t m = c.config.train_micro_batch_size_per_gpu;
+    tried.insert(m);
+    CHECK(m * c.config.gradient_accumulation_steps == 8);
+    CHECK(c.plan.batch == m);
+    const std::string suffix = ", micro-batch " + std::to_string(m) + " x " + std::to_string(8 / m);
+    CHECK(c.name.substr(c.name.size() - suffix.size()) == suffix);
+    if (m == 8 && c.plan.fits) eight_fits = true;
+  }
+  CHECK(tried == std::set<int64_t>{1, 2, 4, 8});
+  CHECK_FALSE(eight_fits);
+  REQUIRE(r.best >= 0);
+  CHECK(r.candidates[r.best].config.train_micro_batch_size_per_gpu < 8);
+
+  // One sample per step: nothing to search, names as before.
+  base.train_micro_batch_size_per_gpu = 1;
+  const AutoResult one = AutoStrategy(options, base, HardwarePreset("a100-40gb").value()).value();
+  for (const Candidate& c : one.candidates) {
+    CHECK(c.name.find("micro-batch") == std::string::npos);
+    CHECK(c.config.gradient_accumulation_steps == 1);
+  }
 }
 
 }  // namespace
