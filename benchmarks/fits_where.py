@@ -66,7 +66,8 @@ def main():
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--lora-rank", type=int, default=16)
     args = parser.parse_args()
-    print("seq %d, micro-batch 1, bf16, flash attention; LoRA: rank %d on q_proj, v_proj"
+    print("seq %d, micro-batch 1, bf16, flash attention, host 512 GiB per GPU; LoRA: rank %d on "
+          "q_proj, v_proj"
           % (args.seq, args.lora_rank))
     print("%-13s %-5s %-7s %-58s %7s | %8s %8s %6s | %8s %8s %6s" % (
         "model", "tune", "GPUs", "memwall --auto choice", "need GB", "accel.", "memwall",
@@ -93,8 +94,9 @@ def main():
                     choice = r["chosen"].replace("recomputation ", "recomp. ")
                     need = "%7.1f" % (r["plan"]["device"]["needed"] / GB)
                 else:
-                    choice = "does not fit (smallest needs %.1f GB)" % (
-                        min(c["device_needed"] for c in r["candidates"]) / GB)
+                    least = min(r["candidates"], key=lambda c: c["device_needed"])
+                    choice = "no fit (least device %.1f GB, its host %.0f GB)" % (
+                        least["device_needed"] / GB, least["host_peak"] / GB)
                     need = "%7s" % "-"
                 cells = []
                 for figure, ours in ((acc, plain), (ds, zero3)):

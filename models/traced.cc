@@ -54,6 +54,7 @@ class TracedLayer final : public Layer {
         kept_(Bytes(stage.kept, batch)),
         output_(Bytes(stage.output, batch)),
         input_grad_(Bytes(stage.input_grad, batch)),
+        workspace_(Bytes(stage.workspace, batch)),
         flops_(std::max(0.0, stage.forward_flops.At(batch))) {}
 
   std::vector<ParameterDecl> Parameters() const override { return stage_.parameters; }
@@ -77,7 +78,12 @@ class TracedLayer final : public Layer {
       MW_ASSIGN_OR_RETURN(Tensor saved, ctx.Activation({Elements(kept_)}));
       ctx.saved().push_back(std::move(saved));
     }
-    return ctx.Activation({Elements(output_)});
+    MW_ASSIGN_OR_RETURN(Tensor output, ctx.Activation({Elements(output_)}));
+    if (workspace_ > 0) {
+      // The forward's transients, at their peak beside what it keeps.
+      MW_ASSIGN_OR_RETURN(Tensor transient, ctx.Workspace({F32Elements(workspace_)}));
+    }
+    return output;
   }
   absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor&, const Tensor&) override {
     MW_RETURN_IF_ERROR(Runnable(ctx));
@@ -109,7 +115,7 @@ class TracedLayer final : public Layer {
 
   const TracedStage stage_;
   const DType dtype_;
-  const int64_t kept_, output_, input_grad_;
+  const int64_t kept_, output_, input_grad_, workspace_;
   const double flops_;
 };
 
@@ -209,6 +215,9 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
     MW_ASSIGN_OR_RETURN(stage.output, Figure(s, "output", source, where));
     MW_ASSIGN_OR_RETURN(stage.input_grad, Figure(s, "input_grad", source, where));
     MW_ASSIGN_OR_RETURN(stage.forward_flops, Figure(s, "forward_flops", source, where));
+    if (s.contains("workspace")) {
+      MW_ASSIGN_OR_RETURN(stage.workspace, Figure(s, "workspace", source, where));
+    }
     stage.reads_input = s.value("reads_input", true);
     m.stages.push_back(std::move(stage));
   }

@@ -18,12 +18,15 @@
 //                "shared": ["model.embed_tokens.weight"],
 //                "kept": [0, 981467136], "output": [0, 16777216],
 //                "input_grad": [0, 16777216], "forward_flops": [0, 1.2e12],
-//                "reads_input": false}]}
+//                "workspace": [0, 67108864], "reads_input": false}]}
 // Figures are [fixed, per sample]: at micro-batch b a figure is
 // fixed + b * per_sample (traced at two micro-batch sizes). "kept": bytes
 // autograd saves for backward that the stage creates, besides its output;
 // "output": bytes of the tensors it hands on (the last stage: the loss);
-// "input_grad": bytes of its input's gradient; "reads_input": whether
+// "input_grad": bytes of its input's gradient; "workspace" (optional):
+// bytes its forward holds for a while above what it keeps and hands on
+// (transients: attention scores, f32 upcasts, the loss's f32 logits),
+// allocated after them and freed at the forward's end; "reads_input": whether
 // autograd saves its input (false lets the engine free it early; see
 // Layer::BackwardReadsInput). Parameter names are local to the stage
 // (full name: "<stage>.<name>", torch's); "group" is the flat group
@@ -55,7 +58,7 @@ struct TracedStage {
   std::string name;
   std::vector<ParameterDecl> parameters;
   std::vector<std::string> shared;  // full names of other stages' parameters
-  TracedFigure kept, output, input_grad, forward_flops;
+  TracedFigure kept, output, input_grad, forward_flops, workspace;
   bool reads_input = true;
 };
 

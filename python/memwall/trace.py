@@ -52,6 +52,8 @@ attention themselves; the trace then says "none".
 Python numbers autograd keeps as 0-dim double tensors bypass saved-tensor
 hooks and are not counted (8 bytes each).
 """
+import weakref
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
@@ -96,12 +98,15 @@ class Stage:
         self.input_grad = 0          # bytes
         self.reads_input = True
         self.forward_flops = 0
-        self._outputs = []           # the output tensors, held while tracing
+        self.forward_peak = 0        # bytes live above the stage's start, at most
+        self.workspace = 0           # bytes: forward_peak less kept and output
+        self._outputs = []           # (storage tag, bytes, gradient bytes) it hands on
+        self._start = 0
 
     def __repr__(self):
-        return ("Stage(%r, kept=%d, output=%d, input_grad=%d, reads_input=%s, flops=%d)"
-                % (self.name, self.kept, self.output, self.input_grad, self.reads_input,
-                   self.forward_flops))
+        return ("Stage(%r, kept=%d, output=%d, workspace=%d, input_grad=%d, reads_input=%s, "
+                "flops=%d)" % (self.name, self.kept, self.output, self.workspace,
+                               self.input_grad, self.reads_input, self.forward_flops))
 
 
 class Trace:
@@ -210,6 +215,11 @@ def _fresh_outputs(func, out):
     return fresh
 
 
+# Non-zero while the trace must count an operator's FLOPs but not its
+# memory (see _Attention).
+_MUTED = [0]
+
+
 class _Attention(torch.autograd.Function):
     """scaled_dot_product_attention saving what a GPU kernel saves: query,
     key, value (as given: a kernel with grouped-query support keeps the
@@ -225,9 +235,17 @@ class _Attention(torch.autograd.Function):
         kwargs = {"scale": scale}
         if gqa:
             kwargs["enable_gqa"] = True
-        with torch.no_grad():
-            out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                       **kwargs)
+        # The values come from torch's own SDPA (math on meta and CPU),
+        # whose FLOPs count but whose transients (the attention matrix) are
+        # not the GPU kernel's: muted, then the kernel's one output.
+        _MUTED[0] += 1
+        try:
+            computed = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, **kwargs)
+        finally:
+            _MUTED[0] -= 1
+        out = computed.clone()
+        del computed
         batch, heads, length = q.shape[0], q.shape[-3] if q.dim() > 3 else 1, q.shape[-2]
         if kernel == "flash":
             lse = torch.empty((batch, heads, length), dtype=torch.float32, device=q.device)
@@ -330,17 +348,47 @@ def trace(model, inputs, loss=None, attention="math"):
                 u.trainable += p.numel()
 
     stages = [Stage(None, None)]  # what runs before the first unit joins it
+    stages[0]._start = 0
     seen_units = {}
     unit_stack, outer_stack = [], []
-    created = {}          # storage key -> the stage whose operator made it
-    saved_storages = set()
-    saved_created = []    # (stage, key, bytes) of saved storages the step made
+    # Storages the step makes, by key and generation (a key is an address,
+    # reused once a storage dies): the stage whose operator made each, and
+    # how many tensors on it are alive (weakref.finalize: torch keeps a
+    # tensor's Python object while autograd holds the tensor).
+    generation = {}
+    created = {}          # key -> (stage, generation)
+    alive = {}            # key -> [tensors, bytes]
+    meter = {"live": 0, "peak": 0}
+    saved_storages = set()  # (key, generation)
+    saved_created = []    # (stage, (key, generation), bytes) of saved storages the step made
     inputs_saved = [0]
+
+    def release(key, gen):
+        entry = alive.get(key)
+        if entry is None or generation.get(key) != gen:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            meter["live"] -= entry[1]
+            del alive[key]
 
     def on_op(func, args, kwargs, out):
         stage = stages[-1]
-        for t in _fresh_outputs(func, out):
-            created[_key(t)] = stage
+        for t in _fresh_outputs(func, out) if not _MUTED[0] else ():
+            key = _key(t)
+            generation[key] = generation.get(key, 0) + 1
+            created[key] = (stage, generation[key])
+            alive[key] = [0, t.untyped_storage().nbytes()]
+        for t in _tensors(out) if not _MUTED[0] else ():
+            key = _key(t)
+            entry = alive.get(key)
+            if entry is None:
+                continue
+            if entry[0] == 0:
+                meter["live"] += entry[1]
+            entry[0] += 1
+            weakref.finalize(t, release, key, generation[key])
+        meter["peak"] = max(meter["peak"], meter["live"])
         packet = func._overloadpacket
         if packet in flop_registry:
             flops = flop_registry[packet](*args, **kwargs, out_val=out)
@@ -351,15 +399,28 @@ def trace(model, inputs, loss=None, attention="math"):
 
     def pack(t):
         key = _key(t)
-        if key not in parameter_storages and key not in saved_storages:
-            saved_storages.add(key)
+        tag = (key, generation.get(key, 0))
+        if key not in parameter_storages and tag not in saved_storages:
+            saved_storages.add(tag)
             nbytes = t.untyped_storage().nbytes()
             unit(unit_stack[-1] if unit_stack else None).saved += nbytes
-            if key in created:
-                saved_created.append((created[key], key, nbytes))
+            if key in created and created[key][1] == tag[1]:
+                saved_created.append((created[key][0], tag, nbytes))
             else:
                 inputs_saved[0] += nbytes
         return t
+
+    def hand_on(stage, tensors):
+        """Closes `stage`'s forward: what it hands on (tensors it made),
+        and its transient peak above what was live when it started."""
+        stage._outputs = [((_key(t), generation[_key(t)]), t.untyped_storage().nbytes(),
+                           t.numel() * t.element_size()
+                           if t.is_floating_point() and t.requires_grad else 0)
+                          for t in tensors
+                          if _key(t) in created and created[_key(t)][0] is stage and
+                          created[_key(t)][1] == generation[_key(t)]]
+        stage.forward_peak = meter["peak"] - stage._start
+        meter["peak"] = meter["live"]
 
     def enter(m, args, kwargs):
         inner, outer = inner_of[id(m)], outer_of[id(m)]
@@ -374,10 +435,9 @@ def trace(model, inputs, loss=None, attention="math"):
         if previous.unit is None:
             previous.unit, previous.name = outer, name
             return
-        # What a stage hands on: the tensors it made that the next one takes.
-        previous._outputs = [t for t in _tensors((args, kwargs))
-                             if created.get(_key(t)) is previous]
+        hand_on(previous, _tensors((args, kwargs)))
         stages.append(Stage(outer, name))
+        stages[-1]._start = meter["live"]
 
     def leave(m, args, out):
         name = unit_stack.pop()
@@ -405,7 +465,8 @@ def trace(model, inputs, loss=None, attention="math"):
             h.remove()
     if stages[-1].unit is None and len(stages) == 1:
         stages[0].name = "<model>"
-    stages[-1]._outputs = [value]
+    hand_on(stages[-1], [value])
+    del out
 
     # Parameters by stage: each owned one in the stage of its owner's
     # outermost unit (units that never ran: the last stage), in module
@@ -434,28 +495,28 @@ def trace(model, inputs, loss=None, attention="math"):
 
     output_keys = {}
     for s in stages:
-        tensors = {id(t): t for t in s._outputs}.values()
         keys = {}
-        for t in tensors:
-            keys.setdefault(_key(t), t.untyped_storage().nbytes())
+        for tag, nbytes, _ in s._outputs:
+            keys.setdefault(tag, nbytes)
         # Held to the next stage's backward: what autograd saves of it (the
         # rest, a mask say, lives only while the forward uses it); if it
         # saves none, all of it, freed after the next stage's forward.
         held = {k: n for k, n in keys.items() if k in saved_storages}
         output_keys[id(s)] = held or keys
         s.output = sum((held or keys).values())
-        s.output_grad = sum(t.numel() * t.element_size() for t in tensors
-                            if t.is_floating_point() and t.requires_grad)
-    for stage, key, nbytes in saved_created:
-        if key not in output_keys[id(stage)]:
+        s.output_grad = sum(grad for _, _, grad in s._outputs)
+        s._outputs = []
+    for stage, tag, nbytes in saved_created:
+        if tag not in output_keys[id(stage)]:
             stage.kept += nbytes
+    for s in stages:
+        # The transient peak above what the stage keeps and hands on.
+        s.workspace = max(0, s.forward_peak - s.kept - s.output)
     for previous, s in zip(stages, stages[1:]):
         s.reads_input = any(k in saved_storages for k in output_keys[id(previous)]) or \
             not output_keys[id(previous)]
         s.input_grad = previous.output_grad
     value.backward()
-    for s in stages:
-        s._outputs = []
     used = sorted(patch.used)
     return Trace([units[name] for name in order], stages, inputs_saved[0],
                  "+".join(used) if used else "none")
@@ -509,6 +570,7 @@ def describe(model, make_inputs, loss=None, attention="auto", batches=(1, 2)):
             "output": figure("output", i),
             "input_grad": figure("input_grad", i),
             "forward_flops": figure("forward_flops", i),
+            "workspace": figure("workspace", i),
             "reads_input": s.reads_input,
         })
     return {

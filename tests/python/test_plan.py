@@ -152,3 +152,46 @@ def test_the_cli_plans_a_hugging_face_config(tmp_path):
                          capture_output=True, text=True)
     assert bad.returncode != 0
     assert "no such config.json" in bad.stderr and "tracing it with" in bad.stderr
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_the_chain_traced_on_meta_is_the_chain_of_a_real_cpu_step(kind):
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.device("meta"):
+        meta_model = small(kind)
+    meta = tracing.trace(meta_model, {"input_ids": ids.to("meta"), "labels": ids.to("meta")})
+    cpu = tracing.trace(small(kind), {"input_ids": ids, "labels": ids})
+
+    def chain(t):
+        return [(s.name, s.kept, s.output, s.workspace, s.input_grad, s.reads_input,
+                 s.forward_flops) for s in t.stages]
+    assert chain(meta) == chain(cpu)
+    assert any(s.workspace > 0 for s in meta.stages)
+
+
+class _Doubling(torch.nn.Module):
+    """x -> a = 2x, b = a + 1 (a dropped), c = b * w: b is saved (w's
+    gradient), a is a transient beside b."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(256))
+
+    def forward(self, x):
+        a = x * 2
+        b = a + 1
+        del a
+        return b * self.w
+
+
+def test_a_stage_s_workspace_is_its_transient_peak_above_what_it_keeps():
+    model = torch.nn.Sequential(_Doubling(), _Doubling())
+    x = torch.ones(4, 256, requires_grad=True)  # 4 KiB per [4, 256] f32 tensor
+    first, second = tracing.trace(model, (x,)).stages
+    # First: a and b live together (8 KiB), then b and c: what it keeps (b)
+    # and hands on (c) -- no transient beyond them.
+    assert (first.kept, first.output, first.workspace) == (4096, 4096, 0)
+    # Second: a and b (8 KiB) above its start; it keeps b and hands on the
+    # 4-byte loss; its own output c is summed into the loss and dropped.
+    assert (second.kept, second.output, second.workspace) == (4096, 4, 8192 - 4096 - 4)
+    assert second.reads_input is False  # 2x does not save x
