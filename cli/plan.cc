@@ -53,7 +53,8 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
   const std::string preset =
       options.hardware.empty() ? PresetForMemory(options.device_bytes) : options.hardware;
   MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(preset));
-  MW_ASSIGN_OR_RETURN(const AutoResult result, AutoStrategy(ToDryRunOptions(options), config, hw));
+  MW_ASSIGN_OR_RETURN(const AutoResult result, AutoStrategy(ToDryRunOptions(options), config, hw,
+                                                               /*vary_micro_batch=*/true));
   const Candidate* best = result.best >= 0 ? &result.candidates[result.best] : nullptr;
   const std::string chosen = best != nullptr ? ConfigToJson(best->config) : "";
   if (best != nullptr) MW_RETURN_IF_ERROR(WriteChosen(options, chosen));
@@ -187,6 +188,11 @@ nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const 
     by_category[std::string(MemoryCategoryName(c))] = r.peak.by_category[static_cast<int>(c)];
   }
   j["device"]["at_peak"] = by_category;
+  nlohmann::json peaks = nlohmann::json::object();
+  for (MemoryCategory c : kAllMemoryCategories) {
+    peaks[std::string(MemoryCategoryName(c))] = r.category_peaks[static_cast<int>(c)];
+  }
+  j["device"]["category_peaks"] = peaks;
   j["device"]["peak_phase"] = absl::StrJoin(r.peak.phase_path, " > ");
   j["host"] = {{"budget", options.host_bytes}, {"reserved_peak", r.host_peak}};
   j["nvme"] = {{"budget", options.nvme_bytes},

@@ -179,7 +179,7 @@ double PredictStepSeconds(const DryRunResult& plan, const Config& config, const 
 }
 
 absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Config& base,
-                                        const Hardware& hw) {
+                                        const Hardware& hw, bool vary_micro_batch) {
   struct Choice {
     int stage;
     float ratio;
@@ -206,7 +206,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
   const int64_t micro = options.batch > 0 ? options.batch : base.train_micro_batch_size_per_gpu;
   const int64_t global = micro * base.gradient_accumulation_steps;
   std::vector<int64_t> micro_batches;
-  for (int64_t m = 1; m <= global; ++m) {
+  for (int64_t m = 1; vary_micro_batch && m <= global; ++m) {
     if (global % m == 0) micro_batches.push_back(m);
   }
   const bool search = micro_batches.size() > 1;

@@ -77,13 +77,14 @@ double PredictStepSeconds(const DryRunResult& plan, const Config& config, const 
 // Tries every candidate built from `base` (its optimizer and precision
 // kept): stages, optimizer offload, paging, recomputation, and flat-group
 // (bucket and prefetch) sizes of 5e6 and 5e7 elements; offload to NVMe
-// only when options.nvme_bytes > 0; and, when the global batch per GPU
-// (options.batch, else the config's micro-batch, times its
-// gradient_accumulation_steps) is above 1, each of its divisors as the
+// only when options.nvme_bytes > 0; and, with `vary_micro_batch` and a
+// global batch per GPU (options.batch, else the config's micro-batch, times
+// its gradient_accumulation_steps) above 1, each of its divisors as the
 // micro-batch with the accumulation that keeps it (", micro-batch M x K"
-// in the candidate's name).
+// in the candidate's name). A planner varies it; an engine resolving
+// "stage": "auto" does not (its caller's micro-batches are given).
 absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Config& base,
-                                        const Hardware& hw);
+                                        const Hardware& hw, bool vary_micro_batch = false);
 
 // For an out-of-memory error of a run under `config`: " The auto strategy
 // fits it with <candidate> (<need> of <device>)" or " No configuration

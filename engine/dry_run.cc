@@ -221,6 +221,7 @@ absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Conf
   r.kernel_launches = device->launches() - launches_before;
   r.transient_bytes = TransientBytes(dev) - transient_before;
   r.device_requested_peak = dev.requested.peak;
+  for (int c = 0; c < kNumMemoryCategories; ++c) r.category_peaks[c] = dev.by_category[c].peak;
   r.device_reserved_peak = dev.reserved.peak;
   r.peak = profiler.peak();
   r.host_peak = device->pinned_allocator()->stats().reserved.peak;

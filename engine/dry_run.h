@@ -52,6 +52,8 @@ struct DryRunResult {
   int64_t device_reserved_peak = 0;
   int64_t device_needed = 0;  // reserved peak + runtime allowance
   PeakSnapshot peak;          // the device's peak moment
+  // Each category's own peak on the device (at different moments).
+  std::array<int64_t, kNumMemoryCategories> category_peaks{};
   int64_t host_peak = 0;      // pinned pool, reserved
   int64_t nvme_used = 0;
   std::array<CollectiveStats, kNumCollectives> collectives{};

@@ -207,6 +207,15 @@ class Layer {
   // recomputation segment starts here and keeps it as its checkpoint): a
   // traced PyTorch unit whose input autograd does not save.
   virtual bool BackwardReadsInput() const { return true; }
+  // Whether it uses its flat groups one after another rather than all at
+  // once: a traced PyTorch unit, whose modules run in turn and whose
+  // gradients autograd produces in turn, and whose Forward and Backward
+  // read no parameter or gradient memory. The engine then handles one group
+  // at a time, as the PyTorch front end does: in forward each group is
+  // gathered and released in turn (kept if the next layer reads it); after
+  // Backward, in reverse order, each is gathered, its gradient buffer
+  // acquired, reduced and released in turn.
+  virtual bool UsesGroupsInTurn() const { return false; }
   // Multiply-adds count two FLOPs.
   virtual double ForwardFlops(const std::vector<int64_t>& input) const = 0;
   virtual absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& input) = 0;

@@ -206,10 +206,17 @@ absl::Status Trainer::Forward(Pass& pass) {
   // next layer does not read them.
   const int n = static_cast<int>(layers_.size());
   ScopedPhase forward(profiler_, "forward");
+  const std::vector<int> none;
   for (int l = 0; l < n; ++l) {
     ScopedPhase layer(profiler_, layers_[l]->name());
+    const std::vector<int>& next = l + 1 < n ? groups_of_layer_[l + 1] : none;
     for (int g : groups_of_layer_[l]) {
-      if (pass.gathered.insert(g).second) MW_RETURN_IF_ERROR(optimizer_->GatherParameters(g));
+      if (!pass.gathered.insert(g).second) continue;
+      MW_RETURN_IF_ERROR(optimizer_->GatherParameters(g));
+      if (layers_[l]->UsesGroupsInTurn() && std::find(next.begin(), next.end(), g) == next.end()) {
+        MW_RETURN_IF_ERROR(optimizer_->ReleaseParameters(g));
+        pass.gathered.erase(g);
+      }
     }
     const Segment& segment = plan_.segments[segment_of_[l]];
     contexts_[l]->set_selective(segment.mode == SegmentMode::kSelective);
@@ -227,8 +234,7 @@ absl::Status Trainer::Forward(Pass& pass) {
     if (segment.mode == SegmentMode::kOffload && l == segment.end - 1) {
       MW_RETURN_IF_ERROR(Offload(pass, segment.begin - 1));  // the segment's input
     }
-    const std::vector<int> none;
-    MW_RETURN_IF_ERROR(ReleaseUnread(pass, pass.gathered, l + 1 < n ? groups_of_layer_[l + 1] : none));
+    MW_RETURN_IF_ERROR(ReleaseUnread(pass, pass.gathered, next));
   }
   return absl::OkStatus();
 }
@@ -288,11 +294,20 @@ absl::Status Trainer::Backward(Pass& pass, Tensor grad) {
         segment.mode == SegmentMode::kRecompute || segment.mode == SegmentMode::kOffload;
     if (recomputed && l == segment.end - 1) MW_RETURN_IF_ERROR(Recompute(pass, segment, l));
     ScopedPhase layer(profiler_, layers_[l]->name());
-    for (int g : groups_of_layer_[l]) {
-      if (pass.gathered.insert(g).second) MW_RETURN_IF_ERROR(opt.GatherParameters(g));
-      if (opt.layout().groups[g].trainable && acquired.insert(g).second) {
-        MW_RETURN_IF_ERROR(opt.AcquireGradients(g));
+    const bool by_group = layers_[l]->UsesGroupsInTurn();
+    auto acquire = [&](int g) -> absl::Status {
+      if (!opt.layout().groups[g].trainable || !acquired.insert(g).second) {
+        return absl::OkStatus();
       }
+      return opt.AcquireGradients(g);
+    };
+    auto gather = [&](int g) -> absl::Status {
+      return pass.gathered.insert(g).second ? opt.GatherParameters(g) : absl::OkStatus();
+    };
+    for (int g : groups_of_layer_[l]) {
+      if (by_group) continue;
+      MW_RETURN_IF_ERROR(gather(g));
+      MW_RETURN_IF_ERROR(acquire(g));
     }
     MW_ASSIGN_OR_RETURN(Tensor grad_input,
                         layers_[l]->Backward(*contexts_[l], pass.input_of(l), grad));
@@ -300,7 +315,14 @@ absl::Status Trainer::Backward(Pass& pass, Tensor grad) {
     MW_RETURN_IF_ERROR(contexts_[l]->FlushGradients());
     pass.outputs[l] = Tensor();  // read by layer l + 1's backward, which has run
     grad = std::move(grad_input);
-    for (int g : groups_of_layer_[l]) {
+    // By group: in reverse registration order, as autograd reaches modules.
+    std::vector<int> groups = groups_of_layer_[l];
+    if (by_group) std::reverse(groups.begin(), groups.end());
+    for (int g : groups) {
+      if (by_group) {
+        MW_RETURN_IF_ERROR(gather(g));
+        MW_RETURN_IF_ERROR(acquire(g));
+      }
       if (first_user_[g] != l) continue;
       if (opt.layout().groups[g].trainable) MW_RETURN_IF_ERROR(opt.ReduceGradients(g));
       MW_RETURN_IF_ERROR(opt.ReleaseParameters(g));

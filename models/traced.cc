@@ -69,6 +69,7 @@ class TracedLayer final : public Layer {
     return 4 * F32Elements(input_grad_);
   }
   bool BackwardReadsInput() const override { return stage_.reads_input; }
+  bool UsesGroupsInTurn() const override { return true; }
   double ForwardFlops(const std::vector<int64_t>&) const override { return flops_; }
 
   absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor&) override {

@@ -123,7 +123,7 @@ TEST_CASE("--auto searches the micro-batch, keeping the global batch", "[auto]")
   Config base;
   base.train_micro_batch_size_per_gpu = 8;
   const AutoResult r =
-      AutoStrategy(options, base, HardwarePreset("a100-40gb").value()).value();
+      AutoStrategy(options, base, HardwarePreset("a100-40gb").value(), true).value();
   std::set<int64_t> tried;
   bool eight_fits = false;
   for (const Candidate& c : r.candidates) {
@@ -140,12 +140,18 @@ TEST_CASE("--auto searches the micro-batch, keeping the global batch", "[auto]")
   REQUIRE(r.best >= 0);
   CHECK(r.candidates[r.best].config.train_micro_batch_size_per_gpu < 8);
 
-  // One sample per step: nothing to search, names as before.
+  // Without vary_micro_batch (an engine resolving "auto"), or with one
+  // sample per step, nothing is searched and names are as before.
+  const AutoResult fixed = AutoStrategy(options, base, HardwarePreset("a100-40gb").value()).value();
+  CHECK(fixed.best < 0);  // micro-batch 8 fits nowhere
   base.train_micro_batch_size_per_gpu = 1;
-  const AutoResult one = AutoStrategy(options, base, HardwarePreset("a100-40gb").value()).value();
-  for (const Candidate& c : one.candidates) {
-    CHECK(c.name.find("micro-batch") == std::string::npos);
-    CHECK(c.config.gradient_accumulation_steps == 1);
+  const AutoResult one =
+      AutoStrategy(options, base, HardwarePreset("a100-40gb").value(), true).value();
+  for (const AutoResult* r : {&fixed, &one}) {
+    for (const Candidate& c : r->candidates) {
+      CHECK(c.name.find("micro-batch") == std::string::npos);
+      CHECK(c.config.gradient_accumulation_steps == 1);
+    }
   }
 }
 

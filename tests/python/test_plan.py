@@ -116,25 +116,41 @@ def test_llama_2_7b_lora_fits_one_24_gib_gpu_at_sequence_4096():
     assert fit["device"]["needed"] <= 24 * 2**30
 
 
-def test_a_plan_s_model_states_are_what_the_front_end_holds(tmp_path):
-    """The dry run of a traced small Llama holds the parameters and
-    optimizer states a real ZeroOptimizer step of the same model holds.
-    (Gradients are not compared: the dry run's trainer acquires a stage's
-    gradient buffers when its backward starts, the front end at each
-    parameter's first gradient, so their peaks differ.)"""
-    config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_plan_holds_what_a_real_front_end_step_holds(stage, tmp_path):
+    """Issue 17's validation: a small Llama traced on meta and dry-run holds
+    the parameters, gradients and optimizer states a real ZeroOptimizer
+    step of the same model holds on the host backend (the allocator's
+    peaks, byte for byte), and its description keeps the activations the
+    front end counts from autograd's saved tensors."""
+    config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage}}
     with torch.device("meta"):
         meta = small("llama")
-    r = mt.plan(meta, seq=16, batch=2, config=config, device_memory="1GiB",
-                hardware="this-machine", attention="math")
+
+    def make(batch):
+        ids = torch.zeros(batch, 16, dtype=torch.long, device="meta")
+        return {"input_ids": ids, "labels": ids}
+    d = tracing.describe(meta, make, attention="math", batches=(2, 3))
+    r = mt.plan(d, batch=2, config=config, device_memory="1GiB", hardware="this-machine")
     model = small("llama")
     opt = mt.ZeroOptimizer(model, None, config)
     ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
-    opt.backward(model(ids, labels=ids).loss)
-    opt.step()
+    with mt.profile(opt, tmp_path):
+        loss = model(ids, labels=ids).loss
+        # What autograd saved, as the profiler counts it, when backward starts.
+        saved = sum(b for _, category, b in opt.engine.owners() if category == "activation")
+        opt.backward(loss)
+        opt.step()
     memory = opt.engine.memory()
-    for category in ("parameter", "optimizer_state"):
-        assert r["device"]["at_peak"][category] == memory[category]["peak"], category
+    for category in ("parameter", "gradient", "optimizer_state"):
+        assert r["device"]["category_peaks"][category] == memory[category]["peak"], category
+
+    def at(figure, b=2):
+        return figure[0] + b * figure[1]
+    stages = d["stages"]
+    held = sum(at(s["kept"]) for s in stages) + sum(
+        at(a["output"]) for a, b in zip(stages, stages[1:]) if b["reads_input"])
+    assert held + at(d["inputs_saved"]) == saved
 
 
 def test_the_cli_plans_a_hugging_face_config(tmp_path):
