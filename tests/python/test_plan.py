@@ -211,3 +211,31 @@ def test_a_stage_s_workspace_is_its_transient_peak_above_what_it_keeps():
     # 4-byte loss; its own output c is summed into the loss and dropped.
     assert (second.kept, second.output, second.workspace) == (4096, 4, 8192 - 4096 - 4)
     assert second.reads_input is False  # 2x does not save x
+
+
+def test_a_torchvision_resnet_plans_with_its_published_count():
+    torchvision = pytest.importorskip("torchvision")
+    with torch.device("meta"):
+        model = torchvision.models.resnet50()
+    # torchvision's documented parameter count for ResNet-50.
+    assert sum(p.numel() for p in model.parameters()) == 25_557_032
+    r = mt.plan(model, inputs=lambda b: (torch.zeros(b, 3, 224, 224, device="meta"),), batch=8,
+                config={"train_micro_batch_size_per_gpu": 8}, device_memory="16GiB")
+    assert r["parameters"] == 25_557_032 and r["fits"] is True
+
+
+def test_a_resnet_s_chain_on_meta_is_that_of_a_real_cpu_step():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    cpu_model = torchvision.models.resnet18(num_classes=10)
+    with torch.device("meta"):
+        meta_model = torchvision.models.resnet18(num_classes=10)
+    x = torch.randn(2, 3, 64, 64)
+    meta = tracing.trace(meta_model, (x.to("meta"),))
+    cpu = tracing.trace(cpu_model, (x,))
+
+    def chain(t):
+        return [(s.name, s.kept, s.output, s.workspace, s.input_grad, s.reads_input,
+                 s.forward_flops) for s in t.stages]
+    assert chain(meta) == chain(cpu)
+    assert [s.name for s in meta.stages][:4] == ["conv1", "bn1", "layer1.0", "layer1.1"]
