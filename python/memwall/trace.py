@@ -21,7 +21,8 @@ innermost unit wins):
   unit's forward, each storage once (the first unit to save it), parameters
   excluded -- the activations a training step keeps;
 - output: bytes of the unit's output tensors;
-- forward_flops: torch's FLOP formulas (torch.utils.flop_counter) over the
+- forward_flops: torch's FLOP formulas (torch.utils.flop_counter, and one
+  for the grouped matrix products of mixture-of-experts layers) over the
   operators the unit's forward runs.
 
 and the step's chain: stages in forward order, one per outermost unit (a
@@ -200,6 +201,19 @@ class _Watch(TorchDispatchMode):
         out = func(*args, **kwargs)
         self.on_op(func, args, kwargs, out)
         return out
+
+
+def _flops(func, args, kwargs, out):
+    """An operator's FLOPs: torch's formulas (torch.utils.flop_counter), and
+    the grouped matrix product mixture-of-experts layers run (Mixtral's
+    experts in transformers), which they lack: 2 x output elements x the
+    shared dimension."""
+    packet = func._overloadpacket
+    if packet in flop_registry:
+        return flop_registry[packet](*args, **kwargs, out_val=out)
+    if packet is torch.ops.aten._grouped_mm:
+        return 2 * out.numel() * args[0].shape[-1]
+    return 0
 
 
 def _fresh_outputs(func, out):
@@ -389,9 +403,8 @@ def trace(model, inputs, loss=None, attention="math"):
             entry[0] += 1
             weakref.finalize(t, release, key, generation[key])
         meter["peak"] = max(meter["peak"], meter["live"])
-        packet = func._overloadpacket
-        if packet in flop_registry:
-            flops = flop_registry[packet](*args, **kwargs, out_val=out)
+        flops = _flops(func, args, kwargs, out)
+        if flops:
             stage.forward_flops += flops
             for name in set(unit_stack):
                 if name is not None:
