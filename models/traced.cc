@@ -21,8 +21,10 @@ absl::Status Bad(const std::string& source, const std::string& field, const std:
       absl::StrCat("traced model ", source, ": ", field, ": expected ", what));
 }
 
+// Transient peaks (workspaces) need not grow with the batch, so they may
+// fall per sample (clamped at 0); what a stage keeps or computes may not.
 absl::StatusOr<TracedFigure> Figure(const json& stage, const char* key, const std::string& source,
-                                    const std::string& where) {
+                                    const std::string& where, bool may_fall = false) {
   const std::string field = absl::StrCat(where, ".", key);
   if (!stage.contains(key)) return Bad(source, field, "[fixed, per sample], missing");
   const json& v = stage.at(key);
@@ -30,8 +32,8 @@ absl::StatusOr<TracedFigure> Figure(const json& stage, const char* key, const st
     return Bad(source, field, absl::StrCat("[fixed, per sample] numbers, got ", v.dump()));
   }
   TracedFigure f{v[0].get<double>(), v[1].get<double>()};
-  if (!std::isfinite(f.fixed) || !std::isfinite(f.per_sample) || f.per_sample < 0 ||
-      f.At(1) < 0) {
+  if (!std::isfinite(f.fixed) || !std::isfinite(f.per_sample) ||
+      (f.per_sample < 0 && !may_fall) || f.At(1) < 0) {
     return Bad(source, field, absl::StrCat("finite, per sample >= 0, >= 0 at micro-batch 1; got ",
                                            v.dump()));
   }
@@ -55,6 +57,7 @@ class TracedLayer final : public Layer {
         output_(Bytes(stage.output, batch)),
         input_grad_(Bytes(stage.input_grad, batch)),
         workspace_(Bytes(stage.workspace, batch)),
+        backward_workspace_(Bytes(stage.backward_workspace, batch)),
         flops_(std::max(0.0, stage.forward_flops.At(batch))) {}
 
   std::vector<ParameterDecl> Parameters() const override { return stage_.parameters; }
@@ -90,7 +93,11 @@ class TracedLayer final : public Layer {
     MW_RETURN_IF_ERROR(Runnable(ctx));
     // Input gradients are f32 in the engine (engine/layer.h); torch's are
     // in the input's dtype: the same bytes, as f32 elements.
-    return ctx.InputGradient({F32Elements(input_grad_)});
+    MW_ASSIGN_OR_RETURN(Tensor input_grad, ctx.InputGradient({F32Elements(input_grad_)}));
+    if (backward_workspace_ > 0) {
+      MW_ASSIGN_OR_RETURN(Tensor transient, ctx.Workspace({F32Elements(backward_workspace_)}));
+    }
+    return input_grad;
   }
 
  private:
@@ -116,7 +123,7 @@ class TracedLayer final : public Layer {
 
   const TracedStage stage_;
   const DType dtype_;
-  const int64_t kept_, output_, input_grad_, workspace_;
+  const int64_t kept_, output_, input_grad_, workspace_, backward_workspace_;
   const double flops_;
 };
 
@@ -217,7 +224,11 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
     MW_ASSIGN_OR_RETURN(stage.input_grad, Figure(s, "input_grad", source, where));
     MW_ASSIGN_OR_RETURN(stage.forward_flops, Figure(s, "forward_flops", source, where));
     if (s.contains("workspace")) {
-      MW_ASSIGN_OR_RETURN(stage.workspace, Figure(s, "workspace", source, where));
+      MW_ASSIGN_OR_RETURN(stage.workspace, Figure(s, "workspace", source, where, true));
+    }
+    if (s.contains("backward_workspace")) {
+      MW_ASSIGN_OR_RETURN(stage.backward_workspace,
+                          Figure(s, "backward_workspace", source, where, true));
     }
     stage.reads_input = s.value("reads_input", true);
     m.stages.push_back(std::move(stage));

@@ -18,15 +18,20 @@
 //                "shared": ["model.embed_tokens.weight"],
 //                "kept": [0, 981467136], "output": [0, 16777216],
 //                "input_grad": [0, 16777216], "forward_flops": [0, 1.2e12],
-//                "workspace": [0, 67108864], "reads_input": false}]}
+//                "workspace": [0, 67108864], "backward_workspace": [0, 50331648],
+//                "reads_input": false}]}
 // Figures are [fixed, per sample]: at micro-batch b a figure is
-// fixed + b * per_sample (traced at two micro-batch sizes). "kept": bytes
+// fixed + b * per_sample (traced at two micro-batch sizes; only the
+// workspaces may fall per sample, and a figure below 0 counts as 0). "kept": bytes
 // autograd saves for backward that the stage creates, besides its output;
 // "output": bytes of the tensors it hands on (the last stage: the loss);
 // "input_grad": bytes of its input's gradient; "workspace" (optional):
 // bytes its forward holds for a while above what it keeps and hands on
 // (transients: attention scores, f32 upcasts, the loss's f32 logits),
-// allocated after them and freed at the forward's end; "reads_input": whether
+// allocated after them and freed at the forward's end; "backward_workspace"
+// (optional): likewise for its backward, above the gradient of its output
+// and its input's gradient (intermediate gradients, parameter gradients
+// until the engine takes them, the loss's f32 gradients); "reads_input": whether
 // autograd saves its input (false lets the engine free it early; see
 // Layer::BackwardReadsInput). Parameter names are local to the stage
 // (full name: "<stage>.<name>", torch's); "group" is the flat group
@@ -58,7 +63,7 @@ struct TracedStage {
   std::string name;
   std::vector<ParameterDecl> parameters;
   std::vector<std::string> shared;  // full names of other stages' parameters
-  TracedFigure kept, output, input_grad, forward_flops, workspace;
+  TracedFigure kept, output, input_grad, forward_flops, workspace, backward_workspace;
   bool reads_input = true;
 };
 

@@ -101,6 +101,8 @@ class Stage:
         self.forward_flops = 0
         self.forward_peak = 0        # bytes live above the stage's start, at most
         self.workspace = 0           # bytes: forward_peak less kept and output
+        self.backward_peak = 0       # bytes live above its backward's start, at most
+        self.backward_workspace = 0  # bytes: backward_peak less the input gradient
         self._outputs = []           # (storage tag, bytes, gradient bytes) it hands on
         self._start = 0
 
@@ -279,12 +281,20 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v = ctx.saved_tensors[:3]
         sdpa, attn_mask, dropout_p, is_causal, kwargs = ctx.args
-        with torch.enable_grad():
-            inputs = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
-            out = sdpa(*inputs, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                       **kwargs)
-            wanted = [t for t in inputs if t.requires_grad]
-            grads = iter(torch.autograd.grad(out, wanted, grad))
+        # As in forward: the math path's transients are muted; what the
+        # kernel's backward allocates is the gradients of q, k and v.
+        _MUTED[0] += 1
+        try:
+            with torch.enable_grad():
+                inputs = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+                out = sdpa(*inputs, attn_mask=attn_mask, dropout_p=dropout_p,
+                           is_causal=is_causal, **kwargs)
+                wanted = [t for t in inputs if t.requires_grad]
+                computed = torch.autograd.grad(out, wanted, grad)
+        finally:
+            _MUTED[0] -= 1
+        grads = iter([g.clone() for g in computed])
+        del computed
         return (None, None) + tuple(next(grads) if t.requires_grad else None
                                     for t in inputs) + (None,) * 5
 
@@ -386,12 +396,17 @@ def trace(model, inputs, loss=None, attention="math"):
             meter["live"] -= entry[1]
             del alive[key]
 
+    phase = ["forward"]
+
     def on_op(func, args, kwargs, out):
         stage = stages[-1]
         for t in _fresh_outputs(func, out) if not _MUTED[0] else ():
             key = _key(t)
             generation[key] = generation.get(key, 0) + 1
-            created[key] = (stage, generation[key])
+            if phase[0] == "forward":
+                created[key] = (stage, generation[key])
+            else:
+                created.pop(key, None)
             alive[key] = [0, t.untyped_storage().nbytes()]
         for t in _tensors(out) if not _MUTED[0] else ():
             key = _key(t)
@@ -403,7 +418,7 @@ def trace(model, inputs, loss=None, attention="math"):
             entry[0] += 1
             weakref.finalize(t, release, key, generation[key])
         meter["peak"] = max(meter["peak"], meter["live"])
-        flops = _flops(func, args, kwargs, out)
+        flops = _flops(func, args, kwargs, out) if phase[0] == "forward" else 0
         if flops:
             stage.forward_flops += flops
             for name in set(unit_stack):
@@ -425,15 +440,41 @@ def trace(model, inputs, loss=None, attention="math"):
 
     def hand_on(stage, tensors):
         """Closes `stage`'s forward: what it hands on (tensors it made),
-        and its transient peak above what was live when it started."""
+        and its transient peak above what was live when it started. The
+        gradient reaching what it hands on starts its backward."""
+        handed = [t for t in tensors
+                  if _key(t) in created and created[_key(t)][0] is stage and
+                  created[_key(t)][1] == generation[_key(t)]]
         stage._outputs = [((_key(t), generation[_key(t)]), t.untyped_storage().nbytes(),
                            t.numel() * t.element_size()
                            if t.is_floating_point() and t.requires_grad else 0)
-                          for t in tensors
-                          if _key(t) in created and created[_key(t)][0] is stage and
-                          created[_key(t)][1] == generation[_key(t)]]
+                          for t in handed]
+        for t in handed:
+            if t.requires_grad:
+                t.register_hook(lambda grad, stage=stage: reach(stage))
         stage.forward_peak = meter["peak"] - stage._start
         meter["peak"] = meter["live"]
+
+    # Backward: stages in reverse; each one's transient peak above what was
+    # live when its output's gradient arrived (parameter gradients included
+    # until dropped: autograd makes them, the front end adds them into the
+    # engine's buffers and frees them).
+    backward = {"stage": None, "start": 0}
+
+    def close_backward():
+        if backward["stage"] is not None:
+            backward["stage"].backward_peak = meter["peak"] - backward["start"]
+
+    def reach(stage):
+        current = backward["stage"]
+        if current is not None and stages.index(stage) >= stages.index(current):
+            return
+        close_backward()
+        backward["stage"], backward["start"] = stage, meter["live"]
+        meter["peak"] = meter["live"]
+
+    def drop_grad(p):
+        p.grad = None
 
     def enter(m, args, kwargs):
         inner, outer = inner_of[id(m)], outer_of[id(m)]
@@ -529,7 +570,19 @@ def trace(model, inputs, loss=None, attention="math"):
         s.reads_input = any(k in saved_storages for k in output_keys[id(previous)]) or \
             not output_keys[id(previous)]
         s.input_grad = previous.output_grad
-    value.backward()
+    grad_hooks = [p.register_post_accumulate_grad_hook(drop_grad)
+                  for p in model.parameters() if p.requires_grad]
+    phase[0] = "backward"
+    try:
+        with _Watch(on_op):
+            reach(stages[-1])
+            value.backward()
+            close_backward()
+    finally:
+        for h in grad_hooks:
+            h.remove()
+    for s in stages:
+        s.backward_workspace = max(0, s.backward_peak - s.input_grad)
     used = sorted(patch.used)
     return Trace([units[name] for name in order], stages, inputs_saved[0],
                  "+".join(used) if used else "none")
@@ -584,6 +637,7 @@ def describe(model, make_inputs, loss=None, attention="auto", batches=(1, 2)):
             "input_grad": figure("input_grad", i),
             "forward_flops": figure("forward_flops", i),
             "workspace": figure("workspace", i),
+            "backward_workspace": figure("backward_workspace", i),
             "reads_input": s.reads_input,
         })
     return {

@@ -179,10 +179,11 @@ def test_the_chain_traced_on_meta_is_the_chain_of_a_real_cpu_step(kind):
     cpu = tracing.trace(small(kind), {"input_ids": ids, "labels": ids})
 
     def chain(t):
-        return [(s.name, s.kept, s.output, s.workspace, s.input_grad, s.reads_input,
-                 s.forward_flops) for s in t.stages]
+        return [(s.name, s.kept, s.output, s.workspace, s.backward_workspace, s.input_grad,
+                 s.reads_input, s.forward_flops) for s in t.stages]
     assert chain(meta) == chain(cpu)
     assert any(s.workspace > 0 for s in meta.stages)
+    assert any(s.backward_workspace > 0 for s in meta.stages)
 
 
 class _Doubling(torch.nn.Module):
@@ -235,8 +236,8 @@ def test_a_resnet_s_chain_on_meta_is_that_of_a_real_cpu_step():
     cpu = tracing.trace(cpu_model, (x,))
 
     def chain(t):
-        return [(s.name, s.kept, s.output, s.workspace, s.input_grad, s.reads_input,
-                 s.forward_flops) for s in t.stages]
+        return [(s.name, s.kept, s.output, s.workspace, s.backward_workspace, s.input_grad,
+                 s.reads_input, s.forward_flops) for s in t.stages]
     assert chain(meta) == chain(cpu)
     assert [s.name for s in meta.stages][:4] == ["conv1", "bn1", "layer1.0", "layer1.1"]
 
