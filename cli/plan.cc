@@ -35,6 +35,24 @@ DryRunOptions ToDryRunOptions(const PlanOptions& options) {
   return dry;
 }
 
+void DescribeTraced(const TracedModel& model, PlanOptions& options) {
+  options.traced_class = model.model;
+  options.traced_dtype = DTypeName(model.dtype);
+  options.traced_attention = model.attention;
+}
+
+namespace {
+
+// "  (traced LlamaForCausalLM in bf16 on torch's meta device; attention
+// kernel: flash)\n", or nothing for memwall's own models.
+std::string TracedLine(const PlanOptions& options) {
+  if (options.traced_class.empty()) return "";
+  return absl::StrFormat("  (traced %s in %s on torch's meta device; attention kernel: %s)\n",
+                         options.traced_class, options.traced_dtype, options.traced_attention);
+}
+
+}  // namespace
+
 namespace {
 
 // The chosen config goes to --out (only where a candidate fits).
@@ -87,6 +105,7 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
       options.model, static_cast<long long>(options.gpus), options.gpus == 1 ? "" : "s",
       FormatBytes(options.device_bytes), FormatBytes(options.host_bytes),
       FormatBytes(options.nvme_bytes), hw.name);
+  out += TracedLine(options);
   absl::StrAppendFormat(&out,
                         "  (%.1f TFLOP/s sustained, interconnect %.1f GB/s, host link %.1f GB/s, "
                         "CPU Adam %.1f GB/s, disk %.2f GB/s)\n",
@@ -171,6 +190,11 @@ nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const 
   j["parameters"] = r.parameters;
   j["gpus"] = options.gpus;
   j["micro_batch"] = r.batch;
+  if (!options.traced_class.empty()) {
+    j["traced"] = {{"class", options.traced_class},
+                   {"dtype", options.traced_dtype},
+                   {"attention", options.traced_attention}};
+  }
   j["zero_stage"] = config.zero.stage;
   j["forward_flops_per_step"] = r.forward_flops;
   j["recompute_flops_per_step"] = r.extra_flops;
@@ -212,10 +236,19 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
                                          : ParseConfig(options.config_text));
   // --batch is the configuration planned, so the config printed says it.
   if (options.batch > 0) config.train_micro_batch_size_per_gpu = options.batch;
-  if (options.model.rfind("hf:", 0) == 0 && !options.factory) {
-    MW_ASSIGN_OR_RETURN(TracedModel traced, TraceHuggingFace(options, config));
+  const bool hf = options.model.rfind("hf:", 0) == 0;
+  if ((hf || options.model.rfind("traced:", 0) == 0) && !options.factory) {
+    absl::StatusOr<TracedModel> traced = hf ? TraceHuggingFace(options, config)
+                                            : LoadTracedModel(options.model.substr(7));
+    if (!traced.ok()) return traced.status();
+    if (!hf && options.seq > 0 && (traced->input.empty() || traced->input.back() != options.seq)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--seq ", options.seq, ": ", options.model, " was traced at sequence ",
+          traced->input.empty() ? 0 : traced->input.back(), "; trace it again at ", options.seq));
+    }
     PlanOptions with_model = options;
-    with_model.factory = TracedModelFactory(std::make_shared<const TracedModel>(std::move(traced)));
+    DescribeTraced(*traced, with_model);
+    with_model.factory = TracedModelFactory(std::make_shared<const TracedModel>(*std::move(traced)));
     return PlanReport(with_model);
   }
   if (options.auto_strategy || config.zero.stage == kAutoStage) return AutoReport(options, config);
@@ -232,6 +265,7 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
       options.model, r.parameters / 1e9, static_cast<long long>(options.gpus),
       options.gpus == 1 ? "" : "s", config.zero.stage, static_cast<long long>(r.batch),
       r.recompute.planner);
+  out += TracedLine(options);
   if (!r.recompute_note.empty()) {
     absl::StrAppendFormat(&out, "  (%s; planned the least activation peak instead)\n",
                           r.recompute_note);

@@ -12,6 +12,7 @@
 #include "engine/config.h"
 #include "engine/dry_run.h"
 #include "engine/model.h"
+#include "models/traced.h"
 #include "nlohmann/json.hpp"
 
 namespace memwall {
@@ -22,6 +23,9 @@ struct PlanOptions {
   // Set: the model to plan (e.g. a traced PyTorch model's factory, see
   // models/traced.h), `model` naming it in the report.
   ModelFactory factory;
+  // For a traced model: what was traced and the attention kernel assumed,
+  // printed under the plan's first line and as "traced" in its JSON.
+  std::string traced_class, traced_dtype, traced_attention;
   std::string config_path;          // empty: the built-in training config
   std::string config_text;          // set: the config itself (JSON), not a file
   int64_t gpus = 1;                 // N: the data-parallel world
@@ -62,6 +66,8 @@ DryRunOptions ToDryRunOptions(const PlanOptions& options);
 absl::StatusOr<std::string> PlanReport(const PlanOptions& options);
 // PlanReport, printed.
 absl::Status RunPlan(const PlanOptions& options);
+// Sets options' traced_* fields from a traced model's description.
+void DescribeTraced(const TracedModel& model, PlanOptions& options);
 // One dry run's report as "memwall.plan/1" JSON.
 nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const DryRunResult& r);
 

@@ -94,6 +94,7 @@ std::string PlanTraced(const std::string& description, const std::string& config
   PlanOptions options;
   auto model = std::make_shared<const TracedModel>(Value(ParseTracedModel(description, "<memory>")));
   options.model = model->model;
+  DescribeTraced(*model, options);
   options.factory = TracedModelFactory(model);
   options.config_text = config_json;
   options.gpus = gpus;

@@ -31,9 +31,12 @@ stage before it, or the first stage), each with the bytes of saved storages
 it creates (an operator's fresh output, watched by a dispatch mode) besides
 its output (what it makes that the next stage takes; the last stage's
 is the loss), its output, its input's gradient, whether autograd saves its
-input, its FLOPs and its parameters. Their kept bytes and saved outputs sum
-to every saved byte of the step but the inputs' (token ids the embedding
-saves: the engine holds the batch itself).
+input, its FLOPs, its parameters, and its transient peaks: in forward above
+what it keeps and hands on, in backward above its output's and input's
+gradients (tensor lifetimes followed by weakref; parameter gradients are
+dropped once accumulated, as memwall.torch does). Their kept bytes and
+saved outputs sum to every saved byte of the step but the inputs' (token
+ids the embedding saves: the engine holds the batch itself).
 
 describe() traces at two micro-batch sizes and writes the description
 memwall's C++ side reads (models/traced.h, "memwall.traced/1"): figures

@@ -164,6 +164,20 @@ def test_the_cli_plans_a_hugging_face_config(tmp_path):
     report = json.loads(out.stdout)
     published = 6_738_415_616 - 30 * 202_383_360  # Llama-2-7B less 30 of its 32 layers
     assert report["parameters"] == published and report["fits"] is True
+    # The built-in config trains in f32: torch would run the efficient kernel.
+    assert report["traced"] == {"class": "LlamaForCausalLM", "dtype": "f32",
+                                "attention": "efficient"}
+    described = tmp_path / "described.json"
+    # Traced as the CLI traces: at the planned micro-batch and the next.
+    described.write_text(json.dumps(hf.describe(path, seq=512, batch=report["micro_batch"])))
+    again = subprocess.run([cli, "plan", "--model", "traced:%s" % described, "--json",
+                            "--device_memory", "80GiB"], capture_output=True, text=True)
+    assert json.loads(again.stdout)["device"] == report["device"]
+    other = subprocess.run([cli, "plan", "--model", "traced:%s" % described, "--seq", "256"],
+                           capture_output=True, text=True)
+    assert other.returncode != 0
+    assert ("--seq 256: traced:%s was traced at sequence 512; trace it again at 256"
+            % described) in other.stderr
     bad = subprocess.run([cli, "plan", "--model", "hf:%s/none" % tmp_path], env=env,
                          capture_output=True, text=True)
     assert bad.returncode != 0
