@@ -70,6 +70,50 @@ MW_HD float GeluGradElement(float x, float dy) {
   return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
 }
 
+// Column sums (bias gradients) add rows pairwise, so the error grows with
+// log(rows) rather than rows: rows are summed in order in blocks of
+// kColumnBlock, and each block's sum joins a binary counter of partial sums
+// (a block merges, as the right operand, with the partial holding as many
+// blocks, carrying upwards); what the counter holds at the end is added
+// from its largest partial down. The CPU kernel (a tile of columns at a
+// time, in row order) and the CUDA twin (a column per thread, through
+// PairwiseColumnSum) follow this order exactly.
+constexpr int64_t kColumnBlock = 8;
+constexpr int kColumnLevels = 64;
+
+// Merges block sum `s` into the counter (`levels`, `count` blocks so far).
+MW_HD void PairwiseMerge(float* levels, int64_t& count, float s) {
+  int k = 0;
+  for (; (count >> k) & 1; ++k) s = levels[k] + s;
+  levels[k] = s;
+  ++count;
+}
+
+// The counter's total: its partials from the largest down.
+MW_HD float PairwiseTotal(const float* levels, int64_t count) {
+  float total = 0.0f;
+  bool first = true;
+  for (int k = kColumnLevels - 1; k >= 0; --k) {
+    if (!((count >> k) & 1)) continue;
+    total = first ? levels[k] : total + levels[k];
+    first = false;
+  }
+  return total;
+}
+
+// Column c of the row-major [rows, cols] x, summed in the order above.
+MW_HD float PairwiseColumnSum(const float* x, int64_t rows, int64_t cols, int64_t c) {
+  float levels[kColumnLevels];
+  int64_t count = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += kColumnBlock) {
+    const int64_t r1 = r0 + kColumnBlock < rows ? r0 + kColumnBlock : rows;
+    float s = x[r0 * cols + c];
+    for (int64_t r = r0 + 1; r < r1; ++r) s += x[r * cols + c];
+    PairwiseMerge(levels, count, s);
+  }
+  return PairwiseTotal(levels, count);
+}
+
 }  // namespace kernels
 }  // namespace memwall
 

@@ -143,8 +143,25 @@ void BroadcastRows(const float* __restrict b, int64_t rows, int64_t cols, float*
 }
 
 void ColumnSum(const float* __restrict x, int64_t rows, int64_t cols, float* __restrict sum) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) sum[c] += x[r * cols + c];
+  // nn_math.h's pairwise order, a tile of columns at a time so rows are read
+  // in order (PairwiseColumnSum's arithmetic, column by column).
+  constexpr int64_t kTile = 16;
+  for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+    const int64_t width = c0 + kTile < cols ? kTile : cols - c0;
+    float levels[kTile][kColumnLevels];
+    int64_t count[kTile] = {};
+    for (int64_t r0 = 0; r0 < rows; r0 += kColumnBlock) {
+      const int64_t r1 = r0 + kColumnBlock < rows ? r0 + kColumnBlock : rows;
+      float s[kTile];
+      for (int64_t j = 0; j < width; ++j) s[j] = x[r0 * cols + c0 + j];
+      for (int64_t r = r0 + 1; r < r1; ++r) {
+        for (int64_t j = 0; j < width; ++j) s[j] += x[r * cols + c0 + j];
+      }
+      for (int64_t j = 0; j < width; ++j) PairwiseMerge(levels[j], count[j], s[j]);
+    }
+    for (int64_t j = 0; j < width; ++j) {
+      if (rows > 0) sum[c0 + j] += PairwiseTotal(levels[j], count[j]);
+    }
   }
 }
 

@@ -187,9 +187,7 @@ __global__ void BroadcastRowsKernel(const float* b, int64_t rows, int64_t cols, 
 __global__ void ColumnSumKernel(const float* x, int64_t rows, int64_t cols, float* sum) {
   for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < cols;
        c += int64_t{gridDim.x} * blockDim.x) {
-    float s = sum[c];
-    for (int64_t r = 0; r < rows; ++r) s += x[r * cols + c];
-    sum[c] = s;
+    if (rows > 0) sum[c] += PairwiseColumnSum(x, rows, cols, c);
   }
 }
 
