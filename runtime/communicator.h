@@ -136,6 +136,15 @@ class Communicator {
   CollectiveStats stats(Collective collective) const {
     return stats_[static_cast<int>(collective)];
   }
+  // Adds to the stats `repeats` more calls like the ones `delta` counts,
+  // without running them: a dry run's identical pieces of one reduction
+  // (meta moves no bytes), accounted once so that its cost does not grow
+  // with their number.
+  void CountRepeats(Collective collective, const CollectiveStats& delta, int64_t repeats) {
+    CollectiveStats& s = stats_[static_cast<int>(collective)];
+    s.calls += delta.calls * repeats;
+    s.bytes += delta.bytes * repeats;
+  }
   // SUM of bytes over all collectives.
   int64_t total_bytes() const;
   void ResetStats() { stats_ = {}; }
