@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "models/gpt.h"
 #include "models/layers.h"
-#include "models/traced.h"
 #include "models/zoo.h"
 #include "runtime/status.h"
 
@@ -63,22 +62,6 @@ absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t 
 }
 
 ModelFactory SpecModel(const std::string& spec, int64_t seq, int64_t image) {
-  constexpr absl::string_view kTraced = "traced:";
-  if (spec.rfind(std::string(kTraced), 0) == 0) {
-    // Read once; every micro-batch size is built from the same description.
-    absl::StatusOr<TracedModel> loaded = LoadTracedModel(spec.substr(kTraced.size()));
-    if (!loaded.ok()) {
-      const absl::Status error = loaded.status();
-      return [error](int64_t) -> absl::StatusOr<Model> { return error; };
-    }
-    if (seq > 0 && (loaded->input.empty() || loaded->input.back() != seq)) {
-      const absl::Status error = absl::InvalidArgumentError(absl::StrCat(
-          "--seq ", seq, ": ", spec, " was traced at sequence ",
-          loaded->input.empty() ? 0 : loaded->input.back(), "; trace it again at ", seq));
-      return [error](int64_t) -> absl::StatusOr<Model> { return error; };
-    }
-    return TracedModelFactory(std::make_shared<const TracedModel>(*std::move(loaded)));
-  }
   return [spec, seq, image](int64_t batch) { return MakeModel(spec, batch, seq, image); };
 }
 

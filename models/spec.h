@@ -20,10 +20,8 @@ absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t 
                                 int64_t image);
 
 // MakeModel as the engine's factory: the same spec, seq and image for
-// every micro-batch size asked for. Also "traced:FILE", a PyTorch model's
-// description written by memwall.trace (models/traced.h), read once; its
-// errors (and a `seq` other than the traced one) come back from the
-// factory's calls.
+// every micro-batch size asked for. (`memwall plan` also takes traced
+// PyTorch models, "hf:PATH" and "traced:FILE": cli/plan.h.)
 ModelFactory SpecModel(const std::string& spec, int64_t seq = 0, int64_t image = 224);
 
 }  // namespace memwall

@@ -33,6 +33,7 @@ micro-batch's loss (times loss_scale, which backward() applies); step()
 averages over ranks and over the config's gradient_accumulation_steps
 micro-batches, so losses are not divided by the accumulation count.
 """
+import copy
 import json
 import os
 
@@ -749,17 +750,19 @@ def plan(model, *, inputs=None, seq=None, batch=1, gpus=1, device_memory="32GiB"
         return json.loads(memwall._memwall.plan(
             json.dumps(model), text, gpus, str(device_memory), str(host_memory), str(nvme),
             batch, auto, hardware))
-    dtype = _precision(json.loads(text))
+    parsed = json.loads(text)
+    dtype = _precision(parsed)
     if not isinstance(model, torch.nn.Module):
         model = hf.build(model, dtype)
-    elif {p.dtype for p in model.parameters()} != {_DTYPES[dtype]}:
-        model = model.to(_DTYPES[dtype])
+    elif lora_rank or {p.dtype for p in model.parameters()} != {_DTYPES[dtype]}:
+        # Casting and adapters change a module in place: the caller's stays as it was.
+        model = copy.deepcopy(model).to(_DTYPES[dtype])
     if lora_rank:
         hf.lora(model, lora_rank, tuple(lora_targets))
     was_training = model.training
     model.train()
     try:
-        micro = batch or json.loads(text).get("train_micro_batch_size_per_gpu", 1)
+        micro = batch or parsed.get("train_micro_batch_size_per_gpu", 1)
         description = tracing.describe(model, inputs or hf.inputs_for(model, seq),
                                        attention=attention, batches=(micro, micro + 1))
     finally:

@@ -622,9 +622,7 @@ def describe(model, make_inputs, loss=None, attention="auto", batches=(1, 2)):
     first = _tensors(make_inputs(1))[0]
 
     def figure(field, i):
-        x1, x2 = (getattr(t.stages[i], field) for t in traces)
-        per = (x2 - x1) / (b2 - b1)
-        return [x1 - per * b1, per]
+        return _fit([getattr(t.stages[i], field) for t in traces], batches)
 
     stages = []
     for i, s in enumerate(traces[0].stages):
@@ -651,13 +649,13 @@ def describe(model, make_inputs, loss=None, attention="auto", batches=(1, 2)):
         "input": list(first.shape[1:]),
         "parameters": traces[0].parameters,
         "trainable": traces[0].trainable,
-        "inputs_saved": _figure_total(traces, "inputs_saved", batches),
+        "inputs_saved": _fit([t.inputs_saved for t in traces], batches),
         "stages": stages,
     }
 
 
-def _figure_total(traces, field, batches):
-    b1, b2 = batches
-    x1, x2 = (getattr(t, field) for t in traces)
+def _fit(values, batches):
+    """[fixed, per sample]: the line through values at the two batches."""
+    (x1, x2), (b1, b2) = values, batches
     per = (x2 - x1) / (b2 - b1)
     return [x1 - per * b1, per]

@@ -237,6 +237,12 @@ def test_a_torchvision_resnet_plans_with_its_published_count():
     r = mt.plan(model, inputs=lambda b: (torch.zeros(b, 3, 224, 224, device="meta"),), batch=8,
                 config={"train_micro_batch_size_per_gpu": 8}, device_memory="16GiB")
     assert r["parameters"] == 25_557_032 and r["fits"] is True
+    # Planning bf16 LoRA of it leaves the caller's model as it was.
+    mt.plan(model, inputs=lambda b: (torch.zeros(b, 3, 224, 224, device="meta",
+                                                 dtype=torch.bfloat16),),
+            config={"bf16": {"enabled": True}}, lora_rank=4, lora_targets=("fc",))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert isinstance(model.fc, torch.nn.Linear) and model.fc.weight.requires_grad
 
 
 def test_a_resnet_s_chain_on_meta_is_that_of_a_real_cpu_step():
