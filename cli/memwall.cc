@@ -187,7 +187,9 @@ usage:
       above 1, every micro-batch dividing that global batch, with the
       accumulation that keeps it), predicts each one's step time on a
       hardware profile, and prints the fastest that fits as a config file
-      (written to --out FILE if given).
+      (written to --out FILE if given). Planning that takes more than a
+      second reports on stderr, once a second, what it is doing (the
+      candidate, and where in the dry-run step).
 
   memwall export --checkpoint DIR --out FILE [--dtype f32|bf16] [--force]
       Writes the master weights of the newest complete checkpoint under DIR

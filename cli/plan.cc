@@ -32,6 +32,7 @@ DryRunOptions ToDryRunOptions(const PlanOptions& options) {
   dry.nvme_bytes = options.nvme_bytes;
   dry.batch = options.batch;
   dry.runtime_allowance = options.runtime_allowance;
+  dry.progress = options.progress;
   return dry;
 }
 
@@ -162,6 +163,7 @@ absl::StatusOr<TracedModel> TraceHuggingFace(const PlanOptions& options, const C
       DTypeName(config.param_dtype()), " --attention ", ShellQuote(options.attention),
       " --lora-rank ", options.lora_rank, " --lora-targets ", ShellQuote(options.lora_targets),
       " --out ", ShellQuote(out), " 1>&2");
+  ScopedProgressStage stage(options.progress, absl::StrCat("tracing ", path, " with ", python));
   const int rc = std::system(command.c_str());
   if (rc != 0) {
     std::remove(out.c_str());
@@ -304,7 +306,10 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
 }
 
 absl::Status RunPlan(const PlanOptions& options) {
-  MW_ASSIGN_OR_RETURN(const std::string report, PlanReport(options));
+  PlanProgress progress(stderr, "memwall plan");
+  PlanOptions with_progress = options;
+  with_progress.progress = &progress;
+  MW_ASSIGN_OR_RETURN(const std::string report, PlanReport(with_progress));
   std::fputs(report.c_str(), stdout);
   return absl::OkStatus();
 }

@@ -53,6 +53,9 @@ struct PlanOptions {
   bool auto_strategy = false;
   std::string hardware;
   std::string out_path;
+  // Set: progress reports of the planning (RunPlan: on stderr after a
+  // second).
+  PlanProgress* progress = nullptr;
 };
 
 // The engine's dry-run options for these flags.
@@ -64,7 +67,8 @@ DryRunOptions ToDryRunOptions(const PlanOptions& options);
 // plan). Errors only for bad input (naming the flag, model or file) or a
 // step that cannot run at all.
 absl::StatusOr<std::string> PlanReport(const PlanOptions& options);
-// PlanReport, printed.
+// PlanReport, printed; progress on stderr when planning takes more than a
+// second.
 absl::Status RunPlan(const PlanOptions& options);
 // Sets options' traced_* fields from a traced model's description.
 void DescribeTraced(const TracedModel& model, PlanOptions& options);

@@ -235,6 +235,11 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
                                c.paging ? ", parameter paging" : "", c.nvme ? " (NVMe)" : "",
                                ", recomputation ", c.planner, ", buckets ", c.bucket / 1e6, "M",
                                search ? absl::StrCat(", micro-batch ", m, " x ", global / m) : "");
+      if (options.progress != nullptr) {
+        options.progress->SetTask(absl::StrCat(
+            "candidate ", result.candidates.size() + 1, " of ",
+            micro_batches.size() * choices.size(), " (", cand.name, ")"));
+      }
       MW_ASSIGN_OR_RETURN(cand.plan, DryRun(at, config));
       cand.step_seconds = PredictStepSeconds(cand.plan, config, hw);
       result.candidates.push_back(std::move(cand));
@@ -245,6 +250,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
       }
     }
   }
+  if (options.progress != nullptr) options.progress->SetTask("");
   return result;
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -191,6 +192,8 @@ absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Conf
   }
   DryRunResult r;
   r.batch = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
+  std::optional<ScopedProgressStage> stage;
+  stage.emplace(options.progress, "building the model");
   MW_ASSIGN_OR_RETURN(Model model, options.model(r.batch));
   // Meta devices with room for anything: the dry run measures, then compares.
   const int64_t unbounded = int64_t{1} << 60;
@@ -203,12 +206,19 @@ absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Conf
   for (const auto& layer : model.layers) {
     for (const ParameterDecl& d : layer->Parameters()) r.parameters += NumElements(d.shape);
   }
+  const size_t layers = model.layers.size();
+  stage.emplace(options.progress, "laying out the model states");
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(std::move(model.layers), std::move(model.loss), config,
                                       *device, *comm, /*seed=*/1));
   trainer->set_profiler(&profiler);
+  stage.emplace(options.progress, "planning recomputation");
   MW_ASSIGN_OR_RETURN(r.recompute, PlanRecomputation(options, config, r.batch, *trainer,
                                                      model.input, r.recompute_note));
+  // `step` reads `profiler`: declared after it, it lets go of it first.
+  std::optional<ScopedProgressStage> step;
+  stage.reset();
+  step.emplace(options.progress, absl::StrCat("dry-run step of ", layers, " layers"), &profiler);
   MW_ASSIGN_OR_RETURN(std::vector<Batch> batches,
                       EmptyBatches(*device, config.gradient_accumulation_steps, model.input,
                                    model.target));

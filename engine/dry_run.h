@@ -18,6 +18,7 @@
 #include "checkpointing/plan.h"
 #include "engine/config.h"
 #include "engine/model.h"
+#include "engine/progress.h"
 #include "engine/trainer.h"
 #include "profiler/memory_profiler.h"
 #include "runtime/allocator.h"
@@ -40,6 +41,9 @@ struct DryRunOptions {
   // Device memory outside memwall's allocator: kDeviceRuntimeAllowance for
   // a GPU, 0 to plan a host-backend run.
   int64_t runtime_allowance = kDeviceRuntimeAllowance;
+  // Set: told each stage of the dry run (and, during its step, given the
+  // step's profiler), for progress reports; must outlive the dry run.
+  PlanProgress* progress = nullptr;
 };
 
 // What one dry-run step of a model under a config measured.

@@ -128,6 +128,14 @@ bool MemoryProfiler::EndPhase() {
   return true;
 }
 
+std::vector<std::string> MemoryProfiler::open_phases() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> names;
+  names.reserve(open_.size());
+  for (const PhaseRecord& p : open_) names.push_back(p.name);
+  return names;
+}
+
 std::vector<OwnerBytes> MemoryProfiler::owners() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<OwnerBytes> out;

@@ -121,6 +121,9 @@ class MemoryProfiler : public MemoryListener {
   // The highest bytes each category reached on its own (not at one moment).
   CategoryBytes category_peaks() const;
   std::vector<PhaseRecord> phases() const;  // closed phases, in closing order
+  // The names of the phases open now, outermost first. Thread-safe: for a
+  // watcher beside the thread that runs them (engine/progress.h).
+  std::vector<std::string> open_phases() const;
   std::vector<TimelinePoint> timeline() const;
   int64_t dropped_events() const;
 

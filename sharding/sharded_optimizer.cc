@@ -698,7 +698,22 @@ absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* f
   }
   const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1, n);
   const DeviceBuffer& wide = buffers.wide;
+  // Meta: the full pieces are alike, so the first runs and the rest are
+  // counted, as in ReduceScatterPieces.
+  const int64_t full_pieces = n / piece;
+  const bool repeat = !device_.holds_bytes() && full_pieces > 1;
+  const CollectiveStats before = comm_.stats(Collective::kAllReduce);
+  const int64_t launches_before = device_.launches();
   for (int64_t begin = 0; begin < n; begin += piece) {
+    if (repeat && begin == piece) {
+      const CollectiveStats after = comm_.stats(Collective::kAllReduce);
+      comm_.CountRepeats(Collective::kAllReduce,
+                         CollectiveStats{after.calls - before.calls, after.bytes - before.bytes},
+                         full_pieces - 1);
+      device_.CountLaunch((device_.launches() - launches_before) * (full_pieces - 1));
+      begin = full_pieces * piece;
+      if (begin >= n) break;
+    }
     const int64_t count = std::min(piece, n - begin);
     void* slice = Offset(full, begin, dtype);
     MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, slice, dtype, wide.data(), reduce, count));

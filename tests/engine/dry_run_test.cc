@@ -31,9 +31,9 @@ struct Strategy {
 
 // One step's books on `backend`: the device's (returned), the pinned
 // pool's, the collectives' calls and bytes (creation included), and the
-// step's host synchronisations.
+// step's host synchronisations and kernel launches.
 AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
-                    std::vector<CollectiveStats>* traffic, int64_t* syncs) {
+                    std::vector<CollectiveStats>* traffic, int64_t* syncs, int64_t* launches) {
   DeviceOptions o{backend, 0, 256 * kMiB};
   o.pinned_capacity_bytes = 256 * kMiB;
   auto device = CreateDevice(o).value();
@@ -74,8 +74,10 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
     batches.push_back(std::move(b));
   }
   const int64_t syncs_before = device->host_synchronizations();
+  const int64_t launches_before = device->launches();
   REQUIRE(trainer->TrainStep(batches).ok());
   *syncs = device->host_synchronizations() - syncs_before;
+  *launches = device->launches() - launches_before;
   traffic->clear();
   for (int k = 0; k < kNumCollectives; ++k) traffic->push_back(comm.stats(Collective(k)));
   *pinned = device->pinned_allocator()->stats();
@@ -106,12 +108,17 @@ TEST_CASE("a meta step allocates, communicates and synchronises exactly as the h
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());
     AllocatorStats host_pinned, meta_pinned;
     std::vector<CollectiveStats> host_traffic, meta_traffic;
-    int64_t host_syncs = 0, meta_syncs = 0;
-    const AllocatorStats host = Step(Backend::kHost, s, &host_pinned, &host_traffic, &host_syncs);
-    const AllocatorStats meta = Step(Backend::kMeta, s, &meta_pinned, &meta_traffic, &meta_syncs);
-    // The same host synchronisations: a dry run counts a real run's.
+    int64_t host_syncs = 0, meta_syncs = 0, host_launches = 0, meta_launches = 0;
+    const AllocatorStats host =
+        Step(Backend::kHost, s, &host_pinned, &host_traffic, &host_syncs, &host_launches);
+    const AllocatorStats meta =
+        Step(Backend::kMeta, s, &meta_pinned, &meta_traffic, &meta_syncs, &meta_launches);
+    // The same host synchronisations and kernel launches: a dry run counts
+    // a real run's (meta counts a reduction's repeated pieces unrun).
     CHECK(host_syncs > 0);
     CHECK(meta_syncs == host_syncs);
+    CHECK(host_launches > 0);
+    CHECK(meta_launches == host_launches);
     // The same collectives, to the byte.
     for (int k = 0; k < kNumCollectives; ++k) {
       INFO(CollectiveName(Collective(k)));
