@@ -67,6 +67,10 @@ struct StepTime {
   double flops = 0, memory = 0, launches = 0;  // compute's three terms
   double communication = 0;  // collectives, bandwidth and latency
   double host_link = 0, cpu_update = 0, nvme = 0;
+  // Of cpu_update, the part under backward (offload_overlap_step: every
+  // group's update but the last-reduced one's, up to backward's two thirds
+  // of the compute time); the rest adds to the step.
+  double cpu_update_hidden = 0;
   double total = 0;  // compute and communication overlapped or added, plus the rest
   // "0.0070 s (FLOPs 0.0021 s, memory ..., ...)"
   std::string ToString() const;
@@ -75,7 +79,8 @@ StepTime PredictStep(const DryRunResult& plan, const Config& config, const Hardw
 double PredictStepSeconds(const DryRunResult& plan, const Config& config, const Hardware& hw);
 
 // Tries every candidate built from `base` (its optimizer and precision
-// kept): stages, optimizer offload, paging, recomputation, and flat-group
+// kept): stages, optimizer offload (at stages 2-3 also with the update
+// overlapped with backward), paging, recomputation, and flat-group
 // (bucket and prefetch) sizes of 5e6 and 5e7 elements; offload to NVMe
 // only when options.nvme_bytes > 0; and, with `vary_micro_batch` and a
 // global batch per GPU (options.batch, else the config's micro-batch, times

@@ -289,6 +289,21 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
     if (device != "nvme") out.offload_nvme_path.clear();
     bool pin = true;
     MW_RETURN_IF_ERROR(o.Bool("pin_memory", pin));  // memwall always pins
+    MW_RETURN_IF_ERROR(o.Bool("overlap_step", out.offload_overlap_step));
+    int64_t threads = 0;
+    MW_RETURN_IF_ERROR(o.Int("cpu_threads", 0, 4096, threads));
+    out.offload_cpu_threads = static_cast<int>(threads);
+    MW_RETURN_IF_ERROR(o.Bool("bind_cores", out.offload_bind_cores));
+    if (out.offload_overlap_step && !out.offload_nvme_path.empty()) {
+      return absl::InvalidArgumentError(
+          "zero_optimization.offload_optimizer.overlap_step: expected device \"cpu\" with it; "
+          "the NVMe tier does not overlap its update with backward yet");
+    }
+    if (out.offload_bind_cores && threads == 0) {
+      return absl::InvalidArgumentError(
+          "zero_optimization.offload_optimizer.bind_cores: expected cpu_threads >= 1 with it (the "
+          "cores each rank binds to)");
+    }
     MW_RETURN_IF_ERROR(o.Finish());
   }
   if (const Json* v = r.Find("offload_param")) {
@@ -306,6 +321,11 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
     MW_RETURN_IF_ERROR(o.Bool("pin_memory", pin));
     MW_RETURN_IF_ERROR(o.Finish());
   }
+  if (out.offload_overlap_step && (out.stage == 0 || out.stage == 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.offload_optimizer.overlap_step: expected stage 2 or 3 with it (the "
+        "update starts as gradients are reduced in backward), got stage ", out.stage));
+  }
   if (out.offload_optimizer_ratio > 0 && out.stage == 0) {
     return absl::InvalidArgumentError(
         "zero_optimization.offload_optimizer: expected stage 1, 2 or 3 with it, got stage 0");
@@ -315,6 +335,20 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
         "zero_optimization.offload_param: expected stage 3 and offload_optimizer on \"cpu\" with "
         "ratio 1 with it");
   }
+  return r.Finish();
+}
+
+absl::Status ReadAio(const Json& value, AioConfig& out) {
+  MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(value, "aio"));
+  MW_RETURN_IF_ERROR(r.Int("block_size", 4096, int64_t{1} << 30, out.block_size));
+  if (out.block_size % 4096 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "aio.block_size: expected a multiple of 4096 bytes, got ", out.block_size));
+  }
+  MW_RETURN_IF_ERROR(r.Int32("queue_depth", 1, 1024, out.queue_depth));
+  MW_RETURN_IF_ERROR(r.Int32("thread_count", 1, 64, out.thread_count));
+  MW_RETURN_IF_ERROR(r.Bool("single_submit", out.single_submit));
+  MW_RETURN_IF_ERROR(r.Bool("overlap_events", out.overlap_events));
   return r.Finish();
 }
 
@@ -439,6 +473,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
   if (const Json* v = r.Find("activation_checkpointing")) {
     MW_RETURN_IF_ERROR(ReadRecompute(*v, config.activation_checkpointing));
   }
+  if (const Json* v = r.Find("aio")) MW_RETURN_IF_ERROR(ReadAio(*v, config.aio));
   MW_RETURN_IF_ERROR(r.Finish());
   if (config.fp16 && config.bf16) {
     return absl::InvalidArgumentError(
@@ -520,9 +555,24 @@ std::string ConfigToJson(const Config& c) {
     zero["offload_optimizer"] = {{"device", z.offload_nvme_path.empty() ? "cpu" : "nvme"},
                                  {"ratio", Decimal(z.offload_optimizer_ratio)}};
     if (!z.offload_nvme_path.empty()) zero["offload_optimizer"]["nvme_path"] = z.offload_nvme_path;
+    if (z.offload_overlap_step) zero["offload_optimizer"]["overlap_step"] = true;
+    if (z.offload_cpu_threads > 0) zero["offload_optimizer"]["cpu_threads"] = z.offload_cpu_threads;
+    if (z.offload_bind_cores) zero["offload_optimizer"]["bind_cores"] = true;
   }
   if (z.offload_param) zero["offload_param"] = {{"device", "cpu"}};
   j["zero_optimization"] = zero;
+  const AioConfig aio_defaults;
+  const AioConfig& aio = c.aio;
+  if (aio.block_size != aio_defaults.block_size || aio.queue_depth != aio_defaults.queue_depth ||
+      aio.thread_count != aio_defaults.thread_count ||
+      aio.single_submit != aio_defaults.single_submit ||
+      aio.overlap_events != aio_defaults.overlap_events) {
+    j["aio"] = {{"block_size", aio.block_size},
+                {"queue_depth", aio.queue_depth},
+                {"thread_count", aio.thread_count},
+                {"single_submit", aio.single_submit},
+                {"overlap_events", aio.overlap_events}};
+  }
   const RecomputeConfig& r = c.activation_checkpointing;
   // number_checkpoints and planner exclude each other: number_checkpoints
   // stands for its uniform planner.

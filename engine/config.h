@@ -46,10 +46,26 @@
 //                                     the CPU (ZeRO-Offload++)        (1)
 //   zero_optimization.offload_optimizer.pin_memory bool, accepted (memwall
 //                                     always uses its pinned pool)
+//   zero_optimization.offload_optimizer.overlap_step  bool: stages 2-3,
+//                                     device "cpu": the CPU update runs
+//                                     during backward, group by group, exact
+//                                     (a spare copy of the states)  (false)
+//   zero_optimization.offload_optimizer.cpu_threads   int 0..4096: the CPU
+//                                     update's threads per rank, 0 =
+//                                     MEMWALL_CPU_THREADS or 1          (0)
+//   zero_optimization.offload_optimizer.bind_cores    bool: pin them to
+//                                     cores [rank*t, (rank+1)*t)    (false)
 //   zero_optimization.offload_param.device         "none" | "cpu": parameter
 //                                     paging (stage 3 with the optimizer
 //                                     offloaded at ratio 1; not from NVMe)
 //   zero_optimization.offload_param.pin_memory     bool, accepted
+//   aio.block_size                    bytes per NVMe request, a multiple
+//                                     of 4096                       (1048576)
+//   aio.queue_depth                   int 1..1024: requests in flight per
+//                                     thread                             (8)
+//   aio.thread_count                  int 1..64: I/O threads             (1)
+//   aio.single_submit                 bool: one request per submit   (false)
+//   aio.overlap_events                bool: refill as requests end    (true)
 //   activation_checkpointing.planner  "none" | "full" | "uniform:K" | "sqrt" |
 //                                     "selective" | "optimal"      ("none")
 //                                     (checkpointing/planner.h)

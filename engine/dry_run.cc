@@ -174,6 +174,7 @@ void AddHostTraffic(const Config& config, const ShardedOptimizer& opt, bool nvme
   const int64_t accumulation = config.gradient_accumulation_steps;
   for (const FlatGroup& g : opt.layout().groups) {
     const int64_t k = std::llround(double(config.zero.offload_optimizer_ratio) * g.shard_numel);
+    if (g.trainable && r.offloaded_elements == 0) r.tail_offloaded_elements = k;
     r.offloaded_elements += k;
     r.pcie_bytes += 2 * k * size;
     if (config.zero.offload_param) r.pcie_bytes += 2 * accumulation * g.shard_numel * size;

@@ -69,6 +69,9 @@ struct DryRunResult {
   // written once and read at least once: the element-wise traffic).
   int64_t transient_bytes = 0;
   int64_t offloaded_elements = 0;  // updated on the CPU per step
+  // Of those, the group's reduced last in backward (the first trainable
+  // one): an overlapped update cannot start it before backward ends.
+  int64_t tail_offloaded_elements = 0;
   int64_t pcie_bytes = 0;          // host link traffic per step (derived)
   int64_t nvme_bytes_per_step = 0;
   bool fits = false;

@@ -1,5 +1,6 @@
 #include "offload/host_optimizer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -14,14 +15,20 @@ namespace memwall {
 
 absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
     Device& device, Rule rule, bool momentum, DType param_dtype, int64_t numel,
-    absl::string_view owner, NvmeStore* store) {
+    absl::string_view owner, NvmeStore* store, bool speculative, int threads) {
   if (device.pinned_allocator() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "offloaded optimizer states of '", owner, "': ", device.name(),
         " has no pinned pool (DeviceOptions::pinned_capacity_bytes)"));
   }
-  std::unique_ptr<HostOptimizerSlice> slice(
-      new HostOptimizerSlice(device, rule, momentum, param_dtype, numel, std::string(owner)));
+  if (speculative && store != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offloaded optimizer states of '", owner,
+        "': a speculative slice keeps its spare copy in pinned memory, not on NVMe"));
+  }
+  std::unique_ptr<HostOptimizerSlice> slice(new HostOptimizerSlice(
+      device, rule, momentum, param_dtype, numel, std::string(owner), speculative,
+      threads > 0 ? threads : kernels::cpu::CpuThreads()));
   MW_ASSIGN_OR_RETURN(slice->grads_,
                       device.AllocatePinned(numel * DTypeSize(param_dtype),
                                             MemoryCategory::kGradient,
@@ -42,6 +49,13 @@ absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
   }
   if (slice->states_ == 3) {
     MW_ASSIGN_OR_RETURN(slice->second_, allocate(".exp_avg_sq"));
+  }
+  if (speculative) {
+    const char* spare[] = {".master_spare", rule == Rule::kAdam ? ".exp_avg_spare" : ".momentum_spare",
+                           ".exp_avg_sq_spare"};
+    for (int i = 0; i < slice->states_; ++i) {
+      MW_ASSIGN_OR_RETURN(slice->spare_[i], allocate(spare[i]));
+    }
   }
   // Pinned memory is the CPU's: written directly.
   for (DeviceBuffer* b : {&slice->master_, &slice->first_, &slice->second_}) {
@@ -132,8 +146,10 @@ absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void*
 }
 
 int64_t HostOptimizerSlice::scratch_bytes() const {
-  return numel_ * DTypeSize(dtype_) + (dtype_ == DType::kF32 ? 0 : numel_ * 4);
+  return params_bytes() + (dtype_ == DType::kF32 ? 0 : numel_ * 4);
 }
+
+int64_t HostOptimizerSlice::params_bytes() const { return numel_ * DTypeSize(dtype_); }
 
 absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) {
   void* const scratch = args.scratch;
@@ -147,9 +163,9 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
   const bool wide = dtype_ == DType::kF32;
   // Scratch: the refreshed parameters, then (16-bit) the f32 gradients.
   char* params = static_cast<char*>(scratch);
-  float* grads32 = wide || scratch == nullptr
-                       ? nullptr
-                       : reinterpret_cast<float*>(params + numel_ * DTypeSize(dtype_));
+  float* grads32 = wide || scratch == nullptr ? nullptr
+                   : args.widened != nullptr  ? args.widened
+                                              : reinterpret_cast<float*>(params + params_bytes());
   pending_ = params;
   // NVMe: the committed state comes in; the new one goes to the spare copy.
   std::pair<DeviceBuffer, char*> state;
@@ -165,6 +181,12 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
     master = base;
     first = states_ >= 2 ? base + numel_ : nullptr;
     second = states_ == 3 ? base + 2 * numel_ : nullptr;
+  } else if (speculative_) {
+    // The new state goes to the spare copy, the current one stays (Adam
+    // out of place; SGD copies each chunk over and updates it in cache).
+    master = static_cast<float*>(spare_[0].data());
+    first = static_cast<float*>(spare_[1].data());
+    second = static_cast<float*>(spare_[2].data());
   } else {
     master = static_cast<float*>(master_.data());
     first = static_cast<float*>(first_.data());
@@ -176,15 +198,32 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
     cpu.cast(grads_.data(), dtype_, grads32, DType::kF32, numel_);
     g = grads32;
   }
+  // Element-wise kernels: the chunks change nothing in the results.
+  const bool copy = speculative_ && rule_ == Rule::kSgd;
+  const int64_t chunk = copy ? kSpeculativeChunk : numel_;
+  const auto current = [&](int k) {
+    const DeviceBuffer* arrays[] = {&master_, &first_, &second_};
+    return static_cast<const float*>(arrays[k]->data());
+  };
   for (const Segment& s : args.segments) {
-    const int64_t i = s.begin;
-    char* low = wide ? nullptr : params + i * DTypeSize(dtype_);
-    float* m = first == nullptr ? nullptr : first + i;
-    if (rule_ == Rule::kAdam) {
-      kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(s.adam), master + i, g + i, m,
-                                 second + i, low, dtype_, s.count, kernels::cpu::CpuThreads());
-    } else {
-      cpu.sgd(s.sgd, master + i, g + i, m, low, dtype_, s.count);
+    for (int64_t i = s.begin; i < s.begin + s.count; i += chunk) {
+      const int64_t n = std::min(chunk, s.begin + s.count - i);
+      char* low = wide ? nullptr : params + i * DTypeSize(dtype_);
+      float* m = first == nullptr ? nullptr : first + i;
+      if (rule_ == Rule::kAdam && speculative_) {
+        kernels::cpu::ParallelAdamTo(cpu, kernels::MakeAdamConstants(s.adam), current(0) + i,
+                                     g + i, current(1) + i, current(2) + i, master + i, m,
+                                     second + i, low, dtype_, n, threads_);
+      } else if (rule_ == Rule::kAdam) {
+        kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(s.adam), master + i, g + i, m,
+                                   second + i, low, dtype_, n, threads_);
+      } else {
+        for (int k = 0; copy && k < states_; ++k) {
+          std::memcpy(static_cast<float*>(spare_[k].data()) + i, current(k) + i,
+                      n * sizeof(float));
+        }
+        cpu.sgd(s.sgd, master + i, g + i, m, low, dtype_, n);
+      }
     }
   }
   if (wide) std::memcpy(params, master, numel_ * sizeof(float));
@@ -193,7 +232,15 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
 }
 
 absl::Status HostOptimizerSlice::Commit(Stream& stream, void* params) {
+  if (pending_ == nullptr && device_.holds_bytes()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("offloaded optimizer states of '", owner_, "': no update to commit"));
+  }
   if (store_ != nullptr && device_.holds_bytes()) MW_RETURN_IF_ERROR(store_->Commit(slot_));
+  if (speculative_) {
+    DeviceBuffer* current[] = {&master_, &first_, &second_};
+    for (int i = 0; i < states_; ++i) std::swap(*current[i], spare_[i]);
+  }
   MW_RETURN_IF_ERROR(device_.CopyAsync(params, pending_, numel_ * DTypeSize(dtype_), stream));
   MW_RETURN_IF_ERROR(stream.Synchronize());
   pending_ = nullptr;

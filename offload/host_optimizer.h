@@ -17,6 +17,13 @@
 // commits each slice in turn through one scratch buffer sized for the
 // largest, allocated before the first update (the refreshed parameters of
 // a whole model never sit in host memory at once).
+//
+// A slice created `speculative` (the pinned tier of a step that updates on
+// the CPU while backward runs, sharding/sharded_optimizer.h) keeps a spare
+// copy of its state and is two-phase too: Update writes the new state into
+// the spare copy, so an update computed before the step knew its clipping
+// factor or its overflow can be dropped (Discard) or computed again from the
+// untouched current state, and Commit swaps the copies.
 #ifndef MEMWALL_OFFLOAD_HOST_OPTIMIZER_H_
 #define MEMWALL_OFFLOAD_HOST_OPTIMIZER_H_
 
@@ -47,9 +54,17 @@ class HostOptimizerSlice final : public StateTier {
   // zero until WriteState. Errors: kFailedPrecondition without a pinned
   // pool; kResourceExhausted naming the pool (or the file) when it is full,
   // with nothing left allocated.
+  // `speculative` (pinned tier only) adds the spare copy (".<state>_spare",
+  // optimizer_state). The CPU update runs on `threads` threads (0:
+  // MEMWALL_CPU_THREADS, kernels/cpu/parallel.h).
   static absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> Create(
       Device& device, Rule rule, bool momentum, DType param_dtype, int64_t numel,
-      absl::string_view owner, NvmeStore* store = nullptr);
+      absl::string_view owner, NvmeStore* store = nullptr, bool speculative = false,
+      int threads = 0);
+
+  // Elements a speculative SGD update copies to the spare and updates at a
+  // time (in cache: 128 KiB per f32 array); Adam updates out of place.
+  static constexpr int64_t kSpeculativeChunk = 32768;
 
   int64_t numel() const override { return numel_; }
 
@@ -71,8 +86,12 @@ class HostOptimizerSlice final : public StateTier {
   // Pinned scratch bytes one Update needs: the refreshed parameters (held
   // until Commit) and, in 16-bit runs, the gradients widened to f32.
   int64_t scratch_bytes() const override;
-  // The NVMe tier updates into the file's spare copy.
-  bool two_phase() const override { return store_ != nullptr; }
+  // The refreshed parameters' part of it (what an Update given
+  // UpdateArgs::widened needs).
+  int64_t params_bytes() const;
+  // The NVMe tier updates into the file's spare copy, a speculative slice
+  // into its own.
+  bool two_phase() const override { return store_ != nullptr || speculative_; }
   // Phase one of a step from the staged gradients: waits for `stream`,
   // widens them, computes the new master weights and moments (pinned: in
   // place; NVMe: into the file's spare copy) and the refreshed parameters.
@@ -100,19 +119,25 @@ class HostOptimizerSlice final : public StateTier {
   // The landing buffer (host memory; valid once `stream` has run the copy).
   const void* gradients() const { return grads_.data(); }
 
-  // Forgets staged gradients (a skipped step).
-  void DropGradients() { staged_ = false; }
+  // Forgets staged gradients (a skipped step) and an uncommitted update
+  // (two-phase tiers: the current state stays as it was).
+  void DropGradients() {
+    staged_ = false;
+    pending_ = nullptr;
+  }
   bool staged() const { return staged_; }
 
  private:
   HostOptimizerSlice(Device& device, Rule rule, bool momentum, DType param_dtype, int64_t numel,
-                     std::string owner)
+                     std::string owner, bool speculative, int threads)
       : device_(device),
         rule_(rule),
         states_(rule == Rule::kAdam ? 3 : (momentum ? 2 : 1)),
         dtype_(param_dtype),
         numel_(numel),
-        owner_(std::move(owner)) {}
+        owner_(std::move(owner)),
+        speculative_(speculative),
+        threads_(threads) {}
   // kOutOfRange unless state `which` is kept and [begin, begin + count)
   // lies within numel().
   absl::Status CheckStateRange(int which, int64_t begin, int64_t count) const;
@@ -125,11 +150,16 @@ class HostOptimizerSlice final : public StateTier {
   const DType dtype_;
   const int64_t numel_;
   const std::string owner_;
+  const bool speculative_;
+  const int threads_;  // for the CPU update (>= 1)
   NvmeStore* store_ = nullptr;
   int slot_ = -1;
   DeviceBuffer master_;  // pinned tier
   DeviceBuffer first_;   // Adam m, or SGD momentum (empty without)
   DeviceBuffer second_;  // Adam v
+  // Speculative: the spare copy of master_, first_, second_ that Update
+  // writes and Commit swaps in.
+  DeviceBuffer spare_[3];
   DeviceBuffer grads_;   // the landing buffer, parameter dtype
   const void* pending_ = nullptr;  // refreshed parameters (in the caller's scratch)
   bool staged_ = false;

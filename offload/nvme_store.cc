@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/status.h"
 
 namespace memwall {
 namespace {
@@ -35,7 +36,9 @@ absl::Status Errno(int error, const std::string& path, const char* what) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const std::string& directory,
-                                                           const std::string& file_name) {
+                                                           const std::string& file_name,
+                                                           const AioConfig& aio) {
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<AioEngine> engine, AioEngine::Create(aio));
   struct stat info;
   if (::stat(directory.c_str(), &info) != 0) return Errno(errno, directory, "cannot use the directory");
   if (!S_ISDIR(info.st_mode)) {
@@ -51,7 +54,7 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const std::string& di
     fd = ::open(path.c_str(), flags, 0600);
   }
   if (fd < 0) return Errno(errno, path, "cannot create the file");
-  return std::unique_ptr<NvmeStore>(new NvmeStore(path, fd, direct));
+  return std::unique_ptr<NvmeStore>(new NvmeStore(path, fd, direct, std::move(engine)));
 }
 
 NvmeStore::~NvmeStore() {
@@ -74,29 +77,18 @@ absl::StatusOr<int> NvmeStore::AddSlot(int64_t bytes) {
 }
 
 absl::Status NvmeStore::Transfer(bool write, int64_t offset, void* buffer, int64_t bytes) {
-  char* p = static_cast<char*>(buffer);
-  int64_t done = 0;
-  while (done < bytes) {
-    int64_t chunk = bytes - done;
-    if (write && fail_after_ >= 0) {
-      if (fail_after_ == 0) return Errno(EIO, path_, "write failed");
-      chunk = std::min(chunk, fail_after_);
+  if (write && fail_after_ >= 0 && fail_after_ < bytes) {
+    // Injected failure: the first part lands (whole aligned blocks), then
+    // the disk fails.
+    const int64_t lands = fail_after_ / kAlignment * kAlignment;
+    fail_after_ = 0;
+    if (lands > 0) {
+      MW_RETURN_IF_ERROR(aio_->Wait(aio_->Submit(fd_, path_, true, offset, buffer, lands)));
     }
-    const ssize_t n = write ? ::pwrite(fd_, p + done, chunk, offset + done)
-                            : ::pread(fd_, p + done, chunk, offset + done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Errno(errno, path_, write ? "write failed" : "read failed");
-    }
-    if (n == 0) {
-      return absl::DataLossError(absl::StrCat("NVMe store ", path_, ": short ",
-                                              write ? "write" : "read", " at byte ", offset + done,
-                                              " (", done, " of ", bytes, " bytes)"));
-    }
-    if (write && fail_after_ > 0) fail_after_ -= n;
-    done += n;
+    return Errno(EIO, path_, "write failed");
   }
-  return absl::OkStatus();
+  if (write && fail_after_ > 0) fail_after_ -= bytes;
+  return aio_->Wait(aio_->Submit(fd_, path_, write, offset, buffer, bytes));
 }
 
 absl::Status NvmeStore::Read(int slot, void* dst) {

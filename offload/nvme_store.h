@@ -2,10 +2,11 @@
 // per owner. Every slot holds its bytes twice; Write fills the copy not in
 // use and Commit switches to it, so a failed or short write (a full disk,
 // an I/O error) leaves the last committed state readable and nothing half
-// updated. Reads and writes use O_DIRECT where the filesystem supports it
-// (buffers and sizes aligned to kAlignment; Stage() gives such buffers),
-// plain pread/pwrite otherwise (tmpfs). The file is removed on close.
-// Not thread-safe.
+// updated. Reads and writes go through the asynchronous engine of
+// offload/aio_engine.h (DeepSpeed's "aio" settings: block size, queue
+// depth, threads), with O_DIRECT where the filesystem supports it (buffers
+// and sizes aligned to kAlignment) and buffered otherwise (tmpfs). The
+// file is removed on close. Not thread-safe.
 #ifndef MEMWALL_OFFLOAD_NVME_STORE_H_
 #define MEMWALL_OFFLOAD_NVME_STORE_H_
 
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "offload/aio_config.h"
+#include "offload/aio_engine.h"
 
 namespace memwall {
 
@@ -25,11 +28,13 @@ class NvmeStore {
   // Creates `directory`/`file_name`. Errors name the path: kNotFound for a
   // missing directory, kPermissionDenied, kAlreadyExists, or kInternal with
   // the system's reason.
+  // Bad `aio` settings: kInvalidArgument naming the key.
   static absl::StatusOr<std::unique_ptr<NvmeStore>> Open(const std::string& directory,
-                                                         const std::string& file_name);
+                                                         const std::string& file_name,
+                                                         const AioConfig& aio = AioConfig());
   // A store that only counts (for meta dry runs): slots, sizes, no file.
   static std::unique_ptr<NvmeStore> Virtual(std::string path) {
-    return std::unique_ptr<NvmeStore>(new NvmeStore(std::move(path), -1, false));
+    return std::unique_ptr<NvmeStore>(new NvmeStore(std::move(path), -1, false, nullptr));
   }
   ~NvmeStore();
 
@@ -69,12 +74,14 @@ class NvmeStore {
     int committed = 0;      // which copy holds the state
     bool pending = false;   // the other copy holds a newer, uncommitted write
   };
-  NvmeStore(std::string path, int fd, bool direct) : path_(std::move(path)), fd_(fd), direct_(direct) {}
+  NvmeStore(std::string path, int fd, bool direct, std::unique_ptr<AioEngine> aio)
+      : path_(std::move(path)), fd_(fd), direct_(direct), aio_(std::move(aio)) {}
   absl::Status Transfer(bool write, int64_t offset, void* buffer, int64_t bytes);
 
   const std::string path_;
   const int fd_;
   const bool direct_;
+  const std::unique_ptr<AioEngine> aio_;
   int64_t size_ = 0;
   int64_t fail_after_ = -1;
   std::vector<Slot> slots_;

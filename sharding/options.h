@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "offload/aio_config.h"
 #include "runtime/dtype.h"
 
 namespace memwall {
@@ -94,6 +95,18 @@ struct ZeroConfig {
   // directory (a fast local disk, the NVMe tier) instead of the pinned
   // pool; empty = the pinned pool.
   std::string offload_nvme_path;
+  // Offload at stages 2-3, pinned tier: each group's CPU update starts as
+  // soon as its final gradients have reached the host, on a thread of its
+  // own while backward goes on, and Step() only checks and commits it (see
+  // sharded_optimizer.h, Note [Overlapped update]). Costs a spare copy of
+  // the offloaded states in pinned memory (12 bytes per Adam element).
+  bool offload_overlap_step = false;
+  // Threads of a rank's CPU update (0: MEMWALL_CPU_THREADS, else 1); with
+  // offload_bind_cores, rank r's update thread and its helpers run on
+  // cores [r * t, (r + 1) * t) modulo the cores there are (DeepSpeed's
+  // --bind_cores_to_rank), t = offload_cpu_threads.
+  int offload_cpu_threads = 0;
+  bool offload_bind_cores = false;
   // Parameter paging (stage 3, with the whole optimizer offloaded): the
   // rank's parameter shards live in the pinned pool too and are paged in
   // to the device only to be gathered (DeepSpeed's offload_param: cpu).
@@ -112,6 +125,8 @@ struct ShardingOptions {
   LrSchedule schedule;
   // The dtype gradients are reduced in across ranks.
   DType reduce_dtype = DType::kF32;
+  // The NVMe tier's asynchronous I/O (DeepSpeed's "aio" block).
+  AioConfig aio;
 
   // The dtype of the parameters and gradients the model sees: f16, bf16 or
   // f32. Mixed precision (f16/bf16) keeps f32 master weights.

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
@@ -84,8 +85,23 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
   for (std::unique_ptr<Event>& event : events.reduced) {
     MW_ASSIGN_OR_RETURN(event, device.CreateEvent());
   }
-  return std::unique_ptr<ShardedOptimizer>(new ShardedOptimizer(
+  std::unique_ptr<ShardedOptimizer> optimizer(new ShardedOptimizer(
       config, device, comm, std::move(stream), std::move(comm_stream), std::move(events)));
+  if (optimizer->overlaps_update()) {
+    if (!config.zero.offload_nvme_path.empty()) {
+      return absl::InvalidArgumentError(
+          "ShardedOptimizer: offload_overlap_step keeps a spare copy of the states in pinned "
+          "memory; the NVMe tier does not overlap its update yet");
+    }
+    std::vector<int> cores;
+    if (config.zero.offload_bind_cores) {
+      cores = UpdateWorker::CoresFor(comm.rank(), std::max(1, config.zero.offload_cpu_threads),
+                                     static_cast<int>(std::thread::hardware_concurrency()));
+    }
+    optimizer->worker_ = std::make_unique<UpdateWorker>(std::move(cores));
+    MW_ASSIGN_OR_RETURN(optimizer->update_stream_, device.CreateStream());
+  }
+  return optimizer;
 }
 
 ShardedOptimizer::ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
@@ -102,6 +118,7 @@ ShardedOptimizer::ShardedOptimizer(const ShardingOptions& config, Device& device
 ShardedOptimizer::~ShardedOptimizer() {
   // A failure here was already reported by the call that failed, or would
   // have been by the next Step(); the buffers must outlive the work anyway.
+  if (worker_ != nullptr) (void)worker_->Wait();
   (void)comm_stream_->Synchronize();
 }
 
@@ -217,8 +234,10 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
   }
   if (k == 0) return absl::OkStatus();
   // Offload: the host part (an f32 master copy even in f32 runs).
-  MW_ASSIGN_OR_RETURN(group.host, HostOptimizerSlice::Create(device_, rule, momentum, dtype, k,
-                                                             flat.name, nvme_.get()));
+  MW_ASSIGN_OR_RETURN(group.host, HostOptimizerSlice::Create(
+                                      device_, rule, momentum, dtype, k, flat.name, nvme_.get(),
+                                      /*speculative=*/overlaps_update(),
+                                      config_.zero.offload_cpu_threads));
   return absl::OkStatus();
 }
 
@@ -288,7 +307,7 @@ absl::Status ShardedOptimizer::Finalize() {
     const std::string name = absl::StrCat("memwall-optimizer-rank", comm_.rank(), "-pid",
                                           ::getpid(), "-", instances++, ".bin");
     if (device_.holds_bytes()) {
-      MW_ASSIGN_OR_RETURN(nvme_, NvmeStore::Open(config_.zero.offload_nvme_path, name));
+      MW_ASSIGN_OR_RETURN(nvme_, NvmeStore::Open(config_.zero.offload_nvme_path, name, config_.aio));
     } else {
       nvme_ = NvmeStore::Virtual(absl::StrCat(config_.zero.offload_nvme_path, "/", name));
     }
@@ -349,6 +368,27 @@ absl::Status ShardedOptimizer::CheckGroup(int g, absl::string_view call) const {
 }
 
 namespace {
+
+// Whether two lists of segments update alike: the same ranges and the same
+// hyperparameters, bit for bit.
+bool SameSegments(absl::Span<const StateTier::Segment> a,
+                  absl::Span<const StateTier::Segment> b) {
+  const auto bits = [](float x) { return absl::bit_cast<uint32_t>(x); };
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const kernels::AdamParams &x = a[i].adam, &y = b[i].adam;
+    const kernels::SgdParams &u = a[i].sgd, &v = b[i].sgd;
+    const bool same =
+        a[i].begin == b[i].begin && a[i].count == b[i].count && bits(x.lr) == bits(y.lr) &&
+        bits(x.beta1) == bits(y.beta1) && bits(x.beta2) == bits(y.beta2) &&
+        bits(x.eps) == bits(y.eps) && bits(x.weight_decay) == bits(y.weight_decay) &&
+        x.adamw == y.adamw && x.step == y.step && bits(x.grad_scale) == bits(y.grad_scale) &&
+        bits(u.lr) == bits(v.lr) && bits(u.momentum) == bits(v.momentum) &&
+        bits(u.weight_decay) == bits(v.weight_decay) && bits(u.grad_scale) == bits(v.grad_scale);
+    if (!same) return false;
+  }
+  return true;
+}
 
 kernels::AdamParams AdamFor(const Hyperparameters& h, bool adamw, int64_t step, float grad_scale) {
   kernels::AdamParams adam;
@@ -628,20 +668,77 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
     // dtype) goes to the host and accumulates there, rounding as the
     // device's accumulating reduction would.
     const bool first = group.reductions++ == 0;
-    return ReduceScatterPieces(
+    MW_RETURN_IF_ERROR(ReduceScatterPieces(
         flat, group.grad_bucket.data(), buffers,
         [&](int64_t begin, int64_t count, const void* reduced) {
           return group.host->AccumulateGradients(*comm_stream_, reduced, config_.reduce_dtype,
                                                  first, begin, count);
-        });
+        }));
+    const bool last = group.reductions == config_.gradient_accumulation_steps;
+    return last && overlaps_update() ? Speculate(g) : absl::OkStatus();
   }
   MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, group.grad_bucket.data(), group.grads.data(),
                                             /*accumulate=*/true, buffers));
   if (group.host != nullptr && ++group.reductions == config_.gradient_accumulation_steps) {
     // Offload: the host part's gradients are final; they stream to host now.
     MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, group.grads.data()));
+    if (overlaps_update()) MW_RETURN_IF_ERROR(Speculate(g));
   }
   return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::Speculate(int g) {
+  Group& group = groups_[g];
+  const FlatGroup& flat = layout_.groups[g];
+  // Buffers here, on the caller's thread (Note [Overlapped update]).
+  if (mixed() && host_widened_.empty()) {
+    int64_t largest = 0;
+    for (const Group& other : groups_) {
+      if (other.host != nullptr) largest = std::max(largest, other.host->numel());
+    }
+    MW_ASSIGN_OR_RETURN(host_widened_, device_.AllocatePinned(largest * 4, MemoryCategory::kWorkspace,
+                                                              "optimizer.host_grad_f32"));
+  }
+  MW_ASSIGN_OR_RETURN(group.host_params,
+                      device_.AllocatePinned(group.host->params_bytes(), MemoryCategory::kWorkspace,
+                                             absl::StrCat(flat.name, ".host_params")));
+  if (group.staged_event == nullptr) {
+    MW_ASSIGN_OR_RETURN(group.staged_event, device_.CreateEvent());
+  }
+  MW_RETURN_IF_ERROR(comm_stream_->Record(*group.staged_event));
+  // As Step() would update it if nothing clips: the same scale, bit for bit.
+  const double unscale =
+      1.0 / (double(comm_.world_size()) * config_.gradient_accumulation_steps * scaler_.scale());
+  SegmentsOf(g, update_begin(flat), group.host->numel(),
+             StepHyperparameters(static_cast<float>(unscale * 1.0)), group.speculated_segments);
+  group.speculated = true;
+  StateTier::UpdateArgs args;
+  args.segments = group.speculated_segments;
+  args.scratch = group.host_params.data();
+  args.widened = static_cast<float*>(host_widened_.data());
+  HostOptimizerSlice* host = group.host.get();
+  Event* staged = group.staged_event.get();
+  Stream* stream = update_stream_.get();
+  worker_->Enqueue([host, staged, stream, args] {
+    MW_RETURN_IF_ERROR(staged->Synchronize());
+    return host->Update(*stream, args);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::FinishSpeculation() {
+  if (worker_ == nullptr) return absl::OkStatus();
+  absl::Status status = worker_->Wait();
+  if (!status.ok()) {
+    // Step() fails before anything changed; a retry updates afresh.
+    for (Group& group : groups_) DropSpeculation(group);
+  }
+  return status;
+}
+
+void ShardedOptimizer::DropSpeculation(Group& group) {
+  group.speculated = false;
+  group.host_params.Reset();
 }
 
 absl::Status ShardedOptimizer::PaceReductions(bool in_flight) {
@@ -845,11 +942,13 @@ absl::Status ShardedOptimizer::ZeroGradients(const FlatGroup& flat, Group& group
 }
 
 absl::Status ShardedOptimizer::AbortStep() {
-  // Whatever the communication stream still runs finishes first (its
-  // error, if any, is the caller's to see).
+  // Whatever the communication stream and the update thread still run
+  // finishes first (an error, if any, is the caller's to see).
   const absl::Status drained = comm_stream_->Synchronize();
+  if (worker_ != nullptr) (void)worker_->Wait();
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& group = groups_[g];
+    DropSpeculation(group);
     group.gathered.Reset();
     group.prefetched = false;
     group.grad_bucket.Reset();
@@ -872,6 +971,13 @@ absl::Status ShardedOptimizer::CheckStepReady() {
     if (!groups_[g].gathered.empty() && !groups_[g].prefetched) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Step: group ", g, " is still gathered (call ReleaseParameters(", g, "))"));
+    }
+    // Gradients streamed to the host exist only as reduced: none at all
+    // for a group never reduced this step.
+    if (streams_gradients(layout_.groups[g]) && !groups_[g].host->staged()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Step: group ", g, "'s gradients were not reduced this step (call ReduceGradients(", g,
+          ") after its backward)"));
     }
   }
   return absl::OkStatus();
@@ -993,6 +1099,7 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   // failed step changes nothing).
   const bool two_phase = nvme_ != nullptr;
   MW_ASSIGN_OR_RETURN(UpdateWorkspace workspace, AllocateUpdateWorkspace(two_phase));
+  bool redone = false;
   StateTier::UpdateArgs args;
   args.device_scratch = workspace.widened.data();
   const std::vector<StateTier::Segment> hyper = StepHyperparameters(grad_scale);
@@ -1007,9 +1114,15 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       // Stages 0-1: the host part's gradients go to the host now.
       MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, UpdateGradients(flat, group)));
     }
-    if (group.host != nullptr) {
+    if (group.host != nullptr && overlaps_update()) {
+      // Overlapped: its buffers were allocated as it was handed over (Step()
+      // hands over any part not handed over in backward).
+      args.scratch = group.host_params.data();
+      args.widened = static_cast<float*>(host_widened_.data());
+    } else if (group.host != nullptr) {
       args.scratch = two_phase ? workspace.host_scratch[g].data()
                                : workspace.host_scratch.front().data();
+      args.widened = nullptr;
     }
     for (const Tier& t : TiersOf(flat, group)) {
       args.grads = device_.holds_bytes()
@@ -1019,6 +1132,16 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       SegmentsOf(static_cast<int>(g), update_begin(flat) + t.begin, t.tier->numel(), hyper,
                  segments);
       args.segments = segments;
+      if (t.tier == group.host.get() && group.speculated) {
+        // Updated during backward as if nothing clipped: computed again
+        // only if the step's settings turn out otherwise.
+        if (!SameSegments(segments, group.speculated_segments)) {
+          MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
+          redone = true;
+        }
+        uncommitted.push_back({t.tier, args.params});
+        continue;
+      }
       MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
       if (t.tier->two_phase()) {
         uncommitted.push_back({t.tier, args.params});
@@ -1030,6 +1153,8 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   for (const auto& [tier, params] : uncommitted) {
     MW_RETURN_IF_ERROR(tier->Commit(*comm_stream_, params));
   }
+  for (Group& group : groups_) DropSpeculation(group);
+  if (redone) ++redone_updates_;
   return absl::OkStatus();
 }
 
@@ -1047,6 +1172,7 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
                                                       "optimizer.grad_f32"));
     }
   }
+  if (overlaps_update()) return w;  // each host part has its own (Speculate)
   if (two_phase) {  // a scratch buffer per offloaded group, indexed by group
     w.host_scratch.resize(groups_.size());
     for (size_t g = 0; g < groups_.size(); ++g) {
@@ -1094,6 +1220,17 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   // errors surface here). Unused prefetches go.
   MW_RETURN_IF_ERROR(OrderAfterCaller());
   MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
+  // The overlapped updates (Note [Overlapped update]) have all run; a host
+  // part not reduced in backward (its gradients are the zeros on the
+  // device) is handed over now.
+  for (size_t g = 0; g < groups_.size() && overlaps_update(); ++g) {
+    Group& group = groups_[g];
+    if (group.host == nullptr || group.speculated) continue;
+    MW_RETURN_IF_ERROR(
+        group.host->StageGradients(*comm_stream_, UpdateGradients(layout_.groups[g], group)));
+    MW_RETURN_IF_ERROR(Speculate(static_cast<int>(g)));
+  }
+  MW_RETURN_IF_ERROR(FinishSpeculation());
   scheduler_.EndStep();
   for (Group& group : groups_) {
     group.reductions = 0;
@@ -1123,6 +1260,7 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     ++steps_skipped_;
     for (Group& group : groups_) {
       if (group.host != nullptr) group.host->DropGradients();
+      DropSpeculation(group);
     }
     MW_RETURN_IF_ERROR(ZeroAllGradients());
     result.loss_scale = scaler_.scale();

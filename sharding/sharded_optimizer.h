@@ -78,6 +78,27 @@
 // reduced gradients stay too and Step() may simply be called again; stage 1
 // reduces inside Step(), so its caller reruns the micro-batches.
 //
+// Note [Overlapped update]
+// With offload_overlap_step (stages 2-3, pinned tier) a group's CPU update
+// does not wait for Step(): right after its last ReduceGradients() queues
+// the copy of its final gradients to the host, the group's update is handed
+// to a thread of its own (offload/update_worker.h), which waits for that
+// copy and updates while backward goes on. The update is speculative: it
+// assumes no clipping and no overflow and writes the new state into the
+// slice's spare copy (offload/host_optimizer.h), leaving the current state
+// alone. Step() then waits for the thread, checks the gradients as always,
+// and: on an overflow drops every speculative update (the step is skipped,
+// nothing changed); when clipping applies (its factor is known only now),
+// or a group's hyperparameters differ from those it was updated with,
+// updates that group again from the untouched current state with the
+// step's real ones; otherwise only commits. The element math and its
+// inputs are those of the non-overlapped step, so the results are bit for
+// bit the same in every case; only steps that clip pay the update twice.
+// Every buffer is allocated on the caller's thread (the refreshed
+// parameters of a group as it is handed over, held until Step() commits;
+// one f32 widening buffer, shared), so what a run holds does not depend
+// on the thread's timing and a dry run books exactly the same.
+//
 // Parameter paging (zero_optimization.offload_param, stage 3 with
 // offload_optimizer_ratio 1): the rank's parameter shards live in the
 // pinned pool as well; GatherParameters() pages a group's shard in (copied
@@ -116,6 +137,7 @@
 #include "runtime/communicator.h"
 #include "runtime/device.h"
 #include "offload/host_optimizer.h"
+#include "offload/update_worker.h"
 #include "sharding/device_optimizer.h"
 #include "sharding/flat_layout.h"
 #include "sharding/gather_scheduler.h"
@@ -273,6 +295,14 @@ class ShardedOptimizer {
   // The NVMe tier's file (null without offload_nvme_path): its path and
   // size for reports, and fault injection for tests.
   NvmeStore* nvme_store() { return nvme_.get(); }
+  // Overlapped update: seconds the update thread has spent updating (its
+  // own throughput, for benchmarks); 0 without it.
+  double overlapped_update_seconds() const {
+    return worker_ != nullptr ? worker_->busy_seconds() : 0.0;
+  }
+  // Steps whose speculative updates had to be computed again (clipping, or
+  // hyperparameters changed after backward), of those applied.
+  int64_t redone_updates() const { return redone_updates_; }
 
   // Collective: copies the f32 master weights of `name` (the parameters in
   // f32 mode) into `out`, gathering shards. For tests.
@@ -337,6 +367,14 @@ class ShardedOptimizer {
     // it is a prefetch nobody asked for yet.
     std::unique_ptr<Event> gathered_event;
     bool prefetched = false;
+    // Overlapped update (Note [Overlapped update]): the host part's update
+    // was handed to the update thread with these segments; its refreshed
+    // parameters wait in `host_params` until Step() commits; the copy of
+    // its final gradients to the host completes at `staged_event`.
+    bool speculated = false;
+    std::vector<StateTier::Segment> speculated_segments;
+    DeviceBuffer host_params;
+    std::unique_ptr<Event> staged_event;
   };
 
   // The events that order the caller's and the communication stream.
@@ -478,6 +516,17 @@ class ShardedOptimizer {
     std::vector<DeviceBuffer> host_scratch;
   };
   absl::StatusOr<UpdateWorkspace> AllocateUpdateWorkspace(bool two_phase);
+  // Overlapped update: whether this optimizer overlaps it; hands group
+  // g's host update to the update thread (buffers allocated here); waits
+  // for every handed-over update (their first error).
+  bool overlaps_update() const {
+    return config_.zero.offload_overlap_step && stage() >= 2 &&
+           config_.zero.offload_optimizer_ratio > 0;
+  }
+  absl::Status Speculate(int g);
+  absl::Status FinishSpeculation();
+  // Forgets group g's speculative update (its current state is untouched).
+  void DropSpeculation(Group& group);
   // Stages 1-2: all-gathers the updated shards into the full parameters.
   absl::Status RefreshParameters();
   absl::Status ZeroAllGradients();
@@ -514,10 +563,17 @@ class ShardedOptimizer {
   std::vector<Group> groups_;
   // The NVMe tier's file, when offload_nvme_path is set.
   std::unique_ptr<NvmeStore> nvme_;
+  // Overlapped update: the update thread, the stream its work is ordered
+  // on, and the pinned f32 buffer the updates widen 16-bit gradients into
+  // (sized for the largest host part; one update runs at a time).
+  std::unique_ptr<UpdateWorker> worker_;
+  std::unique_ptr<Stream> update_stream_;
+  DeviceBuffer host_widened_;
 
   LossScaler scaler_;
   int64_t steps_applied_ = 0;
   int64_t steps_skipped_ = 0;
+  int64_t redone_updates_ = 0;
 };
 
 }  // namespace memwall

@@ -56,6 +56,11 @@ class StateTier {
     // Pinned scratch of scratch_bytes(), untouched by the caller until
     // Commit (null on meta or when scratch_bytes() is 0).
     void* scratch = nullptr;
+    // Host tier, set: pinned f32 scratch of numel() elements for the
+    // widened 16-bit gradients, needed only during Update (so tiers that
+    // update in turn can share one); `scratch` then needs only the
+    // refreshed parameters (HostOptimizerSlice::params_bytes()).
+    float* widened = nullptr;
     // Device scratch for numel() f32 gradients (device tier, 16-bit runs).
     void* device_scratch = nullptr;
   };

@@ -4,7 +4,8 @@
 #                                the threaded parts (the host backend's
 #                                asynchronous streams, the communicators
 #                                and their timeouts, the sharded optimizer's
-#                                overlap and offload pager, the profiler)
+#                                overlap, offload pager and update thread,
+#                                the planning progress, the profiler)
 #   tools/sanitize.sh asan|tsan  one of them
 #   tools/sanitize.sh ubsan      UBSan alone over every test (asan includes it)
 # Not part of .ci/run: the instrumented rebuild and the slower tests take
@@ -25,6 +26,7 @@ if [ "$which" = all ] || [ "$which" = tsan ]; then
     //tests/runtime:stream_order_test //tests/sharding:device_optimizer_test \
     //tests/runtime:communicator_test_np1 //tests/runtime:communicator_test_np2 \
     //tests/offload:host_optimizer_test //tests/offload:nvme_store_test \
+    //tests/offload:update_worker_test //tests/engine:progress_test \
     //tests/sharding:sharded_optimizer_test_np1 //tests/sharding:sharded_optimizer_test_np2 \
     //tests/engine:trainer_test_np1 //tests/engine:fault_test_np1 //tests/profiler/...
 fi

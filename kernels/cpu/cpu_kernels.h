@@ -55,6 +55,13 @@ struct KernelTable {
   // p rounded to low_dtype into it in the same pass.
   void (*adam)(const AdamConstants& constants, float* p, const float* g,
                float* m, float* v, void* p_low, DType low_dtype, size_t n);
+  // The same step out of place: reads p, m, v and writes the new values to
+  // p_out, m_out, v_out (none overlapping), bit for bit what adam leaves
+  // in place; for an update that must keep the current state (the
+  // speculative update of offload/host_optimizer.h).
+  void (*adam_to)(const AdamConstants& constants, const float* p, const float* g,
+                  const float* m, const float* v, float* p_out, float* m_out, float* v_out,
+                  void* p_low, DType low_dtype, size_t n);
   // One SGD step (see SgdElement); `momentum_buffer` is null when
   // params.momentum is 0. p_low as for adam.
   void (*sgd)(const SgdParams& params, float* p, const float* g, float* momentum_buffer,

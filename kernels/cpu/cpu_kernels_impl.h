@@ -185,6 +185,35 @@ void Adam(const AdamConstants& c, float* p, const float* g, float* m, float* v,
   }
 }
 
+template <DType Low, bool kCopy>
+void AdamToT(const AdamConstants c, const float* __restrict p, const float* __restrict g,
+             const float* __restrict m, const float* __restrict v, float* __restrict p_out,
+             float* __restrict m_out, float* __restrict v_out, void* p_low, size_t n) {
+  auto* __restrict low = static_cast<T<Low>*>(p_low);
+  for (size_t i = 0; i < n; ++i) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    AdamElement(c, pi, g[i], mi, vi);
+    p_out[i] = pi;
+    m_out[i] = mi;
+    v_out[i] = vi;
+    if (kCopy) low[i] = Storage<Low>::Store(pi);
+  }
+}
+
+void AdamTo(const AdamConstants& c, const float* p, const float* g, const float* m,
+            const float* v, float* p_out, float* m_out, float* v_out, void* p_low,
+            DType low_dtype, size_t n) {
+  if (p_low == nullptr) {
+    return AdamToT<DType::kF32, false>(c, p, g, m, v, p_out, m_out, v_out, nullptr, n);
+  }
+  switch (low_dtype) {
+    case DType::kF32: return AdamToT<DType::kF32, true>(c, p, g, m, v, p_out, m_out, v_out, p_low, n);
+    case DType::kBF16:
+      return AdamToT<DType::kBF16, true>(c, p, g, m, v, p_out, m_out, v_out, p_low, n);
+    case DType::kF16: return AdamToT<DType::kF16, true>(c, p, g, m, v, p_out, m_out, v_out, p_low, n);
+  }
+}
+
 template <DType Low, bool kCopy, bool kMomentum>
 void SgdT(const SgdParams c, float* __restrict p, const float* __restrict g,
           float* __restrict buf, void* p_low, size_t n) {
@@ -218,7 +247,7 @@ void Sgd(const SgdParams& c, float* p, const float* g, float* buf, void* p_low, 
 
 extern const KernelTable kTable;
 const KernelTable kTable = {&Fill,         &Cast,        &Scale, &Accumulate, &Axpy,
-                            &SumOfSquares, &HasInfOrNan, &Adam,  &Sgd};
+                            &SumOfSquares, &HasInfOrNan, &Adam,  &AdamTo,     &Sgd};
 
 }  // namespace MW_CPU_ISA_NAMESPACE
 }  // namespace cpu

@@ -56,6 +56,29 @@ void ParallelAdam(const KernelTable& k, const AdamConstants& c, float* p, const 
   }
 }
 
+void ParallelAdamTo(const KernelTable& k, const AdamConstants& c, const float* p, const float* g,
+                    const float* m, const float* v, float* p_out, float* m_out, float* v_out,
+                    void* p_low, DType low_dtype, size_t n, int threads) {
+  threads = std::max(1, threads);
+  if (threads == 1 || n < 2 * kChunkQuantum) {
+    k.adam_to(c, p, g, m, v, p_out, m_out, v_out, p_low, low_dtype, n);
+    return;
+  }
+  const size_t share = (n + threads - 1) / threads;
+  const size_t per = (share + kChunkQuantum - 1) / kChunkQuantum * kChunkQuantum;
+  const size_t low_size = DTypeSize(low_dtype);
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+  for (int t = 0; t < threads; ++t) {
+    const size_t begin = std::min(n, per * t);
+    const size_t end = std::min(n, begin + per);
+    if (begin < end) {
+      void* low = p_low == nullptr ? nullptr : static_cast<char*>(p_low) + begin * low_size;
+      k.adam_to(c, p + begin, g + begin, m + begin, v + begin, p_out + begin, m_out + begin,
+                v_out + begin, low, low_dtype, end - begin);
+    }
+  }
+}
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace memwall

@@ -20,6 +20,11 @@ void ParallelAdam(const KernelTable& kernels, const AdamConstants& constants, fl
                   const float* g, float* m, float* v, void* p_low, DType low_dtype, size_t n,
                   int threads);
 
+// KernelTable::adam_to over `threads` threads, chunked as ParallelAdam.
+void ParallelAdamTo(const KernelTable& kernels, const AdamConstants& constants, const float* p,
+                    const float* g, const float* m, const float* v, float* p_out, float* m_out,
+                    float* v_out, void* p_low, DType low_dtype, size_t n, int threads);
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace memwall

@@ -55,6 +55,25 @@ TEST_CASE("each predicted term is its count over the profile's rate", "[auto]") 
   CHECK(t.ToString() ==
         "8.2000 s (FLOPs 3.5000 s, memory traffic 1.0000 s, kernel launches 0.2000 s, "
         "communication 2.1000 s, host link 2.0000 s, CPU update 1.0000 s, NVMe 0.5000 s)");
+  // The update overlapped with backward: all but the last-reduced group's
+  // share (0.25 s) hides under backward (2/3 of 4.7 s).
+  config.zero.overlap_comm = true;
+  config.zero.stage = 2;
+  config.zero.offload_overlap_step = true;
+  plan.tail_offloaded_elements = 250'000'000;
+  const StepTime o = PredictStep(plan, config, hw);
+  CHECK(o.cpu_update_hidden == Approx(0.75));
+  CHECK(o.total == Approx(4.7 + 2.0 + 0.25 + 0.5));
+  CHECK(o.ToString() ==
+        "7.4500 s (FLOPs 3.5000 s, memory traffic 1.0000 s, kernel launches 0.2000 s, "
+        "communication 2.1000 s, host link 2.0000 s, CPU update 1.0000 s (0.7500 s under "
+        "backward), NVMe 0.5000 s)");
+  // A short backward hides only its own length.
+  plan.forward_flops = 1e11;  // compute 0.3 + 1.0 + 0.2 = 1.5 s; backward 1.0 s
+  plan.extra_flops = 0;
+  CHECK(PredictStep(plan, config, hw).cpu_update_hidden == Approx(0.75));
+  plan.transient_bytes = 0;  // compute 0.5 s: backward 0.333 s
+  CHECK(PredictStep(plan, config, hw).cpu_update_hidden == Approx(0.5 * 2 / 3));
 }
 
 TEST_CASE("presets carry HBM bandwidth and a launch cost; unknown names are listed",

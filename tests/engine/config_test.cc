@@ -207,6 +207,69 @@ TEST_CASE("ZeRO-Offload keys: optimizer offload with a ratio; paging and NVMe re
         "zero_optimization.offload_optimizer.ratio: expected a number in [0, 1], got 2");
 }
 
+TEST_CASE("the overlapped CPU update and its thread budget: keys, round trip, refusals",
+          "[config]") {
+  const Config c = ParseConfig(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "overlap_step": true, "cpu_threads": 6,
+                            "bind_cores": true}}})")
+                       .value();
+  CHECK(c.zero.offload_overlap_step);
+  CHECK(c.zero.offload_cpu_threads == 6);
+  CHECK(c.zero.offload_bind_cores);
+  const Config back = ParseConfig(ConfigToJson(c)).value();
+  CHECK(back.zero.offload_overlap_step);
+  CHECK(back.zero.offload_cpu_threads == 6);
+  CHECK(back.zero.offload_bind_cores);
+  const Config plain = ParseConfig(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu"}}})")
+                           .value();
+  CHECK_FALSE(plain.zero.offload_overlap_step);
+  CHECK(plain.zero.offload_cpu_threads == 0);
+  CHECK_FALSE(plain.zero.offload_bind_cores);
+  CHECK(Error(R"({"zero_optimization": {"stage": 1,
+      "offload_optimizer": {"device": "cpu", "overlap_step": true}}})") ==
+        "zero_optimization.offload_optimizer.overlap_step: expected stage 2 or 3 with it (the "
+        "update starts as gradients are reduced in backward), got stage 1");
+  CHECK(Error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "/local_nvme", "overlap_step": true}}})") ==
+        "zero_optimization.offload_optimizer.overlap_step: expected device \"cpu\" with it; the "
+        "NVMe tier does not overlap its update with backward yet");
+  CHECK(Error(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "bind_cores": true}}})") ==
+        "zero_optimization.offload_optimizer.bind_cores: expected cpu_threads >= 1 with it (the "
+        "cores each rank binds to)");
+  CHECK(Error(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "cpu_threads": -1}}})") ==
+        "zero_optimization.offload_optimizer.cpu_threads: expected an integer 0..4096, got -1");
+}
+
+TEST_CASE("DeepSpeed's aio block: keys, defaults, round trip, refusals", "[config]") {
+  const Config defaults = ParseConfig("{}").value();
+  CHECK(defaults.aio.block_size == 1048576);
+  CHECK(defaults.aio.queue_depth == 8);
+  CHECK(defaults.aio.thread_count == 1);
+  CHECK_FALSE(defaults.aio.single_submit);
+  CHECK(defaults.aio.overlap_events);
+  CHECK_THAT(ConfigToJson(defaults), !Catch::Contains("\"aio\""));  // defaults go unsaid
+  const Config c = ParseConfig(R"({"aio": {"block_size": 262144, "queue_depth": 32,
+      "thread_count": 2, "single_submit": true, "overlap_events": false}})")
+                       .value();
+  const Config back = ParseConfig(ConfigToJson(c)).value();
+  CHECK(back.aio.block_size == 262144);
+  CHECK(back.aio.queue_depth == 32);
+  CHECK(back.aio.thread_count == 2);
+  CHECK(back.aio.single_submit);
+  CHECK_FALSE(back.aio.overlap_events);
+  CHECK(Error(R"({"aio": {"block_size": 1000}})") ==
+        "aio.block_size: expected an integer 4096..1073741824, got 1000");
+  CHECK(Error(R"({"aio": {"block_size": 5000}})") ==
+        "aio.block_size: expected a multiple of 4096 bytes, got 5000");
+  CHECK(Error(R"({"aio": {"queue_depth": 0}})") ==
+        "aio.queue_depth: expected an integer 1..1024, got 0");
+  CHECK_THAT(Error(R"({"aio": {"intra_op_parallelism": 2}})"),
+             Catch::StartsWith("aio.intra_op_parallelism: unknown key"));
+}
+
 TEST_CASE("config files: errors name the file", "[config]") {
   const char* dir = std::getenv("TEST_TMPDIR");
   const std::string path = std::string(dir ? dir : "/tmp") + "/memwall_config_test.json";

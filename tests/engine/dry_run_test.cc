@@ -27,6 +27,7 @@ struct Strategy {
   std::string planner;
   bool overlap = false;
   std::string model = "gpt-tiny:layers=4";
+  bool overlap_step = false;  // the CPU update overlapped with backward
 };
 
 // One step's books on `backend`: the device's (returned), the pinned
@@ -50,6 +51,7 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
   options.bf16 = s.bf16;
   options.zero.offload_optimizer_ratio = s.offload_ratio;
   options.zero.offload_param = s.paging;
+  options.zero.offload_overlap_step = s.overlap_step;
   options.gradient_accumulation_steps = 2;
   auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), options,
                                  *device, comm, 3)
@@ -103,6 +105,14 @@ TEST_CASE("a meta step allocates, communicates and synchronises exactly as the h
       // the allocator, shapes the step's segments.
       {"stage 0, bf16, hidden 448", 0, true, 0, false, "none", false,
        "gpt-tiny:layers=4,hidden=448,heads=7"},
+      // The CPU update overlapped with backward: its buffers are the
+      // caller's thread's, whatever the update thread's timing.
+      {"stage 2, bf16, offload 0.5, overlap step", 2, true, 0.5f, false, "none", true,
+       "gpt-tiny:layers=4", true},
+      {"stage 3, bf16, offload + paging, overlap step", 3, true, 1.0f, true, "sqrt", true,
+       "gpt-tiny:layers=4", true},
+      {"stage 2, f32, offload, overlap step", 2, false, 1.0f, false, "none", false,
+       "gpt-tiny:layers=4", true},
   };
   for (const Strategy& s : strategies) {
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());

@@ -400,6 +400,15 @@ TEST_CASE("Adam and AdamW match a double evaluation and agree across ISAs bit fo
           REQUIRE(FloatBits(v[i]) == FloatBits(sv[i]));
           REQUIRE(low[i] == F32ToBf16(sp[i]));
         }
+        // Out of place: the same values in the outputs, the inputs kept.
+        std::vector<float> po(n), mo(n), vo(n);
+        std::vector<uint16_t> low_to(n);
+        k.adam_to(c, p0.data(), g.data(), m0.data(), v0.data(), po.data(), mo.data(), vo.data(),
+                  low_to.data(), DType::kBF16, n);
+        CHECK(std::memcmp(po.data(), p.data(), n * 4) == 0);
+        CHECK(std::memcmp(mo.data(), m.data(), n * 4) == 0);
+        CHECK(std::memcmp(vo.data(), v.data(), n * 4) == 0);
+        CHECK(low_to == low);
         // Without the low-precision copy, and on a ragged length.
         p = p0, m = m0, v = v0;
         k.adam(c, p.data(), g.data(), m.data(), v.data(), nullptr, DType::kF32, n - 3);
@@ -473,6 +482,14 @@ TEST_CASE("Adam on several threads equals one thread bit for bit", "[adam][paral
       REQUIRE(std::memcmp(m.data(), m1.data(), n * 4) == 0);
       REQUIRE(std::memcmp(v.data(), v1.data(), n * 4) == 0);
       REQUIRE(low == low1);
+      std::vector<float> po(n), mo(n), vo(n);
+      std::vector<uint16_t> low_to(n);
+      ParallelAdamTo(Kernels(), c, p0.data(), g.data(), m0.data(), v0.data(), po.data(),
+                     mo.data(), vo.data(), low_to.data(), DType::kBF16, n, threads);
+      REQUIRE(std::memcmp(po.data(), p1.data(), n * 4) == 0);
+      REQUIRE(std::memcmp(mo.data(), m1.data(), n * 4) == 0);
+      REQUIRE(std::memcmp(vo.data(), v1.data(), n * 4) == 0);
+      REQUIRE(low_to == low1);
     }
   }
 }

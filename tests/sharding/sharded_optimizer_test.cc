@@ -18,11 +18,14 @@
 //   * clipping: the global norm is summed in a different order (per shard,
 //     then over ranks), so the clip coefficient may differ in its last bits:
 //     relative 1e-6 on the weights.
+#include "sharding/sharded_optimizer.h"
+
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -30,7 +33,6 @@
 #include "kernels/elementwise.h"
 #include "runtime/device.h"
 #include "runtime/units.h"
-#include "sharding/sharded_optimizer.h"
 #include "tests/support/mpi_world.h"
 
 namespace memwall {
@@ -44,8 +46,8 @@ struct Param {
 };
 
 const std::vector<Param> kModel = {
-    {"embed", {37, 5}}, {"block0.w", {5, 7}}, {"block0.b", {7}}, {"block1.w", {7, 9}},
-    {"block1.b", {9}},  {"head", {}},
+    {"embed", {37, 5}},   {"block0.w", {5, 7}}, {"block0.b", {7}},
+    {"block1.w", {7, 9}}, {"block1.b", {9}},    {"head", {}},
 };
 
 std::vector<float> Initial(size_t p) {
@@ -57,27 +59,39 @@ std::vector<float> Initial(size_t p) {
 
 float Load(DType dtype, const void* data, int64_t j) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(data)[j];
-    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(data)[j]);
-    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(data)[j]);
+    case DType::kF32:
+      return static_cast<const float*>(data)[j];
+    case DType::kBF16:
+      return Bf16ToF32(static_cast<const uint16_t*>(data)[j]);
+    case DType::kF16:
+      return F16ToF32(static_cast<const uint16_t*>(data)[j]);
   }
   return 0;
 }
 
 float Round(DType dtype, float x) {
   switch (dtype) {
-    case DType::kF32: return x;
-    case DType::kBF16: return Bf16ToF32(F32ToBf16(x));
-    case DType::kF16: return F16ToF32(F32ToF16(x));
+    case DType::kF32:
+      return x;
+    case DType::kBF16:
+      return Bf16ToF32(F32ToBf16(x));
+    case DType::kF16:
+      return F16ToF32(F32ToF16(x));
   }
   return x;
 }
 
 void Store(DType dtype, void* data, int64_t j, float x) {
   switch (dtype) {
-    case DType::kF32: static_cast<float*>(data)[j] = x; break;
-    case DType::kBF16: static_cast<uint16_t*>(data)[j] = F32ToBf16(x); break;
-    case DType::kF16: static_cast<uint16_t*>(data)[j] = F32ToF16(x); break;
+    case DType::kF32:
+      static_cast<float*>(data)[j] = x;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(data)[j] = F32ToBf16(x);
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(data)[j] = F32ToF16(x);
+      break;
   }
 }
 
@@ -131,7 +145,9 @@ Run Start(const ShardingOptions& options, int64_t pinned = 64 * kMiB) {
 // One training step as a driver runs it: for each micro-batch, a forward
 // pass over the groups (gather, read, release) and a backward pass in
 // reverse (gather, acquire, add gradients, reduce, release); then Step().
-void MicroBatches(ShardedOptimizer& opt, int k, float inject_inf = 0) {
+// `multiplier` (a power of two, so values stay exact) scales the step's
+// gradients, to make a step clip or not.
+void MicroBatches(ShardedOptimizer& opt, int k, float inject_inf = 0, float multiplier = 1) {
   const int r = World().rank();
   const FlatLayout& layout = opt.layout();
   const int groups = static_cast<int>(layout.groups.size());
@@ -148,7 +164,8 @@ void MicroBatches(ShardedOptimizer& opt, int k, float inject_inf = 0) {
         auto w = opt.Parameter(kModel[p].name).value();
         auto grad = opt.Gradient(kModel[p].name).value();
         for (int64_t j = 0; j < grad.numel; ++j) {
-          const float value = ModelGradient(p, j, r, k, u, Load(w.dtype, w.data, j), opt.loss_scale());
+          const float value =
+              multiplier * ModelGradient(p, j, r, k, u, Load(w.dtype, w.data, j), opt.loss_scale());
           Store(grad.dtype, grad.data, j, Load(grad.dtype, grad.data, j) + value);
         }
         if (inject_inf != 0 && p == 1) Store(grad.dtype, grad.data, 3, inject_inf);
@@ -236,7 +253,8 @@ TEST_CASE("every stage matches the unsharded reference", "[zero][equivalence]") 
     for (int accumulation : {1, 2}) {
       for (float clipping : {0.0f, 0.05f}) {
         Reference reference(Options(0, dtype, accumulation, clipping));
-        for (int k = 0; k < kSteps; ++k) reference.Step(Options(0, dtype, accumulation, clipping), k, ranks);
+        for (int k = 0; k < kSteps; ++k)
+          reference.Step(Options(0, dtype, accumulation, clipping), k, ranks);
         for (int run_index = 0; run_index < 8; ++run_index) {
           const int stage = run_index % 4;
           const bool overlap = run_index >= 4;
@@ -383,8 +401,9 @@ TEST_CASE("reductions stay within reduce_bucket_size however large a group is",
       }
       CHECK(run.opt->layout().groups[0].shard_numel > bucket / n);  // pieces happen
       TrainStep(*run.opt, 0);
-      const MemoryStat stats =
-          run.device->allocator().stats().by_category[static_cast<int>(MemoryCategory::kCommBuffer)];
+      const MemoryStat stats = run.device->allocator()
+                                   .stats()
+                                   .by_category[static_cast<int>(MemoryCategory::kCommBuffer)];
       CHECK(stats.peak == want);
       CHECK(stats.current == 0);
     }
@@ -472,7 +491,8 @@ TEST_CASE("stage 3 prefetches ahead within the prefetch budget and the live limi
     REQUIRE(run.opt->GatherParameters(1).ok());
     int64_t expected = 2 * P / n + 2 * layout.groups[1].padded_numel;
     if (live_limit > 0) {
-      for (size_t g = 2; g < layout.groups.size(); ++g) expected += 2 * layout.groups[g].padded_numel;
+      for (size_t g = 2; g < layout.groups.size(); ++g)
+        expected += 2 * layout.groups[g].padded_numel;
     }
     CHECK(params() == expected);
     // A prefetched group is not readable until it is asked for.
@@ -503,7 +523,9 @@ TEST_CASE("stage 3 prefetches in the order the previous step gathered", "[zero][
   const int last = static_cast<int>(layout.groups.size()) - 1;
   REQUIRE(last >= 2);
   const auto params = [&] {
-    return run.device->allocator().stats().by_category[static_cast<int>(MemoryCategory::kParameter)]
+    return run.device->allocator()
+        .stats()
+        .by_category[static_cast<int>(MemoryCategory::kParameter)]
         .current;
   };
   const auto use = [&](int g) {
@@ -520,7 +542,8 @@ TEST_CASE("stage 3 prefetches in the order the previous step gathered", "[zero][
   for (int g = 0; g < last; ++g) use(g);
   REQUIRE(run.opt->GatherParameters(last).ok());
   const int64_t shards = 2 * layout.padded_numel / World().world_size();
-  const int64_t held = shards + 2 * (layout.groups[last].padded_numel + layout.groups[0].padded_numel);
+  const int64_t held =
+      shards + 2 * (layout.groups[last].padded_numel + layout.groups[0].padded_numel);
   CHECK(params() == held);
   // In flight, not readable until asked for; then served by the prefetch
   // (no new gathered buffer).
@@ -580,8 +603,8 @@ TEST_CASE("the loss scale grows after clean windows and honours hysteresis", "[z
     scales.push_back(r.loss_scale);
   }
   // Every rank sees the same decisions (rank 0 injected; others did not).
-  CHECK(applied == std::vector<bool>{true, true, false, false, false, false, false, false, false,
-                                     false});
+  CHECK(applied ==
+        std::vector<bool>{true, true, false, false, false, false, false, false, false, false});
   CHECK(scales == std::vector<float>{256, 512, 512, 256, 256, 128, 128, 64, 64, 64});
   CHECK(run.opt->steps_applied() == 2);
   CHECK(run.opt->steps_skipped() == 8);
@@ -627,6 +650,160 @@ TEST_CASE("optimizer offload trains bit for bit like the on-device update", "[ze
       }
     }
   }
+}
+
+// The steps of an overlapped-update run: clean steps, steps that clip,
+// an overflow on one rank (skipped everywhere), and a learning rate
+// changed after backward, in the middle of the run.
+struct Scripted {
+  float multiplier = 1;  // x4: the global norm exceeds the clipping (the test sets it so)
+  bool overflow = false;
+  float lr = 0;  // set: the learning rate, changed between backward and Step
+};
+
+std::vector<ShardedOptimizer::StepResult> RunScript(ShardedOptimizer& opt,
+                                                    const std::vector<Scripted>& script) {
+  std::vector<ShardedOptimizer::StepResult> results;
+  for (size_t k = 0; k < script.size(); ++k) {
+    const Scripted& s = script[k];
+    const float inf = std::numeric_limits<float>::infinity();
+    MicroBatches(opt, static_cast<int>(k), s.overflow && World().rank() == 0 ? inf : 0.0f,
+                 s.multiplier);
+    if (s.lr != 0) {
+      Hyperparameters h = opt.config().optimizer;
+      h.lr = s.lr;
+      REQUIRE(opt.SetHyperparameters(0, h).ok());
+    }
+    auto result = opt.Step();
+    REQUIRE(result.ok());
+    results.push_back(*result);
+  }
+  return results;
+}
+
+TEST_CASE("the CPU update overlapped with backward ends bit for bit as the step-time update",
+          "[zero][offload][overlap_step]") {
+  const int ranks = World().world_size();
+  const std::vector<Scripted> script = {
+      {1}, {4}, {1}, {1, true}, {4, true}, {1, false, 5e-3f}, {4, false, 2e-2f}, {1}};
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int stage = 2; stage <= 3; ++stage) {
+      for (int variant = 0; variant < (stage == 3 ? 3 : 2); ++variant) {
+        // Variants: the whole shard offloaded (gradients streamed to the
+        // host), half of it, and (stage 3) parameter paging.
+        const float ratio = variant == 1 ? 0.5f : 1.0f;
+        const bool paging = variant == 2;
+        for (bool overlap_comm : {false, true}) {
+          INFO(Name(dtype) << ", stage " << stage << ", ratio " << ratio << ", paging " << paging
+                           << ", overlap_comm " << overlap_comm << ", " << ranks << " ranks");
+          ShardingOptions options = Options(stage, dtype, 2, 0.0f, overlap_comm);
+          options.zero.offload_optimizer_ratio = ratio;
+          options.zero.offload_param = paging;
+          // Clipping between the norms of a plain step and a x4 one (the
+          // norm depends on the world size: the ranks' gradients average).
+          options.gradient_clipping = 1e30f;  // norms taken, nothing clipped
+          Run probe = Start(options);
+          const auto norms = RunScript(*probe.opt, {{1}, {4}});
+          const float clipping =
+              static_cast<float>(std::sqrt(norms[0].grad_norm * norms[1].grad_norm));
+          options.gradient_clipping = clipping;
+          Run at_step = Start(options);
+          const auto want = RunScript(*at_step.opt, script);
+          options.zero.offload_overlap_step = true;
+          options.zero.offload_cpu_threads = 2;
+          Run overlapped = Start(options);
+          const auto got = RunScript(*overlapped.opt, script);
+          for (size_t k = 0; k < script.size(); ++k) {
+            INFO("step " << k);
+            CHECK(got[k].applied == want[k].applied);
+            CHECK(got[k].grad_norm == want[k].grad_norm);
+            CHECK(got[k].loss_scale == want[k].loss_scale);
+          }
+          // The script covers every path: steps skipped, steps that
+          // clipped (x4) or changed the rate (updated again), and clean
+          // steps committed as speculated.
+          int clipped = 0, skipped = 0;
+          for (size_t k = 0; k < script.size(); ++k) {
+            clipped += want[k].applied && want[k].grad_norm > clipping;
+            skipped += !want[k].applied;
+          }
+          CHECK(skipped == 2);
+          CHECK(clipped == 2);
+          // Steps 1 and 6 clipped, steps 5 and 6 changed the rate.
+          CHECK(overlapped.opt->redone_updates() == 3);
+          CHECK(overlapped.opt->steps_applied() == 6);
+          CHECK(overlapped.opt->overlapped_update_seconds() > 0);
+          const std::vector<float> a = Finish(*at_step.opt), b = Finish(*overlapped.opt);
+          REQUIRE(a.size() == b.size());
+          CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the overlapped update holds a spare copy of the states, and refuses what it cannot do",
+          "[zero][offload][overlap_step][errors]") {
+  ShardingOptions options = Options(2, DType::kBF16, 1, 0.0f);
+  options.zero.offload_optimizer_ratio = 1.0f;
+  Run plain = Start(options);
+  options.zero.offload_overlap_step = true;
+  Run overlapped = Start(options);
+  const auto pinned_states = [](Run& run) {
+    return run.device->pinned_allocator()
+        ->stats()
+        .by_category[static_cast<int>(MemoryCategory::kOptimizerState)]
+        .current;
+  };
+  // Adam: master weights and two moments, twice.
+  CHECK(pinned_states(overlapped) == 2 * pinned_states(plain));
+  CHECK(pinned_states(plain) == 12 * (plain.opt->layout().padded_numel / World().world_size()));
+
+  // The NVMe tier does not overlap its update.
+  options.zero.offload_nvme_path = "/tmp";
+  DeviceOptions device{Backend::kHost, 0, 64 * kMiB};
+  device.pinned_capacity_bytes = 64 * kMiB;
+  auto d = CreateDevice(device).value();
+  const auto nvme = ShardedOptimizer::Create(options, *d, World());
+  REQUIRE(nvme.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(nvme.status().message() ==
+        "ShardedOptimizer: offload_overlap_step keeps a spare copy of the states in pinned memory; "
+        "the NVMe tier does not overlap its update yet");
+
+  // Gradients streamed to the host (ratio 1) exist only once reduced: a
+  // group never reduced cannot be stepped, overlapped or not, and the step
+  // changes nothing.
+  options.zero.offload_nvme_path.clear();
+  for (bool overlap_step : {false, true}) {
+    INFO("overlap_step " << overlap_step);
+    options.zero.offload_overlap_step = overlap_step;
+    Run missing = Start(options);
+    const std::vector<float> before = Finish(*missing.opt);
+    const int last = static_cast<int>(missing.opt->layout().groups.size()) - 1;
+    REQUIRE(missing.opt->AcquireGradients(last).ok());
+    REQUIRE(missing.opt->ReduceGradients(last).ok());
+    const auto step = missing.opt->Step();
+    REQUIRE(step.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(step.status().message() ==
+          "Step: group 0's gradients were not reduced this step (call ReduceGradients(0) after "
+          "its backward)");
+    const std::vector<float> after = Finish(*missing.opt);
+    CHECK(std::memcmp(before.data(), after.data(), before.size() * 4) == 0);
+  }
+  // With part of the shard on the device, a group not reduced updates from
+  // its zero gradients (weight decay only), as without overlap.
+  options.zero.offload_optimizer_ratio = 0.5f;
+  std::vector<std::vector<float>> ends;
+  for (bool overlap_step : {false, true}) {
+    options.zero.offload_overlap_step = overlap_step;
+    Run partial = Start(options);
+    const int last = static_cast<int>(partial.opt->layout().groups.size()) - 1;
+    REQUIRE(partial.opt->AcquireGradients(last).ok());
+    REQUIRE(partial.opt->ReduceGradients(last).ok());
+    REQUIRE(partial.opt->Step().ok());
+    ends.push_back(Finish(*partial.opt));
+  }
+  CHECK(std::memcmp(ends[0].data(), ends[1].data(), ends[0].size() * 4) == 0);
 }
 
 TEST_CASE("optimizer offload moves the optimizer-state bytes to the pinned pool",
@@ -837,8 +1014,8 @@ TEST_CASE("optimizer offload: bad settings and a full host pool name the cause",
 TEST_CASE("a stage outside 0-3, an unresolved auto included, is refused on every rank",
           "[zero][errors]") {
   auto device = CreateDevice({Backend::kHost, World().rank(), 64 * kMiB}).value();
-  auto unresolved = ShardedOptimizer::Create(Options(kAutoStage, DType::kF32, 1, 0.0f), *device,
-                                             World());
+  auto unresolved =
+      ShardedOptimizer::Create(Options(kAutoStage, DType::kF32, 1, 0.0f), *device, World());
   CHECK(unresolved.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(unresolved.status().message()) ==
         "ShardedOptimizer: zero_optimization.stage: expected 0, 1, 2 or 3, got -1 (\"auto\" "
@@ -874,10 +1051,12 @@ TEST_CASE("misuse gets the specific error", "[zero][errors]") {
   CHECK(std::string(view.status().message()) ==
         "parameter 'w': its group 0 ('w') is not gathered; call GatherParameters(0) first");
   auto grad = opt->Gradient("w");
-  CHECK(std::string(grad.status().message()) ==
-        "gradient of 'w': its group 0 ('w') has no gradient buffer; call AcquireGradients(0) first");
+  CHECK(
+      std::string(grad.status().message()) ==
+      "gradient of 'w': its group 0 ('w') has no gradient buffer; call AcquireGradients(0) first");
   CHECK(opt->Parameter("nope").status().code() == absl::StatusCode::kNotFound);
-  CHECK(std::string(opt->GatherParameters(5).message()) == "GatherParameters: group 5 does not exist (1 groups)");
+  CHECK(std::string(opt->GatherParameters(5).message()) ==
+        "GatherParameters: group 5 does not exist (1 groups)");
   REQUIRE(opt->AcquireGradients(0).ok());
   auto unreduced = opt->Step();
   CHECK(std::string(unreduced.status().message()) ==
@@ -886,7 +1065,8 @@ TEST_CASE("misuse gets the specific error", "[zero][errors]") {
   CHECK(std::string(opt->ReduceGradients(0).message()) ==
         "ReduceGradients: group 0 has no gradient buffer (call AcquireGradients first)");
   REQUIRE(opt->GatherParameters(0).ok());
-  CHECK(std::string(opt->GatherParameters(0).message()) == "GatherParameters: group 0 is already gathered");
+  CHECK(std::string(opt->GatherParameters(0).message()) ==
+        "GatherParameters: group 0 is already gathered");
   REQUIRE(opt->ReleaseParameters(0).ok());
   REQUIRE(opt->Step().ok());
 
