@@ -289,16 +289,12 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
     if (device != "nvme") out.offload_nvme_path.clear();
     bool pin = true;
     MW_RETURN_IF_ERROR(o.Bool("pin_memory", pin));  // memwall always pins
+    MW_RETURN_IF_ERROR(o.Int32("buffer_count", 1, 1024, out.offload_buffer_count));
     MW_RETURN_IF_ERROR(o.Bool("overlap_step", out.offload_overlap_step));
     int64_t threads = 0;
     MW_RETURN_IF_ERROR(o.Int("cpu_threads", 0, 4096, threads));
     out.offload_cpu_threads = static_cast<int>(threads);
     MW_RETURN_IF_ERROR(o.Bool("bind_cores", out.offload_bind_cores));
-    if (out.offload_overlap_step && !out.offload_nvme_path.empty()) {
-      return absl::InvalidArgumentError(
-          "zero_optimization.offload_optimizer.overlap_step: expected device \"cpu\" with it; "
-          "the NVMe tier does not overlap its update with backward yet");
-    }
     if (out.offload_bind_cores && threads == 0) {
       return absl::InvalidArgumentError(
           "zero_optimization.offload_optimizer.bind_cores: expected cpu_threads >= 1 with it (the "
@@ -555,6 +551,9 @@ std::string ConfigToJson(const Config& c) {
     zero["offload_optimizer"] = {{"device", z.offload_nvme_path.empty() ? "cpu" : "nvme"},
                                  {"ratio", Decimal(z.offload_optimizer_ratio)}};
     if (!z.offload_nvme_path.empty()) zero["offload_optimizer"]["nvme_path"] = z.offload_nvme_path;
+    if (z.offload_buffer_count != ZeroConfig().offload_buffer_count) {
+      zero["offload_optimizer"]["buffer_count"] = z.offload_buffer_count;
+    }
     if (z.offload_overlap_step) zero["offload_optimizer"]["overlap_step"] = true;
     if (z.offload_cpu_threads > 0) zero["offload_optimizer"]["cpu_threads"] = z.offload_cpu_threads;
     if (z.offload_bind_cores) zero["offload_optimizer"]["bind_cores"] = true;

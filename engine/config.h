@@ -46,10 +46,15 @@
 //                                     the CPU (ZeRO-Offload++)        (1)
 //   zero_optimization.offload_optimizer.pin_memory bool, accepted (memwall
 //                                     always uses its pinned pool)
-//   zero_optimization.offload_optimizer.overlap_step  bool: stages 2-3,
-//                                     device "cpu": the CPU update runs
-//                                     during backward, group by group, exact
-//                                     (a spare copy of the states)  (false)
+//   zero_optimization.offload_optimizer.buffer_count  int 1..1024: pinned
+//                                     buffers the NVMe tier streams the
+//                                     state through (each aio.block_size x
+//                                     queue_depth x thread_count)       (4)
+//   zero_optimization.offload_optimizer.overlap_step  bool: stages 2-3:
+//                                     the CPU update (and its NVMe I/O)
+//                                     runs during backward, group by group,
+//                                     exact (pinned: a spare copy of the
+//                                     states)                       (false)
 //   zero_optimization.offload_optimizer.cpu_threads   int 0..4096: the CPU
 //                                     update's threads per rank, 0 =
 //                                     MEMWALL_CPU_THREADS or 1          (0)

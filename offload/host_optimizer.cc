@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -15,28 +16,39 @@ namespace memwall {
 
 absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
     Device& device, Rule rule, bool momentum, DType param_dtype, int64_t numel,
-    absl::string_view owner, NvmeStore* store, bool speculative, int threads) {
+    absl::string_view owner, const Options& options) {
+  NvmeStore* const store = options.store;
+  const bool speculative = options.speculative;  // pinned tier only
   if (device.pinned_allocator() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "offloaded optimizer states of '", owner, "': ", device.name(),
         " has no pinned pool (DeviceOptions::pinned_capacity_bytes)"));
   }
-  if (speculative && store != nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "offloaded optimizer states of '", owner,
-        "': a speculative slice keeps its spare copy in pinned memory, not on NVMe"));
-  }
   std::unique_ptr<HostOptimizerSlice> slice(new HostOptimizerSlice(
-      device, rule, momentum, param_dtype, numel, std::string(owner), speculative,
-      threads > 0 ? threads : kernels::cpu::CpuThreads()));
+      device, rule, momentum, param_dtype, numel, std::string(owner), speculative && !store,
+      options.threads > 0 ? options.threads : kernels::cpu::CpuThreads()));
   MW_ASSIGN_OR_RETURN(slice->grads_,
                       device.AllocatePinned(numel * DTypeSize(param_dtype),
                                             MemoryCategory::kGradient,
                                             absl::StrCat(owner, ".grad_host")));
   const size_t bytes = numel * sizeof(float);
   if (store != nullptr) {
+    if (options.nvme_buffer_count < 1 || options.nvme_buffer_bytes < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("offloaded optimizer states of '", owner,
+                                                     "': expected at least one NVMe buffer of at "
+                                                     "least one byte, got ",
+                                                     options.nvme_buffer_count, " of ",
+                                                     options.nvme_buffer_bytes));
+    }
     slice->store_ = store;
-    MW_ASSIGN_OR_RETURN(slice->slot_, store->AddSlot(slice->states_ * bytes));
+    slice->nvme_count_ = options.nvme_buffer_count;
+    // Whole 4 KiB pages of each state per chunk, so every chunk starts
+    // aligned for O_DIRECT.
+    slice->chunk_ =
+        std::max<int64_t>(1024, options.nvme_buffer_bytes / (4 * slice->states_) / 1024 * 1024);
+    const int64_t last = slice->Chunks() - 1;
+    MW_ASSIGN_OR_RETURN(slice->slot_,
+                        store->AddSlot(slice->ChunkOffset(last) + slice->ChunkIoBytes(last)));
     return slice;
   }
   auto allocate = [&](const char* suffix) {
@@ -64,16 +76,24 @@ absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
   return slice;
 }
 
+namespace {
+
+// The first NvmeStore::kAlignment boundary at or after `p`.
+char* AlignUp(void* p) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t a = NvmeStore::kAlignment;
+  return reinterpret_cast<char*>((at + a - 1) / a * a);
+}
+
+}  // namespace
+
 absl::StatusOr<std::pair<DeviceBuffer, char*>> HostOptimizerSlice::Aligned(
     int64_t bytes, absl::string_view suffix) {
-  MW_ASSIGN_OR_RETURN(DeviceBuffer buffer,
-                      device_.AllocatePinned(bytes + NvmeStore::kAlignment,
-                                             MemoryCategory::kWorkspace,
-                                             absl::StrCat(owner_, suffix)));
-  const uintptr_t at = reinterpret_cast<uintptr_t>(buffer.data());
-  const uintptr_t aligned = (at + NvmeStore::kAlignment - 1) / NvmeStore::kAlignment *
-                            NvmeStore::kAlignment;
-  return std::make_pair(std::move(buffer), reinterpret_cast<char*>(aligned));
+  MW_ASSIGN_OR_RETURN(DeviceBuffer buffer, device_.AllocatePinned(bytes + NvmeStore::kAlignment,
+                                                                  MemoryCategory::kWorkspace,
+                                                                  absl::StrCat(owner_, suffix)));
+  char* aligned = AlignUp(buffer.data());
+  return std::make_pair(std::move(buffer), aligned);
 }
 
 absl::Status HostOptimizerSlice::CheckStateRange(int which, int64_t begin, int64_t count) const {
@@ -95,11 +115,20 @@ absl::Status HostOptimizerSlice::WriteState(int which, int64_t begin, int64_t co
     std::memcpy(static_cast<float*>(arrays[which]->data()) + begin, in, bytes);
     return absl::OkStatus();
   }
-  // The slot holds master, then the moments: read, change, write, commit.
-  MW_ASSIGN_OR_RETURN(auto staging, Aligned(store_->slot_bytes(slot_), ".nvme_staging"));
-  MW_RETURN_IF_ERROR(store_->Read(slot_, staging.second));
-  std::memcpy(reinterpret_cast<float*>(staging.second) + which * numel_ + begin, in, bytes);
-  MW_RETURN_IF_ERROR(store_->Write(slot_, staging.second));
+  // Chunk by chunk through one buffer: read, change what is in range,
+  // write to the spare copy; then sync and commit the whole copy.
+  MW_ASSIGN_OR_RETURN(auto staging, Aligned(BufferBytes(), ".nvme_staging"));
+  float* buffer = reinterpret_cast<float*>(staging.second);
+  for (int64_t c = 0; c < Chunks(); ++c) {
+    NvmeStore::Pending read = store_->ReadPart(slot_, ChunkOffset(c), ChunkIoBytes(c), buffer);
+    MW_RETURN_IF_ERROR(store_->Wait(read));
+    const int64_t c0 = c * chunk_, n = ChunkElements(c);
+    const int64_t lo = std::max(begin, c0), hi = std::min(begin + count, c0 + n);
+    if (lo < hi) std::memcpy(buffer + which * n + (lo - c0), in + (lo - begin), (hi - lo) * 4);
+    NvmeStore::Pending write = store_->WritePart(slot_, ChunkOffset(c), ChunkIoBytes(c), buffer);
+    MW_RETURN_IF_ERROR(store_->Wait(write));
+  }
+  MW_RETURN_IF_ERROR(store_->FinishWrite(slot_));
   return store_->Commit(slot_);
 }
 
@@ -112,9 +141,16 @@ absl::Status HostOptimizerSlice::ReadState(int which, int64_t begin, int64_t cou
     std::memcpy(out, static_cast<const float*>(arrays[which]->data()) + begin, bytes);
     return absl::OkStatus();
   }
-  MW_ASSIGN_OR_RETURN(auto staging, Aligned(store_->slot_bytes(slot_), ".nvme_staging"));
-  MW_RETURN_IF_ERROR(store_->Read(slot_, staging.second));
-  std::memcpy(out, reinterpret_cast<const float*>(staging.second) + which * numel_ + begin, bytes);
+  MW_ASSIGN_OR_RETURN(auto staging, Aligned(BufferBytes(), ".nvme_staging"));
+  const float* buffer = reinterpret_cast<const float*>(staging.second);
+  for (int64_t c = begin / chunk_; count > 0 && c <= (begin + count - 1) / chunk_; ++c) {
+    NvmeStore::Pending read =
+        store_->ReadPart(slot_, ChunkOffset(c), ChunkIoBytes(c), staging.second);
+    MW_RETURN_IF_ERROR(store_->Wait(read));
+    const int64_t c0 = c * chunk_, n = ChunkElements(c);
+    const int64_t lo = std::max(begin, c0), hi = std::min(begin + count, c0 + n);
+    std::memcpy(out + (lo - begin), buffer + which * n + (lo - c0), (hi - lo) * 4);
+  }
   return absl::OkStatus();
 }
 
@@ -151,6 +187,11 @@ int64_t HostOptimizerSlice::scratch_bytes() const {
 
 int64_t HostOptimizerSlice::params_bytes() const { return numel_ * DTypeSize(dtype_); }
 
+int64_t HostOptimizerSlice::nvme_buffers_bytes() const {
+  if (store_ == nullptr) return 0;
+  return std::min<int64_t>(nvme_count_, Chunks()) * BufferBytes() + NvmeStore::kAlignment;
+}
+
 absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) {
   void* const scratch = args.scratch;
   if (!staged_) {
@@ -167,21 +208,26 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
                    : args.widened != nullptr  ? args.widened
                                               : reinterpret_cast<float*>(params + params_bytes());
   pending_ = params;
-  // NVMe: the committed state comes in; the new one goes to the spare copy.
-  std::pair<DeviceBuffer, char*> state;
-  if (store_ != nullptr) {
-    MW_ASSIGN_OR_RETURN(state, Aligned(store_->slot_bytes(slot_), ".nvme_staging"));
+  // NVMe: the committed state streams in through bounded buffers; the new
+  // one goes to the spare copy.
+  std::pair<DeviceBuffer, char*> buffers;
+  if (store_ != nullptr && args.nvme_buffers != nullptr) {
+    buffers.second = AlignUp(args.nvme_buffers);
+  } else if (store_ != nullptr) {
+    const int64_t count = std::min<int64_t>(nvme_count_, Chunks());
+    MW_ASSIGN_OR_RETURN(buffers, Aligned(count * BufferBytes(), ".nvme_buffers"));
   }
   MW_RETURN_IF_ERROR(stream.Synchronize());  // the staged gradients have landed
   if (!device_.holds_bytes()) return absl::OkStatus();  // meta: accounting only
+  const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
+  float* g = static_cast<float*>(grads_.data());
+  if (!wide) {
+    cpu.cast(grads_.data(), dtype_, grads32, DType::kF32, numel_);
+    g = grads32;
+  }
+  if (store_ != nullptr) return UpdateFromNvme(args.segments, g, params, buffers.second);
   float *master, *first, *second;
-  if (store_ != nullptr) {
-    MW_RETURN_IF_ERROR(store_->Read(slot_, state.second));
-    auto* base = reinterpret_cast<float*>(state.second);
-    master = base;
-    first = states_ >= 2 ? base + numel_ : nullptr;
-    second = states_ == 3 ? base + 2 * numel_ : nullptr;
-  } else if (speculative_) {
+  if (speculative_) {
     // The new state goes to the spare copy, the current one stays (Adam
     // out of place; SGD copies each chunk over and updates it in cache).
     master = static_cast<float*>(spare_[0].data());
@@ -191,12 +237,6 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
     master = static_cast<float*>(master_.data());
     first = static_cast<float*>(first_.data());
     second = static_cast<float*>(second_.data());
-  }
-  const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
-  float* g = static_cast<float*>(grads_.data());
-  if (!wide) {
-    cpu.cast(grads_.data(), dtype_, grads32, DType::kF32, numel_);
-    g = grads32;
   }
   // Element-wise kernels: the chunks change nothing in the results.
   const bool copy = speculative_ && rule_ == Rule::kSgd;
@@ -211,24 +251,84 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
       char* low = wide ? nullptr : params + i * DTypeSize(dtype_);
       float* m = first == nullptr ? nullptr : first + i;
       if (rule_ == Rule::kAdam && speculative_) {
-        kernels::cpu::ParallelAdamTo(cpu, kernels::MakeAdamConstants(s.adam), current(0) + i,
-                                     g + i, current(1) + i, current(2) + i, master + i, m,
-                                     second + i, low, dtype_, n, threads_);
-      } else if (rule_ == Rule::kAdam) {
-        kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(s.adam), master + i, g + i, m,
-                                   second + i, low, dtype_, n, threads_);
-      } else {
-        for (int k = 0; copy && k < states_; ++k) {
-          std::memcpy(static_cast<float*>(spare_[k].data()) + i, current(k) + i,
-                      n * sizeof(float));
-        }
-        cpu.sgd(s.sgd, master + i, g + i, m, low, dtype_, n);
+        kernels::cpu::ParallelAdamTo(cpu, kernels::MakeAdamConstants(s.adam), current(0) + i, g + i,
+                                     current(1) + i, current(2) + i, master + i, m, second + i, low,
+                                     dtype_, n, threads_);
+        continue;
       }
+      for (int k = 0; copy && k < states_; ++k) {
+        std::memcpy(static_cast<float*>(spare_[k].data()) + i, current(k) + i, n * sizeof(float));
+      }
+      Apply(s, i, n, master + i, g + i, m, second == nullptr ? nullptr : second + i, params);
     }
   }
   if (wide) std::memcpy(params, master, numel_ * sizeof(float));
-  if (store_ != nullptr) MW_RETURN_IF_ERROR(store_->Write(slot_, state.second));
   return absl::OkStatus();
+}
+
+int64_t HostOptimizerSlice::ChunkIoBytes(int64_t c) const {
+  const int64_t a = NvmeStore::kAlignment;
+  return (states_ * ChunkElements(c) * 4 + a - 1) / a * a;
+}
+
+void HostOptimizerSlice::Apply(const Segment& s, int64_t i, int64_t n, float* master,
+                               const float* g, float* m, float* v, char* params) const {
+  const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
+  char* low = dtype_ == DType::kF32 ? nullptr : params + i * DTypeSize(dtype_);
+  if (rule_ == Rule::kAdam) {
+    kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(s.adam), master, g, m, v, low,
+                               dtype_, n, threads_);
+  } else {
+    cpu.sgd(s.sgd, master, g, m, low, dtype_, n);
+  }
+}
+
+absl::Status HostOptimizerSlice::UpdateFromNvme(absl::Span<const Segment> segments, const float* g,
+                                                char* params, char* buffers) {
+  const int64_t chunks = Chunks();
+  const int count = static_cast<int>(std::min<int64_t>(nvme_count_, chunks));
+  const int64_t stride = BufferBytes();
+  std::vector<NvmeStore::Pending> reads(count), writes(count);
+  // Reads run up to count - 2 chunks ahead of the update and one write
+  // behind it, so that a buffer is reused only after its write has had a
+  // chunk's update to finish.
+  const int64_t ahead = std::max(count - 2, 0);
+  absl::Status status = absl::OkStatus();
+  int64_t next = 0;
+  for (int64_t c = 0; c < chunks && status.ok(); ++c) {
+    for (; status.ok() && next < chunks && next <= c + ahead; ++next) {
+      const int b = static_cast<int>(next % count);
+      status = store_->Wait(writes[b]);  // the buffer's previous chunk is on disk
+      if (status.ok()) {
+        reads[b] =
+            store_->ReadPart(slot_, ChunkOffset(next), ChunkIoBytes(next), buffers + b * stride);
+      }
+    }
+    const int b = static_cast<int>(c % count);
+    if (status.ok()) status = store_->Wait(reads[b]);
+    if (!status.ok()) break;
+    const int64_t c0 = c * chunk_, n = ChunkElements(c);
+    // The chunk holds its master weights, then each moment, n apiece.
+    float* master = reinterpret_cast<float*>(buffers + b * stride);
+    float* m = states_ >= 2 ? master + n : nullptr;
+    float* v = states_ == 3 ? master + 2 * n : nullptr;
+    for (const Segment& s : segments) {
+      const int64_t lo = std::max(s.begin, c0), hi = std::min(s.begin + s.count, c0 + n);
+      if (lo >= hi) continue;
+      Apply(s, lo, hi - lo, master + (lo - c0), g + lo, m == nullptr ? nullptr : m + (lo - c0),
+            v == nullptr ? nullptr : v + (lo - c0), params);
+    }
+    if (dtype_ == DType::kF32) std::memcpy(params + c0 * 4, master, n * 4);
+    writes[b] = store_->WritePart(slot_, ChunkOffset(c), ChunkIoBytes(c), master);
+  }
+  // Nothing may still use the buffers when they go, whatever failed.
+  for (NvmeStore::Pending& p : writes) {
+    const absl::Status w = store_->Wait(p);
+    if (status.ok()) status = w;
+  }
+  for (NvmeStore::Pending& p : reads) (void)store_->Wait(p);
+  MW_RETURN_IF_ERROR(status);
+  return store_->FinishWrite(slot_);
 }
 
 absl::Status HostOptimizerSlice::Commit(Stream& stream, void* params) {

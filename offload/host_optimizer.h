@@ -11,22 +11,27 @@
 // Update() computes the new state (on NVMe: written to the file's spare
 // copy) and the refreshed parameters, into pinned scratch the caller
 // provides; Commit() then makes them current and copies the parameters
-// out. On NVMe a caller updates every slice, then commits every slice; if
+// out. On NVMe the state streams through a bounded set of pinned buffers:
+// the slot is laid out in chunks (each chunk's master weights, then its
+// moments, contiguous), and Update reads chunks ahead into nvme_buffer_count
+// buffers while it updates the current one and writes the previous one
+// behind, through the store's asynchronous engine. On NVMe a caller updates every slice, then commits every slice; if
 // an Update fails it commits none. The pinned tier updates in place, and
 // once its scratch exists nothing in Update can fail: a caller updates and
 // commits each slice in turn through one scratch buffer sized for the
 // largest, allocated before the first update (the refreshed parameters of
 // a whole model never sit in host memory at once).
 //
-// A slice created `speculative` (the pinned tier of a step that updates on
-// the CPU while backward runs, sharding/sharded_optimizer.h) keeps a spare
-// copy of its state and is two-phase too: Update writes the new state into
+// A pinned slice created `speculative` (for a step that updates on the CPU
+// while backward runs, sharding/sharded_optimizer.h) keeps a spare copy of
+// its state and is two-phase too: Update writes the new state into
 // the spare copy, so an update computed before the step knew its clipping
 // factor or its overflow can be dropped (Discard) or computed again from the
 // untouched current state, and Commit swaps the copies.
 #ifndef MEMWALL_OFFLOAD_HOST_OPTIMIZER_H_
 #define MEMWALL_OFFLOAD_HOST_OPTIMIZER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -54,13 +59,29 @@ class HostOptimizerSlice final : public StateTier {
   // zero until WriteState. Errors: kFailedPrecondition without a pinned
   // pool; kResourceExhausted naming the pool (or the file) when it is full,
   // with nothing left allocated.
-  // `speculative` (pinned tier only) adds the spare copy (".<state>_spare",
-  // optimizer_state). The CPU update runs on `threads` threads (0:
-  // MEMWALL_CPU_THREADS, kernels/cpu/parallel.h).
+  struct Options {
+    // Set: the NVMe tier, this file (which must outlive the slice); the
+    // state streams through `nvme_buffer_count` pinned buffers of about
+    // `nvme_buffer_bytes` each (whole chunks of 1024 elements).
+    NvmeStore* store = nullptr;
+    int64_t nvme_buffer_bytes = int64_t{8} << 20;
+    int nvme_buffer_count = 4;
+    // Pinned tier: a spare copy of the state (".<state>_spare",
+    // optimizer_state) for updates that must keep the current one (the
+    // NVMe tier always keeps it: its spare copy is on disk).
+    bool speculative = false;
+    // Threads of the CPU update (0: MEMWALL_CPU_THREADS,
+    // kernels/cpu/parallel.h).
+    int threads = 0;
+  };
   static absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> Create(
       Device& device, Rule rule, bool momentum, DType param_dtype, int64_t numel,
-      absl::string_view owner, NvmeStore* store = nullptr, bool speculative = false,
-      int threads = 0);
+      absl::string_view owner, const Options& options);
+  static absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> Create(
+      Device& device, Rule rule, bool momentum, DType param_dtype, int64_t numel,
+      absl::string_view owner) {
+    return Create(device, rule, momentum, param_dtype, numel, owner, Options());
+  }
 
   // Elements a speculative SGD update copies to the spare and updates at a
   // time (in cache: 128 KiB per f32 array); Adam updates out of place.
@@ -89,6 +110,8 @@ class HostOptimizerSlice final : public StateTier {
   // The refreshed parameters' part of it (what an Update given
   // UpdateArgs::widened needs).
   int64_t params_bytes() const;
+  // NVMe tier: the pinned bytes its chunk buffers take (0 otherwise).
+  int64_t nvme_buffers_bytes() const;
   // The NVMe tier updates into the file's spare copy, a speculative slice
   // into its own.
   bool two_phase() const override { return store_ != nullptr || speculative_; }
@@ -143,6 +166,22 @@ class HostOptimizerSlice final : public StateTier {
   absl::Status CheckStateRange(int which, int64_t begin, int64_t count) const;
   // Pinned bytes aligned for O_DIRECT: the buffer and the aligned address.
   absl::StatusOr<std::pair<DeviceBuffer, char*>> Aligned(int64_t bytes, absl::string_view suffix);
+  // The NVMe slot's chunks: how many, chunk c's elements, where it starts
+  // in the slot and the bytes a transfer of it moves (rounded up to
+  // NvmeStore::kAlignment), and the bytes of one pinned buffer.
+  int64_t Chunks() const { return (numel_ + chunk_ - 1) / chunk_; }
+  int64_t ChunkElements(int64_t c) const { return std::min(chunk_, numel_ - c * chunk_); }
+  int64_t ChunkOffset(int64_t c) const { return c * states_ * chunk_ * 4; }
+  int64_t ChunkIoBytes(int64_t c) const;
+  int64_t BufferBytes() const { return ChunkIoBytes(0); }
+  // Segment s's update of elements [i, i + n) whose state is at `master`
+  // and the moments `m`, `v` (null where the rule keeps none), in place;
+  // the refreshed 16-bit parameters go to `params` + i.
+  void Apply(const Segment& s, int64_t i, int64_t n, float* master, const float* g, float* m,
+             float* v, char* params) const;
+  // The NVMe update through `buffers` (nvme_count_ x BufferBytes()).
+  absl::Status UpdateFromNvme(absl::Span<const Segment> segments, const float* g, char* params,
+                              char* buffers);
 
   Device& device_;
   const Rule rule_;
@@ -154,6 +193,8 @@ class HostOptimizerSlice final : public StateTier {
   const int threads_;  // for the CPU update (>= 1)
   NvmeStore* store_ = nullptr;
   int slot_ = -1;
+  int64_t chunk_ = 0;   // NVMe: elements per chunk (a multiple of 1024)
+  int nvme_count_ = 0;  // NVMe: pinned buffers an update streams through
   DeviceBuffer master_;  // pinned tier
   DeviceBuffer first_;   // Adam m, or SGD momentum (empty without)
   DeviceBuffer second_;  // Adam v

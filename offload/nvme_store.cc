@@ -76,36 +76,58 @@ absl::StatusOr<int> NvmeStore::AddSlot(int64_t bytes) {
   return static_cast<int>(slots_.size()) - 1;
 }
 
-absl::Status NvmeStore::Transfer(bool write, int64_t offset, void* buffer, int64_t bytes) {
-  if (write && fail_after_ >= 0 && fail_after_ < bytes) {
+NvmeStore::Pending NvmeStore::ReadPart(int slot, int64_t offset, int64_t bytes, void* dst) {
+  const Slot& s = slots_[slot];
+  if (fd_ < 0) return Pending{};  // virtual: nothing moves
+  return Pending{
+      aio_->Submit(fd_, path_, false, s.offset + s.committed * s.rounded + offset, dst, bytes),
+      absl::OkStatus()};
+}
+
+NvmeStore::Pending NvmeStore::WritePart(int slot, int64_t offset, int64_t bytes, const void* src) {
+  Slot& s = slots_[slot];
+  s.pending = false;  // the spare copy is being rewritten
+  if (fd_ < 0) return Pending{};
+  const int64_t at = s.offset + (1 - s.committed) * s.rounded + offset;
+  void* buffer = const_cast<void*>(src);
+  if (fail_after_ >= 0 && fail_after_ < bytes) {
     // Injected failure: the first part lands (whole aligned blocks), then
     // the disk fails.
     const int64_t lands = fail_after_ / kAlignment * kAlignment;
     fail_after_ = 0;
-    if (lands > 0) {
-      MW_RETURN_IF_ERROR(aio_->Wait(aio_->Submit(fd_, path_, true, offset, buffer, lands)));
-    }
-    return Errno(EIO, path_, "write failed");
+    absl::Status landed = absl::OkStatus();
+    if (lands > 0) landed = aio_->Wait(aio_->Submit(fd_, path_, true, at, buffer, lands));
+    return Pending{nullptr, landed.ok() ? Errno(EIO, path_, "write failed") : landed};
   }
-  if (write && fail_after_ > 0) fail_after_ -= bytes;
-  return aio_->Wait(aio_->Submit(fd_, path_, write, offset, buffer, bytes));
+  if (fail_after_ > 0) fail_after_ -= bytes;
+  return Pending{aio_->Submit(fd_, path_, true, at, buffer, bytes), absl::OkStatus()};
+}
+
+absl::Status NvmeStore::Wait(Pending& pending) {
+  absl::Status status = pending.failed;
+  if (pending.ticket != nullptr) {
+    const absl::Status transfer = aio_->Wait(pending.ticket);
+    if (status.ok()) status = transfer;
+  }
+  pending = Pending{};
+  return status;
+}
+
+absl::Status NvmeStore::FinishWrite(int slot) {
+  if (fd_ >= 0 && ::fdatasync(fd_) != 0) return Errno(errno, path_, "sync failed");
+  slots_[slot].pending = true;
+  return absl::OkStatus();
 }
 
 absl::Status NvmeStore::Read(int slot, void* dst) {
-  const Slot& s = slots_[slot];
-  return Transfer(false, s.offset + s.committed * s.rounded, dst, s.rounded);
+  Pending read = ReadPart(slot, 0, slots_[slot].rounded, dst);
+  return Wait(read);
 }
 
 absl::Status NvmeStore::Write(int slot, const void* src) {
-  Slot& s = slots_[slot];
-  s.pending = false;
-  const int other = 1 - s.committed;
-  absl::Status status =
-      Transfer(true, s.offset + other * s.rounded, const_cast<void*>(src), s.rounded);
-  if (!status.ok()) return status;
-  if (::fdatasync(fd_) != 0) return Errno(errno, path_, "sync failed");
-  s.pending = true;
-  return absl::OkStatus();
+  Pending write = WritePart(slot, 0, slots_[slot].rounded, src);
+  MW_RETURN_IF_ERROR(Wait(write));
+  return FinishWrite(slot);
 }
 
 absl::Status NvmeStore::Commit(int slot) {

@@ -49,6 +49,27 @@ class NvmeStore {
   // (kResourceExhausted naming the file) rather than mid-training.
   absl::StatusOr<int> AddSlot(int64_t bytes);
   int64_t slot_bytes(int slot) const { return slots_[slot].bytes; }
+  int64_t rounded_bytes(int slot) const { return slots_[slot].rounded; }
+
+  // A part-transfer under way (ReadPart, WritePart): Wait for it before
+  // touching its buffer.
+  struct Pending {
+    AioEngine::Ticket ticket;  // null: nothing in flight
+    absl::Status failed;       // set: failed before it started
+  };
+  // Starts reading bytes [offset, offset + bytes) of the committed copy of
+  // `slot` into `dst`. The buffer is kAlignment-aligned; offset and bytes
+  // are multiples of kAlignment within the slot's rounded size.
+  Pending ReadPart(int slot, int64_t offset, int64_t bytes, void* dst);
+  // Starts writing `src` over the same bytes of the copy not in use. The
+  // copy is whole once every part of it has been written and waited for,
+  // and FinishWrite has synced it.
+  Pending WritePart(int slot, int64_t offset, int64_t bytes, const void* src);
+  // The transfer's error, as Write's (below); OK for an empty Pending.
+  absl::Status Wait(Pending& pending);
+  // Syncs what was written of `slot`'s spare copy and makes it the one
+  // Commit makes current.
+  absl::Status FinishWrite(int slot);
 
   // Reads the committed copy of `slot` into `dst` (kAlignment-aligned, at
   // least the slot's rounded size).
@@ -58,8 +79,8 @@ class NvmeStore {
   // write, kInternal otherwise) name the file and leave the committed copy
   // as it was.
   absl::Status Write(int slot, const void* src);
-  // Makes the last successful Write of `slot` the committed copy.
-  // kFailedPrecondition if there is none.
+  // Makes the last successful Write (or FinishWrite) of `slot` the
+  // committed copy. kFailedPrecondition if there is none.
   absl::Status Commit(int slot);
 
   // Testing: every write fails with EIO once this many more bytes have been
@@ -76,7 +97,6 @@ class NvmeStore {
   };
   NvmeStore(std::string path, int fd, bool direct, std::unique_ptr<AioEngine> aio)
       : path_(std::move(path)), fd_(fd), direct_(direct), aio_(std::move(aio)) {}
-  absl::Status Transfer(bool write, int64_t offset, void* buffer, int64_t bytes);
 
   const std::string path_;
   const int fd_;

@@ -95,11 +95,16 @@ struct ZeroConfig {
   // directory (a fast local disk, the NVMe tier) instead of the pinned
   // pool; empty = the pinned pool.
   std::string offload_nvme_path;
-  // Offload at stages 2-3, pinned tier: each group's CPU update starts as
-  // soon as its final gradients have reached the host, on a thread of its
-  // own while backward goes on, and Step() only checks and commits it (see
-  // sharded_optimizer.h, Note [Overlapped update]). Costs a spare copy of
-  // the offloaded states in pinned memory (12 bytes per Adam element).
+  // The NVMe tier: pinned buffers an update streams the state through
+  // (DeepSpeed's offload_optimizer.buffer_count); each holds a chunk of
+  // aio.block_size x queue_depth x thread_count bytes of state.
+  int offload_buffer_count = 4;
+  // Offload at stages 2-3: each group's CPU update starts as soon as its
+  // final gradients have reached the host, on a thread of its own while
+  // backward goes on, and Step() only checks and commits it (see
+  // sharded_optimizer.h, Note [Overlapped update]). The pinned tier then
+  // keeps a spare copy of the offloaded states (12 bytes per Adam element);
+  // the NVMe tier's is on disk already.
   bool offload_overlap_step = false;
   // Threads of a rank's CPU update (0: MEMWALL_CPU_THREADS, else 1); with
   // offload_bind_cores, rank r's update thread and its helpers run on

@@ -88,11 +88,6 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
   std::unique_ptr<ShardedOptimizer> optimizer(new ShardedOptimizer(
       config, device, comm, std::move(stream), std::move(comm_stream), std::move(events)));
   if (optimizer->overlaps_update()) {
-    if (!config.zero.offload_nvme_path.empty()) {
-      return absl::InvalidArgumentError(
-          "ShardedOptimizer: offload_overlap_step keeps a spare copy of the states in pinned "
-          "memory; the NVMe tier does not overlap its update yet");
-    }
     std::vector<int> cores;
     if (config.zero.offload_bind_cores) {
       cores = UpdateWorker::CoresFor(comm.rank(), std::max(1, config.zero.offload_cpu_threads),
@@ -234,10 +229,16 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
   }
   if (k == 0) return absl::OkStatus();
   // Offload: the host part (an f32 master copy even in f32 runs).
-  MW_ASSIGN_OR_RETURN(group.host, HostOptimizerSlice::Create(
-                                      device_, rule, momentum, dtype, k, flat.name, nvme_.get(),
-                                      /*speculative=*/overlaps_update(),
-                                      config_.zero.offload_cpu_threads));
+  HostOptimizerSlice::Options options;
+  options.store = nvme_.get();
+  // A chunk of the NVMe tier keeps every request of the I/O engine busy.
+  options.nvme_buffer_bytes =
+      config_.aio.block_size * config_.aio.queue_depth * config_.aio.thread_count;
+  options.nvme_buffer_count = config_.zero.offload_buffer_count;
+  options.speculative = overlaps_update();  // pinned tier: a spare copy
+  options.threads = config_.zero.offload_cpu_threads;
+  MW_ASSIGN_OR_RETURN(group.host, HostOptimizerSlice::Create(device_, rule, momentum, dtype, k,
+                                                             flat.name, options));
   return absl::OkStatus();
 }
 
@@ -690,14 +691,25 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
 absl::Status ShardedOptimizer::Speculate(int g) {
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
-  // Buffers here, on the caller's thread (Note [Overlapped update]).
-  if (mixed() && host_widened_.empty()) {
-    int64_t largest = 0;
+  // Buffers here, on the caller's thread (Note [Overlapped update]); the
+  // shared ones once, for the largest host part.
+  if (host_widened_.empty() && host_nvme_buffers_.empty()) {
+    int64_t largest = 0, nvme = 0;
     for (const Group& other : groups_) {
-      if (other.host != nullptr) largest = std::max(largest, other.host->numel());
+      if (other.host == nullptr) continue;
+      largest = std::max(largest, other.host->numel());
+      nvme = std::max(nvme, other.host->nvme_buffers_bytes());
     }
-    MW_ASSIGN_OR_RETURN(host_widened_, device_.AllocatePinned(largest * 4, MemoryCategory::kWorkspace,
-                                                              "optimizer.host_grad_f32"));
+    if (mixed()) {
+      MW_ASSIGN_OR_RETURN(host_widened_,
+                          device_.AllocatePinned(largest * 4, MemoryCategory::kWorkspace,
+                                                 "optimizer.host_grad_f32"));
+    }
+    if (nvme > 0) {
+      MW_ASSIGN_OR_RETURN(
+          host_nvme_buffers_,
+          device_.AllocatePinned(nvme, MemoryCategory::kWorkspace, "optimizer.nvme_buffers"));
+    }
   }
   MW_ASSIGN_OR_RETURN(group.host_params,
                       device_.AllocatePinned(group.host->params_bytes(), MemoryCategory::kWorkspace,
@@ -716,6 +728,7 @@ absl::Status ShardedOptimizer::Speculate(int g) {
   args.segments = group.speculated_segments;
   args.scratch = group.host_params.data();
   args.widened = static_cast<float*>(host_widened_.data());
+  args.nvme_buffers = host_nvme_buffers_.data();
   HostOptimizerSlice* host = group.host.get();
   Event* staged = group.staged_event.get();
   Stream* stream = update_stream_.get();
@@ -1119,10 +1132,11 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       // hands over any part not handed over in backward).
       args.scratch = group.host_params.data();
       args.widened = static_cast<float*>(host_widened_.data());
+      args.nvme_buffers = host_nvme_buffers_.data();
     } else if (group.host != nullptr) {
       args.scratch = two_phase ? workspace.host_scratch[g].data()
                                : workspace.host_scratch.front().data();
-      args.widened = nullptr;
+      args.widened = two_phase ? static_cast<float*>(workspace.host_widened.data()) : nullptr;
     }
     for (const Tier& t : TiersOf(flat, group)) {
       args.grads = device_.holds_bytes()
@@ -1173,14 +1187,23 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
     }
   }
   if (overlaps_update()) return w;  // each host part has its own (Speculate)
-  if (two_phase) {  // a scratch buffer per offloaded group, indexed by group
+  if (two_phase) {
+    // Per offloaded group, indexed by group, its refreshed parameters (held
+    // until every group has updated); one f32 widening buffer, shared.
     w.host_scratch.resize(groups_.size());
+    int64_t largest = 0;
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].host == nullptr) continue;
-      MW_ASSIGN_OR_RETURN(w.host_scratch[g],
-                          device_.AllocatePinned(groups_[g].host->scratch_bytes(),
-                                                 MemoryCategory::kWorkspace,
-                                                 absl::StrCat(layout_.groups[g].name, ".host_scratch")));
+      largest = std::max(largest, groups_[g].host->numel());
+      MW_ASSIGN_OR_RETURN(
+          w.host_scratch[g],
+          device_.AllocatePinned(groups_[g].host->params_bytes(), MemoryCategory::kWorkspace,
+                                 absl::StrCat(layout_.groups[g].name, ".host_scratch")));
+    }
+    if (mixed() && largest > 0) {
+      MW_ASSIGN_OR_RETURN(w.host_widened,
+                          device_.AllocatePinned(largest * 4, MemoryCategory::kWorkspace,
+                                                 "optimizer.host_grad_f32"));
     }
     return w;
   }

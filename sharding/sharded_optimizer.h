@@ -79,14 +79,15 @@
 // reduces inside Step(), so its caller reruns the micro-batches.
 //
 // Note [Overlapped update]
-// With offload_overlap_step (stages 2-3, pinned tier) a group's CPU update
+// With offload_overlap_step (stages 2-3) a group's CPU update
 // does not wait for Step(): right after its last ReduceGradients() queues
 // the copy of its final gradients to the host, the group's update is handed
 // to a thread of its own (offload/update_worker.h), which waits for that
 // copy and updates while backward goes on. The update is speculative: it
 // assumes no clipping and no overflow and writes the new state into the
-// slice's spare copy (offload/host_optimizer.h), leaving the current state
-// alone. Step() then waits for the thread, checks the gradients as always,
+// slice's spare copy (offload/host_optimizer.h: in pinned memory, or the
+// NVMe tier's second copy on disk, the state streaming through its chunk
+// buffers while backward runs), leaving the current state alone. Step() then waits for the thread, checks the gradients as always,
 // and: on an overflow drops every speculative update (the step is skipped,
 // nothing changed); when clipping applies (its factor is known only now),
 // or a group's hyperparameters differ from those it was updated with,
@@ -96,7 +97,7 @@
 // bit the same in every case; only steps that clip pay the update twice.
 // Every buffer is allocated on the caller's thread (the refreshed
 // parameters of a group as it is handed over, held until Step() commits;
-// one f32 widening buffer, shared), so what a run holds does not depend
+// one f32 widening buffer and one set of NVMe chunk buffers, shared), so what a run holds does not depend
 // on the thread's timing and a dry run books exactly the same.
 //
 // Parameter paging (zero_optimization.offload_param, stage 3 with
@@ -512,8 +513,10 @@ class ShardedOptimizer {
   struct UpdateWorkspace {
     DeviceBuffer widened;  // mixed precision: a group's device part in f32
     // Offload: one shared pinned scratch (pinned tier), or one per group,
-    // indexed by group (NVMe tier, two-phase).
+    // indexed by group, for its refreshed parameters (NVMe tier,
+    // two-phase) with one shared f32 widening buffer (16-bit runs).
     std::vector<DeviceBuffer> host_scratch;
+    DeviceBuffer host_widened;
   };
   absl::StatusOr<UpdateWorkspace> AllocateUpdateWorkspace(bool two_phase);
   // Overlapped update: whether this optimizer overlaps it; hands group
@@ -569,6 +572,7 @@ class ShardedOptimizer {
   std::unique_ptr<UpdateWorker> worker_;
   std::unique_ptr<Stream> update_stream_;
   DeviceBuffer host_widened_;
+  DeviceBuffer host_nvme_buffers_;  // the NVMe tier's chunk buffers
 
   LossScaler scaler_;
   int64_t steps_applied_ = 0;

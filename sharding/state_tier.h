@@ -61,6 +61,10 @@ class StateTier {
     // update in turn can share one); `scratch` then needs only the
     // refreshed parameters (HostOptimizerSlice::params_bytes()).
     float* widened = nullptr;
+    // Host tier on NVMe, set: pinned memory of
+    // HostOptimizerSlice::nvme_buffers_bytes() the state streams through,
+    // so that the update allocates nothing (an update on another thread).
+    void* nvme_buffers = nullptr;
     // Device scratch for numel() f32 gradients (device tier, 16-bit runs).
     void* device_scratch = nullptr;
   };

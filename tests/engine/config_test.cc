@@ -230,10 +230,15 @@ TEST_CASE("the overlapped CPU update and its thread budget: keys, round trip, re
       "offload_optimizer": {"device": "cpu", "overlap_step": true}}})") ==
         "zero_optimization.offload_optimizer.overlap_step: expected stage 2 or 3 with it (the "
         "update starts as gradients are reduced in backward), got stage 1");
-  CHECK(Error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
-      "nvme_path": "/local_nvme", "overlap_step": true}}})") ==
-        "zero_optimization.offload_optimizer.overlap_step: expected device \"cpu\" with it; the "
-        "NVMe tier does not overlap its update with backward yet");
+  const Config nvme = ParseConfig(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+      {"device": "nvme", "nvme_path": "/local_nvme", "overlap_step": true, "buffer_count": 6}}})")
+                          .value();
+  CHECK(nvme.zero.offload_overlap_step);
+  CHECK(nvme.zero.offload_buffer_count == 6);
+  CHECK(ParseConfig(ConfigToJson(nvme)).value().zero.offload_buffer_count == 6);
+  CHECK(Error(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "buffer_count": 0}}})") ==
+        "zero_optimization.offload_optimizer.buffer_count: expected an integer 1..1024, got 0");
   CHECK(Error(R"({"zero_optimization": {"stage": 2,
       "offload_optimizer": {"device": "cpu", "bind_cores": true}}})") ==
         "zero_optimization.offload_optimizer.bind_cores: expected cpu_threads >= 1 with it (the "

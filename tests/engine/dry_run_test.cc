@@ -4,6 +4,7 @@
 // rank: run with N real ranks (mpirun), each rank's host step over MPI
 // against its meta step as rank r of N over the simulated communicator
 // that `memwall plan` uses.
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct Strategy {
   bool overlap = false;
   std::string model = "gpt-tiny:layers=4";
   bool overlap_step = false;  // the CPU update overlapped with backward
+  bool nvme = false;          // the offloaded states on NVMe (TEST_TMPDIR)
 };
 
 // One step's books on `backend`: the device's (returned), the pinned
@@ -52,6 +54,14 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
   options.zero.offload_optimizer_ratio = s.offload_ratio;
   options.zero.offload_param = s.paging;
   options.zero.offload_overlap_step = s.overlap_step;
+  if (s.nvme) {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    options.zero.offload_nvme_path = dir != nullptr ? dir : "/tmp";
+    // Small chunks: several per group, streamed through two buffers.
+    options.aio.block_size = 8192;
+    options.aio.queue_depth = 2;
+    options.zero.offload_buffer_count = 2;
+  }
   options.gradient_accumulation_steps = 2;
   auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), options,
                                  *device, comm, 3)
@@ -113,6 +123,12 @@ TEST_CASE("a meta step allocates, communicates and synchronises exactly as the h
        "gpt-tiny:layers=4", true},
       {"stage 2, f32, offload, overlap step", 2, false, 1.0f, false, "none", false,
        "gpt-tiny:layers=4", true},
+      // The NVMe tier: its chunk buffers and per-group scratch as a real
+      // run's.
+      {"stage 2, bf16, NVMe", 2, true, 1.0f, false, "none", false, "gpt-tiny:layers=4", false,
+       true},
+      {"stage 3, bf16, NVMe 0.5, overlap", 3, true, 0.5f, false, "none", true,
+       "gpt-tiny:layers=4", false, true},
   };
   for (const Strategy& s : strategies) {
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -170,6 +172,112 @@ TEST_CASE("gradients accumulate into the landing buffer piece by piece", "[offlo
   CHECK(outside.code() == absl::StatusCode::kOutOfRange);
   CHECK(outside.message() == "gradients of 'g0': elements [900, 1001) of 1000");
   CHECK(landing[950] == F32ToBf16(Bf16ToF32(F32ToBf16(a[950])) + b[950]));  // untouched
+}
+
+}  // namespace
+}  // namespace memwall
+
+namespace memwall {
+namespace {
+
+// A slice's state and refreshed parameters after `steps` updates of
+// `numel` elements (two hyperparameter segments), pinned or on NVMe.
+struct Ended {
+  std::vector<float> master, first, second;
+  std::vector<char> params;
+  int64_t workspace_peak = 0;  // pinned workspace: the scratch and the NVMe buffers
+};
+
+Ended RunSlice(DType dtype, bool adam, int64_t numel, const HostOptimizerSlice::Options& options,
+               int steps = 3) {
+  Setup s = MakeHost(64 * kMiB);
+  Device& d = *s.device;
+  auto slice = HostOptimizerSlice::Create(d, adam ? StateTier::Rule::kAdam : StateTier::Rule::kSgd,
+                                          true, dtype, numel, "g0", options)
+                   .value();
+  std::vector<float> initial(numel);
+  for (int64_t i = 0; i < numel; ++i) initial[i] = 0.5f * std::sin(0.37f * i + 1);
+  REQUIRE(slice->WriteState(0, 0, numel, initial.data()).ok());
+  const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
+  auto params = Tensor::Empty(d, dtype, {numel}, MemoryCategory::kParameter, "p").value();
+  kernels::AdamParams ap;
+  ap.lr = 1e-2f;
+  ap.adamw = true;
+  kernels::SgdParams sp;
+  sp.lr = 0.05f;
+  sp.momentum = 0.9f;
+  Ended out;
+  for (int step = 1; step <= steps; ++step) {
+    std::vector<float> g32(numel);
+    for (int64_t i = 0; i < numel; ++i) g32[i] = 0.1f * std::cos(0.11f * i + step);
+    auto wide = Tensor::FromHost(d, g32, {numel}, MemoryCategory::kGradient, "g").value();
+    auto g = Tensor::Empty(d, dtype, {numel}, MemoryCategory::kGradient, "g").value();
+    REQUIRE(kernels::Cast(d, *s.stream, wide.data(), DType::kF32, g.data(), dtype, numel).ok());
+    REQUIRE(slice->StageGradients(*s.stream, g.data()).ok());
+    DeviceBuffer scratch =
+        d.AllocatePinned(slice->scratch_bytes(), MemoryCategory::kWorkspace, "scratch").value();
+    ap.step = step;
+    // Two segments, the second with weight decay, split mid-chunk.
+    kernels::AdamParams decayed = ap;
+    decayed.weight_decay = 0.1f;
+    const int64_t split = numel / 3;
+    const StateTier::Segment segments[] = {{0, split, ap, sp}, {split, numel - split, decayed, sp}};
+    StateTier::UpdateArgs args;
+    args.segments = segments;
+    args.scratch = scratch.data();
+    REQUIRE(slice->Update(*s.stream, args).ok());
+    REQUIRE(slice->Commit(*s.stream, params.data()).ok());
+  }
+  for (int k = 0; k < slice->num_states(); ++k) {
+    std::vector<float>& state = k == 0 ? out.master : (k == 1 ? out.first : out.second);
+    state.resize(numel);
+    REQUIRE(slice->ReadState(k, 0, numel, state.data()).ok());
+  }
+  out.params.assign(static_cast<char*>(params.data()),
+                    static_cast<char*>(params.data()) + numel * size);
+  out.workspace_peak =
+      d.pinned_allocator()->stats().by_category[static_cast<int>(MemoryCategory::kWorkspace)].peak;
+  return out;
+}
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir ? dir : "/tmp";
+}
+
+TEST_CASE("the NVMe tier streams its state through bounded buffers, bit for bit the pinned tier",
+          "[offload][nvme]") {
+  // 5000 elements: with 12 KiB buffers (1024 elements of Adam state) five
+  // chunks, the last one partial.
+  const int64_t numel = 5000;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (bool adam : {true, false}) {
+      const Ended pinned = RunSlice(dtype, adam, numel, HostOptimizerSlice::Options());
+      for (int count : {1, 2, 3, 4, 8}) {
+        INFO(DTypeName(dtype) << (adam ? ", adam" : ", sgd") << ", " << count << " buffers");
+        auto store = NvmeStore::Open(TempDir(), "chunks.bin").value();
+        HostOptimizerSlice::Options options;
+        options.store = store.get();
+        options.nvme_buffer_bytes = 12288;
+        options.nvme_buffer_count = count;
+        const Ended nvme = RunSlice(dtype, adam, numel, options);
+        CHECK(nvme.master == pinned.master);
+        CHECK(nvme.first == pinned.first);
+        CHECK(nvme.second == pinned.second);
+        CHECK(nvme.params == pinned.params);
+        // The slot: five chunks, each state's elements contiguous in it.
+        const int states = adam ? 3 : 2;
+        CHECK(store->slot_bytes(0) ==
+              4 * states * 1024 * 4 + (states * 904 * 4 + 4095) / 4096 * 4096);
+        // Pinned memory: the caller's scratch and at most `count` chunk
+        // buffers (plus alignment), whatever the slice's size.
+        const int64_t scratch =
+            numel * static_cast<int64_t>(DTypeSize(dtype)) + (dtype == DType::kF32 ? 0 : numel * 4);
+        CHECK(nvme.workspace_peak ==
+              scratch + std::min(count, 5) * states * 1024 * 4 + NvmeStore::kAlignment);
+      }
+    }
+  }
 }
 
 }  // namespace
