@@ -50,6 +50,7 @@ double Best(int repeats, Fn fn) {
 absl::StatusOr<Hardware> MeasureThisMachine() {
   Hardware hw;
   hw.name = "this-machine";
+  hw.device_is_cpu = true;
   const int n = 768;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
   const double gemm = Best(5, [&] {
@@ -163,7 +164,7 @@ StepTime PredictStep(const DryRunResult& plan, const Config& config, const Hardw
   const double compute = t.flops + t.memory + t.launches;
   const double overlapped = config.zero.overlap_comm ? std::max(compute, t.communication)
                                                      : compute + t.communication;
-  if (config.zero.offload_overlap_step && config.zero.stage >= 2) {
+  if (config.zero.offload_overlap_step && config.zero.stage >= 2 && !hw.device_is_cpu) {
     // The group reduced last finishes backward: its update cannot hide.
     const double tail = 28.0 * plan.tail_offloaded_elements / hw.cpu_adam_bps;
     t.cpu_update_hidden = std::min(t.cpu_update - tail, compute * 2.0 / 3.0);

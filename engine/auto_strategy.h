@@ -28,6 +28,10 @@ struct Hardware {
   double cpu_adam_bps = 0;        // CPU Adam, bytes per second (28 per parameter)
   double nvme_bps = 0;            // per GPU
   double collective_latency = 0;  // seconds per collective call
+  // Whether the device's compute runs on the CPU cores that also run the
+  // offloaded update (the host backend: "this-machine"), so that an
+  // overlapped update cannot hide under backward.
+  bool device_is_cpu = false;
 };
 
 // "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200", or
