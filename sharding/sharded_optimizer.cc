@@ -812,7 +812,8 @@ absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* f
   // counted, as in ReduceScatterPieces.
   const int64_t full_pieces = n / piece;
   const bool repeat = !device_.holds_bytes() && full_pieces > 1;
-  const CollectiveStats before = comm_.stats(Collective::kAllReduce);
+  // (Read only then: on host a communication thread may be counting.)
+  const CollectiveStats before = repeat ? comm_.stats(Collective::kAllReduce) : CollectiveStats{};
   const int64_t launches_before = device_.launches();
   for (int64_t begin = 0; begin < n; begin += piece) {
     if (repeat && begin == piece) {
@@ -838,9 +839,6 @@ absl::Status ShardedOptimizer::ReduceScatterPieces(
     const FlatGroup& flat, const void* full, ReduceBuffers& buffers,
     const std::function<absl::Status(int64_t, int64_t, const void*)>& consume, bool repeatable) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
-  const int64_t calls_before = comm_.stats(Collective::kReduceScatter).calls;
-  const int64_t bytes_before = comm_.stats(Collective::kReduceScatter).bytes;
-  const int64_t launches_before = device_.launches();
   const int world = comm_.world_size();
   const int64_t shard = flat.shard_numel;
   Stream& stream = *comm_stream_;
@@ -850,13 +848,17 @@ absl::Status ShardedOptimizer::ReduceScatterPieces(
   // Meta, with `consume` only launching device kernels: the full pieces
   // are alike, so the first runs and the rest are counted (collective
   // calls and bytes, kernel launches) without running, and a dry run's
-  // cost does not grow with the number of pieces.
+  // cost does not grow with the number of pieces. The stats are read only
+  // then: on host a communication thread may be counting.
   const int64_t full_pieces = shard / piece;
   const bool repeat = repeatable && !device_.holds_bytes() && full_pieces > 1;
+  const CollectiveStats before =
+      repeat ? comm_.stats(Collective::kReduceScatter) : CollectiveStats{};
+  const int64_t launches_before = device_.launches();
   for (int64_t begin = 0; begin < shard; begin += piece) {
     if (repeat && begin == piece) {
-      const CollectiveStats delta{comm_.stats(Collective::kReduceScatter).calls - calls_before,
-                                  comm_.stats(Collective::kReduceScatter).bytes - bytes_before};
+      const CollectiveStats now = comm_.stats(Collective::kReduceScatter);
+      const CollectiveStats delta{now.calls - before.calls, now.bytes - before.bytes};
       comm_.CountRepeats(Collective::kReduceScatter, delta, full_pieces - 1);
       device_.CountLaunch((device_.launches() - launches_before) * (full_pieces - 1));
       begin = full_pieces * piece;
