@@ -131,7 +131,10 @@ usage:
       With zero_optimization.offload_optimizer {"device": "cpu"} (stages
       1-3, optional "ratio") the optimizer states live in pinned host memory
       and the update of that part runs on the CPU (ZeRO-Offload; "nvme" with
-      "nvme_path" keeps them in a file on a local disk instead); at stage 3
+      "nvme_path" keeps them in a file on a local disk instead, read and
+      written through libaio with DeepSpeed's "aio" settings; with
+      "overlap_step": true, stages 2-3, each group's CPU update runs while
+      backward goes on, bit for bit as after it); at stage 3
       offload_param {"device": "cpu"} pages the parameter shards in from
       there too. The config's scheduler (WarmupLR, WarmupDecayLR,
       WarmupCosineLR, as DeepSpeed's; sharding/lr_schedule.h) sets each

@@ -33,50 +33,49 @@ int CpuThreads() {
   return threads;
 }
 
-void ParallelAdam(const KernelTable& k, const AdamConstants& c, float* p, const float* g,
-                  float* m, float* v, void* p_low, DType low_dtype, size_t n, int threads) {
+namespace {
+
+// Runs fn(begin, end) over [0, n) split into `threads` contiguous ranges of
+// whole chunks (the ceiling of n / threads, rounded up: the last thread may
+// get less, never leave elements behind); on the caller's thread alone for
+// one thread or a short n.
+template <typename Fn>
+void ForEachRange(size_t n, int threads, const Fn& fn) {
   threads = std::max(1, threads);
   if (threads == 1 || n < 2 * kChunkQuantum) {
-    k.adam(c, p, g, m, v, p_low, low_dtype, n);
+    fn(size_t{0}, n);
     return;
   }
-  // Ceiling of n / threads, rounded up to whole chunks: the last thread may
-  // get less, never leave elements behind.
   const size_t share = (n + threads - 1) / threads;
   const size_t per = (share + kChunkQuantum - 1) / kChunkQuantum * kChunkQuantum;
-  const size_t low_size = DTypeSize(low_dtype);
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
   for (int t = 0; t < threads; ++t) {
     const size_t begin = std::min(n, per * t);
     const size_t end = std::min(n, begin + per);
-    if (begin < end) {
-      void* low = p_low == nullptr ? nullptr : static_cast<char*>(p_low) + begin * low_size;
-      k.adam(c, p + begin, g + begin, m + begin, v + begin, low, low_dtype, end - begin);
-    }
+    if (begin < end) fn(begin, end);
   }
+}
+
+}  // namespace
+
+void ParallelAdam(const KernelTable& k, const AdamConstants& c, float* p, const float* g,
+                  float* m, float* v, void* p_low, DType low_dtype, size_t n, int threads) {
+  const size_t low_size = DTypeSize(low_dtype);
+  ForEachRange(n, threads, [&](size_t begin, size_t end) {
+    void* low = p_low == nullptr ? nullptr : static_cast<char*>(p_low) + begin * low_size;
+    k.adam(c, p + begin, g + begin, m + begin, v + begin, low, low_dtype, end - begin);
+  });
 }
 
 void ParallelAdamTo(const KernelTable& k, const AdamConstants& c, const float* p, const float* g,
                     const float* m, const float* v, float* p_out, float* m_out, float* v_out,
                     void* p_low, DType low_dtype, size_t n, int threads) {
-  threads = std::max(1, threads);
-  if (threads == 1 || n < 2 * kChunkQuantum) {
-    k.adam_to(c, p, g, m, v, p_out, m_out, v_out, p_low, low_dtype, n);
-    return;
-  }
-  const size_t share = (n + threads - 1) / threads;
-  const size_t per = (share + kChunkQuantum - 1) / kChunkQuantum * kChunkQuantum;
   const size_t low_size = DTypeSize(low_dtype);
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-  for (int t = 0; t < threads; ++t) {
-    const size_t begin = std::min(n, per * t);
-    const size_t end = std::min(n, begin + per);
-    if (begin < end) {
-      void* low = p_low == nullptr ? nullptr : static_cast<char*>(p_low) + begin * low_size;
-      k.adam_to(c, p + begin, g + begin, m + begin, v + begin, p_out + begin, m_out + begin,
-                v_out + begin, low, low_dtype, end - begin);
-    }
-  }
+  ForEachRange(n, threads, [&](size_t begin, size_t end) {
+    void* low = p_low == nullptr ? nullptr : static_cast<char*>(p_low) + begin * low_size;
+    k.adam_to(c, p + begin, g + begin, m + begin, v + begin, p_out + begin, m_out + begin,
+              v_out + begin, low, low_dtype, end - begin);
+  });
 }
 
 }  // namespace cpu
