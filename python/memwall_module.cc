@@ -330,6 +330,7 @@ PYBIND11_MODULE(_memwall, m) {
       .def("reduce_gradients", [](PyEngine& e, int g) { memwall::Check(e.opt().ReduceGradients(g)); })
       .def("step", &PyEngine::Step)
       .def("abort_step", [](PyEngine& e) { memwall::Check(e.opt().AbortStep()); })
+      .def("redone_updates", [](PyEngine& e) { return e.opt().redone_updates(); })
       .def("set_hyperparameters", &PyEngine::SetHyperparameters)
       .def("learning_rate",
            [](PyEngine& e, int index) {

@@ -247,6 +247,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._group_of[id(p)] = g
         self._storage = {}  # stage 3: data_ptr of a gathered parameter -> param
         self._micro_batches = 0
+        self._sent_hyperparameters = False  # this step's, to the engine
         self._accumulation = int(parsed.get("gradient_accumulation_steps", 1))
         self._hooks = []
         self._saving = None
@@ -437,6 +438,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _on_gradient(self, p):
         g = self._group_of[id(p)]
         name = self._names[id(p)]
+        if not self._sent_hyperparameters:
+            # Before the first gradient of a step: an update overlapped
+            # with backward (offload_optimizer.overlap_step) then runs with
+            # the step's values, as a scheduler set them after the last step.
+            self._send_hyperparameters()
+            self._sent_hyperparameters = True
         if not g.acquired:
             self._engine.acquire_gradients(g.index)
             g.acquired = True
@@ -535,7 +542,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One engine step (every rank calls it): reduces what backward left,
-        sends each param_group's hyperparameters, updates. Returns the
+        sends each param_group's hyperparameters (also sent before backward's
+        first gradient, for an overlapped update), updates. Returns the
         closure's loss, if given."""
         loss = None
         if closure is not None:
@@ -554,6 +562,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "FAILED_PRECONDITION: step(): %d backward passes since the last step; the "
                 "config's gradient_accumulation_steps is %d" % (count, self._accumulation))
         self._micro_batches = 0
+        self._sent_hyperparameters = False
         for g in self._groups:
             if g.acquired:
                 self._reduce(g)

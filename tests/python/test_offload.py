@@ -66,3 +66,40 @@ def test_the_nvme_tier_keeps_the_optimizer_state_in_a_file(tmp_path):
     assert pinned == {"gradient": 4 * n}
     files = list(tmp_path.glob("memwall-optimizer-*.bin"))
     assert len(files) == 1 and files[0].stat().st_size >= 12 * n
+
+
+@pytest.mark.parametrize("device", ["cpu", "nvme"])
+def test_the_update_overlapped_with_backward_is_the_step_time_update(device, tmp_path):
+    """offload_optimizer.overlap_step: each group's CPU update runs during
+    backward; with a LambdaLR warm-up changing the rate every step and
+    clipping that applies on some steps, the weights are bit for bit those
+    of the update at the step, and only the steps that clipped were
+    computed twice (the rate reaches the engine before backward)."""
+    ends, redone = [], []
+    for overlap in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.GELU(),
+                                    torch.nn.Linear(64, 4))
+        offload = {"device": device, "overlap_step": overlap}
+        if device == "nvme":
+            offload["nvme_path"] = str(tmp_path)
+        config = {"zero_optimization": {"stage": 2, "offload_optimizer": offload},
+                  "gradient_clipping": 0.5,
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
+        opt = mt.ZeroOptimizer(model, None, config)
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 4))
+        clipped = 0
+        for step in range(6):
+            torch.manual_seed(100 + step)
+            x, y = torch.randn(32, 8), torch.randn(32, 4) * (8 if step % 2 else 0.1)
+            opt.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            schedule.step()
+            clipped += opt.last_step["grad_norm"] > 0.5
+        ends.append({name: opt.master_weights(name) for name, _ in model.named_parameters()})
+        redone.append((opt.engine.redone_updates(), clipped))
+    for name in ends[0]:
+        assert torch.equal(ends[0][name], ends[1][name]), name
+    assert redone[0] == (0, redone[0][1])  # no overlap: nothing to compute again
+    assert 0 < redone[1][1] < 6  # some steps clipped, some did not
+    assert redone[1][0] == redone[1][1]  # only those were computed twice
