@@ -12,8 +12,10 @@ namespace memwall {
 
 class AioEngine::Transfer {
  public:
-  Transfer(std::string path, bool write, int64_t blocks)
-      : path_(std::move(path)), write_(write), remaining_(blocks) {}
+  Transfer(std::string path, bool write, int64_t bytes, int64_t blocks)
+      : path_(std::move(path)), write_(write), bytes_(bytes), remaining_(blocks) {
+    submitted_ = finished_ = std::chrono::steady_clock::now();
+  }
 
   // A block ended: `result` is the kernel's (bytes moved, or -errno).
   void Complete(int64_t offset, int64_t bytes, long result) {
@@ -32,22 +34,28 @@ class AioEngine::Transfer {
                                              offset, " (", result, " of ", bytes, " bytes)"));
       }
     }
-    if (--remaining_ == 0) done_.notify_all();
+    if (--remaining_ == 0) {
+      finished_ = std::chrono::steady_clock::now();
+      done_.notify_all();
+    }
   }
 
-  absl::Status Wait() {
+  absl::Status Wait(Timing* timing) {
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [this] { return remaining_ == 0; });
+    if (timing != nullptr) *timing = Timing{write_, bytes_, submitted_, finished_};
     return status_;
   }
 
  private:
   const std::string path_;
   const bool write_;
+  const int64_t bytes_;
   std::mutex mu_;
   std::condition_variable done_;
   int64_t remaining_;
   absl::Status status_;
+  std::chrono::steady_clock::time_point submitted_, finished_;
 };
 
 absl::StatusOr<std::unique_ptr<AioEngine>> AioEngine::Create(const AioConfig& config) {
@@ -97,7 +105,7 @@ AioEngine::~AioEngine() {
 AioEngine::Ticket AioEngine::Submit(int fd, const std::string& path, bool write, int64_t offset,
                                     void* buffer, int64_t bytes) {
   const int64_t blocks = (bytes + config_.block_size - 1) / config_.block_size;
-  auto transfer = std::make_shared<Transfer>(path, write, blocks);
+  auto transfer = std::make_shared<Transfer>(path, write, bytes, blocks);
   if (blocks == 0) return transfer;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -111,7 +119,7 @@ AioEngine::Ticket AioEngine::Submit(int fd, const std::string& path, bool write,
   return transfer;
 }
 
-absl::Status AioEngine::Wait(const Ticket& ticket) { return ticket->Wait(); }
+absl::Status AioEngine::Wait(const Ticket& ticket, Timing* timing) { return ticket->Wait(timing); }
 
 void AioEngine::Run(void* handle) {
   io_context_t context = static_cast<io_context_t>(handle);

@@ -11,6 +11,7 @@
 #ifndef MEMWALL_OFFLOAD_AIO_ENGINE_H_
 #define MEMWALL_OFFLOAD_AIO_ENGINE_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -45,10 +46,17 @@ class AioEngine {
   // errors.
   Ticket Submit(int fd, const std::string& path, bool write, int64_t offset, void* buffer,
                 int64_t bytes);
+  // When a transfer was submitted and when its last block completed.
+  struct Timing {
+    bool write = false;
+    int64_t bytes = 0;
+    std::chrono::steady_clock::time_point submitted, finished;
+  };
   // Blocks until the transfer has completed; its first error: the
   // system's (kResourceExhausted for a full disk, kInternal otherwise) or
-  // kDataLoss for a short transfer, naming the file and the byte.
-  absl::Status Wait(const Ticket& ticket);
+  // kDataLoss for a short transfer, naming the file and the byte. Fills
+  // `timing` if given.
+  absl::Status Wait(const Ticket& ticket, Timing* timing = nullptr);
 
   const AioConfig& config() const { return config_; }
 

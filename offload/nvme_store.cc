@@ -106,8 +106,10 @@ NvmeStore::Pending NvmeStore::WritePart(int slot, int64_t offset, int64_t bytes,
 absl::Status NvmeStore::Wait(Pending& pending) {
   absl::Status status = pending.failed;
   if (pending.ticket != nullptr) {
-    const absl::Status transfer = aio_->Wait(pending.ticket);
+    AioEngine::Timing timing;
+    const absl::Status transfer = aio_->Wait(pending.ticket, &timing);
     if (status.ok()) status = transfer;
+    if (observer_) observer_(timing);
   }
   pending = Pending{};
   return status;

@@ -11,6 +11,7 @@
 #define MEMWALL_OFFLOAD_NVME_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,6 +84,10 @@ class NvmeStore {
   // committed copy. kFailedPrecondition if there is none.
   absl::Status Commit(int slot);
 
+  // Called by Wait with each finished transfer's timing (profiling:
+  // "nvme read" and "nvme write" tracks); empty to stop.
+  using Observer = std::function<void(const AioEngine::Timing&)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
   // Testing: every write fails with EIO once this many more bytes have been
   // written (the first part of a write may land), as a failing disk would.
   void InjectWriteFailureAfter(int64_t bytes) { fail_after_ = bytes; }
@@ -104,6 +109,7 @@ class NvmeStore {
   const std::unique_ptr<AioEngine> aio_;
   int64_t size_ = 0;
   int64_t fail_after_ = -1;
+  Observer observer_;
   std::vector<Slot> slots_;
 };
 

@@ -39,9 +39,10 @@ MemoryProfiler::MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity
 
 MemoryProfiler::~MemoryProfiler() { allocator_.RemoveListener(this); }
 
-double MemoryProfiler::NowUs() const {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_)
-      .count();
+double MemoryProfiler::NowUs() const { return SinceStartUs(std::chrono::steady_clock::now()); }
+
+double MemoryProfiler::SinceStartUs(std::chrono::steady_clock::time_point t) const {
+  return std::max(0.0, std::chrono::duration<double, std::micro>(t - start_).count());
 }
 
 void MemoryProfiler::Book(MemoryCategory category, absl::string_view owner, int64_t delta) {
@@ -128,6 +129,19 @@ bool MemoryProfiler::EndPhase() {
   return true;
 }
 
+void MemoryProfiler::RecordActivity(absl::string_view track, absl::string_view name,
+                                    std::chrono::steady_clock::time_point start,
+                                    std::chrono::steady_clock::time_point end, int64_t bytes) {
+  ActivityRecord a{std::string(track), std::string(name), SinceStartUs(start), SinceStartUs(end),
+                   bytes};
+  std::lock_guard<std::mutex> lock(mu_);
+  activities_.push_back(std::move(a));
+  if (activities_.size() > ring_capacity_) {
+    activities_.pop_front();
+    ++dropped_activities_;
+  }
+}
+
 std::vector<std::string> MemoryProfiler::open_phases() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> names;
@@ -200,5 +214,14 @@ int64_t MemoryProfiler::dropped_events() const {
   return dropped_;
 }
 
+std::vector<ActivityRecord> MemoryProfiler::activities() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {activities_.begin(), activities_.end()};
+}
+
+int64_t MemoryProfiler::dropped_activities() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_activities_;
+}
 
 }  // namespace memwall

@@ -20,8 +20,16 @@
 // timeline (older ones are dropped and counted), while peaks, per-phase
 // peaks and per-step summaries are exact over the whole run.
 //
+// Activities are intervals of work beside the engine's thread, each on a
+// named track: the CPU update on its thread, NVMe reads and writes on the
+// disk (Note [Overlapped update] in sharding/sharded_optimizer.h). They do
+// not nest and are not phases: the Chrome trace shows each track as a
+// thread under the phases, so what overlaps backward is visible. The last
+// `ring_capacity` activities are kept.
+//
 // Thread safety: OnMemoryEvent runs under the allocator's lock; phase
-// markers come from the engine's thread. Both take the profiler's mutex.
+// markers come from the engine's thread; activities from any thread. All
+// take the profiler's mutex.
 #ifndef MEMWALL_PROFILER_MEMORY_PROFILER_H_
 #define MEMWALL_PROFILER_MEMORY_PROFILER_H_
 
@@ -79,6 +87,14 @@ struct PhaseRecord {
   CategoryBytes peak_by_category{};
 };
 
+// An interval of work on a track (see the top of the file).
+struct ActivityRecord {
+  std::string track;
+  std::string name;
+  double start_us = 0, end_us = 0;  // since the profiler started
+  int64_t bytes = 0;                // moved (transfers), else 0
+};
+
 // One recorded event of the timeline.
 struct TimelinePoint {
   double time_us = 0;
@@ -112,6 +128,13 @@ class MemoryProfiler : public MemoryListener {
   void BeginPhase(absl::string_view name);
   bool EndPhase();
 
+  // Records the work `name` on `track` from `start` to `end` (steady clock;
+  // times before the profiler started are clamped to its start), moving
+  // `bytes` if it is a transfer.
+  void RecordActivity(absl::string_view track, absl::string_view name,
+                      std::chrono::steady_clock::time_point start,
+                      std::chrono::steady_clock::time_point end, int64_t bytes = 0);
+
   // Copies of what has been recorded.
   PeakSnapshot peak() const;
   CategoryBytes current() const;
@@ -126,12 +149,16 @@ class MemoryProfiler : public MemoryListener {
   std::vector<std::string> open_phases() const;
   std::vector<TimelinePoint> timeline() const;
   int64_t dropped_events() const;
+  // The kept activities, in recording order, and how many were dropped.
+  std::vector<ActivityRecord> activities() const;
+  int64_t dropped_activities() const;
 
   const std::string& device_name() const { return device_name_; }
   int64_t capacity() const { return capacity_; }
 
  private:
   double NowUs() const;
+  double SinceStartUs(std::chrono::steady_clock::time_point t) const;
   // After the books changed by an event numbered `sequence`: peaks, open
   // phases and the timeline.
   void Account(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -166,6 +193,8 @@ class MemoryProfiler : public MemoryListener {
   std::vector<PhaseRecord> closed_ ABSL_GUARDED_BY(mu_);
   std::deque<TimelinePoint> ring_ ABSL_GUARDED_BY(mu_);
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<ActivityRecord> activities_ ABSL_GUARDED_BY(mu_);
+  int64_t dropped_activities_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_sequence_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -184,6 +213,30 @@ class ScopedPhase {
 
  private:
   MemoryProfiler* const profiler_;
+};
+
+// Records the work `name` on `track` of `profiler` over its lifetime; does
+// nothing when the profiler is null.
+class ScopedActivity {
+ public:
+  ScopedActivity(MemoryProfiler* profiler, absl::string_view track, std::string name)
+      : profiler_(profiler),
+        track_(track),
+        name_(std::move(name)),
+        start_(std::chrono::steady_clock::now()) {}
+  ~ScopedActivity() {
+    if (profiler_ != nullptr) {
+      profiler_->RecordActivity(track_, name_, start_, std::chrono::steady_clock::now());
+    }
+  }
+  ScopedActivity(const ScopedActivity&) = delete;
+  ScopedActivity& operator=(const ScopedActivity&) = delete;
+
+ private:
+  MemoryProfiler* const profiler_;
+  const absl::string_view track_;
+  const std::string name_;
+  const std::chrono::steady_clock::time_point start_;
 };
 
 }  // namespace memwall

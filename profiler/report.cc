@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -148,6 +150,15 @@ Json JsonReport(const MemoryProfiler& profiler) {
                       {"by_category", Categories(t.by_category)}});
   }
   report["timeline"] = {{"dropped_events", profiler.dropped_events()}, {"points", points}};
+  Json records = Json::array();
+  for (const ActivityRecord& a : profiler.activities()) {
+    records.push_back({{"track", a.track},
+                       {"name", a.name},
+                       {"start_us", a.start_us},
+                       {"end_us", a.end_us},
+                       {"bytes", a.bytes}});
+  }
+  report["activities"] = {{"dropped", profiler.dropped_activities()}, {"records", records}};
   return report;
 }
 
@@ -168,6 +179,26 @@ Json ChromeTrace(const MemoryProfiler& profiler) {
                       {"pid", 0},
                       {"tid", 0},
                       {"args", {{"peak_bytes", r.peak_bytes}}}});
+  }
+  const auto thread_name = [&](int tid, const std::string& name) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", tid},
+                      {"args", {{"name", name}}}});
+  };
+  thread_name(0, "engine");
+  std::map<std::string, int> tracks;
+  for (const ActivityRecord& a : profiler.activities()) {
+    auto [it, added] = tracks.try_emplace(a.track, static_cast<int>(tracks.size()) + 1);
+    if (added) thread_name(it->second, a.track);
+    events.push_back({{"name", a.name},
+                      {"ph", "X"},
+                      {"ts", a.start_us},
+                      {"dur", a.end_us - a.start_us},
+                      {"pid", 0},
+                      {"tid", it->second},
+                      {"args", {{"bytes", a.bytes}}}});
   }
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }

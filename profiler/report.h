@@ -19,6 +19,13 @@
 //                   peak_bytes, peak_by_category: {<category>: bytes}}]
 //   timeline      {dropped_events, points: [{t_us, sequence, reserved,
 //                   by_category: {<category>: bytes}}]}
+//   activities    {dropped, records: [{track, name, start_us, end_us, bytes}]}
+//                 (work beside the engine's thread: "cpu update",
+//                 "nvme read", "nvme write"), added in the same version
+//
+// The Chrome trace puts the phases on thread 0 ("engine") and each
+// activity track on a thread of its own, named after the track, in order
+// of first appearance; the memory counter is the process's.
 #ifndef MEMWALL_PROFILER_REPORT_H_
 #define MEMWALL_PROFILER_REPORT_H_
 

@@ -13,10 +13,14 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
+#include "runtime/units.h"
 #include "sharding/lr_schedule.h"
 
 namespace memwall {
 namespace {
+
+// The profiler's track of the offloaded parts' CPU updates.
+constexpr char kCpuUpdateTrack[] = "cpu update";
 
 char* At(const DeviceBuffer& buffer, int64_t element, DType dtype) {
   return static_cast<char*>(buffer.data()) + element * DTypeSize(dtype);
@@ -688,6 +692,19 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
   return absl::OkStatus();
 }
 
+void ShardedOptimizer::set_profiler(MemoryProfiler* profiler) {
+  profiler_ = profiler;
+  if (nvme_ == nullptr) return;
+  if (profiler == nullptr) {
+    nvme_->set_observer(nullptr);
+    return;
+  }
+  nvme_->set_observer([profiler](const AioEngine::Timing& t) {
+    profiler->RecordActivity(t.write ? "nvme write" : "nvme read", FormatBytes(t.bytes),
+                             t.submitted, t.finished, t.bytes);
+  });
+}
+
 absl::Status ShardedOptimizer::Speculate(int g) {
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
@@ -732,8 +749,10 @@ absl::Status ShardedOptimizer::Speculate(int g) {
   HostOptimizerSlice* host = group.host.get();
   Event* staged = group.staged_event.get();
   Stream* stream = update_stream_.get();
-  worker_->Enqueue([host, staged, stream, args] {
+  MemoryProfiler* profiler = profiler_;
+  worker_->Enqueue([host, staged, stream, args, profiler, name = flat.name] {
     MW_RETURN_IF_ERROR(staged->Synchronize());
+    ScopedActivity activity(profiler, kCpuUpdateTrack, absl::StrCat("update ", name));
     return host->Update(*stream, args);
   });
   return absl::OkStatus();
@@ -1152,13 +1171,20 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
         // Updated during backward as if nothing clipped: computed again
         // only if the step's settings turn out otherwise.
         if (!SameSegments(segments, group.speculated_segments)) {
+          ScopedActivity activity(profiler_, kCpuUpdateTrack,
+                                  absl::StrCat("update ", flat.name, " (again)"));
           MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
           redone = true;
         }
         uncommitted.push_back({t.tier, args.params});
         continue;
       }
-      MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
+      {
+        // The host part's CPU update (the device part is on the streams).
+        ScopedActivity activity(t.tier == group.host.get() ? profiler_ : nullptr, kCpuUpdateTrack,
+                                absl::StrCat("update ", flat.name));
+        MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
+      }
       if (t.tier->two_phase()) {
         uncommitted.push_back({t.tier, args.params});
       } else {

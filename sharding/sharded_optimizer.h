@@ -285,8 +285,11 @@ class ShardedOptimizer {
 
   // Marks phases for `profiler` (not owned; null to stop): "gather <group>"
   // (stage 3), "reduce <group>" (stages 2-3), and in Step() "reduce",
-  // "update" and "all-gather".
-  void set_profiler(MemoryProfiler* profiler) { profiler_ = profiler; }
+  // "update" and "all-gather"; records the CPU updates of the offloaded
+  // parts ("update <group>", at the step or on the update thread) on the
+  // "cpu update" track, and the NVMe tier's transfers on the "nvme read"
+  // and "nvme write" tracks. Not while a step's update thread runs.
+  void set_profiler(MemoryProfiler* profiler);
 
   // Multiply the loss by this before backward (1 unless fp16).
   float loss_scale() const { return scaler_.scale(); }

@@ -1,12 +1,13 @@
 // The memory profiler's books against the allocator's, phases, and reports.
-#include "profiler/memory_profiler.h"
-
+#include <chrono>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "catch2/catch.hpp"
 #include "engine/trainer.h"
 #include "models/gpt.h"
+#include "profiler/memory_profiler.h"
 #include "profiler/report.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/units.h"
@@ -146,6 +147,56 @@ TEST_CASE("phases nest and know their own peaks", "[profiler]") {
   CHECK(profiler.category_peaks()[int(MemoryCategory::kGradient)] == 20 * kMiB);
 }
 
+TEST_CASE("activities go on tracks of their own in the reports", "[profiler]") {
+  auto device = CreateDevice({Backend::kMeta, 0, kGiB}).value();
+  MemoryProfiler profiler(device->allocator(), /*ring_capacity=*/3);
+  const auto at = [](int us) {
+    return std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  };
+  profiler.BeginPhase("backward");
+  profiler.RecordActivity("cpu update", "update block1", at(0), at(500));
+  profiler.RecordActivity("nvme read", "4.00 KiB", at(100), at(200), 4096);
+  CHECK(profiler.EndPhase());
+  { ScopedActivity update(&profiler, "cpu update", "update block0"); }
+  ScopedActivity off(nullptr, "cpu update", "not recorded");
+  std::vector<ActivityRecord> a = profiler.activities();
+  REQUIRE(a.size() == 3);
+  CHECK(a[0].track == "cpu update");
+  CHECK(a[0].name == "update block1");
+  CHECK(a[0].end_us - a[0].start_us == Approx(500).margin(50));
+  CHECK(a[1].bytes == 4096);
+  CHECK(a[2].name == "update block0");
+  CHECK(a[2].end_us >= a[2].start_us);
+
+  const nlohmann::json trace = ChromeTrace(profiler);
+  std::map<int, std::string> threads;
+  std::vector<nlohmann::json> slices;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "M") threads[e.at("tid").get<int>()] = e.at("args").at("name");
+    if (e.at("ph") == "X") slices.push_back(e);
+  }
+  CHECK(threads == std::map<int, std::string>{{0, "engine"}, {1, "cpu update"}, {2, "nvme read"}});
+  REQUIRE(slices.size() == 4);
+  CHECK(slices[0].at("name") == "backward");
+  CHECK(slices[0].at("tid") == 0);
+  CHECK(slices[1].at("tid") == 1);
+  CHECK(slices[2].at("tid") == 2);
+  CHECK(slices[2].at("args").at("bytes") == 4096);
+  CHECK(slices[3].at("tid") == 1);
+  CHECK(slices[3].at("name") == "update block0");
+
+  // The ring keeps the last activities and counts the dropped ones.
+  profiler.RecordActivity("nvme write", "4.00 KiB", at(0), at(10), 4096);
+  a = profiler.activities();
+  REQUIRE(a.size() == 3);
+  CHECK(a[0].name == "4.00 KiB");
+  CHECK(profiler.dropped_activities() == 1);
+  const nlohmann::json report = JsonReport(profiler);
+  CHECK(report.at("activities").at("dropped") == 1);
+  CHECK(report.at("activities").at("records").at(2).at("track") == "nvme write");
+  CHECK(report.at("activities").at("records").at(2).at("bytes") == 4096);
+}
+
 // The keys and types of schema memwall.profile/1 (profiler/report.h).
 void CheckSchema(const nlohmann::json& r) {
   REQUIRE(r.at("schema") == kProfileSchema);
@@ -176,6 +227,13 @@ void CheckSchema(const nlohmann::json& r) {
     }
   }
   REQUIRE(r.at("timeline").at("dropped_events").is_number_integer());
+  REQUIRE(r.at("activities").at("dropped").is_number_integer());
+  for (const auto& a : r.at("activities").at("records")) {
+    for (const char* key : {"track", "name", "start_us", "end_us", "bytes"}) {
+      INFO(key);
+      REQUIRE(a.contains(key));
+    }
+  }
   for (const auto& t : r.at("timeline").at("points")) {
     REQUIRE(t.at("by_category").is_object());
     REQUIRE(t.at("t_us").is_number());

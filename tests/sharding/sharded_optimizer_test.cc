@@ -25,12 +25,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "kernels/elementwise.h"
+#include "profiler/memory_profiler.h"
 #include "runtime/device.h"
 #include "runtime/units.h"
 #include "tests/support/mpi_world.h"
@@ -746,6 +749,83 @@ TEST_CASE("the CPU update overlapped with backward ends bit for bit as the step-
           const std::vector<float> a = Finish(*at_step.opt), b = Finish(*overlapped.opt);
           REQUIRE(a.size() == b.size());
           CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the profile shows the CPU update and the NVMe transfers on tracks of their own",
+          "[zero][offload][overlap_step][profiler]") {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const int steps = 3;
+  for (bool overlap : {false, true}) {
+    INFO("overlap_step " << overlap << ", " << World().world_size() << " ranks");
+    ShardingOptions options = Options(2, DType::kF32, 1, 0.0f);
+    options.zero.offload_optimizer_ratio = 1.0f;
+    options.zero.offload_nvme_path = dir != nullptr ? dir : "/tmp";
+    // Chunks of 1024 elements: 3 states x 4 bytes x 1024 = 3 blocks of 4096.
+    options.aio.block_size = 4096;
+    options.aio.queue_depth = 3;
+    options.zero.offload_buffer_count = 2;
+    options.zero.offload_overlap_step = overlap;
+    Run run = Start(options);
+    MemoryProfiler profiler(run.device->allocator());
+    run.opt->set_profiler(&profiler);
+    RunScript(*run.opt, std::vector<Scripted>(steps));
+    // Every group's shard updates on the host once a step, its chunks read
+    // and written once: 12 bytes an element, each chunk in whole 4096-byte
+    // blocks.
+    std::map<std::string, int> want_updates;
+    int64_t want_bytes = 0;
+    for (const FlatGroup& g : run.opt->layout().groups) {
+      want_updates["update " + g.name] = steps;
+      for (int64_t c = 0; c < g.shard_numel; c += 1024) {
+        want_bytes += (12 * std::min<int64_t>(1024, g.shard_numel - c) + 4095) / 4096 * 4096;
+      }
+    }
+    std::map<std::string, int> updates;
+    std::map<std::string, std::vector<const ActivityRecord*>> by_group;
+    int64_t read = 0, written = 0;
+    const std::vector<ActivityRecord> activities = profiler.activities();
+    for (const ActivityRecord& a : activities) {
+      INFO(a.track << ": " << a.name);
+      CHECK(a.end_us >= a.start_us);
+      if (a.track == "cpu update") {
+        ++updates[a.name];
+        by_group[a.name.substr(7)].push_back(&a);
+      } else if (a.track == "nvme read") {
+        read += a.bytes;
+      } else {
+        CHECK(a.track == "nvme write");
+        written += a.bytes;
+      }
+    }
+    CHECK(updates == want_updates);
+    CHECK(read == steps * want_bytes);
+    CHECK(written == steps * want_bytes);
+    // Where each update ran. At the step: inside the step's "update" phase.
+    // Overlapped: after its group's final gradients were handed over (the
+    // group's "reduce" phase of that step began) and before the step's
+    // "update" phase (Step() waits for the update thread first).
+    std::vector<PhaseRecord> update_phases;
+    std::map<std::string, std::vector<PhaseRecord>> reduce_phases;
+    for (const PhaseRecord& p : profiler.phases()) {
+      if (p.name == "update") update_phases.push_back(p);
+      if (absl::StartsWith(p.name, "reduce ")) reduce_phases[p.name.substr(7)].push_back(p);
+    }
+    REQUIRE(update_phases.size() == size_t{steps});
+    for (const auto& [group, records] : by_group) {
+      REQUIRE(reduce_phases[group].size() == size_t{steps});
+      for (int k = 0; k < steps; ++k) {
+        INFO(group << ", step " << k);
+        const ActivityRecord& a = *records[k];
+        if (overlap) {
+          CHECK(a.start_us >= reduce_phases[group][k].start_us);
+          CHECK(a.end_us <= update_phases[k].start_us);
+        } else {
+          CHECK(a.start_us >= update_phases[k].start_us);
+          CHECK(a.end_us <= update_phases[k].end_us);
         }
       }
     }
