@@ -304,18 +304,38 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
   }
   if (const Json* v = r.Find("offload_param")) {
     MW_ASSIGN_OR_RETURN(ObjectReader o, ObjectReader::Open(*v, "zero_optimization.offload_param"));
-    if (const Json* device = o.Find("device")) {
-      const bool known = device->is_string() && (device->get<std::string>() == "none" ||
-                                                 device->get<std::string>() == "cpu");
-      if (!known) {
-        return o.Error("device",
-                       "\"none\" or \"cpu\" (parameters are not paged from NVMe yet)", *device);
+    std::string device = "none";
+    MW_RETURN_IF_ERROR(o.Choice("device", {"none", "cpu", "nvme"}, device));
+    out.offload_param = device != "none";
+    if (const Json* path = o.Find("nvme_path")) {
+      if (!path->is_string() || path->get<std::string>().empty()) {
+        return o.Error("nvme_path", "a directory path", *path);
       }
-      out.offload_param = device->get<std::string>() == "cpu";
+      if (device == "nvme") out.offload_param_nvme_path = path->get<std::string>();
+    }
+    if (device == "nvme" && out.offload_param_nvme_path.empty()) {
+      return absl::InvalidArgumentError(
+          "zero_optimization.offload_param.nvme_path: expected a directory with device "
+          "\"nvme\", got none");
     }
     bool pin = true;
     MW_RETURN_IF_ERROR(o.Bool("pin_memory", pin));
+    MW_RETURN_IF_ERROR(o.Int32("buffer_count", 1, 1024, out.offload_param_buffer_count));
+    MW_RETURN_IF_ERROR(o.Int("buffer_size", 1, INT64_MAX, out.offload_param_buffer_size));
+    MW_RETURN_IF_ERROR(o.Int("max_in_cpu", 0, INT64_MAX, out.offload_param_max_in_cpu));
     MW_RETURN_IF_ERROR(o.Finish());
+    if (device == "nvme" && out.offload_nvme_path.empty()) {
+      return absl::InvalidArgumentError(
+          "zero_optimization.offload_param: expected offload_optimizer on \"nvme\" with device "
+          "\"nvme\" (a step writes both tiers' files before committing either, so a failed "
+          "write leaves both as they were)");
+    }
+    if (device == "nvme" && out.offload_overlap_step) {
+      return absl::InvalidArgumentError(
+          "zero_optimization.offload_optimizer.overlap_step: not supported with "
+          "offload_param on \"nvme\" (the update thread would write the parameters' file "
+          "while backward reads it)");
+    }
   }
   if (out.offload_overlap_step && (out.stage == 0 || out.stage == 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -558,7 +578,21 @@ std::string ConfigToJson(const Config& c) {
     if (z.offload_cpu_threads > 0) zero["offload_optimizer"]["cpu_threads"] = z.offload_cpu_threads;
     if (z.offload_bind_cores) zero["offload_optimizer"]["bind_cores"] = true;
   }
-  if (z.offload_param) zero["offload_param"] = {{"device", "cpu"}};
+  if (z.offload_param && z.offload_param_nvme_path.empty()) {
+    zero["offload_param"] = {{"device", "cpu"}};
+  } else if (z.offload_param) {
+    const ZeroConfig defaults;
+    zero["offload_param"] = {{"device", "nvme"}, {"nvme_path", z.offload_param_nvme_path}};
+    if (z.offload_param_buffer_count != defaults.offload_param_buffer_count) {
+      zero["offload_param"]["buffer_count"] = z.offload_param_buffer_count;
+    }
+    if (z.offload_param_buffer_size != defaults.offload_param_buffer_size) {
+      zero["offload_param"]["buffer_size"] = z.offload_param_buffer_size;
+    }
+    if (z.offload_param_max_in_cpu != defaults.offload_param_max_in_cpu) {
+      zero["offload_param"]["max_in_cpu"] = z.offload_param_max_in_cpu;
+    }
+  }
   j["zero_optimization"] = zero;
   const AioConfig aio_defaults;
   const AioConfig& aio = c.aio;

@@ -165,12 +165,9 @@ absl::Status JudgeFit(const DryRunOptions& options, const Config& config, int64_
 
 // Host traffic per step, from the layout: offloaded gradients down and
 // parameters up, paged shards in for each gather (forward and backward),
-// offloaded activations out and back, and the NVMe tier's read and write
-// of every offloaded state.
-void AddHostTraffic(const Config& config, const ShardedOptimizer& opt, bool nvme,
-                    DryRunResult& r) {
+// offloaded activations out and back.
+void AddHostTraffic(const Config& config, const ShardedOptimizer& opt, DryRunResult& r) {
   const int64_t size = static_cast<int64_t>(DTypeSize(config.param_dtype()));
-  const int64_t states = config.optimizer.type == OptimizerType::kAdam ? 3 : 2;
   const int64_t accumulation = config.gradient_accumulation_steps;
   for (const FlatGroup& g : opt.layout().groups) {
     const int64_t k = std::llround(double(config.zero.offload_optimizer_ratio) * g.shard_numel);
@@ -178,7 +175,6 @@ void AddHostTraffic(const Config& config, const ShardedOptimizer& opt, bool nvme
     r.offloaded_elements += k;
     r.pcie_bytes += 2 * k * size;
     if (config.zero.offload_param) r.pcie_bytes += 2 * accumulation * g.shard_numel * size;
-    if (nvme) r.nvme_bytes_per_step += 2 * states * 4 * k;
   }
   r.pcie_bytes += 2 * r.recompute.offloaded_bytes * accumulation;
 }
@@ -227,7 +223,20 @@ absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Conf
   // kernels, and the bytes of every activation and workspace it allocates.
   const int64_t launches_before = device->launches();
   const int64_t transient_before = TransientBytes(device->allocator().stats());
+  // The NVMe files (optimizer states, parameters): what the step moves,
+  // counted by the stores as a real run's move it.
+  const std::array<const NvmeStore*, 2> stores = {trainer->optimizer().nvme_store(),
+                                                  trainer->optimizer().param_store()};
+  const auto moved = [&] {
+    int64_t bytes = 0;
+    for (const NvmeStore* s : stores) {
+      if (s != nullptr) bytes += s->bytes_read() + s->bytes_written();
+    }
+    return bytes;
+  };
+  const int64_t moved_before = moved();
   MW_RETURN_IF_ERROR(trainer->TrainStep(batches).status());
+  r.nvme_bytes_per_step = moved() - moved_before;
   const AllocatorStats dev = device->allocator().stats();
   r.kernel_launches = device->launches() - launches_before;
   r.transient_bytes = TransientBytes(dev) - transient_before;
@@ -236,8 +245,7 @@ absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Conf
   r.device_reserved_peak = dev.reserved.peak;
   r.peak = profiler.peak();
   r.host_peak = device->pinned_allocator()->stats().reserved.peak;
-  const NvmeStore* nvme = trainer->optimizer().nvme_store();
-  r.nvme_used = nvme != nullptr ? nvme->size() : 0;
+  for (const NvmeStore* s : stores) r.nvme_used += s != nullptr ? s->size() : 0;
   for (int c = 0; c < kNumCollectives; ++c) {
     r.collectives[c] = comm->stats(static_cast<Collective>(c));
     r.comm_bytes += r.collectives[c].bytes;
@@ -246,7 +254,7 @@ absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Conf
   for (const ChainLayer& l : chain.layers) r.forward_flops += l.forward_flops;
   r.forward_flops *= config.gradient_accumulation_steps;
   r.extra_flops = r.recompute.extra_flops * config.gradient_accumulation_steps;
-  AddHostTraffic(config, trainer->optimizer(), nvme != nullptr, r);
+  AddHostTraffic(config, trainer->optimizer(), r);
   MW_RETURN_IF_ERROR(JudgeFit(options, config, r.batch, r));
   return r;
 }

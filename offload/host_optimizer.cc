@@ -76,23 +76,12 @@ absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
   return slice;
 }
 
-namespace {
-
-// The first NvmeStore::kAlignment boundary at or after `p`.
-char* AlignUp(void* p) {
-  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t a = NvmeStore::kAlignment;
-  return reinterpret_cast<char*>((at + a - 1) / a * a);
-}
-
-}  // namespace
-
 absl::StatusOr<std::pair<DeviceBuffer, char*>> HostOptimizerSlice::Aligned(
     int64_t bytes, absl::string_view suffix) {
   MW_ASSIGN_OR_RETURN(DeviceBuffer buffer, device_.AllocatePinned(bytes + NvmeStore::kAlignment,
                                                                   MemoryCategory::kWorkspace,
                                                                   absl::StrCat(owner_, suffix)));
-  char* aligned = AlignUp(buffer.data());
+  char* aligned = NvmeStore::AlignUp(buffer.data());
   return std::make_pair(std::move(buffer), aligned);
 }
 
@@ -212,13 +201,23 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
   // one goes to the spare copy.
   std::pair<DeviceBuffer, char*> buffers;
   if (store_ != nullptr && args.nvme_buffers != nullptr) {
-    buffers.second = AlignUp(args.nvme_buffers);
+    buffers.second = NvmeStore::AlignUp(args.nvme_buffers);
   } else if (store_ != nullptr) {
     const int64_t count = std::min<int64_t>(nvme_count_, Chunks());
     MW_ASSIGN_OR_RETURN(buffers, Aligned(count * BufferBytes(), ".nvme_buffers"));
   }
   MW_RETURN_IF_ERROR(stream.Synchronize());  // the staged gradients have landed
-  if (!device_.holds_bytes()) return absl::OkStatus();  // meta: accounting only
+  if (!device_.holds_bytes()) {
+    // Meta: accounting only; the NVMe tier's virtual store counts the
+    // chunks' transfers as a real update makes them.
+    for (int64_t c = 0; store_ != nullptr && c < Chunks(); ++c) {
+      NvmeStore::Pending read = store_->ReadPart(slot_, ChunkOffset(c), ChunkIoBytes(c), nullptr);
+      NvmeStore::Pending write = store_->WritePart(slot_, ChunkOffset(c), ChunkIoBytes(c), nullptr);
+      MW_RETURN_IF_ERROR(store_->Wait(read));
+      MW_RETURN_IF_ERROR(store_->Wait(write));
+    }
+    return absl::OkStatus();
+  }
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
   float* g = static_cast<float*>(grads_.data());
   if (!wide) {
@@ -341,7 +340,9 @@ absl::Status HostOptimizerSlice::Commit(Stream& stream, void* params) {
     DeviceBuffer* current[] = {&master_, &first_, &second_};
     for (int i = 0; i < states_; ++i) std::swap(*current[i], spare_[i]);
   }
-  MW_RETURN_IF_ERROR(device_.CopyAsync(params, pending_, numel_ * DTypeSize(dtype_), stream));
+  if (params != nullptr) {
+    MW_RETURN_IF_ERROR(device_.CopyAsync(params, pending_, numel_ * DTypeSize(dtype_), stream));
+  }
   MW_RETURN_IF_ERROR(stream.Synchronize());
   pending_ = nullptr;
   staged_ = false;

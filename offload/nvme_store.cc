@@ -78,6 +78,7 @@ absl::StatusOr<int> NvmeStore::AddSlot(int64_t bytes) {
 
 NvmeStore::Pending NvmeStore::ReadPart(int slot, int64_t offset, int64_t bytes, void* dst) {
   const Slot& s = slots_[slot];
+  bytes_read_ += bytes;
   if (fd_ < 0) return Pending{};  // virtual: nothing moves
   return Pending{
       aio_->Submit(fd_, path_, false, s.offset + s.committed * s.rounded + offset, dst, bytes),
@@ -87,6 +88,7 @@ NvmeStore::Pending NvmeStore::ReadPart(int slot, int64_t offset, int64_t bytes, 
 NvmeStore::Pending NvmeStore::WritePart(int slot, int64_t offset, int64_t bytes, const void* src) {
   Slot& s = slots_[slot];
   s.pending = false;  // the spare copy is being rewritten
+  bytes_written_ += bytes;
   if (fd_ < 0) return Pending{};
   const int64_t at = s.offset + (1 - s.committed) * s.rounded + offset;
   void* buffer = const_cast<void*>(src);

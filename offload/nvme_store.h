@@ -25,6 +25,12 @@ namespace memwall {
 class NvmeStore {
  public:
   static constexpr int64_t kAlignment = 4096;
+  // `p` rounded up to kAlignment (null stays null: meta's buffers), for
+  // buffers allocated kAlignment bytes larger than they need.
+  static char* AlignUp(void* p) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    return reinterpret_cast<char*>((at + kAlignment - 1) / kAlignment * kAlignment);
+  }
 
   // Creates `directory`/`file_name`. Errors name the path: kNotFound for a
   // missing directory, kPermissionDenied, kAlreadyExists, or kInternal with
@@ -42,6 +48,10 @@ class NvmeStore {
   const std::string& path() const { return path_; }
   // Bytes of disk the slots take (both copies).
   int64_t size() const { return size_; }
+  // Bytes the transfers started so far read and wrote (a virtual store
+  // counts what a real one would move).
+  int64_t bytes_read() const { return bytes_read_; }
+  int64_t bytes_written() const { return bytes_written_; }
   // Whether the file is open with O_DIRECT.
   bool direct() const { return direct_; }
 
@@ -109,6 +119,7 @@ class NvmeStore {
   const std::unique_ptr<AioEngine> aio_;
   int64_t size_ = 0;
   int64_t fail_after_ = -1;
+  int64_t bytes_read_ = 0, bytes_written_ = 0;
   Observer observer_;
   std::vector<Slot> slots_;
 };

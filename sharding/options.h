@@ -116,6 +116,17 @@ struct ZeroConfig {
   // rank's parameter shards live in the pinned pool too and are paged in
   // to the device only to be gathered (DeepSpeed's offload_param: cpu).
   bool offload_param = false;
+  // Parameter paging from NVMe (offload_param.device "nvme", with the
+  // optimizer states on NVMe too): the shards of the groups past the first
+  // offload_param_max_in_cpu elements (in group order) live in a file in
+  // this directory; a gather reads the shard into one of
+  // offload_param_buffer_count pinned buffers of up to
+  // offload_param_buffer_size elements (a shard must fit one) and pages it
+  // in from there. Empty: the pinned pool holds every shard.
+  std::string offload_param_nvme_path;
+  int offload_param_buffer_count = 5;
+  int64_t offload_param_buffer_size = 100'000'000;
+  int64_t offload_param_max_in_cpu = 1'000'000'000;
 };
 
 struct ShardingOptions {

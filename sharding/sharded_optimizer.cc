@@ -75,6 +75,26 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
         "ShardedOptimizer: offload_param needs ZeRO stage 3 with the whole optimizer offloaded "
         "(ratio 1), got stage ", config.zero.stage, " and ratio ", ratio));
   }
+  if (!config.zero.offload_param_nvme_path.empty()) {
+    // Both files are written before either commits (Note [State tiers]).
+    if (!config.zero.offload_param || config.zero.offload_nvme_path.empty()) {
+      return absl::InvalidArgumentError(
+          "ShardedOptimizer: offload_param_nvme_path needs offload_param with the optimizer "
+          "states on NVMe too (offload_nvme_path)");
+    }
+    if (config.zero.offload_overlap_step) {
+      return absl::InvalidArgumentError(
+          "ShardedOptimizer: offload_overlap_step is not supported with parameters on NVMe");
+    }
+    if (config.zero.offload_param_buffer_count < 1 || config.zero.offload_param_buffer_size < 1 ||
+        config.zero.offload_param_max_in_cpu < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ShardedOptimizer: parameters on NVMe: expected offload_param_buffer_count >= 1, "
+          "offload_param_buffer_size >= 1 and offload_param_max_in_cpu >= 0, got ",
+          config.zero.offload_param_buffer_count, ", ", config.zero.offload_param_buffer_size,
+          " and ", config.zero.offload_param_max_in_cpu));
+    }
+  }
   if (ratio > 0 && device.pinned_allocator() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ShardedOptimizer: offload_optimizer keeps optimizer states in pinned host memory, but ",
@@ -205,16 +225,20 @@ int64_t ShardedOptimizer::host_numel(const FlatGroup& g) const {
   return std::min<int64_t>(n, std::llround(double(config_.zero.offload_optimizer_ratio) * n));
 }
 
-absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group) {
+absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group,
+                                             bool shard_on_nvme) {
   const DType dtype = config_.param_dtype();
   const int64_t k = host_numel(flat), n = update_numel(flat) - k;  // host, device parts
   const int64_t param_bytes =
       (stage() == 3 ? flat.shard_numel : flat.padded_numel) * DTypeSize(dtype);
-  MW_ASSIGN_OR_RETURN(group.params,
-                      paged() ? device_.AllocatePinned(param_bytes, MemoryCategory::kParameter,
-                                                       flat.name)
-                              : device_.Allocate(param_bytes, MemoryCategory::kParameter,
-                                                 flat.name));
+  if (shard_on_nvme) {
+    MW_ASSIGN_OR_RETURN(group.param_slot, param_store_->AddSlot(param_bytes));
+  } else {
+    MW_ASSIGN_OR_RETURN(
+        group.params,
+        paged() ? device_.AllocatePinned(param_bytes, MemoryCategory::kParameter, flat.name)
+                : device_.Allocate(param_bytes, MemoryCategory::kParameter, flat.name));
+  }
   if (flat.trainable && !streams_gradients(flat)) {
     MW_ASSIGN_OR_RETURN(
         group.grads,
@@ -273,7 +297,11 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
         kernels::Cast(device_, *stream_, staging.data(), DType::kF32, dst, dst_dtype, count));
     return stream_->Synchronize();
   };
-  if (paged()) {
+  if (group.param_slot >= 0) {
+    const std::vector<float> host =
+        values ? initial(flat.shard_begin(comm_.rank()), flat.shard_numel) : std::vector<float>();
+    MW_RETURN_IF_ERROR(WriteShardFromF32(flat, group, host.data()));
+  } else if (paged()) {
     // The shard is the CPU's memory: rounded there.
     if (values) {
       const std::vector<float> host = initial(flat.shard_begin(comm_.rank()), flat.shard_numel);
@@ -306,27 +334,78 @@ absl::Status ShardedOptimizer::Finalize() {
                       BuildFlatLayout(specs_, comm_.world_size(), config_.zero.reduce_bucket_size,
                                      kShardAlignmentElements));
   layout_ = std::move(layout);
-  if (config_.zero.offload_optimizer_ratio > 0 && !config_.zero.offload_nvme_path.empty()) {
-    // Unique per optimizer: a process may hold several.
-    static std::atomic<int> instances{0};
-    const std::string name = absl::StrCat("memwall-optimizer-rank", comm_.rank(), "-pid",
+  // Unique per optimizer: a process may hold several.
+  static std::atomic<int> instances{0};
+  const auto open_store = [&](const std::string& directory, const char* what,
+                              std::unique_ptr<NvmeStore>& store) -> absl::Status {
+    const std::string name = absl::StrCat("memwall-", what, "-rank", comm_.rank(), "-pid",
                                           ::getpid(), "-", instances++, ".bin");
-    if (device_.holds_bytes()) {
-      MW_ASSIGN_OR_RETURN(nvme_, NvmeStore::Open(config_.zero.offload_nvme_path, name, config_.aio));
-    } else {
-      nvme_ = NvmeStore::Virtual(absl::StrCat(config_.zero.offload_nvme_path, "/", name));
+    if (!device_.holds_bytes()) {
+      store = NvmeStore::Virtual(absl::StrCat(directory, "/", name));
+      return absl::OkStatus();
     }
+    MW_ASSIGN_OR_RETURN(store, NvmeStore::Open(directory, name, config_.aio));
+    return absl::OkStatus();
+  };
+  if (config_.zero.offload_optimizer_ratio > 0 && !config_.zero.offload_nvme_path.empty()) {
+    MW_RETURN_IF_ERROR(open_store(config_.zero.offload_nvme_path, "optimizer", nvme_));
   }
   std::vector<Group> groups(layout_.groups.size());
-  // On failure `groups` frees whatever was allocated, and the NVMe file
-  // goes: no half state.
+  // On failure `groups` frees whatever was allocated, and the NVMe files
+  // go: no half state.
   auto fail = [&](absl::Status status) {
     groups.clear();
+    param_pages_.Reset();
+    page_events_.clear();
     nvme_.reset();
+    param_store_.reset();
     return status;
   };
+  // Parameters on NVMe: the groups past the first max_in_cpu elements of
+  // shards (in group order) keep theirs in the file.
+  std::vector<bool> on_nvme(groups.size(), false);
+  int64_t largest_on_nvme = 0;
+  if (paged() && !config_.zero.offload_param_nvme_path.empty()) {
+    if (absl::Status s = open_store(config_.zero.offload_param_nvme_path, "params", param_store_);
+        !s.ok()) {
+      return fail(s);
+    }
+    int64_t in_cpu = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const int64_t shard = layout_.groups[g].shard_numel;
+      on_nvme[g] =
+          (g > 0 && on_nvme[g - 1]) || in_cpu + shard > config_.zero.offload_param_max_in_cpu;
+      if (!on_nvme[g]) in_cpu += shard;
+      if (on_nvme[g]) largest_on_nvme = std::max(largest_on_nvme, shard);
+    }
+    if (largest_on_nvme > config_.zero.offload_param_buffer_size) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "zero_optimization.offload_param.buffer_size: expected at least ", largest_on_nvme,
+          " (elements of the largest parameter shard on NVMe, one page buffer each), got ",
+          config_.zero.offload_param_buffer_size)));
+    }
+  }
   for (size_t g = 0; g < groups.size(); ++g) {
-    if (absl::Status s = AllocateGroup(layout_.groups[g], groups[g]); !s.ok()) return fail(s);
+    if (absl::Status s = AllocateGroup(layout_.groups[g], groups[g], on_nvme[g]); !s.ok()) {
+      return fail(s);
+    }
+  }
+  if (largest_on_nvme > 0) {
+    // The page buffers: each holds the largest shard on NVMe (within
+    // buffer_size), whole blocks for O_DIRECT.
+    const int64_t a = NvmeStore::kAlignment;
+    page_stride_ = (largest_on_nvme * DTypeSize(config_.param_dtype()) + a - 1) / a * a;
+    const int count = config_.zero.offload_param_buffer_count;
+    absl::StatusOr<DeviceBuffer> pages = device_.AllocatePinned(
+        count * page_stride_ + a, MemoryCategory::kWorkspace, "optimizer.param_pages");
+    if (!pages.ok()) return fail(pages.status());
+    param_pages_ = std::move(pages).value();
+    page_events_.resize(count);
+    for (auto& event : page_events_) {
+      absl::StatusOr<std::unique_ptr<Event>> e = device_.CreateEvent();
+      if (!e.ok()) return fail(e.status());
+      event = std::move(e).value();
+    }
   }
   for (size_t g = 0; g < groups.size(); ++g) {
     if (absl::Status s = InitializeGroup(layout_.groups[g], groups[g]); !s.ok()) return fail(s);
@@ -548,11 +627,20 @@ absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
   // Paging: the shard comes in from the pinned pool straight into its own
   // place in the gathered buffer, in stream order, and the all-gather runs
   // in place: no staging copy on the device.
+  // From NVMe, through a page buffer.
   const void* shard = group.params.data();
   if (paged()) {
     void* own = Offset(full.data(), flat.shard_begin(comm_.rank()), dtype);
+    Event* copied = nullptr;
+    if (group.param_slot >= 0) {
+      MW_ASSIGN_OR_RETURN(const Page page, TakePage());
+      MW_RETURN_IF_ERROR(param_store_->Read(group.param_slot, page.data));
+      shard = page.data;
+      copied = page.copied;
+    }
     MW_RETURN_IF_ERROR(
         device_.CopyAsync(own, shard, flat.shard_numel * DTypeSize(dtype), *comm_stream_));
+    if (copied != nullptr) MW_RETURN_IF_ERROR(comm_stream_->Record(*copied));
     shard = own;
   }
   MW_RETURN_IF_ERROR(comm_.AllGather(shard, full.data(), flat.shard_numel, dtype, *comm_stream_));
@@ -690,6 +778,26 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
     if (overlaps_update()) MW_RETURN_IF_ERROR(Speculate(g));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ShardedOptimizer::Page> ShardedOptimizer::TakePage() {
+  const int i = next_page_;
+  next_page_ = (next_page_ + 1) % static_cast<int>(page_events_.size());
+  // The page's last copy out (to a gathered buffer) has run.
+  MW_RETURN_IF_ERROR(page_events_[i]->Synchronize());
+  return Page{NvmeStore::AlignUp(param_pages_.data()) + i * page_stride_, page_events_[i].get()};
+}
+
+absl::Status ShardedOptimizer::WriteShardFromF32(const FlatGroup& flat, Group& group,
+                                                 const float* from) {
+  MW_ASSIGN_OR_RETURN(const Page page, TakePage());
+  if (device_.holds_bytes()) {
+    kernels::cpu::Kernels().cast(from, DType::kF32, page.data, config_.param_dtype(),
+                                 flat.shard_numel);
+  }
+  // On meta the store is virtual: it counts the bytes.
+  MW_RETURN_IF_ERROR(param_store_->Write(group.param_slot, page.data));
+  return param_store_->Commit(group.param_slot);
 }
 
 void ShardedOptimizer::set_profiler(MemoryProfiler* profiler) {
@@ -955,7 +1063,7 @@ void ShardedOptimizer::SegmentsOf(int g, int64_t begin, int64_t count,
 }
 
 void* ShardedOptimizer::ParamsAt(const FlatGroup& flat, Group& group, int64_t i) {
-  if (!device_.holds_bytes()) return nullptr;
+  if (!device_.holds_bytes() || group.param_slot >= 0) return nullptr;
   // The shard (stage 3) starts at the update range; the full group does not.
   const int64_t at = (stage() == 3 ? 0 : update_begin(flat)) + i;
   return static_cast<char*>(group.params.data()) + at * DTypeSize(config_.param_dtype());
@@ -1141,6 +1249,7 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   // Tiers that update without touching their current state (NVMe) commit
   // after every group has updated; the others at once (Note [State tiers]).
   std::vector<std::pair<StateTier*, void*>> uncommitted;
+  std::vector<int> written_shards;  // parameters on NVMe, in their spare copies
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
     Group& group = groups_[g];
@@ -1154,6 +1263,9 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       args.scratch = group.host_params.data();
       args.widened = static_cast<float*>(host_widened_.data());
       args.nvme_buffers = host_nvme_buffers_.data();
+    } else if (group.param_slot >= 0) {
+      args.scratch = NvmeStore::AlignUp(workspace.param_scratch.data());
+      args.widened = static_cast<float*>(workspace.host_widened.data());
     } else if (group.host != nullptr) {
       args.scratch = two_phase ? workspace.host_scratch[g].data()
                                : workspace.host_scratch.front().data();
@@ -1185,7 +1297,13 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
                                 absl::StrCat("update ", flat.name));
         MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
       }
-      if (t.tier->two_phase()) {
+      if (group.param_slot >= 0) {
+        // The refreshed shard goes to its spare copy now (the scratch is
+        // the next group's); the tier's commit then copies nothing.
+        MW_RETURN_IF_ERROR(param_store_->Write(group.param_slot, args.scratch));
+        written_shards.push_back(group.param_slot);
+        uncommitted.push_back({t.tier, nullptr});
+      } else if (t.tier->two_phase()) {
         uncommitted.push_back({t.tier, args.params});
       } else {
         MW_RETURN_IF_ERROR(t.tier->Commit(*comm_stream_, args.params));
@@ -1195,6 +1313,7 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   for (const auto& [tier, params] : uncommitted) {
     MW_RETURN_IF_ERROR(tier->Commit(*comm_stream_, params));
   }
+  for (int slot : written_shards) MW_RETURN_IF_ERROR(param_store_->Commit(slot));
   for (Group& group : groups_) DropSpeculation(group);
   if (redone) ++redone_updates_;
   return absl::OkStatus();
@@ -1219,10 +1338,15 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
     // Per offloaded group, indexed by group, its refreshed parameters (held
     // until every group has updated); one f32 widening buffer, shared.
     w.host_scratch.resize(groups_.size());
-    int64_t largest = 0;
+    int64_t largest = 0, on_nvme = 0;
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].host == nullptr) continue;
       largest = std::max(largest, groups_[g].host->numel());
+      if (groups_[g].param_slot >= 0) {
+        // Written to the file before the next group updates: shared.
+        on_nvme = std::max(on_nvme, param_store_->rounded_bytes(groups_[g].param_slot));
+        continue;
+      }
       MW_ASSIGN_OR_RETURN(
           w.host_scratch[g],
           device_.AllocatePinned(groups_[g].host->params_bytes(), MemoryCategory::kWorkspace,
@@ -1232,6 +1356,11 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
       MW_ASSIGN_OR_RETURN(w.host_widened,
                           device_.AllocatePinned(largest * 4, MemoryCategory::kWorkspace,
                                                  "optimizer.host_grad_f32"));
+    }
+    if (on_nvme > 0) {
+      MW_ASSIGN_OR_RETURN(w.param_scratch, device_.AllocatePinned(on_nvme + NvmeStore::kAlignment,
+                                                                  MemoryCategory::kWorkspace,
+                                                                  "optimizer.param_scratch"));
     }
     return w;
   }
@@ -1430,6 +1559,10 @@ absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float
   // its shard at stage 3.
   const int64_t held_begin = stage() == 3 ? ub : 0;
   const int64_t held = stage() == 3 ? flat.shard_numel : flat.padded_numel;
+  if (which == 0 && group.param_slot >= 0) {
+    // Parameters on NVMe: rounded as Step() rounds them, into the file.
+    return WriteShardFromF32(flat, group, full.data() + held_begin);
+  }
   if (which == 0 && !mixed()) {
     // f32: the parameters are the master weights; every copy is set.
     MW_RETURN_IF_ERROR(device_.CopyAsync(group.params.data(), full.data() + held_begin, held * 4,

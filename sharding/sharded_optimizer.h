@@ -87,17 +87,15 @@
 // assumes no clipping and no overflow and writes the new state into the
 // slice's spare copy (offload/host_optimizer.h: in pinned memory, or the
 // NVMe tier's second copy on disk, the state streaming through its chunk
-// buffers while backward runs), leaving the current state alone. Step() then waits for the thread, checks the gradients as always,
-// and: on an overflow drops every speculative update (the step is skipped,
-// nothing changed); when clipping applies (its factor is known only now),
-// or a group's hyperparameters differ from those it was updated with,
-// updates that group again from the untouched current state with the
-// step's real ones; otherwise only commits. The element math and its
-// inputs are those of the non-overlapped step, so the results are bit for
-// bit the same in every case; only steps that clip pay the update twice.
-// Every buffer is allocated on the caller's thread (the refreshed
-// parameters of a group as it is handed over, held until Step() commits;
-// one f32 widening buffer and one set of NVMe chunk buffers, shared), so what a run holds does not depend
+// buffers while backward runs), leaving the current state alone. Step() then waits for the thread,
+// checks the gradients as always, and: on an overflow drops every speculative update (the step is
+// skipped, nothing changed); when clipping applies (its factor is known only now), or a group's
+// hyperparameters differ from those it was updated with, updates that group again from the
+// untouched current state with the step's real ones; otherwise only commits. The element math and
+// its inputs are those of the non-overlapped step, so the results are bit for bit the same in every
+// case; only steps that clip pay the update twice. Every buffer is allocated on the caller's thread
+// (the refreshed parameters of a group as it is handed over, held until Step() commits; one f32
+// widening buffer and one set of NVMe chunk buffers, shared), so what a run holds does not depend
 // on the thread's timing and a dry run books exactly the same.
 //
 // Parameter paging (zero_optimization.offload_param, stage 3 with
@@ -108,6 +106,19 @@
 // in ahead of use under the same prefetch and live-parameter bounds. The
 // update writes the refreshed shard straight into the pinned pool. At rest
 // the device holds no parameter bytes, only the gradient shards.
+//
+// Parameters on NVMe (offload_param_nvme_path, with the optimizer states on
+// NVMe): the shards past the first offload_param_max_in_cpu elements live
+// in a file of their own (offload/nvme_store.h, two copies per shard).
+// GatherParameters() reads such a shard into the next of
+// offload_param_buffer_count pinned page buffers (reused once the copy out
+// of it has run, an event) and pages it in from there; prefetching (overlap_comm) reads
+// upcoming groups' shards as it gathers them ahead of use (the read itself
+// runs on the caller's thread). The update leaves the refreshed
+// shard in one shared pinned scratch, which is written to the shard's spare
+// copy at once; the step commits the parameters' copies with the optimizer
+// tier's, after every group has updated and been written, so a failed write
+// changes neither file. Host memory then holds buffers, not shards.
 //
 // The parts behind this class, one concern each: the flat layout of
 // groups and shards (flat_layout.h), the gather order and prefetch
@@ -299,6 +310,8 @@ class ShardedOptimizer {
   // The NVMe tier's file (null without offload_nvme_path): its path and
   // size for reports, and fault injection for tests.
   NvmeStore* nvme_store() { return nvme_.get(); }
+  // Parameters on NVMe: their file (null without offload_param_nvme_path).
+  NvmeStore* param_store() { return param_store_.get(); }
   // Overlapped update: seconds the update thread has spent updating (its
   // own throughput, for benchmarks); 0 without it.
   double overlapped_update_seconds() const {
@@ -379,6 +392,8 @@ class ShardedOptimizer {
     std::vector<StateTier::Segment> speculated_segments;
     DeviceBuffer host_params;
     std::unique_ptr<Event> staged_event;
+    // Parameters on NVMe: the shard's slot in param_store_ (-1: params).
+    int param_slot = -1;
   };
 
   // The events that order the caller's and the communication stream.
@@ -404,7 +419,7 @@ class ShardedOptimizer {
   };
   absl::InlinedVector<Tier, 2> TiersOf(const FlatGroup& flat, Group& group);
   // Where element i of group `flat`'s update range sits in the parameters
-  // this rank holds (null on meta).
+  // this rank holds (null on meta, and for a shard on NVMe).
   void* ParamsAt(const FlatGroup& flat, Group& group, int64_t i);
   absl::Status CheckState(absl::string_view call, int g, int which, size_t size) const;
   // The view of registered parameter `name` inside its group's `buffer`.
@@ -420,8 +435,19 @@ class ShardedOptimizer {
   bool streams_gradients(const FlatGroup& g) const {
     return stage() >= 2 && host_numel(g) > 0 && host_numel(g) == update_numel(g);
   }
-  // Parameter paging: group.params lives in the pinned pool.
+  // Parameter paging: group.params lives in the pinned pool, or (a group
+  // with a param_slot) the shard lives in param_store_.
   bool paged() const { return config_.zero.offload_param; }
+  // Parameters on NVMe: the next page buffer (waits until the copy out of
+  // it has run), and the event a copy out of it records.
+  struct Page {
+    void* data;
+    Event* copied;
+  };
+  absl::StatusOr<Page> TakePage();
+  // Parameters on NVMe: writes the group's shard (f32 values `from`,
+  // rounded to the parameter dtype in a page) to its file and commits it.
+  absl::Status WriteShardFromF32(const FlatGroup& flat, Group& group, const float* from);
 
   absl::Status Register(std::string name, std::vector<int64_t> shape,
                         absl::Span<const float> initial_values, std::string group,
@@ -444,7 +470,8 @@ class ShardedOptimizer {
   absl::Status CheckGroup(int g, absl::string_view call) const;
   // kFailedPrecondition naming `call` for a frozen group.
   absl::Status CheckTrainable(int g, absl::string_view call) const;
-  absl::Status AllocateGroup(const FlatGroup& flat, Group& group);
+  // `shard_on_nvme`: parameters on NVMe, and this group's shard goes there.
+  absl::Status AllocateGroup(const FlatGroup& flat, Group& group, bool shard_on_nvme);
   absl::Status InitializeGroup(const FlatGroup& flat, Group& group);
   // A reduction's temporaries (the widened all-reduce piece, the packed
   // reduce-scatter input and its output), reused while large enough and
@@ -520,6 +547,9 @@ class ShardedOptimizer {
     // two-phase) with one shared f32 widening buffer (16-bit runs).
     std::vector<DeviceBuffer> host_scratch;
     DeviceBuffer host_widened;
+    // Parameters on NVMe: one scratch for the refreshed shard, aligned
+    // for the file (written before the next group updates).
+    DeviceBuffer param_scratch;
   };
   absl::StatusOr<UpdateWorkspace> AllocateUpdateWorkspace(bool two_phase);
   // Overlapped update: whether this optimizer overlaps it; hands group
@@ -569,6 +599,13 @@ class ShardedOptimizer {
   std::vector<Group> groups_;
   // The NVMe tier's file, when offload_nvme_path is set.
   std::unique_ptr<NvmeStore> nvme_;
+  // Parameters on NVMe: their file, the page buffers (one block, aligned
+  // pages of page_stride_ bytes) and the events of the copies out of them.
+  std::unique_ptr<NvmeStore> param_store_;
+  DeviceBuffer param_pages_;
+  int64_t page_stride_ = 0;
+  std::vector<std::unique_ptr<Event>> page_events_;
+  int next_page_ = 0;
   // Overlapped update: the update thread, the stream its work is ordered
   // on, and the pinned f32 buffer the updates widen 16-bit gradients into
   // (sized for the largest host part; one update runs at a time).

@@ -91,7 +91,8 @@ class StateTier {
   virtual absl::Status Update(Stream& stream, const UpdateArgs& args) = 0;
   // Phase two: the update becomes current and the refreshed parameters are
   // at `params` (the UpdateArgs::params of the Update) once `stream` has
-  // run what this enqueues.
+  // run what this enqueues. Host tier: null `params` when the caller took
+  // them from the scratch already (parameters on NVMe).
   virtual absl::Status Commit(Stream& stream, void* params) = 0;
 
   // Elements [begin, begin + count) of committed state `which` (0: master,

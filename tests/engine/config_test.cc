@@ -198,8 +198,55 @@ TEST_CASE("ZeRO-Offload keys: optimizer offload with a ratio; paging and NVMe re
         "zero_optimization.offload_param: expected stage 3 and offload_optimizer on \"cpu\" with "
         "ratio 1 with it");
   CHECK(Error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})") ==
-        "zero_optimization.offload_param.device: expected \"none\" or \"cpu\" (parameters are "
-        "not paged from NVMe yet), got \"nvme\"");
+        "zero_optimization.offload_param.nvme_path: expected a directory with device \"nvme\", "
+        "got none");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+      "offload_param": {"device": "nvme", "nvme_path": "/x"}}})") ==
+        "zero_optimization.offload_param: expected offload_optimizer on \"nvme\" with device "
+        "\"nvme\" (a step writes both tiers' files before committing either, so a failed write "
+        "leaves both as they were)");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "disk"}}})") ==
+        "zero_optimization.offload_param.device: expected one of \"none\", \"cpu\", \"nvme\", "
+        "got \"disk\"");
+}
+
+TEST_CASE("parameters on NVMe: DeepSpeed's offload_param keys, round trip, refusals", "[config]") {
+  const std::string base = R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/opt"},
+      "offload_param": {"device": "nvme", "nvme_path": "/params")";
+  const Config defaults = ParseConfig(base + "}}}").value();
+  CHECK(defaults.zero.offload_param);
+  CHECK(defaults.zero.offload_param_nvme_path == "/params");
+  CHECK(defaults.zero.offload_param_buffer_count == 5);  // DeepSpeed's defaults
+  CHECK(defaults.zero.offload_param_buffer_size == 100'000'000);
+  CHECK(defaults.zero.offload_param_max_in_cpu == 1'000'000'000);
+  const Config c =
+      ParseConfig(base + R"(, "buffer_count": 3, "buffer_size": 4096, "max_in_cpu": 0}}})").value();
+  CHECK(c.zero.offload_param_buffer_count == 3);
+  CHECK(c.zero.offload_param_buffer_size == 4096);
+  CHECK(c.zero.offload_param_max_in_cpu == 0);
+  const Config back = ParseConfig(ConfigToJson(c)).value();
+  CHECK(back.zero.offload_param);
+  CHECK(back.zero.offload_param_nvme_path == "/params");
+  CHECK(back.zero.offload_param_buffer_count == 3);
+  CHECK(back.zero.offload_param_buffer_size == 4096);
+  CHECK(back.zero.offload_param_max_in_cpu == 0);
+  // On "cpu" the path is DeepSpeed's to ignore, as for the optimizer.
+  const Config cpu = ParseConfig(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu"},
+      "offload_param": {"device": "cpu", "nvme_path": "/params"}}})")
+                         .value();
+  CHECK(cpu.zero.offload_param);
+  CHECK(cpu.zero.offload_param_nvme_path.empty());
+  CHECK(Error(base + R"(, "buffer_count": 0}}})") ==
+        "zero_optimization.offload_param.buffer_count: expected an integer 1..1024, got 0");
+  CHECK(Error(base + R"(, "max_in_cpu": -1}}})") ==
+        "zero_optimization.offload_param.max_in_cpu: expected an integer >= 0, got -1");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/opt", "overlap_step": true},
+      "offload_param": {"device": "nvme", "nvme_path": "/params"}}})") ==
+        "zero_optimization.offload_optimizer.overlap_step: not supported with offload_param on "
+        "\"nvme\" (the update thread would write the parameters' file while backward reads it)");
   CHECK(Error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})") ==
         "zero_optimization.offload_optimizer: expected stage 1, 2 or 3 with it, got stage 0");
   CHECK(Error(R"({"zero_optimization": {"stage": 1,

@@ -12,6 +12,7 @@
 #include "checkpointing/planner.h"
 #include "engine/trainer.h"
 #include "models/gpt.h"
+#include "offload/nvme_store.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/units.h"
 #include "tests/support/mpi_world.h"
@@ -30,13 +31,18 @@ struct Strategy {
   std::string model = "gpt-tiny:layers=4";
   bool overlap_step = false;  // the CPU update overlapped with backward
   bool nvme = false;          // the offloaded states on NVMe (TEST_TMPDIR)
+  // With nvme and paging: the parameter shards past this many elements on
+  // NVMe too (-1: none).
+  int64_t params_max_in_cpu = -1;
 };
 
 // One step's books on `backend`: the device's (returned), the pinned
 // pool's, the collectives' calls and bytes (creation included), and the
-// step's host synchronisations and kernel launches.
+// step's host synchronisations and kernel launches, and the bytes it moved
+// to and from the NVMe files.
 AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
-                    std::vector<CollectiveStats>* traffic, int64_t* syncs, int64_t* launches) {
+                    std::vector<CollectiveStats>* traffic, int64_t* syncs, int64_t* launches,
+                    int64_t* nvme_moved) {
   DeviceOptions o{backend, 0, 256 * kMiB};
   o.pinned_capacity_bytes = 256 * kMiB;
   auto device = CreateDevice(o).value();
@@ -61,6 +67,11 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
     options.aio.block_size = 8192;
     options.aio.queue_depth = 2;
     options.zero.offload_buffer_count = 2;
+    if (s.params_max_in_cpu >= 0) {
+      options.zero.offload_param_nvme_path = options.zero.offload_nvme_path;
+      options.zero.offload_param_max_in_cpu = s.params_max_in_cpu;
+      options.zero.offload_param_buffer_count = 2;
+    }
   }
   options.gradient_accumulation_steps = 2;
   auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), options,
@@ -87,7 +98,17 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
   }
   const int64_t syncs_before = device->host_synchronizations();
   const int64_t launches_before = device->launches();
+  const auto moved = [&] {
+    int64_t bytes = 0;
+    for (const NvmeStore* store :
+         {trainer->optimizer().nvme_store(), trainer->optimizer().param_store()}) {
+      if (store != nullptr) bytes += store->bytes_read() + store->bytes_written();
+    }
+    return bytes;
+  };
+  const int64_t moved_before = moved();
   REQUIRE(trainer->TrainStep(batches).ok());
+  *nvme_moved = moved() - moved_before;
   *syncs = device->host_synchronizations() - syncs_before;
   *launches = device->launches() - launches_before;
   traffic->clear();
@@ -127,18 +148,30 @@ TEST_CASE("a meta step allocates, communicates and synchronises exactly as the h
       // run's.
       {"stage 2, bf16, NVMe", 2, true, 1.0f, false, "none", false, "gpt-tiny:layers=4", false,
        true},
-      {"stage 3, bf16, NVMe 0.5, overlap", 3, true, 0.5f, false, "none", true,
-       "gpt-tiny:layers=4", false, true},
+      {"stage 3, bf16, NVMe 0.5, overlap", 3, true, 0.5f, false, "none", true, "gpt-tiny:layers=4",
+       false, true},
+      // Parameters on NVMe too: page buffers, the shared scratch, and the
+      // shards read for each gather (prefetched ones with overlap).
+      {"stage 3, bf16, NVMe params + states, sqrt", 3, true, 1.0f, true, "sqrt", false,
+       "gpt-tiny:layers=4", false, true, 0},
+      {"stage 3, bf16, NVMe params past 20000, overlap, optimal", 3, true, 1.0f, true, "optimal",
+       true, "gpt-tiny:layers=4", false, true, 20000},
+      {"stage 3, f32, NVMe params + states, overlap", 3, false, 1.0f, true, "none", true,
+       "gpt-tiny:layers=4", false, true, 0},
   };
   for (const Strategy& s : strategies) {
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());
     AllocatorStats host_pinned, meta_pinned;
     std::vector<CollectiveStats> host_traffic, meta_traffic;
     int64_t host_syncs = 0, meta_syncs = 0, host_launches = 0, meta_launches = 0;
-    const AllocatorStats host =
-        Step(Backend::kHost, s, &host_pinned, &host_traffic, &host_syncs, &host_launches);
-    const AllocatorStats meta =
-        Step(Backend::kMeta, s, &meta_pinned, &meta_traffic, &meta_syncs, &meta_launches);
+    int64_t host_moved = 0, meta_moved = 0;
+    const AllocatorStats host = Step(Backend::kHost, s, &host_pinned, &host_traffic, &host_syncs,
+                                     &host_launches, &host_moved);
+    const AllocatorStats meta = Step(Backend::kMeta, s, &meta_pinned, &meta_traffic, &meta_syncs,
+                                     &meta_launches, &meta_moved);
+    // The NVMe files: the same bytes read and written.
+    CHECK((host_moved > 0) == s.nvme);
+    CHECK(meta_moved == host_moved);
     // The same host synchronisations and kernel launches: a dry run counts
     // a real run's (meta counts a reduction's repeated pieces unrun).
     CHECK(host_syncs > 0);

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <random>
@@ -33,6 +34,7 @@
 #include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "kernels/elementwise.h"
+#include "offload/nvme_store.h"
 #include "profiler/memory_profiler.h"
 #include "runtime/device.h"
 #include "runtime/units.h"
@@ -1054,6 +1056,131 @@ TEST_CASE("the NVMe tier trains bit for bit, and a failed write leaves the state
     const std::vector<float> got = Finish(*nvme.opt);
     CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
   }
+}
+
+TEST_CASE("parameters on NVMe train bit for bit like pinned ones; a failed write changes nothing",
+          "[zero][offload][nvme][paging]") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp ? tmp : "/tmp";
+  const int ranks = World().world_size();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (bool overlap : {false, true}) {
+      ShardingOptions options = Options(3, dtype, 2, 0.05f, overlap);
+      options.zero.offload_optimizer_ratio = 1.0f;
+      options.zero.offload_nvme_path = dir;
+      options.zero.offload_param = true;
+      Run pinned = Start(options);
+      for (int k = 0; k < 3; ++k) REQUIRE(TrainStep(*pinned.opt, k).applied);
+      const std::vector<float> want = Finish(*pinned.opt);
+      const FlatLayout& layout = pinned.opt->layout();
+      const int64_t size = DTypeSize(dtype);
+      // All shards on NVMe, or the groups past the first half's.
+      int64_t half = 0;
+      for (size_t g = 0; g < layout.groups.size() / 2; ++g) half += layout.groups[g].shard_numel;
+      for (int64_t max_in_cpu : {int64_t{0}, half}) {
+        for (int buffers : {1, 3}) {
+          INFO(Name(dtype) << ", overlap_comm " << overlap << ", max_in_cpu " << max_in_cpu << ", "
+                           << buffers << " page buffers, " << ranks << " ranks");
+          options.zero.offload_param_nvme_path = dir;
+          options.zero.offload_param_max_in_cpu = max_in_cpu;
+          options.zero.offload_param_buffer_count = buffers;
+          Run nvme = Start(options);
+          NvmeStore* store = nvme.opt->param_store();
+          REQUIRE(store != nullptr);
+          // The pinned pool holds the shards within max_in_cpu; the file
+          // the rest, twice, each in whole 4096-byte blocks.
+          int64_t in_cpu = 0, on_disk = 0, largest = 0;
+          for (const FlatGroup& g : layout.groups) {
+            const int64_t bytes = g.shard_numel * size;
+            if (in_cpu / size + g.shard_numel <= max_in_cpu && on_disk == 0) {
+              in_cpu += bytes;
+            } else {
+              on_disk += (bytes + 4095) / 4096 * 4096;
+              largest = std::max(largest, (bytes + 4095) / 4096 * 4096);
+            }
+          }
+          REQUIRE(on_disk > 0);
+          const AllocatorStats host = nvme.device->pinned_allocator()->stats();
+          CHECK(host.by_category[static_cast<int>(MemoryCategory::kParameter)].current == in_cpu);
+          CHECK(store->size() == 2 * on_disk);
+          int64_t pages = 0;
+          for (const auto& [key, bytes] : nvme.device->pinned_allocator()->OwnerBytes()) {
+            if (key.first == "optimizer.param_pages") pages += bytes;
+          }
+          CHECK(pages == buffers * largest + 4096);
+          for (int k = 0; k < 2; ++k) {
+            const int64_t read = store->bytes_read(), written = store->bytes_written();
+            REQUIRE(TrainStep(*nvme.opt, k).applied);
+            // Without prefetch each micro-batch gathers every group twice
+            // (forward, backward): 2 x 2 reads; the step writes each once.
+            if (!overlap) CHECK(store->bytes_read() - read == 4 * on_disk);
+            CHECK(store->bytes_written() - written == on_disk);
+          }
+          const std::vector<float> before = Finish(*nvme.opt);
+          // The third step's parameter writes fail (the optimizer states'
+          // went to their spare copies): nothing moved.
+          MicroBatches(*nvme.opt, 2);
+          store->InjectWriteFailureAfter(0);
+          const absl::StatusOr<ShardedOptimizer::StepResult> failed = nvme.opt->Step();
+          REQUIRE_FALSE(failed.ok());
+          CHECK_THAT(std::string(failed.status().message()),
+                     Catch::StartsWith("NVMe store " + store->path()));
+          CHECK_THAT(std::string(failed.status().message()),
+                     Catch::EndsWith("write failed: Input/output error"));
+          CHECK(nvme.opt->steps_applied() == 2);
+          const std::vector<float> after = Finish(*nvme.opt);
+          CHECK(std::memcmp(after.data(), before.data(), after.size() * 4) == 0);
+          // The disk recovers: the same step lands where the pinned run did.
+          store->InjectWriteFailureAfter(-1);
+          const absl::StatusOr<ShardedOptimizer::StepResult> retried = nvme.opt->Step();
+          REQUIRE(retried.ok());
+          CHECK(retried->applied);
+          const std::vector<float> got = Finish(*nvme.opt);
+          REQUIRE(got.size() == want.size());
+          CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
+          // The files go with the optimizer.
+          const std::string path = store->path();
+          CHECK(std::filesystem::exists(path));
+          nvme.opt.reset();
+          CHECK_FALSE(std::filesystem::exists(path));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("parameters on NVMe: settings it cannot honour name the setting",
+          "[zero][offload][nvme][paging][errors]") {
+  ShardingOptions options = Options(3, DType::kBF16, 1, 0.0f);
+  options.zero.offload_optimizer_ratio = 1.0f;
+  options.zero.offload_param = true;
+  options.zero.offload_param_nvme_path = "/tmp";
+  auto device = CreateDevice({Backend::kHost, 0, 64 * kMiB, 64 * kMiB}).value();
+  CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
+        "ShardedOptimizer: offload_param_nvme_path needs offload_param with the optimizer "
+        "states on NVMe too (offload_nvme_path)");
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  options.zero.offload_nvme_path = tmp ? tmp : "/tmp";
+  options.zero.offload_overlap_step = true;
+  CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
+        "ShardedOptimizer: offload_overlap_step is not supported with parameters on NVMe");
+  options.zero.offload_overlap_step = false;
+  // A shard larger than a page buffer.
+  options.zero.offload_param_max_in_cpu = 0;
+  options.zero.offload_param_buffer_size = 8;
+  auto opt = ShardedOptimizer::Create(options, *device, World()).value();
+  for (size_t p = 0; p < kModel.size(); ++p) {
+    REQUIRE(opt->AddParameter(kModel[p].name, kModel[p].shape, Initial(p)).ok());
+  }
+  const absl::Status small = opt->Finalize();
+  CHECK(small.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(small.message()),
+             Catch::StartsWith("zero_optimization.offload_param.buffer_size: expected at least "));
+  CHECK_THAT(std::string(small.message()),
+             Catch::EndsWith(" (elements of the largest parameter shard on NVMe, one page buffer "
+                             "each), got 8"));
+  // Nothing stays behind: no pinned bytes, no file.
+  CHECK(device->pinned_allocator()->stats().requested.current == 0);
 }
 
 TEST_CASE("optimizer offload: bad settings and a full host pool name the cause",
