@@ -7,7 +7,7 @@
 // a 1 GiB CUDA runtime allowance; pinned host memory and NVMe as the step
 // uses them).
 //
-//   bazel run //benchmarks:max_params
+//   bazel run //benchmarks:max_params [-- TEXT]   (only the rows whose name holds TEXT)
 //
 // Beside each row: how close micro-batch 1 comes to the physical bound the
 // row's memory allows for model states alone (see Bound()), what stops the
@@ -41,8 +41,10 @@ struct Row {
   bool nvme;
   std::string planner;
   bool activation_offload;
-  int64_t host_bytes;
+  int64_t host_bytes;  // per GPU
   std::string published;
+  bool nvme_params = false;              // the parameter shards on NVMe too
+  int64_t nvme_bytes = 4 * 1024 * kGiB;  // per GPU, with nvme
 };
 
 std::string Spec(int64_t hidden) {
@@ -70,6 +72,11 @@ absl::StatusOr<DryRunResult> Try(const Row& row, int64_t batch, int64_t hidden) 
   config.zero.offload_optimizer_ratio = row.offload;
   config.zero.offload_param = row.paging;
   config.zero.offload_nvme_path = row.nvme ? "/local_nvme" : "";
+  if (row.nvme_params) {
+    config.zero.offload_param_nvme_path = "/local_nvme";
+    config.zero.offload_param_max_in_cpu = 0;
+    config.zero.offload_param_buffer_size = INT64_MAX;  // a page buffer holds any shard
+  }
   config.activation_checkpointing.planner = row.planner;
   config.activation_checkpointing.offload = row.activation_offload;
   DryRunOptions options;
@@ -77,7 +84,7 @@ absl::StatusOr<DryRunResult> Try(const Row& row, int64_t batch, int64_t hidden) 
   options.gpus = row.gpus;
   options.device_bytes = 32 * kGiB;
   options.host_bytes = row.host_bytes;
-  options.nvme_bytes = row.nvme ? 4 * 1024 * kGiB : 0;
+  options.nvme_bytes = row.nvme ? row.nvme_bytes : 0;
   options.batch = batch;
   return DryRun(options, config);
 }
@@ -113,11 +120,14 @@ std::string Binds(const Row& row, int64_t batch, int64_t hidden) {
 // Adam moments) split between device, host and disk as the strategy keeps
 // them. With the optimizer offloaded at stages 2-3 gradients stream to the
 // host (2 bytes there, none on the device); paging moves the bf16 weights
-// there too; the NVMe tier keeps the 12 bytes of states twice on disk.
+// there too; the NVMe tier keeps the 12 bytes of states twice on disk, and
+// with parameters on NVMe their 2 bytes twice as well, leaving the host the
+// streamed gradients' 2 bytes.
 double Bound(const Row& row) {
   const double device = 32.0 * kGiB, host = double(row.host_bytes), n = row.gpus;
   if (row.nvme) {
-    const double disk = 4.0 * 1024 * kGiB;
+    const double disk = double(row.nvme_bytes);
+    if (row.nvme_params) return std::min(disk / 28.0, host / 2.0) * n;
     return std::min(disk / 24.0, host / 4.0) * n;
   }
   if (row.paging) return host / 16.0 * n;
@@ -132,7 +142,7 @@ double Bound(const Row& row) {
   return device / per_device;
 }
 
-int Main() {
+int Main(const std::string& only) {
   const int64_t tb15 = int64_t{1536} * kGiB;
   std::vector<Row> rows = {
       {"stage 0 (plain data parallel)", 1, 0, 0, false, false, "none", false, 0,
@@ -163,11 +173,25 @@ int Main() {
                   true, "optimal", false, tb15, ""});
   rows.push_back({"stage 3 + NVMe optimizer + paging + recomputation, 16 GPUs", 16, 3, 1.0f, true,
                   true, "optimal", false, tb15, "1T (ZeRO-Infinity, one 16-GPU node)"});
-  std::printf("max_params: the largest GPT (shape rule, seq 1024) one 32 GB GPU trains, bf16 AdamW;\n"
-              "host memory per GPU 1.5 TB where offloading, NVMe 4 TB per GPU; dry runs on meta\n\n");
+  // ZeRO-Infinity's node: 16 GPUs sharing 1.5 TB of host memory and about
+  // 28 TB of NVMe; here 30 TB, per GPU the node's share.
+  const int64_t tb30 = int64_t{30} * 1024 * kGiB;
+  rows.push_back({"stage 3 + NVMe optimizer + NVMe parameters + recomputation, 1 GPU", 1, 3, 1.0f,
+                  true, true, "optimal", false, tb15, "goal 1T (ZeRO-Infinity's node-scale model)",
+                  true, tb30});
+  rows.push_back({"... 16 GPUs, one node's 1.5 TB host and 30 TB NVMe", 16, 3, 1.0f, true, true,
+                  "optimal", false, tb15 / 16, "1T (ZeRO-Infinity, one 16-GPU node)", true,
+                  tb30 / 16});
+  rows.push_back({"... 512 GPUs, 32 such nodes", 512, 3, 1.0f, true, true, "optimal", false,
+                  tb15 / 16, "32T (ZeRO-Infinity paper, 512 GPUs)", true, tb30 / 16});
+  std::printf(
+      "max_params: the largest GPT (shape rule, seq 1024) one 32 GB GPU trains, bf16 AdamW;\n"
+      "host memory per GPU 1.5 TB where offloading, NVMe 4 TB per GPU unless the row says\n"
+      "otherwise; dry runs on meta\n\n");
   std::printf("%-60s %10s %10s %8s  %-40s %s\n", "strategy", "mb 1", "mb 8", "of bound",
               "next size up (mb 1) fails on", "published");
   for (const Row& row : rows) {
+    if (!absl::StrContains(row.name, only)) continue;
     const int64_t h1 = Largest(row, 1), h8 = Largest(row, 8);
     const double p1 = h1 > 0 ? double(Parameters(h1)) : 0.0;
     const double p8 = h8 > 0 ? double(Parameters(h8)) : 0.0;
@@ -181,4 +205,4 @@ int Main() {
 }  // namespace
 }  // namespace memwall
 
-int main() { return memwall::Main(); }
+int main(int argc, char** argv) { return memwall::Main(argc > 1 ? argv[1] : ""); }
