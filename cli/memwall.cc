@@ -136,9 +136,11 @@ usage:
       "overlap_step": true, stages 2-3, each group's CPU update runs while
       backward goes on, bit for bit as after it); at stage 3
       offload_param {"device": "cpu"} pages the parameter shards in from
-      there too. The config's scheduler (WarmupLR, WarmupDecayLR,
-      WarmupCosineLR, as DeepSpeed's; sharding/lr_schedule.h) sets each
-      step's learning rate, which the log then shows.
+      there too ("nvme", with the optimizer on "nvme": from a file, through
+      "buffer_count" pinned buffers, past the first "max_in_cpu" elements).
+      The config's scheduler (WarmupLR, WarmupDecayLR, WarmupCosineLR, as
+      DeepSpeed's; sharding/lr_schedule.h) sets each step's learning rate,
+      which the log then shows.
       --save DIR writes training checkpoints (every rank's shard of the f32
       master weights and optimizer states, step counters and loss scaler,
       a manifest with CRC-32s written last) to DIR/step-<N>; --resume DIR

@@ -60,9 +60,19 @@
 //                                     MEMWALL_CPU_THREADS or 1          (0)
 //   zero_optimization.offload_optimizer.bind_cores    bool: pin them to
 //                                     cores [rank*t, (rank+1)*t)    (false)
-//   zero_optimization.offload_param.device         "none" | "cpu": parameter
-//                                     paging (stage 3 with the optimizer
-//                                     offloaded at ratio 1; not from NVMe)
+//   zero_optimization.offload_param.device         "none" | "cpu" | "nvme":
+//                                     parameter paging (stage 3 with the
+//                                     optimizer offloaded at ratio 1; "nvme"
+//                                     with the optimizer on "nvme" too, not
+//                                     with overlap_step)
+//   zero_optimization.offload_param.nvme_path      directory of the
+//                                     parameters' file (required with "nvme")
+//   zero_optimization.offload_param.buffer_count   int 1..1024: pinned page
+//                                     buffers                            (5)
+//   zero_optimization.offload_param.buffer_size    elements per page buffer
+//                                     (each NVMe shard must fit)       (1e8)
+//   zero_optimization.offload_param.max_in_cpu     elements of shards kept in
+//                                     pinned memory, first groups first (1e9)
 //   zero_optimization.offload_param.pin_memory     bool, accepted
 //   aio.block_size                    bytes per NVMe request, a multiple
 //                                     of 4096                       (1048576)
