@@ -267,6 +267,7 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
       r.Int("stage3_prefetch_bucket_size", 0, INT64_MAX, out.stage3_prefetch_bucket_size));
   MW_RETURN_IF_ERROR(
       r.Int("stage3_max_live_parameters", 0, INT64_MAX, out.stage3_max_live_parameters));
+  MW_RETURN_IF_ERROR(r.Bool("stage3_gather_on_use", out.stage3_gather_on_use));
   if (const Json* v = r.Find("offload_optimizer")) {
     MW_ASSIGN_OR_RETURN(ObjectReader o,
                         ObjectReader::Open(*v, "zero_optimization.offload_optimizer"));
@@ -336,6 +337,10 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
           "offload_param on \"nvme\" (the update thread would write the parameters' file "
           "while backward reads it)");
     }
+  }
+  if (out.stage3_gather_on_use && out.stage != 3 && out.stage != kAutoStage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.stage3_gather_on_use: expected stage 3 with it, got stage ", out.stage));
   }
   if (out.offload_overlap_step && (out.stage == 0 || out.stage == 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -567,6 +572,7 @@ std::string ConfigToJson(const Config& c) {
                {"overlap_comm", z.overlap_comm},
                {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size},
                {"stage3_max_live_parameters", z.stage3_max_live_parameters}};
+  if (z.stage3_gather_on_use) zero["stage3_gather_on_use"] = true;
   if (z.offload_optimizer_ratio > 0) {
     zero["offload_optimizer"] = {{"device", z.offload_nvme_path.empty() ? "cpu" : "nvme"},
                                  {"ratio", Decimal(z.offload_optimizer_ratio)}};

@@ -37,6 +37,10 @@
 //   zero_optimization.overlap_comm            bool: collectives overlap compute (false)
 //   zero_optimization.stage3_prefetch_bucket_size  elements prefetched ahead (5e7)
 //   zero_optimization.stage3_max_live_parameters   elements gathered at most (1e9)
+//   zero_optimization.stage3_gather_on_use  bool: layers that can gather each
+//                                     weight (and bias) for the operation
+//                                     using it, not all their parameters
+//                                     for the whole layer (memwall's) (false)
 //   zero_optimization.offload_optimizer.device     "none" | "cpu" | "nvme"
 //                                     (ZeRO-Offload, stages 1-3; nvme keeps
 //                                     the states in a file)          ("none")

@@ -29,7 +29,27 @@ absl::StatusOr<Tensor> LayerContext::Widen(const ShardedOptimizer::View& view,
   return wide;  // the layer's kernels use it on stream_, after the cast or fill
 }
 
+absl::Status LayerContext::Hold(absl::string_view full_name, bool gradients) {
+  if (!gathers_on_use_) return absl::OkStatus();
+  MW_ASSIGN_OR_RETURN(const int g, optimizer_.GroupOf(full_name));
+  if (gathered_.insert(g).second) MW_RETURN_IF_ERROR(optimizer_.GatherParameters(g));
+  if (gradients && acquired_.insert(g).second) MW_RETURN_IF_ERROR(optimizer_.AcquireGradients(g));
+  return absl::OkStatus();
+}
+
+absl::Status LayerContext::Drop(int g) {
+  if (acquired_.erase(g) > 0) MW_RETURN_IF_ERROR(optimizer_.ReduceGradients(g));
+  gathered_.erase(g);
+  return optimizer_.ReleaseParameters(g);
+}
+
+absl::Status LayerContext::ReleaseGroups() {
+  while (!gathered_.empty()) MW_RETURN_IF_ERROR(Drop(*gathered_.begin()));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<const float*> LayerContext::SharedParam(absl::string_view full_name) {
+  MW_RETURN_IF_ERROR(Hold(full_name, /*gradients=*/false));
   MW_ASSIGN_OR_RETURN(ShardedOptimizer::View view, optimizer_.Parameter(full_name));
   if (view.dtype == DType::kF32) return static_cast<const float*>(view.data);
   auto it = param_copies_.find(std::string(full_name));
@@ -41,6 +61,7 @@ absl::StatusOr<const float*> LayerContext::SharedParam(absl::string_view full_na
 }
 
 absl::StatusOr<float*> LayerContext::SharedGrad(absl::string_view full_name) {
+  MW_RETURN_IF_ERROR(Hold(full_name, /*gradients=*/true));
   MW_ASSIGN_OR_RETURN(ShardedOptimizer::View view, optimizer_.Gradient(full_name));
   if (view.dtype == DType::kF32) return static_cast<float*>(view.data);
   auto it = grad_copies_.find(std::string(full_name));
@@ -55,6 +76,11 @@ absl::Status LayerContext::Release(absl::Span<const absl::string_view> locals) {
   // Freed in stream order (engine/layer.h): queued kernels may still read
   // a copy, and whatever reuses its block runs after them.
   for (absl::string_view local : locals) param_copies_.erase(absl::StrCat(layer_, ".", local));
+  if (!gathers_on_use_) return absl::OkStatus();
+  for (absl::string_view local : locals) {
+    MW_ASSIGN_OR_RETURN(const int g, optimizer_.GroupOf(absl::StrCat(layer_, ".", local)));
+    if (gathered_.count(g) > 0) MW_RETURN_IF_ERROR(Drop(g));
+  }
   return absl::OkStatus();
 }
 
@@ -141,6 +167,8 @@ void LayerContext::Discard() {
   grad_copies_.clear();
   staged_.clear();
   reads_.clear();
+  gathered_.clear();  // the optimizer's AbortStep drops what they held
+  acquired_.clear();
 }
 
 }  // namespace memwall

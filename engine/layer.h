@@ -41,6 +41,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,16 @@ class LayerContext {
   // context holds (saved tensors, workspaces, unflushed gradient copies).
   void Discard();
 
+  // Gathering on use (Layer::UseGroups): Param and Grad gather the
+  // parameter's group (and acquire its gradients) if this context does not
+  // hold it yet; Release releases the groups of the parameters named,
+  // reducing their gradients first if they were acquired. Set by the engine.
+  void set_gathers_on_use(bool on) { gathers_on_use_ = on; }
+  bool gathers_on_use() const { return gathers_on_use_; }
+  // Engine side, after the layer's Forward or Backward: releases (reducing
+  // acquired gradients first) whatever group the layer left held.
+  absl::Status ReleaseGroups();
+
  private:
   struct Widened {
     ShardedOptimizer::View low;  // the parameter or gradient in its dtype
@@ -147,6 +158,10 @@ class LayerContext {
   };
   absl::StatusOr<Tensor> Widen(const ShardedOptimizer::View& view, absl::string_view full_name,
                                bool copy);
+  // Gathering on use: holds the group of `full_name` (gathered; its
+  // gradients acquired too if `gradients`); lets group g go.
+  absl::Status Hold(absl::string_view full_name, bool gradients);
+  absl::Status Drop(int g);
 
   Device& device_;
   Stream& stream_;
@@ -159,6 +174,8 @@ class LayerContext {
   std::map<std::string, Widened> grad_copies_;
   std::map<const Tensor*, Tensor> staged_;  // activation -> its f32 workspace
   std::vector<Tensor> reads_;
+  bool gathers_on_use_ = false;
+  std::set<int> gathered_, acquired_;  // groups held on use
 };
 
 class Layer {
@@ -216,6 +233,16 @@ class Layer {
   // Backward, in reverse order, each is gathered, its gradient buffer
   // acquired, reduced and released in turn.
   virtual bool UsesGroupsInTurn() const { return false; }
+  // Gathering on use (zero_optimization.stage3_gather_on_use): the sets of
+  // its parameters (local names, every one in exactly one set) that one
+  // operation reads together, such as a weight and its bias. A layer that
+  // returns them fetches each set's parameters (Param, Grad) only around
+  // the operation and then releases them (Release; FlushGradient first in
+  // backward), so the engine can gather a set right before the operation
+  // and release it (reducing its gradients, in backward) right after: the
+  // device then holds one set, not the layer's parameters. Empty: the
+  // layer's parameters are gathered for the whole layer.
+  virtual std::vector<std::vector<std::string>> UseGroups() const { return {}; }
   // Multiply-adds count two FLOPs.
   virtual double ForwardFlops(const std::vector<int64_t>& input) const = 0;
   virtual absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& input) = 0;

@@ -38,6 +38,41 @@ std::vector<float> InitialValues(const ParameterDecl& decl, const std::string& f
   return values;
 }
 
+// Whether `layer` gathers its parameters on use in this run
+// (zero_optimization.stage3_gather_on_use, engine/layer.h UseGroups).
+bool GathersOnUse(const Layer& layer, const ShardingOptions& options) {
+  return options.zero.stage3_gather_on_use && options.zero.stage == 3 && !layer.UseGroups().empty();
+}
+
+// The explicit group of each parameter of a layer that gathers on use:
+// "<layer>.<first parameter of its set>". kInvalidArgument naming the layer
+// when the sets do not cover its parameters exactly once, or a parameter
+// is frozen or already names a group.
+absl::StatusOr<std::map<std::string, std::string>> UseGroupNames(const Layer& layer) {
+  std::map<std::string, std::string> group_of;
+  for (const std::vector<std::string>& set : layer.UseGroups()) {
+    for (const std::string& local : set) {
+      if (!group_of.emplace(local, absl::StrCat(layer.name(), ".", set.front())).second) {
+        return absl::InvalidArgumentError(absl::StrCat("Trainer: layer '", layer.name(),
+                                                       "' lists '", local, "' in two use groups"));
+      }
+    }
+  }
+  const std::vector<ParameterDecl> decls = layer.Parameters();
+  for (const ParameterDecl& decl : decls) {
+    if (group_of.count(decl.name) == 0 || !decl.trainable || !decl.group.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Trainer: layer '", layer.name(), "' cannot gather '", decl.name,
+          "' on use (every trainable parameter in one use group, none naming a group of its own)"));
+    }
+  }
+  if (group_of.size() != decls.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Trainer: layer '", layer.name(), "' lists use groups of parameters it does not declare"));
+  }
+  return group_of;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
@@ -63,14 +98,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("Trainer: two layers are named '", layer->name(), "'"));
     }
+    std::map<std::string, std::string> use_groups;
+    if (GathersOnUse(*layer, options)) {
+      MW_ASSIGN_OR_RETURN(use_groups, UseGroupNames(*layer));
+    }
     for (const ParameterDecl& decl : layer->Parameters()) {
       const std::string full = absl::StrCat(layer->name(), ".", decl.name);
       // Meta holds no values: do not generate billions of them.
       std::vector<float> values =
           device.holds_bytes() ? InitialValues(decl, full, seed) : std::vector<float>();
-      const std::string group = !decl.group.empty() ? decl.group
-                                : decl.trainable    ? std::string()
-                                                    : absl::StrCat(layer->name(), " (frozen)");
+      const std::string group = !use_groups.empty()   ? use_groups.at(decl.name)
+                                : !decl.group.empty() ? decl.group
+                                : decl.trainable      ? std::string()
+                                                      : absl::StrCat(layer->name(), " (frozen)");
       if (group != pending_group) MW_RETURN_IF_ERROR(flush());
       pending_group = group;
       if (group.empty()) {
@@ -109,6 +149,7 @@ Trainer::Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<Los
     contexts_.push_back(
         std::make_unique<LayerContext>(device_, *stream_, *optimizer_, layer->name()));
     contexts_.back()->set_activation_dtype(activation_dtype);
+    contexts_.back()->set_gathers_on_use(GathersOnUse(*layer, optimizer_->config()));
     std::set<int> groups;
     for (const ParameterDecl& d : layer->Parameters()) {
       groups.insert(optimizer_->GroupOf(absl::StrCat(layer->name(), ".", d.name)).value());
@@ -211,6 +252,7 @@ absl::Status Trainer::Forward(Pass& pass) {
     ScopedPhase layer(profiler_, layers_[l]->name());
     const std::vector<int>& next = l + 1 < n ? groups_of_layer_[l + 1] : none;
     for (int g : groups_of_layer_[l]) {
+      if (contexts_[l]->gathers_on_use()) break;  // its Forward gathers them
       if (!pass.gathered.insert(g).second) continue;
       MW_RETURN_IF_ERROR(optimizer_->GatherParameters(g));
       if (layers_[l]->UsesGroupsInTurn() && std::find(next.begin(), next.end(), g) == next.end()) {
@@ -222,6 +264,7 @@ absl::Status Trainer::Forward(Pass& pass) {
     contexts_[l]->set_selective(segment.mode == SegmentMode::kSelective);
     MW_ASSIGN_OR_RETURN(pass.outputs[l], layers_[l]->Forward(*contexts_[l], pass.input_of(l)));
     MW_RETURN_IF_ERROR(contexts_[l]->ReleaseWorkspace());
+    MW_RETURN_IF_ERROR(contexts_[l]->ReleaseGroups());
     if (segment.mode == SegmentMode::kRecompute || segment.mode == SegmentMode::kOffload) {
       // Keep only the segment's last output: this layer's saved tensors,
       // and the previous output once this layer has read it, go now.
@@ -267,6 +310,7 @@ absl::Status Trainer::Recompute(Pass& pass, const Segment& segment, int l) {
   std::set<int> regathered;    // not those backward already holds
   for (int j = segment.begin; j < segment.end; ++j) {
     for (int g : groups_of_layer_[j]) {
+      if (contexts_[j]->gathers_on_use()) break;  // its Forward gathers them
       if (pass.gathered.insert(g).second) {
         MW_RETURN_IF_ERROR(optimizer_->GatherParameters(g));
         regathered.insert(g);
@@ -274,6 +318,7 @@ absl::Status Trainer::Recompute(Pass& pass, const Segment& segment, int l) {
     }
     MW_ASSIGN_OR_RETURN(pass.outputs[j], layers_[j]->Forward(*contexts_[j], pass.input_of(j)));
     MW_RETURN_IF_ERROR(contexts_[j]->ReleaseWorkspace());
+    MW_RETURN_IF_ERROR(contexts_[j]->ReleaseGroups());
     if (j < l) MW_RETURN_IF_ERROR(ReleaseUnread(pass, regathered, groups_of_layer_[j + 1]));
   }
   return absl::OkStatus();
@@ -295,6 +340,9 @@ absl::Status Trainer::Backward(Pass& pass, Tensor grad) {
     if (recomputed && l == segment.end - 1) MW_RETURN_IF_ERROR(Recompute(pass, segment, l));
     ScopedPhase layer(profiler_, layers_[l]->name());
     const bool by_group = layers_[l]->UsesGroupsInTurn();
+    // Gathering on use: the layer's Backward gathers, reduces and releases
+    // each of its groups around the operation that uses it.
+    const bool on_use = contexts_[l]->gathers_on_use();
     auto acquire = [&](int g) -> absl::Status {
       if (!opt.layout().groups[g].trainable || !acquired.insert(g).second) {
         return absl::OkStatus();
@@ -305,7 +353,7 @@ absl::Status Trainer::Backward(Pass& pass, Tensor grad) {
       return pass.gathered.insert(g).second ? opt.GatherParameters(g) : absl::OkStatus();
     };
     for (int g : groups_of_layer_[l]) {
-      if (by_group) continue;
+      if (by_group || on_use) continue;
       MW_RETURN_IF_ERROR(gather(g));
       MW_RETURN_IF_ERROR(acquire(g));
     }
@@ -313,8 +361,10 @@ absl::Status Trainer::Backward(Pass& pass, Tensor grad) {
                         layers_[l]->Backward(*contexts_[l], pass.input_of(l), grad));
     contexts_[l]->saved().clear();
     MW_RETURN_IF_ERROR(contexts_[l]->FlushGradients());
+    MW_RETURN_IF_ERROR(contexts_[l]->ReleaseGroups());
     pass.outputs[l] = Tensor();  // read by layer l + 1's backward, which has run
     grad = std::move(grad_input);
+    if (on_use) continue;
     // By group: in reverse registration order, as autograd reaches modules.
     std::vector<int> groups = groups_of_layer_[l];
     if (by_group) std::reverse(groups.begin(), groups.end());

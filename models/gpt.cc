@@ -124,6 +124,17 @@ class TransformerBlock final : public Layer {
             {"mlp_proj_weight", {4 * h, h}, ParameterDecl::Init::kNormal, proj},
             {"mlp_proj_bias", {h}, ParameterDecl::Init::kZeros, 0}};
   }
+  // Each weight with its bias (a layer norm's scale with its shift): the
+  // operations fetch them as these pairs (Params, Grads) and release them
+  // after (Release, done).
+  std::vector<std::vector<std::string>> UseGroups() const override {
+    std::vector<std::vector<std::string>> sets;
+    for (Names names : {Names(kLn1Names), Names(kQkvNames), Names(kProjNames), Names(kLn2Names),
+                        Names(kFcNames), Names(kMlpNames)}) {
+      sets.push_back({std::string(names[0]), std::string(names[1])});
+    }
+    return sets;
+  }
   absl::StatusOr<std::vector<int64_t>> OutputShape(const std::vector<int64_t>& in) const override {
     if (in.size() != 2 || in[1] != c_.hidden || in[0] < 1 || in[0] % c_.seq != 0) {
       return absl::InvalidArgumentError(absl::StrCat("layer '", name(), "': expected [batch * ",

@@ -86,6 +86,12 @@ struct ZeroConfig {
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   // Stage 3: prefetching stops while gathered groups hold this many elements.
   int64_t stage3_max_live_parameters = 1'000'000'000;
+  // Stage 3: a layer that can (Layer::UseGroups) gathers each set of
+  // parameters one operation uses (a weight and its bias) right before the
+  // operation and releases it right after, reducing its gradients there in
+  // backward, instead of holding all its parameters while it runs; the
+  // trainer then groups those parameters by use (engine/layer.h).
+  bool stage3_gather_on_use = false;
   // ZeRO-Offload (stages 1-3): this fraction of each shard keeps its f32
   // master weights and optimizer states in the device's pinned host pool
   // and is updated on the CPU; the rest stays on the device (DeepSpeed's

@@ -210,6 +210,19 @@ TEST_CASE("ZeRO-Offload keys: optimizer offload with a ratio; paging and NVMe re
         "got \"disk\"");
 }
 
+TEST_CASE("stage3_gather_on_use: key, round trip, refusal", "[config]") {
+  const Config c =
+      ParseConfig(R"({"zero_optimization": {"stage": 3, "stage3_gather_on_use": true}})").value();
+  CHECK(c.zero.stage3_gather_on_use);
+  CHECK(ParseConfig(ConfigToJson(c)).value().zero.stage3_gather_on_use);
+  CHECK_FALSE(ParseConfig("{}").value().zero.stage3_gather_on_use);
+  CHECK_THAT(ConfigToJson(ParseConfig("{}").value()), !Catch::Contains("gather_on_use"));
+  CHECK(Error(R"({"zero_optimization": {"stage": 2, "stage3_gather_on_use": true}})") ==
+        "zero_optimization.stage3_gather_on_use: expected stage 3 with it, got stage 2");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "stage3_gather_on_use": 1}})") ==
+        "zero_optimization.stage3_gather_on_use: expected a boolean, got 1");
+}
+
 TEST_CASE("parameters on NVMe: DeepSpeed's offload_param keys, round trip, refusals", "[config]") {
   const std::string base = R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "nvme", "nvme_path": "/opt"},

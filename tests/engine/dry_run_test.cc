@@ -34,6 +34,7 @@ struct Strategy {
   // With nvme and paging: the parameter shards past this many elements on
   // NVMe too (-1: none).
   int64_t params_max_in_cpu = -1;
+  bool gather_on_use = false;  // stage 3: block weights gathered per operation
 };
 
 // One step's books on `backend`: the device's (returned), the pinned
@@ -60,6 +61,7 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
   options.zero.offload_optimizer_ratio = s.offload_ratio;
   options.zero.offload_param = s.paging;
   options.zero.offload_overlap_step = s.overlap_step;
+  options.zero.stage3_gather_on_use = s.gather_on_use;
   if (s.nvme) {
     const char* dir = std::getenv("TEST_TMPDIR");
     options.zero.offload_nvme_path = dir != nullptr ? dir : "/tmp";
@@ -158,6 +160,14 @@ TEST_CASE("a meta step allocates, communicates and synchronises exactly as the h
        true, "gpt-tiny:layers=4", false, true, 20000},
       {"stage 3, f32, NVMe params + states, overlap", 3, false, 1.0f, true, "none", true,
        "gpt-tiny:layers=4", false, true, 0},
+      // Block weights gathered, reduced and released around their
+      // operations (prefetched ahead with overlap).
+      {"stage 3, bf16, gathered on use, overlap, sqrt", 3, true, 0, false, "sqrt", true,
+       "gpt-tiny:layers=4", false, false, -1, true},
+      {"stage 3, f32, gathered on use, selective", 3, false, 0, false, "selective", false,
+       "gpt-tiny:layers=4", false, false, -1, true},
+      {"stage 3, bf16, NVMe params, gathered on use, overlap, optimal", 3, true, 1.0f, true,
+       "optimal", true, "gpt-tiny:layers=4", false, true, 0, true},
   };
   for (const Strategy& s : strategies) {
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());

@@ -13,16 +13,19 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
-#include "tests/support/owner_peaks.h"
+#include "checkpointing/planner.h"
 #include "models/gpt.h"
 #include "models/layers.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/units.h"
 #include "tests/support/mpi_world.h"
+#include "tests/support/owner_peaks.h"
 
 namespace memwall {
 namespace {
@@ -181,6 +184,76 @@ TEST_CASE("gpt-tiny with its tied head trains the same on every stage and rank c
   }
 }
 
+TEST_CASE("gathering on use trains gpt-tiny bit for bit as whole-layer gathers, holding less",
+          "[trainer][gpt][gather_on_use]") {
+  const int n = World().world_size(), r = World().rank();
+  const GptConfig c = GptPreset("gpt-tiny").value();
+  auto batch = [&](Device& device, int step) {
+    Batch b;
+    b.input =
+        Tensor::Empty(device, DType::kF32, {2, c.seq}, MemoryCategory::kOther, "data").value();
+    b.target =
+        Tensor::Empty(device, DType::kF32, {2 * c.seq}, MemoryCategory::kOther, "data").value();
+    for (int64_t i = 0; i < 2 * c.seq; ++i) {
+      const int64_t t = (2 * r * c.seq + i) * 7 + step * 3;
+      b.input.data_as<float>()[i] = float(t % c.vocab);
+      b.target.data_as<float>()[i] = float((t + 5) % c.vocab);
+    }
+    return b;
+  };
+  for (bool bf16 : {false, true}) {
+    for (bool overlap : {false, true}) {
+      for (const char* planner : {"none", "full"}) {
+        INFO((bf16 ? "bf16" : "f32")
+             << ", overlap " << overlap << ", recomputation " << planner << ", " << n << " ranks");
+        std::vector<float> losses[2], weights[2];
+        int64_t parameter_peak[2] = {0, 0};
+        for (int on_use = 0; on_use < 2; ++on_use) {
+          auto device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
+          ShardingOptions o = Options(3, overlap);
+          // Clipping off: the global norm sums per group, and the groups
+          // differ (by use, or by layer and bucket); every other sum is
+          // the same, element by element.
+          o.gradient_clipping = 0;
+          o.bf16 = bf16;
+          o.zero.reduce_bucket_size = 60000;
+          // No prefetch: the peak then compares what each mode holds in
+          // use (a prefetch window holds the same either way).
+          o.zero.stage3_prefetch_bucket_size = 0;
+          o.zero.stage3_gather_on_use = on_use == 1;
+          auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(),
+                                         o, *device, World(), 3)
+                             .value();
+          const Chain chain = trainer->ChainFor({2, c.seq}).value();
+          REQUIRE(trainer->SetRecomputationPlan(MakePlan(chain, planner, {}).value(), chain).ok());
+          for (int k = 0; k < 4; ++k) {
+            Batch b = batch(*device, k);
+            losses[on_use].push_back(trainer->TrainStep({&b, 1}).value().loss);
+          }
+          weights[on_use] = Weights(*trainer);
+          parameter_peak[on_use] = device->allocator()
+                                       .stats()
+                                       .by_category[static_cast<int>(MemoryCategory::kParameter)]
+                                       .peak;
+          if (on_use == 1) {
+            // A group per weight and bias: 6 in each of the 2 blocks.
+            int per_use = 0;
+            for (const FlatGroup& g : trainer->optimizer().layout().groups) {
+              per_use += absl::StartsWith(g.name, "block");
+            }
+            CHECK(per_use == 12);
+          }
+        }
+        CHECK(losses[1] == losses[0]);
+        REQUIRE(weights[1].size() == weights[0].size());
+        CHECK(std::memcmp(weights[1].data(), weights[0].data(), weights[0].size() * 4) == 0);
+        // The device holds a block's weight at a time, not the whole block.
+        CHECK(parameter_peak[1] < parameter_peak[0]);
+      }
+    }
+  }
+}
+
 TEST_CASE("the loss falls", "[trainer]") {
   Run run = Start(Options(2, true), &World());
   float first = 0, last = 0;
@@ -322,6 +395,61 @@ TEST_CASE("a step waits on the device a constant number of times, whatever the d
       }
     }
   }
+}
+
+// A Linear layer that names use groups of its parameters as told.
+class UseGrouped final : public Layer {
+ public:
+  UseGrouped(std::vector<std::vector<std::string>> sets)
+      : Layer("fc"), linear_("fc", 4, 4), sets_(std::move(sets)) {}
+  std::vector<ParameterDecl> Parameters() const override { return linear_.Parameters(); }
+  std::vector<std::vector<std::string>> UseGroups() const override { return sets_; }
+  absl::StatusOr<std::vector<int64_t>> OutputShape(const std::vector<int64_t>& in) const override {
+    return linear_.OutputShape(in);
+  }
+  int64_t ActivationBytes(const std::vector<int64_t>& in, DType dtype) const override {
+    return linear_.ActivationBytes(in, dtype);
+  }
+  double ForwardFlops(const std::vector<int64_t>& in) const override {
+    return linear_.ForwardFlops(in);
+  }
+  absl::StatusOr<Tensor> Forward(LayerContext& ctx, const Tensor& x) override {
+    return linear_.Forward(ctx, x);
+  }
+  absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor& x, const Tensor& dy) override {
+    return linear_.Backward(ctx, x, dy);
+  }
+
+ private:
+  Linear linear_;
+  const std::vector<std::vector<std::string>> sets_;
+};
+
+TEST_CASE("gathering on use refuses use groups that do not cover a layer's parameters once",
+          "[trainer][gather_on_use][errors]") {
+  auto device = CreateDevice({Backend::kHost, 0, 64 * kMiB}).value();
+  auto comm = SimulatedCommunicator::Create(0, 1).value();
+  ShardingOptions o = Options(3, false);
+  o.zero.stage3_gather_on_use = true;
+  const auto create = [&](std::vector<std::vector<std::string>> sets) {
+    std::vector<std::unique_ptr<Layer>> layers;
+    layers.push_back(std::make_unique<UseGrouped>(std::move(sets)));
+    return Trainer::Create(std::move(layers), std::make_unique<MseLoss>(), o, *device, *comm, 7)
+        .status();
+  };
+  CHECK(create({{"weight", "bias"}}).ok());
+  CHECK(create({{"weight"}, {"bias"}}).ok());
+  CHECK(create({{"weight"}, {"weight", "bias"}}).message() ==
+        "Trainer: layer 'fc' lists 'weight' in two use groups");
+  CHECK(create({{"weight"}}).message() ==
+        "Trainer: layer 'fc' cannot gather 'bias' on use (every trainable parameter in one use "
+        "group, none naming a group of its own)");
+  CHECK(create({{"weight", "bias", "scale"}}).message() ==
+        "Trainer: layer 'fc' lists use groups of parameters it does not declare");
+  // Below stage 3 the layer gathers nothing on use: its groups are the
+  // engine's, whatever it lists.
+  o.zero.stage = 2;
+  CHECK(create({{"weight"}}).ok());
 }
 
 TEST_CASE("the trainer rejects what it cannot run, by name", "[trainer][errors]") {
