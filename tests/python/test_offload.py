@@ -14,8 +14,9 @@ def train(zero, tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
                                 torch.nn.Linear(64, 4))
     reference = copy.deepcopy(model)
-    if zero.get("offload_optimizer", {}).get("device") == "nvme":
-        zero["offload_optimizer"]["nvme_path"] = str(tmp_path)
+    for key in ("offload_optimizer", "offload_param"):
+        if zero.get(key, {}).get("device") == "nvme":
+            zero[key]["nvme_path"] = str(tmp_path)
     config = {"zero_optimization": zero,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
     opt = mt.ZeroOptimizer(model, None, config)
@@ -66,6 +67,25 @@ def test_the_nvme_tier_keeps_the_optimizer_state_in_a_file(tmp_path):
     assert pinned == {"gradient": 4 * n}
     files = list(tmp_path.glob("memwall-optimizer-*.bin"))
     assert len(files) == 1 and files[0].stat().st_size >= 12 * n
+
+
+@pytest.mark.parametrize("buffers", [1, 3])
+def test_parameters_on_nvme_leave_the_host_only_buffers(tmp_path, buffers):
+    """offload_param on "nvme" (with the optimizer there too): the same
+    training as torch's AdamW; at rest the device holds nothing, and pinned
+    memory the staged gradients and the page buffers only, each page the
+    largest shard in whole 4096-byte blocks."""
+    opt, groups, device, pinned = train(
+        {"stage": 3, "overlap_comm": True, "offload_optimizer": {"device": "nvme"},
+         "offload_param": {"device": "nvme", "max_in_cpu": 0, "buffer_count": buffers}},
+        tmp_path)
+    n = [g["padded_numel"] for g in groups]
+    page = max((4 * e + 4095) // 4096 * 4096 for e in n)
+    assert device == {}
+    assert pinned == {"gradient": 4 * sum(n), "workspace": buffers * page + 4096}
+    files = list(tmp_path.glob("memwall-params-*.bin"))
+    assert len(files) == 1
+    assert files[0].stat().st_size == sum(2 * ((4 * e + 4095) // 4096 * 4096) for e in n)
 
 
 @pytest.mark.parametrize("device", ["cpu", "nvme"])
