@@ -123,13 +123,13 @@ std::string Binds(const Row& row, int64_t batch, int64_t hidden) {
 // them. With the optimizer offloaded at stages 2-3 gradients stream to the
 // host (2 bytes there, none on the device); paging moves the bf16 weights
 // there too; the NVMe tier keeps the 12 bytes of states twice on disk, and
-// with parameters on NVMe their 2 bytes twice as well, leaving the host the
-// streamed gradients' 2 bytes.
+// with parameters on NVMe their 2 bytes twice as well and the gradients' 2
+// once, leaving the host only buffers (no bound).
 double Bound(const Row& row) {
   const double device = 32.0 * kGiB, host = double(row.host_bytes), n = row.gpus;
   if (row.nvme) {
     const double disk = double(row.nvme_bytes);
-    if (row.nvme_params) return std::min(disk / 28.0, host / 2.0) * n;
+    if (row.nvme_params) return disk / 30.0 * n;
     return std::min(disk / 24.0, host / 4.0) * n;
   }
   if (row.paging) return host / 16.0 * n;

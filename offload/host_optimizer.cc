@@ -27,10 +27,17 @@ absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
   std::unique_ptr<HostOptimizerSlice> slice(new HostOptimizerSlice(
       device, rule, momentum, param_dtype, numel, std::string(owner), speculative && !store,
       options.threads > 0 ? options.threads : kernels::cpu::CpuThreads()));
-  MW_ASSIGN_OR_RETURN(slice->grads_,
-                      device.AllocatePinned(numel * DTypeSize(param_dtype),
-                                            MemoryCategory::kGradient,
-                                            absl::StrCat(owner, ".grad_host")));
+  if (options.gradients_on_nvme && store == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("offloaded optimizer states of '", owner,
+                                                   "': gradients on NVMe need the NVMe tier"));
+  }
+  if (options.gradients_on_nvme) {
+    MW_ASSIGN_OR_RETURN(slice->grad_slot_, store->AddScratchSlot(numel * DTypeSize(param_dtype)));
+  } else {
+    MW_ASSIGN_OR_RETURN(slice->grads_, device.AllocatePinned(numel * DTypeSize(param_dtype),
+                                                             MemoryCategory::kGradient,
+                                                             absl::StrCat(owner, ".grad_host")));
+  }
   const size_t bytes = numel * sizeof(float);
   if (store != nullptr) {
     if (options.nvme_buffer_count < 1 || options.nvme_buffer_bytes < 1) {
@@ -144,6 +151,12 @@ absl::Status HostOptimizerSlice::ReadState(int which, int64_t begin, int64_t cou
 }
 
 absl::Status HostOptimizerSlice::StageGradients(Stream& stream, const void* grads) {
+  if (grad_slot_ >= 0) {
+    // Streamed reductions only (AccumulateGradients): a slice whose
+    // parameters are on NVMe has no gradient shard on the device.
+    return absl::InternalError(
+        absl::StrCat("gradients of '", owner_, "': staged whole, but they stream to NVMe"));
+  }
   MW_RETURN_IF_ERROR(device_.CopyAsync(grads_.data(), grads, numel_ * DTypeSize(dtype_), stream));
   staged_ = true;
   return absl::OkStatus();
@@ -156,18 +169,60 @@ absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void*
     return absl::OutOfRangeError(absl::StrCat("gradients of '", owner_, "': elements [", begin,
                                               ", ", begin + count, ") of ", numel_));
   }
+  char* base = static_cast<char*>(grads_.data());
+  if (grad_slot_ >= 0) {
+    // Gradients on NVMe: the reduction lands in a buffer of its own, which
+    // holds the sum of the earlier micro-batches first.
+    if (landing_.first.empty()) {
+      MW_ASSIGN_OR_RETURN(landing_, Aligned(store_->rounded_bytes(grad_slot_), ".grad_landing"));
+      if (!first) MW_RETURN_IF_ERROR(store_->Read(grad_slot_, landing_.second));
+    }
+    base = landing_.second;
+  }
   MW_ASSIGN_OR_RETURN(DeviceBuffer incoming,
                       device_.AllocatePinned(count * DTypeSize(dtype), MemoryCategory::kWorkspace,
                                              absl::StrCat(owner_, ".grad_incoming")));
   MW_RETURN_IF_ERROR(device_.CopyAsync(incoming.data(), grads, count * DTypeSize(dtype), stream));
   MW_RETURN_IF_ERROR(stream.Synchronize());
   if (device_.holds_bytes()) {
-    char* landing = static_cast<char*>(grads_.data()) + begin * DTypeSize(dtype_);
+    char* landing = base + begin * DTypeSize(dtype_);
     if (first) std::memset(landing, 0, count * DTypeSize(dtype_));  // +0 in every dtype
     kernels::cpu::Kernels().accumulate(incoming.data(), dtype, landing, dtype_, count);
   }
   staged_ = true;
+  if (grad_slot_ < 0) return absl::OkStatus();
+  landed_ += count;
+  if (landed_ < numel_) return absl::OkStatus();
+  // Complete: scanned now (the step's check reads the last one), written
+  // out, and the buffer goes.
+  if (device_.holds_bytes()) {
+    const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
+    landed_scan_.nonfinite = cpu.has_inf_or_nan(base, dtype_, numel_);
+    landed_scan_.squares = cpu.sum_of_squares(base, dtype_, numel_);
+  }
+  MW_RETURN_IF_ERROR(store_->Write(grad_slot_, base));
+  landing_ = {};
+  landed_ = 0;
   return absl::OkStatus();
+}
+
+kernels::GradientScan::Result HostOptimizerSlice::ScanGradients(bool nonfinite,
+                                                                bool squares) const {
+  kernels::GradientScan::Result r;
+  if (!device_.holds_bytes()) return r;
+  if (grad_slot_ >= 0) {
+    r.nonfinite = nonfinite && landed_scan_.nonfinite;
+    r.squares = squares ? landed_scan_.squares : 0.0;
+    return r;
+  }
+  const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
+  if (nonfinite) r.nonfinite = cpu.has_inf_or_nan(grads_.data(), dtype_, numel_);
+  if (squares) r.squares = cpu.sum_of_squares(grads_.data(), dtype_, numel_);
+  return r;
+}
+
+int64_t HostOptimizerSlice::grad_buffer_bytes() const {
+  return grad_slot_ < 0 ? 0 : store_->rounded_bytes(grad_slot_) + NvmeStore::kAlignment;
 }
 
 int64_t HostOptimizerSlice::scratch_bytes() const {
@@ -207,6 +262,16 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
     MW_ASSIGN_OR_RETURN(buffers, Aligned(count * BufferBytes(), ".nvme_buffers"));
   }
   MW_RETURN_IF_ERROR(stream.Synchronize());  // the staged gradients have landed
+  // Gradients on NVMe: read back whole (on meta the store counts it).
+  void* staged = grads_.data();
+  if (grad_slot_ >= 0) {
+    if (args.grad_buffer == nullptr && device_.holds_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("offloaded optimizer states of '", owner_,
+                                                     "': gradients on NVMe need a grad_buffer"));
+    }
+    staged = args.grad_buffer;
+    MW_RETURN_IF_ERROR(store_->Read(grad_slot_, staged));
+  }
   if (!device_.holds_bytes()) {
     // Meta: accounting only; the NVMe tier's virtual store counts the
     // chunks' transfers as a real update makes them.
@@ -219,9 +284,9 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
     return absl::OkStatus();
   }
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
-  float* g = static_cast<float*>(grads_.data());
+  float* g = static_cast<float*>(staged);
   if (!wide) {
-    cpu.cast(grads_.data(), dtype_, grads32, DType::kF32, numel_);
+    cpu.cast(staged, dtype_, grads32, DType::kF32, numel_);
     g = grads32;
   }
   if (store_ != nullptr) return UpdateFromNvme(args.segments, g, params, buffers.second);

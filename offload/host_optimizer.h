@@ -40,6 +40,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/elementwise.h"
+#include "kernels/ops.h"
 #include "offload/nvme_store.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -73,6 +74,12 @@ class HostOptimizerSlice final : public StateTier {
     // Threads of the CPU update (0: MEMWALL_CPU_THREADS,
     // kernels/cpu/parallel.h).
     int threads = 0;
+    // NVMe tier: the gradients go to a scratch slot of the file too (when
+    // the parameters are on NVMe, so host memory holds buffers only): each
+    // reduction lands in a pinned buffer of the slice's size (read back
+    // first to accumulate a later micro-batch) and is written out once
+    // complete; Update reads them into UpdateArgs::grad_buffer.
+    bool gradients_on_nvme = false;
   };
   static absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> Create(
       Device& device, Rule rule, bool momentum, DType param_dtype, int64_t numel,
@@ -139,14 +146,26 @@ class HostOptimizerSlice final : public StateTier {
   // added. kOutOfRange if the range is not within numel().
   absl::Status AccumulateGradients(Stream& stream, const void* grads, DType dtype, bool first,
                                    int64_t begin, int64_t count);
-  // The landing buffer (host memory; valid once `stream` has run the copy).
+  // Whether the staged gradients hold an inf or nan, and their sum of
+  // squares (each computed only if asked), as the CPU kernels scan the
+  // landing buffer; with the gradients on NVMe, as they scanned it when the
+  // last reduction completed. Nothing is computed on meta.
+  kernels::GradientScan::Result ScanGradients(bool nonfinite, bool squares) const;
+  // The pinned landing buffer (host memory; valid once `stream` has run
+  // the copy); null with the gradients on NVMe.
   const void* gradients() const { return grads_.data(); }
+  // Gradients on NVMe: the pinned bytes UpdateArgs::grad_buffer needs (0
+  // otherwise).
+  int64_t grad_buffer_bytes() const;
 
   // Forgets staged gradients (a skipped step) and an uncommitted update
   // (two-phase tiers: the current state stays as it was).
   void DropGradients() {
     staged_ = false;
     pending_ = nullptr;
+    landing_ = {};
+    landed_ = 0;
+    landed_scan_ = {};
   }
   bool staged() const { return staged_; }
 
@@ -202,6 +221,13 @@ class HostOptimizerSlice final : public StateTier {
   // writes and Commit swaps in.
   DeviceBuffer spare_[3];
   DeviceBuffer grads_;   // the landing buffer, parameter dtype
+  // Gradients on NVMe: their scratch slot, the reduction landing now (its
+  // buffer and aligned address) and its elements so far, and the scan of
+  // the last complete one.
+  int grad_slot_ = -1;
+  std::pair<DeviceBuffer, char*> landing_;
+  int64_t landed_ = 0;
+  kernels::GradientScan::Result landed_scan_;
   const void* pending_ = nullptr;  // refreshed parameters (in the caller's scratch)
   bool staged_ = false;
 };

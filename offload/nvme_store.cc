@@ -63,15 +63,20 @@ NvmeStore::~NvmeStore() {
   ::unlink(path_.c_str());
 }
 
-absl::StatusOr<int> NvmeStore::AddSlot(int64_t bytes) {
+absl::StatusOr<int> NvmeStore::AddSlot(int64_t bytes) { return Add(bytes, 2); }
+
+absl::StatusOr<int> NvmeStore::AddScratchSlot(int64_t bytes) { return Add(bytes, 1); }
+
+absl::StatusOr<int> NvmeStore::Add(int64_t bytes, int copies) {
   Slot slot;
   slot.bytes = bytes;
   slot.rounded = RoundUp(bytes);
   slot.offset = size_;
+  slot.copies = copies;
   // Reserve the blocks now: a full disk shows here, not in a later write.
-  const int error = fd_ < 0 ? 0 : ::posix_fallocate(fd_, size_, 2 * slot.rounded);
-  if (error != 0) return Errno(error, path_, "cannot reserve space for optimizer state");
-  size_ += 2 * slot.rounded;
+  const int error = fd_ < 0 ? 0 : ::posix_fallocate(fd_, size_, copies * slot.rounded);
+  if (error != 0) return Errno(error, path_, "cannot reserve space for a slot");
+  size_ += copies * slot.rounded;
   slots_.push_back(slot);
   return static_cast<int>(slots_.size()) - 1;
 }
@@ -90,7 +95,7 @@ NvmeStore::Pending NvmeStore::WritePart(int slot, int64_t offset, int64_t bytes,
   s.pending = false;  // the spare copy is being rewritten
   bytes_written_ += bytes;
   if (fd_ < 0) return Pending{};
-  const int64_t at = s.offset + (1 - s.committed) * s.rounded + offset;
+  const int64_t at = s.offset + (s.copies == 2 ? 1 - s.committed : 0) * s.rounded + offset;
   void* buffer = const_cast<void*>(src);
   if (fail_after_ >= 0 && fail_after_ < bytes) {
     // Injected failure: the first part lands (whole aligned blocks), then
@@ -136,6 +141,7 @@ absl::Status NvmeStore::Write(int slot, const void* src) {
 
 absl::Status NvmeStore::Commit(int slot) {
   Slot& s = slots_[slot];
+  if (s.copies == 1) return absl::OkStatus();
   if (!s.pending) {
     return absl::FailedPreconditionError(
         absl::StrCat("NVMe store ", path_, ": slot ", slot, " has no written copy to commit"));

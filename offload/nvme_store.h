@@ -59,6 +59,10 @@ class NvmeStore {
   // reserves its disk space now, so a full disk fails here
   // (kResourceExhausted naming the file) rather than mid-training.
   absl::StatusOr<int> AddSlot(int64_t bytes);
+  // A slot of one copy, rewritten in place (WritePart, Write), for data
+  // that needs no last committed version (a step's gradients): Commit
+  // changes nothing, and a failed write leaves it partly written.
+  absl::StatusOr<int> AddScratchSlot(int64_t bytes);
   int64_t slot_bytes(int slot) const { return slots_[slot].bytes; }
   int64_t rounded_bytes(int slot) const { return slots_[slot].rounded; }
 
@@ -109,7 +113,9 @@ class NvmeStore {
     int64_t offset = 0;     // of copy 0; copy 1 follows
     int committed = 0;      // which copy holds the state
     bool pending = false;   // the other copy holds a newer, uncommitted write
+    int copies = 2;         // 1: a scratch slot
   };
+  absl::StatusOr<int> Add(int64_t bytes, int copies);
   NvmeStore(std::string path, int fd, bool direct, std::unique_ptr<AioEngine> aio)
       : path_(std::move(path)), fd_(fd), direct_(direct), aio_(std::move(aio)) {}
 

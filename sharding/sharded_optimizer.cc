@@ -263,6 +263,8 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
   options.nvme_buffer_bytes =
       config_.aio.block_size * config_.aio.queue_depth * config_.aio.thread_count;
   options.nvme_buffer_count = config_.zero.offload_buffer_count;
+  // Parameters on NVMe: the gradients too, so host memory holds buffers.
+  options.gradients_on_nvme = param_store_ != nullptr;
   options.speculative = overlaps_update();  // pinned tier: a spare copy
   options.threads = config_.zero.offload_cpu_threads;
   MW_ASSIGN_OR_RETURN(group.host, HostOptimizerSlice::Create(device_, rule, momentum, dtype, k,
@@ -1174,10 +1176,7 @@ absl::StatusOr<ShardedOptimizer::GradientCheck> ShardedOptimizer::CheckGradients
       MW_RETURN_IF_ERROR(scan->Add(UpdateGradients(flat, groups_[g]), dtype, n));
     } else if (device_.holds_bytes()) {
       // The gradients are on the host (every reduction has run: Step()).
-      const void* grads = groups_[g].host->gradients();
-      const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
-      if (need_overflow) host[g].nonfinite = cpu.has_inf_or_nan(grads, dtype, n);
-      if (need_norm) host[g].squares = cpu.sum_of_squares(grads, dtype, n);
+      host[g] = groups_[g].host->ScanGradients(need_overflow, need_norm);
     }
   }
   MW_ASSIGN_OR_RETURN(const std::vector<kernels::GradientScan::Result> scanned, scan->Finish());
@@ -1245,6 +1244,8 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   StateTier::UpdateArgs args;
   args.device_scratch = workspace.widened.data();
   const std::vector<StateTier::Segment> hyper = StepHyperparameters(grad_scale);
+  // Gradients on NVMe (with the parameters there) are read into this.
+  args.grad_buffer = NvmeStore::AlignUp(workspace.grad_buffer.data());
   std::vector<StateTier::Segment> segments;
   // Tiers that update without touching their current state (NVMe) commit
   // after every group has updated; the others at once (Note [State tiers]).
@@ -1338,10 +1339,11 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
     // Per offloaded group, indexed by group, its refreshed parameters (held
     // until every group has updated); one f32 widening buffer, shared.
     w.host_scratch.resize(groups_.size());
-    int64_t largest = 0, on_nvme = 0;
+    int64_t largest = 0, on_nvme = 0, grads = 0;
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].host == nullptr) continue;
       largest = std::max(largest, groups_[g].host->numel());
+      grads = std::max(grads, groups_[g].host->grad_buffer_bytes());
       if (groups_[g].param_slot >= 0) {
         // Written to the file before the next group updates: shared.
         on_nvme = std::max(on_nvme, param_store_->rounded_bytes(groups_[g].param_slot));
@@ -1356,6 +1358,10 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
       MW_ASSIGN_OR_RETURN(w.host_widened,
                           device_.AllocatePinned(largest * 4, MemoryCategory::kWorkspace,
                                                  "optimizer.host_grad_f32"));
+    }
+    if (grads > 0) {
+      MW_ASSIGN_OR_RETURN(w.grad_buffer, device_.AllocatePinned(grads, MemoryCategory::kWorkspace,
+                                                                "optimizer.grad_buffer"));
     }
     if (on_nvme > 0) {
       MW_ASSIGN_OR_RETURN(w.param_scratch, device_.AllocatePinned(on_nvme + NvmeStore::kAlignment,

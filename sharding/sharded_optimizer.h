@@ -118,7 +118,9 @@
 // shard in one shared pinned scratch, which is written to the shard's spare
 // copy at once; the step commits the parameters' copies with the optimizer
 // tier's, after every group has updated and been written, so a failed write
-// changes neither file. Host memory then holds buffers, not shards.
+// changes neither file. The gradients go to the optimizer tier's file as
+// each reduction completes (offload/host_optimizer.h, gradients_on_nvme).
+// Host memory then holds buffers, not shards.
 //
 // The parts behind this class, one concern each: the flat layout of
 // groups and shards (flat_layout.h), the gather order and prefetch
@@ -548,8 +550,10 @@ class ShardedOptimizer {
     std::vector<DeviceBuffer> host_scratch;
     DeviceBuffer host_widened;
     // Parameters on NVMe: one scratch for the refreshed shard, aligned
-    // for the file (written before the next group updates).
+    // for the file (written before the next group updates), and one buffer
+    // the gradients (on NVMe too) are read into.
     DeviceBuffer param_scratch;
+    DeviceBuffer grad_buffer;
   };
   absl::StatusOr<UpdateWorkspace> AllocateUpdateWorkspace(bool two_phase);
   // Overlapped update: whether this optimizer overlaps it; hands group

@@ -65,6 +65,10 @@ class StateTier {
     // HostOptimizerSlice::nvme_buffers_bytes() the state streams through,
     // so that the update allocates nothing (an update on another thread).
     void* nvme_buffers = nullptr;
+    // Host tier with its gradients on NVMe: pinned memory of
+    // HostOptimizerSlice::grad_buffer_bytes(), kAlignment-aligned, they
+    // are read into.
+    void* grad_buffer = nullptr;
     // Device scratch for numel() f32 gradients (device tier, 16-bit runs).
     void* device_scratch = nullptr;
   };
