@@ -65,7 +65,8 @@ def test_a_model_moved_out_of_memwalls_memory():
     ({"zero_optimization": {"stagee": 1}},
      "INVALID_ARGUMENT: zero_optimization.stagee: unknown key (known here: "
      "allgather_bucket_size, offload_optimizer, offload_param, overlap_comm, "
-     "reduce_bucket_size, stage, stage3_max_live_parameters, stage3_prefetch_bucket_size)"),
+     "reduce_bucket_size, stage, stage3_gather_on_use, stage3_max_live_parameters, "
+     "stage3_prefetch_bucket_size)"),
 ])
 def test_a_config_it_cannot_honour(config, message):
     model = mlp()
