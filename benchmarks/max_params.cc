@@ -15,16 +15,17 @@
 // figure where one exists.
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/dry_run.h"
-#include "models/spec.h"
 #include "engine/config.h"
+#include "engine/dry_run.h"
 #include "models/gpt.h"
+#include "models/spec.h"
 #include "runtime/units.h"
 
 namespace memwall {
@@ -47,10 +48,14 @@ struct Row {
   int64_t nvme_bytes = 4 * 1024 * kGiB;  // per GPU, with nvme
 };
 
-std::string Spec(int64_t hidden) {
+std::string Spec(int64_t hidden, int64_t tiles = 1) {
   return absl::StrCat("gpt:layers=", hidden / 128, ",hidden=", hidden, ",heads=", hidden / 128,
-                      ",seq=1024");
+                      ",seq=1024", tiles > 1 ? absl::StrCat(",tiles=", tiles) : "");
 }
+
+// The tile counts a row with parameters on NVMe tries (memory-centric
+// tiling: the fewest that fit).
+constexpr int64_t kTiles[] = {1, 2, 4, 8, 16, 32, 64};
 
 int64_t Parameters(int64_t hidden) {
   GptConfig c = GptShapeForParameters(1e9);
@@ -60,7 +65,7 @@ int64_t Parameters(int64_t hidden) {
   return GptParameterCount(c);
 }
 
-absl::StatusOr<DryRunResult> Try(const Row& row, int64_t batch, int64_t hidden) {
+absl::StatusOr<DryRunResult> Try(const Row& row, int64_t batch, int64_t hidden, int64_t tiles = 1) {
   Config config;
   config.bf16 = true;
   config.optimizer.adamw = true;
@@ -82,7 +87,7 @@ absl::StatusOr<DryRunResult> Try(const Row& row, int64_t batch, int64_t hidden) 
   config.activation_checkpointing.planner = row.planner;
   config.activation_checkpointing.offload = row.activation_offload;
   DryRunOptions options;
-  options.model = SpecModel(Spec(hidden));
+  options.model = SpecModel(Spec(hidden, tiles));
   options.gpus = row.gpus;
   options.device_bytes = 32 * kGiB;
   options.host_bytes = row.host_bytes;
@@ -91,9 +96,19 @@ absl::StatusOr<DryRunResult> Try(const Row& row, int64_t batch, int64_t hidden) 
   return DryRun(options, config);
 }
 
+// The fewest tiles with which `hidden` fits (rows with parameters on NVMe
+// try kTiles; the others untiled); 0 if none.
+int64_t TilesThatFit(const Row& row, int64_t batch, int64_t hidden) {
+  for (int64_t tiles : kTiles) {
+    if (tiles > 1 && !row.nvme_params) break;
+    const absl::StatusOr<DryRunResult> r = Try(row, batch, hidden, tiles);
+    if (r.ok() && r->fits) return tiles;
+  }
+  return 0;
+}
+
 bool Fits(const Row& row, int64_t batch, int64_t hidden) {
-  const absl::StatusOr<DryRunResult> r = Try(row, batch, hidden);
-  return r.ok() && r->fits;
+  return TilesThatFit(row, batch, hidden) > 0;
 }
 
 // The most hidden (a multiple of 128) that fits, by bisection; 0 if none.
@@ -108,9 +123,11 @@ int64_t Largest(const Row& row, int64_t batch) {
   return 128 * lo;
 }
 
-// What stops the next size up: its plan's "no (...)" reason.
+// What stops the next size up: its plan's "no (...)" reason (with the
+// most tiles the row tries).
 std::string Binds(const Row& row, int64_t batch, int64_t hidden) {
-  const absl::StatusOr<DryRunResult> r = Try(row, batch, hidden + 128);
+  const int64_t tiles = row.nvme_params ? kTiles[std::size(kTiles) - 1] : 1;
+  const absl::StatusOr<DryRunResult> r = Try(row, batch, hidden + 128, tiles);
   if (!r.ok()) return std::string(r.status().message());
   std::string why = r->fits_text;
   if (absl::StartsWith(why, "no (") && absl::EndsWith(why, ")")) why = why.substr(4, why.size() - 5);
@@ -198,7 +215,11 @@ int Main(const std::string& only) {
     const int64_t h1 = Largest(row, 1), h8 = Largest(row, 8);
     const double p1 = h1 > 0 ? double(Parameters(h1)) : 0.0;
     const double p8 = h8 > 0 ? double(Parameters(h8)) : 0.0;
-    std::printf("%-60s %9.2fB %9.2fB %7.0f%%  %-40s %s\n", row.name.c_str(), p1 / 1e9, p8 / 1e9,
+    std::string name = row.name;
+    if (row.nvme_params && h1 > 0) {
+      absl::StrAppend(&name, " [tiles ", TilesThatFit(row, 1, h1), "]");
+    }
+    std::printf("%-60s %9.2fB %9.2fB %7.0f%%  %-40s %s\n", name.c_str(), p1 / 1e9, p8 / 1e9,
                 100.0 * p1 / Bound(row), Binds(row, 1, h1).c_str(), row.published.c_str());
     std::fflush(stdout);
   }

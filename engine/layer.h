@@ -68,6 +68,13 @@ struct ParameterDecl {
   // consecutive in the model and all trainable or all frozen. Empty: the
   // engine groups by layer and reduce bucket.
   std::string group;
+  // Non-empty: a tile of a larger parameter of this layer (the local name
+  // here, of shape `whole_shape`, 2-D), columns [column, column + shape[1])
+  // of it; kNormal values are those columns of the values the whole
+  // parameter would get, so a tiled model starts where the untiled one does.
+  std::string tile_of;
+  std::vector<int64_t> whole_shape;
+  int64_t column = 0;
 };
 
 // What a layer sees while it runs. Owned by the engine; one per layer.

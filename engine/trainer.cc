@@ -24,13 +24,26 @@ uint64_t NameSeed(const std::string& name, uint64_t seed) {
   return h;
 }
 
-std::vector<float> InitialValues(const ParameterDecl& decl, const std::string& full_name,
+// The initial values of `decl`, a parameter of layer `layer`.
+std::vector<float> InitialValues(const ParameterDecl& decl, const std::string& layer,
                                  uint64_t seed) {
+  const std::string full_name = absl::StrCat(layer, ".", decl.name);
   int64_t n = 1;
   for (int64_t d : decl.shape) n *= d;
   std::vector<float> values(n, 0.0f);
   if (decl.init == ParameterDecl::Init::kOnes) std::fill(values.begin(), values.end(), 1.0f);
-  if (decl.init == ParameterDecl::Init::kNormal) {
+  if (decl.init == ParameterDecl::Init::kNormal && !decl.tile_of.empty()) {
+    // A tile: its columns of the whole parameter's values.
+    ParameterDecl whole = decl;
+    whole.name = decl.tile_of;
+    whole.shape = decl.whole_shape;
+    whole.tile_of.clear();
+    const std::vector<float> all = InitialValues(whole, layer, seed);
+    const int64_t rows = decl.shape[0], cols = decl.shape[1], stride = decl.whole_shape[1];
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(all.begin() + r * stride + decl.column, cols, values.begin() + r * cols);
+    }
+  } else if (decl.init == ParameterDecl::Init::kNormal) {
     std::mt19937_64 rng(NameSeed(full_name, seed));
     std::normal_distribution<float> normal(0.0f, decl.stddev);
     for (float& v : values) v = normal(rng);
@@ -106,7 +119,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       const std::string full = absl::StrCat(layer->name(), ".", decl.name);
       // Meta holds no values: do not generate billions of them.
       std::vector<float> values =
-          device.holds_bytes() ? InitialValues(decl, full, seed) : std::vector<float>();
+          device.holds_bytes() ? InitialValues(decl, layer->name(), seed) : std::vector<float>();
       const std::string group = !use_groups.empty()   ? use_groups.at(decl.name)
                                 : !decl.group.empty() ? decl.group
                                 : decl.trainable      ? std::string()

@@ -16,26 +16,6 @@
 namespace memwall {
 namespace {
 
-// y[rows, out] = x[rows, in] W[in, out] + b.
-absl::Status Affine(LayerContext& ctx, const float* x, const float* w, const float* b,
-                    int64_t rows, int64_t in, int64_t out, float* y) {
-  MW_RETURN_IF_ERROR(kernels::BroadcastRows(ctx.device(), ctx.stream(), b, rows, out, y));
-  return kernels::Gemm(ctx.device(), ctx.stream(), false, false, rows, out, in, 1.0f, x, in, w,
-                       out, 1.0f, y, out);
-}
-
-// dW += x^T dy, db += colsum(dy), dx = dy W^T.
-absl::Status AffineBackward(LayerContext& ctx, const float* x, const float* w, const float* dy,
-                            int64_t rows, int64_t in, int64_t out, float* dw, float* db,
-                            float* dx) {
-  Device& d = ctx.device();
-  MW_RETURN_IF_ERROR(
-      kernels::Gemm(d, ctx.stream(), true, false, in, out, rows, 1.0f, x, in, dy, out, 1.0f, dw, out));
-  MW_RETURN_IF_ERROR(kernels::ColumnSum(d, ctx.stream(), dy, rows, out, db));
-  return kernels::Gemm(d, ctx.stream(), false, true, rows, in, out, 1.0f, dy, out, w, out, 0.0f,
-                       dx, in);
-}
-
 // y += x (n elements).
 absl::Status AddInto(LayerContext& ctx, const float* x, float* y, int64_t n) {
   return kernels::Axpy(ctx.device(), ctx.stream(), 1.0f, x, y, n);
@@ -111,27 +91,48 @@ class TransformerBlock final : public Layer {
     const int64_t h = c_.hidden;
     // GPT-2: residual projections scaled by 1/sqrt(2 * layers).
     const float proj = 0.02f / std::sqrt(2.0f * c_.layers);
-    return {{"ln1_weight", {h}, ParameterDecl::Init::kOnes, 0},
-            {"ln1_bias", {h}, ParameterDecl::Init::kZeros, 0},
-            {"qkv_weight", {h, 3 * h}, ParameterDecl::Init::kNormal, 0.02f},
-            {"qkv_bias", {3 * h}, ParameterDecl::Init::kZeros, 0},
-            {"attn_proj_weight", {h, h}, ParameterDecl::Init::kNormal, proj},
-            {"attn_proj_bias", {h}, ParameterDecl::Init::kZeros, 0},
-            {"ln2_weight", {h}, ParameterDecl::Init::kOnes, 0},
-            {"ln2_bias", {h}, ParameterDecl::Init::kZeros, 0},
-            {"fc_weight", {h, 4 * h}, ParameterDecl::Init::kNormal, 0.02f},
-            {"fc_bias", {4 * h}, ParameterDecl::Init::kZeros, 0},
-            {"mlp_proj_weight", {4 * h, h}, ParameterDecl::Init::kNormal, proj},
-            {"mlp_proj_bias", {h}, ParameterDecl::Init::kZeros, 0}};
+    std::vector<ParameterDecl> decls = {{"ln1_weight", {h}, ParameterDecl::Init::kOnes, 0},
+                                        {"ln1_bias", {h}, ParameterDecl::Init::kZeros, 0}};
+    // A weight, whole or in tiles of columns, then its bias.
+    const auto affine = [&](Names names, int64_t in, int64_t out, float stddev) {
+      if (!tiled()) {
+        decls.push_back({std::string(names[0]), {in, out}, ParameterDecl::Init::kNormal, stddev});
+      }
+      const int64_t width = out / c_.tiles;
+      for (int64_t t = 0; tiled() && t < c_.tiles; ++t) {
+        ParameterDecl tile{
+            TileName(names[0], t), {in, width}, ParameterDecl::Init::kNormal, stddev};
+        tile.tile_of = std::string(names[0]);
+        tile.whole_shape = {in, out};
+        tile.column = t * width;
+        decls.push_back(std::move(tile));
+      }
+      decls.push_back({std::string(names[1]), {out}, ParameterDecl::Init::kZeros, 0});
+    };
+    affine(kQkvNames, h, 3 * h, 0.02f);
+    affine(kProjNames, h, h, proj);
+    decls.push_back({"ln2_weight", {h}, ParameterDecl::Init::kOnes, 0});
+    decls.push_back({"ln2_bias", {h}, ParameterDecl::Init::kZeros, 0});
+    affine(kFcNames, h, 4 * h, 0.02f);
+    affine(kMlpNames, 4 * h, h, proj);
+    return decls;
   }
   // Each weight with its bias (a layer norm's scale with its shift): the
   // operations fetch them as these pairs (Params, Grads) and release them
   // after (Release, done).
+  // Tiled: each tile alone, and each bias alone (broadcast, or summed,
+  // once for all tiles).
   std::vector<std::vector<std::string>> UseGroups() const override {
     std::vector<std::vector<std::string>> sets;
     for (Names names : {Names(kLn1Names), Names(kQkvNames), Names(kProjNames), Names(kLn2Names),
                         Names(kFcNames), Names(kMlpNames)}) {
-      sets.push_back({std::string(names[0]), std::string(names[1])});
+      const bool affine = names[0] != kLn1Names[0] && names[0] != kLn2Names[0];
+      if (!affine || !tiled()) {
+        sets.push_back({std::string(names[0]), std::string(names[1])});
+        continue;
+      }
+      for (int64_t t = 0; t < c_.tiles; ++t) sets.push_back({TileName(names[0], t)});
+      sets.push_back({std::string(names[1])});
     }
     return sets;
   }
@@ -196,9 +197,7 @@ class TransformerBlock final : public Layer {
     MW_RETURN_IF_ERROR(
         kernels::LayerNormForward(d, st, in, p.w, p.b, rows, h, ln1, F(s[kStats1])));
     MW_RETURN_IF_ERROR(ctx.Release(kLn1Names));
-    MW_ASSIGN_OR_RETURN(p, Params(ctx, kQkvNames));
-    MW_RETURN_IF_ERROR(Affine(ctx, ln1, p.w, p.b, rows, h, 3 * h, qkv));
-    MW_RETURN_IF_ERROR(ctx.Release(kQkvNames));
+    MW_RETURN_IF_ERROR(TiledAffine(ctx, kQkvNames, ln1, rows, h, 3 * h, qkv));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kLn1]));
     // Attention reads qkv as stored (rounded to the activation dtype), as a
     // recomputation in backward will: both give the same bits.
@@ -220,9 +219,7 @@ class TransformerBlock final : public Layer {
     MW_RETURN_IF_ERROR(Attention(ctx, qkv_kept, batch, probs, att));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kProbs]));
     MW_ASSIGN_OR_RETURN(float* x1, ctx.Stage(s[kResidual]));
-    MW_ASSIGN_OR_RETURN(p, Params(ctx, kProjNames));
-    MW_RETURN_IF_ERROR(Affine(ctx, att, p.w, p.b, rows, h, h, x1));
-    MW_RETURN_IF_ERROR(ctx.Release(kProjNames));
+    MW_RETURN_IF_ERROR(TiledAffine(ctx, kProjNames, att, rows, h, h, x1));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kAttn]));
     MW_RETURN_IF_ERROR(AddInto(ctx, in, x1, rows * h));
     MW_ASSIGN_OR_RETURN(float* ln2, ctx.Stage(s[kLn2]));
@@ -231,17 +228,13 @@ class TransformerBlock final : public Layer {
         kernels::LayerNormForward(d, st, x1, p.w, p.b, rows, h, ln2, F(s[kStats2])));
     MW_RETURN_IF_ERROR(ctx.Release(kLn2Names));
     MW_ASSIGN_OR_RETURN(float* fc, ctx.Stage(s[kFc]));
-    MW_ASSIGN_OR_RETURN(p, Params(ctx, kFcNames));
-    MW_RETURN_IF_ERROR(Affine(ctx, ln2, p.w, p.b, rows, h, 4 * h, fc));
-    MW_RETURN_IF_ERROR(ctx.Release(kFcNames));
+    MW_RETURN_IF_ERROR(TiledAffine(ctx, kFcNames, ln2, rows, h, 4 * h, fc));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kLn2]));
     MW_ASSIGN_OR_RETURN(float* gelu, ctx.Stage(s[kGelu]));
     MW_RETURN_IF_ERROR(kernels::GeluForward(d, st, fc, gelu, rows * 4 * h));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kFc]));
     MW_ASSIGN_OR_RETURN(float* out, ctx.Stage(y));
-    MW_ASSIGN_OR_RETURN(p, Params(ctx, kMlpNames));
-    MW_RETURN_IF_ERROR(Affine(ctx, gelu, p.w, p.b, rows, 4 * h, h, out));
-    MW_RETURN_IF_ERROR(ctx.Release(kMlpNames));
+    MW_RETURN_IF_ERROR(TiledAffine(ctx, kMlpNames, gelu, rows, 4 * h, h, out));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kGelu]));
     MW_RETURN_IF_ERROR(AddInto(ctx, x1, out, rows * h));
     MW_RETURN_IF_ERROR(ctx.Commit(s[kResidual]));
@@ -275,38 +268,26 @@ class TransformerBlock final : public Layer {
       return ctx.Release(names);
     };
     MW_ASSIGN_OR_RETURN(const float* gelu, read(kGelu));
-    MW_ASSIGN_OR_RETURN(Pair p, Params(ctx, kMlpNames));
-    MW_ASSIGN_OR_RETURN(GradPair g, Grads(ctx, kMlpNames));
-    MW_RETURN_IF_ERROR(AffineBackward(ctx, gelu, p.w, dy, rows, 4 * h, h, g.w, g.b, d_mlp));
-    MW_RETURN_IF_ERROR(done(kMlpNames));
+    MW_RETURN_IF_ERROR(TiledAffineBackward(ctx, kMlpNames, gelu, dy, rows, 4 * h, h, d_mlp));
     MW_ASSIGN_OR_RETURN(const float* fc, read(kFc));
     MW_RETURN_IF_ERROR(kernels::GeluBackward(d, st, fc, d_mlp, d_mlp, rows * 4 * h));
     MW_ASSIGN_OR_RETURN(const float* ln2, read(kLn2));
-    MW_ASSIGN_OR_RETURN(p, Params(ctx, kFcNames));
-    MW_ASSIGN_OR_RETURN(g, Grads(ctx, kFcNames));
-    MW_RETURN_IF_ERROR(AffineBackward(ctx, ln2, p.w, d_mlp, rows, h, 4 * h, g.w, g.b, d_small));
-    MW_RETURN_IF_ERROR(done(kFcNames));
+    MW_RETURN_IF_ERROR(TiledAffineBackward(ctx, kFcNames, ln2, d_mlp, rows, h, 4 * h, d_small));
     MW_ASSIGN_OR_RETURN(const float* x1, read(kResidual));
-    MW_ASSIGN_OR_RETURN(p, Params(ctx, kLn2Names));
-    MW_ASSIGN_OR_RETURN(g, Grads(ctx, kLn2Names));
+    MW_ASSIGN_OR_RETURN(Pair p, Params(ctx, kLn2Names));
+    MW_ASSIGN_OR_RETURN(GradPair g, Grads(ctx, kLn2Names));
     MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, x1, F(s[kStats2]), p.w, rows, h,
                                                   d_x1, g.w, g.b));
     MW_RETURN_IF_ERROR(done(kLn2Names));
     MW_RETURN_IF_ERROR(AddInto(ctx, dy, d_x1, rows * h));
     // Attention: x1 = x + attn(ln1(x)) W + b.
     MW_ASSIGN_OR_RETURN(const float* att, read(kAttn));
-    MW_ASSIGN_OR_RETURN(p, Params(ctx, kProjNames));
-    MW_ASSIGN_OR_RETURN(g, Grads(ctx, kProjNames));
-    MW_RETURN_IF_ERROR(AffineBackward(ctx, att, p.w, d_x1, rows, h, h, g.w, g.b, d_small));
-    MW_RETURN_IF_ERROR(done(kProjNames));
+    MW_RETURN_IF_ERROR(TiledAffineBackward(ctx, kProjNames, att, d_x1, rows, h, h, d_small));
     MW_ASSIGN_OR_RETURN(const float* qkv, read(kQkv));
     MW_ASSIGN_OR_RETURN(const float* probs, read(kProbs));
     MW_RETURN_IF_ERROR(AttentionBackward(ctx, qkv, probs, d_small, batch, d_qkv));
     MW_ASSIGN_OR_RETURN(const float* ln1, read(kLn1));
-    MW_ASSIGN_OR_RETURN(p, Params(ctx, kQkvNames));
-    MW_ASSIGN_OR_RETURN(g, Grads(ctx, kQkvNames));
-    MW_RETURN_IF_ERROR(AffineBackward(ctx, ln1, p.w, d_qkv, rows, h, 3 * h, g.w, g.b, d_small));
-    MW_RETURN_IF_ERROR(done(kQkvNames));
+    MW_RETURN_IF_ERROR(TiledAffineBackward(ctx, kQkvNames, ln1, d_qkv, rows, h, 3 * h, d_small));
     MW_ASSIGN_OR_RETURN(const float* in, ctx.Read(x));
     MW_ASSIGN_OR_RETURN(p, Params(ctx, kLn1Names));
     MW_ASSIGN_OR_RETURN(g, Grads(ctx, kLn1Names));
@@ -372,6 +353,93 @@ class TransformerBlock final : public Layer {
     MW_ASSIGN_OR_RETURN(g.w, ctx.Grad(names[0]));
     MW_ASSIGN_OR_RETURN(g.b, ctx.Grad(names[1]));
     return g;
+  }
+
+  // Tiles (GptConfig::tiles): each weight in parameters of its own.
+  bool tiled() const { return c_.tiles > 1 && c_.tile_parameters; }
+  static std::string TileName(absl::string_view weight, int64_t t) {
+    return absl::StrCat(weight, "_tile", t);
+  }
+
+  // y[rows, out] = x[rows, in] W[in, out] + b, the bias broadcast first and
+  // then each of the c_.tiles blocks of columns by its own GEMM. Tiled, the
+  // bias and each tile are fetched, used and released in turn; whole, the
+  // weight and bias are fetched once (the same GEMMs: bit for bit).
+  absl::Status TiledAffine(LayerContext& ctx, Names names, const float* x, int64_t rows, int64_t in,
+                           int64_t out, float* y) const {
+    Device& d = ctx.device();
+    Stream& st = ctx.stream();
+    const int64_t width = out / c_.tiles;
+    Pair whole{};
+    if (!tiled()) {
+      MW_ASSIGN_OR_RETURN(whole, Params(ctx, names));
+    } else {
+      MW_ASSIGN_OR_RETURN(whole.b, ctx.Param(names[1]));
+    }
+    MW_RETURN_IF_ERROR(kernels::BroadcastRows(d, st, whole.b, rows, out, y));
+    if (tiled()) MW_RETURN_IF_ERROR(ctx.Release(names.subspan(1)));
+    for (int64_t t = 0; t < c_.tiles; ++t) {
+      const std::string tile = tiled() ? TileName(names[0], t) : std::string();
+      const absl::string_view local[] = {tile};
+      const float* w = nullptr;
+      if (tiled()) {
+        MW_ASSIGN_OR_RETURN(w, ctx.Param(tile));
+      } else {
+        w = whole.w + t * width;
+      }
+      MW_RETURN_IF_ERROR(kernels::Gemm(d, st, false, false, rows, width, in, 1.0f, x, in, w,
+                                       tiled() ? width : out, 1.0f, y + t * width, out));
+      if (tiled()) MW_RETURN_IF_ERROR(ctx.Release(local));
+    }
+    if (!tiled()) MW_RETURN_IF_ERROR(ctx.Release(names));
+    return absl::OkStatus();
+  }
+
+  // Its backward: dW += x^T dy and dx = dy W^T, block of columns by block
+  // (dx: block 0 writes, the rest add, in order), and db += colsum(dy) once.
+  // Each parameter's gradient is flushed and the parameter released after
+  // its last use (LayerContext::FlushGradient, Release).
+  absl::Status TiledAffineBackward(LayerContext& ctx, Names names, const float* x, const float* dy,
+                                   int64_t rows, int64_t in, int64_t out, float* dx) const {
+    Device& d = ctx.device();
+    Stream& st = ctx.stream();
+    const int64_t width = out / c_.tiles;
+    const auto done = [&ctx](Names locals) -> absl::Status {
+      MW_RETURN_IF_ERROR(ctx.FlushGradient(locals));
+      return ctx.Release(locals);
+    };
+    Pair whole{};
+    GradPair grads{};
+    if (!tiled()) {
+      MW_ASSIGN_OR_RETURN(whole, Params(ctx, names));
+      MW_ASSIGN_OR_RETURN(grads, Grads(ctx, names));
+    }
+    for (int64_t t = 0; t < c_.tiles; ++t) {
+      const std::string tile = tiled() ? TileName(names[0], t) : std::string();
+      const absl::string_view local[] = {tile};
+      const float* w = nullptr;
+      float* dw = nullptr;
+      if (tiled()) {
+        MW_ASSIGN_OR_RETURN(w, ctx.Param(tile));
+        MW_ASSIGN_OR_RETURN(dw, ctx.Grad(tile));
+      } else {
+        w = whole.w + t * width;
+        dw = grads.w + t * width;
+      }
+      const int64_t ld = tiled() ? width : out;
+      MW_RETURN_IF_ERROR(kernels::Gemm(d, st, true, false, in, width, rows, 1.0f, x, in,
+                                       dy + t * width, out, 1.0f, dw, ld));
+      if (!tiled() && t == 0) {
+        MW_RETURN_IF_ERROR(kernels::ColumnSum(d, st, dy, rows, out, grads.b));
+      }
+      MW_RETURN_IF_ERROR(kernels::Gemm(d, st, false, true, rows, in, width, 1.0f, dy + t * width,
+                                       out, w, ld, t == 0 ? 0.0f : 1.0f, dx, in));
+      if (tiled()) MW_RETURN_IF_ERROR(done(local));
+    }
+    if (!tiled()) return done(names);
+    MW_ASSIGN_OR_RETURN(float* db, ctx.Grad(names[1]));
+    MW_RETURN_IF_ERROR(kernels::ColumnSum(d, st, dy, rows, out, db));
+    return done(names.subspan(1));
   }
 
   static float* F(const Tensor& t) { return t.data_as<float>(); }
@@ -532,6 +600,10 @@ absl::Status ValidateGptConfig(const GptConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("gpt hidden: ", c.hidden,
                                                    " is not divisible by heads ", c.heads));
   }
+  if (c.tiles < 1 || c.hidden % c.tiles != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt tiles: expected a divisor of hidden ", c.hidden, ", got ", c.tiles));
+  }
   // Every layer is an object, a chain link and a flat group in a dry run:
   // bounded so that a plan's host memory and time stay bounded (the
   // deepest published transformers have a few hundred layers).
@@ -633,11 +705,12 @@ absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec) {
                      : kv[0] == "hidden" ? &config.hidden
                      : kv[0] == "heads"  ? &config.heads
                      : kv[0] == "layers" ? &config.layers
+                     : kv[0] == "tiles"  ? &config.tiles
                                          : nullptr;
     if (field == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model '", spec, "': unknown key '", kv[0],
-          "' (known: vocab, seq, hidden, heads, layers, params)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", spec, "': unknown key '", kv[0],
+                       "' (known: vocab, seq, hidden, heads, layers, tiles, params)"));
     }
     *field = value;
   }

@@ -26,6 +26,20 @@ struct GptConfig {
   int64_t hidden = 64;
   int64_t heads = 4;
   int64_t layers = 2;
+  // Memory-centric tiling of each block's four weight matrices (qkv, the
+  // attention projection and the MLP pair; hidden must divide by it): each
+  // is computed in `tiles` blocks of its output columns, in order, its input
+  // gradient accumulating block by block (tile 0 writes, the others add).
+  // With tile_parameters (the default) each block of columns is a
+  // parameter of its own ("<weight>_tile<t>", initialised as those columns
+  // of the untiled weight), which gathering on use
+  // (zero_optimization.stage3_gather_on_use) gathers, computes and
+  // releases in turn, so the device holds one tile at a time; without, one
+  // parameter holds them all: the untiled operator, which the tiled one
+  // equals bit for bit (the same GEMMs in the same order, on the same
+  // values). tiles 1 is the plain operator.
+  int64_t tiles = 1;
+  bool tile_parameters = true;
 };
 
 // Named presets: "gpt-tiny" (byte-level, trains in seconds on this
@@ -36,7 +50,7 @@ struct GptConfig {
 absl::StatusOr<GptConfig> GptPreset(const std::string& name);
 
 // A preset with optional overrides: "gpt2-124m:layers=2,seq=256" (keys
-// vocab, seq, hidden, heads, layers, params), or the bare family "gpt" with
+// vocab, seq, hidden, heads, layers, tiles, params), or the bare family "gpt" with
 // a shape: "gpt:layers=48,hidden=6400,heads=50,seq=2048" or
 // "gpt:params=80e9" (GptShapeForParameters). Errors name the key or the
 // preset.

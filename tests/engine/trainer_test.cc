@@ -254,6 +254,109 @@ TEST_CASE("gathering on use trains gpt-tiny bit for bit as whole-layer gathers, 
   }
 }
 
+TEST_CASE(
+    "tiled blocks train bit for bit as the untiled operator, one tile on the device at a time",
+    "[trainer][gpt][tiles]") {
+  const int n = World().world_size(), r = World().rank();
+  GptConfig c = GptPreset("gpt-tiny").value();
+  auto batch = [&](Device& device, int step) {
+    Batch b;
+    b.input =
+        Tensor::Empty(device, DType::kF32, {2, c.seq}, MemoryCategory::kOther, "data").value();
+    b.target =
+        Tensor::Empty(device, DType::kF32, {2 * c.seq}, MemoryCategory::kOther, "data").value();
+    for (int64_t i = 0; i < 2 * c.seq; ++i) {
+      const int64_t t = (2 * r * c.seq + i) * 7 + step * 3;
+      b.input.data_as<float>()[i] = float(t % c.vocab);
+      b.target.data_as<float>()[i] = float((t + 5) % c.vocab);
+    }
+    return b;
+  };
+  // The block weights of a trained model, whole: tiles put back side by side.
+  auto weights = [&](Trainer& t, const GptConfig& config) {
+    std::vector<float> all;
+    const int64_t h = config.hidden;
+    const std::pair<const char*, std::pair<int64_t, int64_t>> matrices[] = {
+        {"qkv_weight", {h, 3 * h}},
+        {"attn_proj_weight", {h, h}},
+        {"fc_weight", {h, 4 * h}},
+        {"mlp_proj_weight", {4 * h, h}}};
+    for (int64_t l = 0; l < config.layers; ++l) {
+      for (const auto& [name, shape] : matrices) {
+        const auto [in, out] = shape;
+        std::vector<float> whole(in * out);
+        const std::string full = absl::StrCat("block", l, ".", name);
+        if (config.tiles == 1 || !config.tile_parameters) {
+          REQUIRE(t.optimizer().MasterWeights(full, absl::MakeSpan(whole)).ok());
+        } else {
+          const int64_t width = out / config.tiles;
+          std::vector<float> tile(in * width);
+          for (int64_t k = 0; k < config.tiles; ++k) {
+            REQUIRE(t.optimizer()
+                        .MasterWeights(absl::StrCat(full, "_tile", k), absl::MakeSpan(tile))
+                        .ok());
+            for (int64_t i = 0; i < in; ++i) {
+              std::copy_n(tile.begin() + i * width, width, whole.begin() + i * out + k * width);
+            }
+          }
+        }
+        all.insert(all.end(), whole.begin(), whole.end());
+      }
+    }
+    return all;
+  };
+  for (int64_t tiles : {2, 4}) {
+    for (bool bf16 : {false, true}) {
+      for (int stage : {0, 3}) {
+        INFO(tiles << " tiles, " << (bf16 ? "bf16" : "f32") << ", stage " << stage << ", " << n
+                   << " ranks");
+        std::vector<float> losses[2], initial[2], trained[2];
+        int64_t parameter_peak[2] = {0, 0};
+        for (int tiled = 0; tiled < 2; ++tiled) {
+          auto device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
+          ShardingOptions o = Options(stage, false);
+          o.gradient_clipping = 0;  // the norm sums by group, and the groups differ
+          o.bf16 = bf16;
+          o.zero.reduce_bucket_size = 60000;
+          o.zero.stage3_gather_on_use = stage == 3;
+          GptConfig config = c;
+          config.tiles = tiles;
+          config.tile_parameters = tiled == 1;
+          auto trainer =
+              Trainer::Create(MakeGpt(config).value(), std::make_unique<CrossEntropyLoss>(), o,
+                              *device, World(), 3)
+                  .value();
+          if (tiled == 1 && stage == 3) {
+            // Gathered on use: each tile, and each bias, a group of its own.
+            int tile_groups = 0;
+            for (const FlatGroup& g : trainer->optimizer().layout().groups) {
+              tile_groups += absl::StrContains(g.name, "_tile");
+            }
+            CHECK(tile_groups == c.layers * 4 * tiles);
+          }
+          // The same initial model, tiled or not.
+          initial[tiled] = weights(*trainer, config);
+          for (int k = 0; k < 4; ++k) {
+            Batch b = batch(*device, k);
+            losses[tiled].push_back(trainer->TrainStep({&b, 1}).value().loss);
+          }
+          trained[tiled] = weights(*trainer, config);
+          parameter_peak[tiled] = device->allocator()
+                                      .stats()
+                                      .by_category[static_cast<int>(MemoryCategory::kParameter)]
+                                      .peak;
+        }
+        CHECK(initial[1] == initial[0]);
+        CHECK(losses[1] == losses[0]);
+        REQUIRE(trained[1].size() == trained[0].size());
+        CHECK(std::memcmp(trained[1].data(), trained[0].data(), trained[0].size() * 4) == 0);
+        // Stage 3, gathered on use: the device holds a tile, not the weight.
+        if (stage == 3) CHECK(parameter_peak[1] < parameter_peak[0]);
+      }
+    }
+  }
+}
+
 TEST_CASE("the loss falls", "[trainer]") {
   Run run = Start(Options(2, true), &World());
   float first = 0, last = 0;

@@ -143,7 +143,8 @@ TEST_CASE("presets match the published parameter counts within 1%", "[gpt]") {
   CHECK(reduced.seq == 256);
   CHECK(reduced.hidden == 768);
   CHECK(std::string(ParseGptModel("gpt-tiny:depth=3").status().message()) ==
-        "model 'gpt-tiny:depth=3': unknown key 'depth' (known: vocab, seq, hidden, heads, layers, params)");
+        "model 'gpt-tiny:depth=3': unknown key 'depth' (known: vocab, seq, hidden, heads, layers, "
+        "tiles, params)");
   CHECK(std::string(ParseGptModel("gpt-tiny:layers=two").status().message()) ==
         "model 'gpt-tiny:layers=two': expected key=integer, got 'layers=two'");
   CHECK(std::string(ParseGptModel("gpt-tiny:heads=3").status().message()) ==
