@@ -55,7 +55,7 @@ std::string Spec(int64_t hidden, int64_t tiles = 1) {
 
 // The tile counts a row with parameters on NVMe tries (memory-centric
 // tiling: the fewest that fit).
-constexpr int64_t kTiles[] = {1, 2, 4, 8, 16, 32, 64};
+constexpr int64_t kTiles[] = {1, 2, 4, 8};
 
 int64_t Parameters(int64_t hidden) {
   GptConfig c = GptShapeForParameters(1e9);

@@ -6,21 +6,22 @@
 // compare the allocator's measured peaks with the predicted ones; then try
 // one size up for real, which must run out of memory with the report.
 //
-//   bazel run //benchmarks:plan_validation
+//   bazel run //benchmarks:plan_validation [-- TEXT]   (only the strategies whose name holds TEXT)
 //
 // Exit status 1 if any row disagrees (a peak off by more than 1%, a
 // largest model that fails, or a next size that trains).
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/dry_run.h"
-#include "models/spec.h"
 #include "engine/trainer.h"
 #include "models/gpt.h"
+#include "models/spec.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
@@ -36,9 +37,20 @@ struct Strategy {
   float offload;
   bool paging;
   std::string planner;
+  // Parameters, gradients and optimizer states on NVMe (in $TEST_TMPDIR or
+  // /tmp), block weights gathered on use in this many tiles (0: neither).
+  int64_t nvme_tiles = 0;
 };
 
-std::string Spec(int64_t m) { return absl::StrCat("gpt-tiny:layers=4,hidden=", 64 * m, ",heads=", m); }
+std::string NvmeDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+std::string Spec(const Strategy& s, int64_t m) {
+  return absl::StrCat("gpt-tiny:layers=4,hidden=", 64 * m, ",heads=", m,
+                      s.nvme_tiles > 1 ? absl::StrCat(",tiles=", s.nvme_tiles) : "");
+}
 
 Config ConfigFor(const Strategy& s) {
   Config c;
@@ -49,14 +61,21 @@ Config ConfigFor(const Strategy& s) {
   c.zero.offload_optimizer_ratio = s.offload;
   c.zero.offload_param = s.paging;
   c.activation_checkpointing.planner = s.planner;
+  if (s.nvme_tiles > 0) {
+    c.zero.offload_nvme_path = NvmeDir();
+    c.zero.offload_param_nvme_path = NvmeDir();
+    c.zero.offload_param_max_in_cpu = 0;
+    c.zero.stage3_gather_on_use = true;
+  }
   return c;
 }
 
 absl::StatusOr<DryRunResult> Predict(const Strategy& s, int64_t m, int64_t capacity) {
   DryRunOptions o;
-  o.model = SpecModel(Spec(m));
+  o.model = SpecModel(Spec(s, m));
   o.device_bytes = capacity;
   o.host_bytes = kHost;
+  if (s.nvme_tiles > 0) o.nvme_bytes = int64_t{64} << 30;
   o.runtime_allowance = 0;  // host backend: no CUDA runtime
   return DryRun(o, ConfigFor(s));
 }
@@ -73,7 +92,7 @@ Measured RealStep(const Strategy& s, int64_t m, int64_t capacity, const Recomput
   options.pinned_capacity_bytes = s.offload > 0 ? kHost : 0;
   auto device = CreateDevice(options).value();
   auto comm = SimulatedCommunicator::Create(0, 1).value();
-  const GptConfig c = ParseGptModel(Spec(m)).value();
+  const GptConfig c = ParseGptModel(Spec(s, m)).value();
   const Config config = ConfigFor(s);
   out.status = [&]() -> absl::Status {
     MW_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
@@ -101,7 +120,7 @@ double Off(int64_t measured, int64_t predicted) {
   return predicted == 0 ? 0.0 : 100.0 * (double(measured) - predicted) / predicted;
 }
 
-int Main() {
+int Main(const std::string& only) {
   const std::vector<Strategy> strategies = {
       {"stage 0", 0, 0, false, "none"},
       {"stage 1", 1, 0, false, "none"},
@@ -110,6 +129,7 @@ int Main() {
       {"stage 3 + sqrt recomputation", 3, 0, false, "sqrt"},
       {"stage 2 + optimizer offload", 2, 1.0f, false, "none"},
       {"stage 3 + offload + paging + optimal", 3, 1.0f, true, "optimal"},
+      {"stage 3 + all on NVMe, 4 tiles on use + optimal", 3, 1.0f, true, "optimal", 4},
   };
   std::printf("plan_validation: gpt-tiny family (4 layers, seq 64, micro-batch 4, bf16), host "
               "backend, one real step per row\n\n");
@@ -119,6 +139,7 @@ int Main() {
   int bad = 0;
   for (int64_t capacity : {128 * kMiB, 256 * kMiB, 512 * kMiB}) {
     for (const Strategy& s : strategies) {
+      if (!absl::StrContains(s.name, only)) continue;
       auto fits = [&](int64_t m) {
         const absl::StatusOr<DryRunResult> r = Predict(s, m, capacity);
         return r.ok() && r->fits;
@@ -162,4 +183,4 @@ int Main() {
 }  // namespace
 }  // namespace memwall
 
-int main() { return memwall::Main(); }
+int main(int argc, char** argv) { return memwall::Main(argc > 1 ? argv[1] : ""); }
