@@ -196,6 +196,9 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
     const char* planner;
     int64_t bucket;
     bool overlap_step = false;  // the CPU update overlapped with backward
+    // Stage 3 with NVMe: the parameters (and gradients) there too, the
+    // block weights gathered on use.
+    bool nvme_params = false;
   };
   std::vector<Choice> choices;
   for (int64_t bucket : {int64_t{5'000'000}, int64_t{50'000'000}}) {
@@ -211,6 +214,9 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
           if (stage == 3) choices.push_back({stage, 1.0f, true, false, planner, bucket, true});
         }
         if (options.nvme_bytes > 0) choices.push_back({stage, 1.0f, false, true, planner, bucket});
+        if (options.nvme_bytes > 0 && stage == 3) {
+          choices.push_back({stage, 1.0f, true, true, planner, bucket, false, true});
+        }
       }
     }
   }
@@ -242,14 +248,22 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
       config.zero.offload_param = c.paging;
       config.zero.offload_overlap_step = c.overlap_step;
       config.zero.offload_nvme_path = c.nvme ? "/local_nvme" : "";
+      config.zero.offload_param_nvme_path = c.nvme_params ? "/local_nvme" : "";
+      config.zero.offload_param_max_in_cpu =
+          c.nvme_params ? 0 : ZeroConfig().offload_param_max_in_cpu;
+      config.zero.offload_param_buffer_size =
+          c.nvme_params ? INT64_MAX : ZeroConfig().offload_param_buffer_size;
+      config.zero.stage3_gather_on_use = c.nvme_params;
       config.activation_checkpointing = RecomputeConfig();
       config.activation_checkpointing.planner = c.planner;
-      cand.name = absl::StrCat("stage ", c.stage,
-                               c.ratio == 0 ? "" : absl::StrCat(", optimizer offload ", c.ratio),
-                               c.paging ? ", parameter paging" : "", c.nvme ? " (NVMe)" : "",
-                               c.overlap_step ? ", update overlapped" : "",
-                               ", recomputation ", c.planner, ", buckets ", c.bucket / 1e6, "M",
-                               search ? absl::StrCat(", micro-batch ", m, " x ", global / m) : "");
+      cand.name = absl::StrCat(
+          "stage ", c.stage, c.ratio == 0 ? "" : absl::StrCat(", optimizer offload ", c.ratio),
+          c.paging ? ", parameter paging" : "",
+          c.nvme_params ? " and gradients on NVMe, gathered on use"
+          : c.nvme      ? " (NVMe)"
+                        : "",
+          c.overlap_step ? ", update overlapped" : "", ", recomputation ", c.planner, ", buckets ",
+          c.bucket / 1e6, "M", search ? absl::StrCat(", micro-batch ", m, " x ", global / m) : "");
       if (options.progress != nullptr) {
         options.progress->SetTask(absl::StrCat(
             "candidate ", result.candidates.size() + 1, " of ",

@@ -178,5 +178,36 @@ TEST_CASE("--auto searches the micro-batch, keeping the global batch", "[auto]")
   }
 }
 
+TEST_CASE("--auto keeps the parameters and gradients on NVMe when the host cannot hold them",
+          "[auto][nvme]") {
+  // GPT-2 1.5B (bf16: 3.1 GB of parameters, as much of gradients) on one
+  // 16 GiB GPU with 2 GiB of host memory and 1 TiB of NVMe: paging from
+  // pinned memory needs the shards in host memory; only the candidate with
+  // everything on NVMe fits.
+  DryRunOptions options;
+  options.model = SpecModel("gpt2-1.5b");
+  options.device_bytes = 16 * kGiB;
+  options.host_bytes = 2 * kGiB;
+  options.nvme_bytes = 1024 * kGiB;
+  Config base;
+  base.bf16 = true;
+  base.train_micro_batch_size_per_gpu = 1;
+  const AutoResult r = AutoStrategy(options, base, HardwarePreset("v100-32gb").value()).value();
+  REQUIRE(r.best >= 0);
+  const Candidate& best = r.candidates[r.best];
+  CHECK_THAT(best.name, Catch::StartsWith("stage 3, optimizer offload 1, parameter paging and "
+                                          "gradients on NVMe, gathered on use"));
+  CHECK(best.config.zero.offload_param);
+  CHECK(best.config.zero.offload_param_nvme_path == "/local_nvme");
+  CHECK(best.config.zero.stage3_gather_on_use);
+  CHECK(best.plan.host_peak <= 2 * kGiB);
+  for (const Candidate& c : r.candidates) {
+    if (!c.config.zero.stage3_gather_on_use) CHECK_FALSE(c.plan.fits);
+  }
+  // The config it prints plans the same step.
+  const Config printed = ParseConfig(ConfigToJson(best.config)).value();
+  CHECK(DryRun(options, printed).value().device_requested_peak == best.plan.device_requested_peak);
+}
+
 }  // namespace
 }  // namespace memwall
