@@ -184,23 +184,26 @@ TEST_CASE("gpt-tiny with its tied head trains the same on every stage and rank c
   }
 }
 
+// Rank r's micro-batch of step `step` for gpt-tiny-shaped models: two
+// sequences of synthetic tokens.
+Batch GptBatch(Device& device, const GptConfig& c, int r, int step) {
+  Batch b;
+  b.input = Tensor::Empty(device, DType::kF32, {2, c.seq}, MemoryCategory::kOther, "data").value();
+  b.target =
+      Tensor::Empty(device, DType::kF32, {2 * c.seq}, MemoryCategory::kOther, "data").value();
+  for (int64_t i = 0; i < 2 * c.seq; ++i) {
+    const int64_t t = (2 * r * c.seq + i) * 7 + step * 3;
+    b.input.data_as<float>()[i] = float(t % c.vocab);
+    b.target.data_as<float>()[i] = float((t + 5) % c.vocab);
+  }
+  return b;
+}
+
 TEST_CASE("gathering on use trains gpt-tiny bit for bit as whole-layer gathers, holding less",
           "[trainer][gpt][gather_on_use]") {
   const int n = World().world_size(), r = World().rank();
   const GptConfig c = GptPreset("gpt-tiny").value();
-  auto batch = [&](Device& device, int step) {
-    Batch b;
-    b.input =
-        Tensor::Empty(device, DType::kF32, {2, c.seq}, MemoryCategory::kOther, "data").value();
-    b.target =
-        Tensor::Empty(device, DType::kF32, {2 * c.seq}, MemoryCategory::kOther, "data").value();
-    for (int64_t i = 0; i < 2 * c.seq; ++i) {
-      const int64_t t = (2 * r * c.seq + i) * 7 + step * 3;
-      b.input.data_as<float>()[i] = float(t % c.vocab);
-      b.target.data_as<float>()[i] = float((t + 5) % c.vocab);
-    }
-    return b;
-  };
+  auto batch = [&](Device& device, int step) { return GptBatch(device, c, r, step); };
   for (bool bf16 : {false, true}) {
     for (bool overlap : {false, true}) {
       for (const char* planner : {"none", "full"}) {
@@ -259,19 +262,7 @@ TEST_CASE(
     "[trainer][gpt][tiles]") {
   const int n = World().world_size(), r = World().rank();
   GptConfig c = GptPreset("gpt-tiny").value();
-  auto batch = [&](Device& device, int step) {
-    Batch b;
-    b.input =
-        Tensor::Empty(device, DType::kF32, {2, c.seq}, MemoryCategory::kOther, "data").value();
-    b.target =
-        Tensor::Empty(device, DType::kF32, {2 * c.seq}, MemoryCategory::kOther, "data").value();
-    for (int64_t i = 0; i < 2 * c.seq; ++i) {
-      const int64_t t = (2 * r * c.seq + i) * 7 + step * 3;
-      b.input.data_as<float>()[i] = float(t % c.vocab);
-      b.target.data_as<float>()[i] = float((t + 5) % c.vocab);
-    }
-    return b;
-  };
+  auto batch = [&](Device& device, int step) { return GptBatch(device, c, r, step); };
   // The block weights of a trained model, whole: tiles put back side by side.
   auto weights = [&](Trainer& t, const GptConfig& config) {
     std::vector<float> all;

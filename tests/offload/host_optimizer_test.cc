@@ -260,6 +260,14 @@ Ended RunSlice(DType dtype, bool adam, int64_t numel, const HostOptimizerSlice::
   return out;
 }
 
+// Bit for bit the same states and parameters.
+void CheckSameEnd(const Ended& got, const Ended& want) {
+  CHECK(got.master == want.master);
+  CHECK(got.first == want.first);
+  CHECK(got.second == want.second);
+  CHECK(got.params == want.params);
+}
+
 std::string TempDir() {
   const char* dir = std::getenv("TEST_TMPDIR");
   return dir ? dir : "/tmp";
@@ -281,10 +289,7 @@ TEST_CASE("the NVMe tier streams its state through bounded buffers, bit for bit 
         options.nvme_buffer_bytes = 12288;
         options.nvme_buffer_count = count;
         const Ended nvme = RunSlice(dtype, adam, numel, options);
-        CHECK(nvme.master == pinned.master);
-        CHECK(nvme.first == pinned.first);
-        CHECK(nvme.second == pinned.second);
-        CHECK(nvme.params == pinned.params);
+        CheckSameEnd(nvme, pinned);
         // The slot: five chunks, each state's elements contiguous in it.
         const int states = adam ? 3 : 2;
         CHECK(store->slot_bytes(0) ==
@@ -302,10 +307,7 @@ TEST_CASE("the NVMe tier streams its state through bounded buffers, bit for bit 
         options.store = with_grads.get();
         options.gradients_on_nvme = true;
         const Ended streamed = RunSlice(dtype, adam, numel, options);
-        CHECK(streamed.master == pinned.master);
-        CHECK(streamed.first == pinned.first);
-        CHECK(streamed.second == pinned.second);
-        CHECK(streamed.params == pinned.params);
+        CheckSameEnd(streamed, pinned);
         CHECK(streamed.gradient_pinned == 0);
         CHECK(with_grads->size() ==
               2 * store->slot_bytes(0) +
