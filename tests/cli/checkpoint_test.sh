@@ -189,10 +189,18 @@ out=$("$memwall" train --steps 8 --save "$tmp/four" 2>&1)
 check "another run's checkpoints" "$out" \
   "--save $tmp/four: holds 1 checkpoint(s) of another run (the newest $tmp/four/step-00000006); continue that run with --resume $tmp/four, or save this one elsewhere"
 # Two runs never save into one directory at once.
-setsid "$mpirun_sh" 1 "$memwall" train --steps 100000 --log_every 1 --save "$tmp/busy" \
+# The first run must still hold its lock when the second starts: it gets far
+# more steps than it can run before it is killed, and the second starts only
+# once the lock is seen held (flock(1) fails on it), not on a log line, which
+# a loaded machine may print after the run has long been under way.
+lock=$tmp/busy/.memwall.lock
+setsid "$mpirun_sh" 1 "$memwall" train --steps 100000000 --save "$tmp/busy" \
   > "$tmp/busy.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 1200); do grep -q "step 1/" "$tmp/busy.log" && break; sleep 0.1; done
+for _ in $(seq 1 3000); do  # up to 5 minutes (slow under sanitizers)
+  [ -e "$lock" ] && ! flock -n "$lock" true && break
+  sleep 0.1
+done
 out=$("$memwall" train --steps 5 --save "$tmp/busy" 2>&1)
 check "a directory another run saves into" "$out" \
   "--save $tmp/busy: another run saves there (it holds $tmp/busy/.memwall.lock, process "
