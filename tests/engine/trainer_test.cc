@@ -24,6 +24,7 @@
 #include "models/layers.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/units.h"
+#include "tests/support/gpt_run.h"
 #include "tests/support/mpi_world.h"
 #include "tests/support/owner_peaks.h"
 
@@ -186,24 +187,11 @@ TEST_CASE("gpt-tiny with its tied head trains the same on every stage and rank c
 
 // Rank r's micro-batch of step `step` for gpt-tiny-shaped models: two
 // sequences of synthetic tokens.
-Batch GptBatch(Device& device, const GptConfig& c, int r, int step) {
-  Batch b;
-  b.input = Tensor::Empty(device, DType::kF32, {2, c.seq}, MemoryCategory::kOther, "data").value();
-  b.target =
-      Tensor::Empty(device, DType::kF32, {2 * c.seq}, MemoryCategory::kOther, "data").value();
-  for (int64_t i = 0; i < 2 * c.seq; ++i) {
-    const int64_t t = (2 * r * c.seq + i) * 7 + step * 3;
-    b.input.data_as<float>()[i] = float(t % c.vocab);
-    b.target.data_as<float>()[i] = float((t + 5) % c.vocab);
-  }
-  return b;
-}
-
 TEST_CASE("gathering on use trains gpt-tiny bit for bit as whole-layer gathers, holding less",
           "[trainer][gpt][gather_on_use]") {
   const int n = World().world_size(), r = World().rank();
   const GptConfig c = GptPreset("gpt-tiny").value();
-  auto batch = [&](Device& device, int step) { return GptBatch(device, c, r, step); };
+  auto batch = [&](Device& device, int step) { return testing::GptBatch(device, c, r, step); };
   for (bool bf16 : {false, true}) {
     for (bool overlap : {false, true}) {
       for (const char* planner : {"none", "full"}) {
@@ -262,40 +250,7 @@ TEST_CASE(
     "[trainer][gpt][tiles]") {
   const int n = World().world_size(), r = World().rank();
   GptConfig c = GptPreset("gpt-tiny").value();
-  auto batch = [&](Device& device, int step) { return GptBatch(device, c, r, step); };
-  // The block weights of a trained model, whole: tiles put back side by side.
-  auto weights = [&](Trainer& t, const GptConfig& config) {
-    std::vector<float> all;
-    const int64_t h = config.hidden;
-    const std::pair<const char*, std::pair<int64_t, int64_t>> matrices[] = {
-        {"qkv_weight", {h, 3 * h}},
-        {"attn_proj_weight", {h, h}},
-        {"fc_weight", {h, 4 * h}},
-        {"mlp_proj_weight", {4 * h, h}}};
-    for (int64_t l = 0; l < config.layers; ++l) {
-      for (const auto& [name, shape] : matrices) {
-        const auto [in, out] = shape;
-        std::vector<float> whole(in * out);
-        const std::string full = absl::StrCat("block", l, ".", name);
-        if (config.tiles == 1 || !config.tile_parameters) {
-          REQUIRE(t.optimizer().MasterWeights(full, absl::MakeSpan(whole)).ok());
-        } else {
-          const int64_t width = out / config.tiles;
-          std::vector<float> tile(in * width);
-          for (int64_t k = 0; k < config.tiles; ++k) {
-            REQUIRE(t.optimizer()
-                        .MasterWeights(absl::StrCat(full, "_tile", k), absl::MakeSpan(tile))
-                        .ok());
-            for (int64_t i = 0; i < in; ++i) {
-              std::copy_n(tile.begin() + i * width, width, whole.begin() + i * out + k * width);
-            }
-          }
-        }
-        all.insert(all.end(), whole.begin(), whole.end());
-      }
-    }
-    return all;
-  };
+  auto batch = [&](Device& device, int step) { return testing::GptBatch(device, c, r, step); };
   for (int64_t tiles : {2, 4}) {
     for (bool bf16 : {false, true}) {
       for (int stage : {0, 3}) {
@@ -326,12 +281,12 @@ TEST_CASE(
             CHECK(tile_groups == c.layers * 4 * tiles);
           }
           // The same initial model, tiled or not.
-          initial[tiled] = weights(*trainer, config);
+          initial[tiled] = testing::WholeBlockWeights(*trainer, config);
           for (int k = 0; k < 4; ++k) {
             Batch b = batch(*device, k);
             losses[tiled].push_back(trainer->TrainStep({&b, 1}).value().loss);
           }
-          trained[tiled] = weights(*trainer, config);
+          trained[tiled] = testing::WholeBlockWeights(*trainer, config);
           parameter_peak[tiled] = device->allocator()
                                       .stats()
                                       .by_category[static_cast<int>(MemoryCategory::kParameter)]
