@@ -1,41 +1,56 @@
 #!/usr/bin/env bash
-# Packs the GPU tests that need no MPI (the cuda backend, the CUDA kernel
-# twins and the NN kernels against the CPU ones, cuBLAS GEMM against
-# OpenBLAS) with the shared libraries they load from Debian into DIR
-# (default .devbin), for a GPU machine that has the CUDA toolkit and driver
-# but neither Bazel nor Debian's packages nor a network. There:
-#   DIR/run.sh        runs each test and prints its memwall-tests line
-# The MPI-based GPU tests (NCCL, ZeRO and training on cuda against host)
-# need an MPI runtime there too: tools/gpu_check.sh runs every GPU test on a
-# machine that can build memwall.
+# Packs every GPU test (the cuda backend, the CUDA kernel twins and the NN
+# kernels against the CPU ones, cuBLAS GEMM against OpenBLAS, NCCL, ZeRO and
+# gpt-tiny training on cuda against host), the memwall CLI, and the Debian
+# libraries and Open MPI runtime they load, into DIR (default .devbin) as
+# one xz archive, for a GPU machine that has the CUDA toolkit, the driver
+# and NCCL but neither Bazel nor Debian's packages nor a network. There:
+#   DIR/run.sh        unpacks it, runs each test and prints its
+#                     memwall-tests line, then times `memwall train` on
+#                     cuda with and without optimizer offload
+# tools/gpu_check.sh does the same on a machine that can build memwall.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-.devbin}
-tests=(cuda_backend_test nn_cuda_test)
-bazel build "${tests[@]/#///tests/cuda:}"
-rm -rf "$dir" && mkdir -p "$dir/lib"
-for t in "${tests[@]}"; do
-  cp -L "bazel-bin/tests/cuda/$t" "$dir/"
-  # Debian's libraries it loads (not the C/C++ runtime, not CUDA's).
-  ldd "bazel-bin/tests/cuda/$t" | awk '$3 ~ /^\/lib\/x86_64-linux-gnu\// {print $3}' |
-    grep -vE '/lib(c|m|stdc\+\+|gcc_s|pthread|dl|rt)\.so' | xargs -r -I{} cp -L {} "$dir/lib/"
+# The MPI tests' binaries are <name>_bin (tests/defs.bzl's mpi_test).
+tests=(cuda_backend_test nn_cuda_test nccl_test_bin sharded_optimizer_cuda_test_bin
+  trainer_cuda_test_bin)
+bazel build "${tests[@]/#///tests/cuda:}" //cli:memwall
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib" "$stage/root"
+# Debian's libraries a file loads (not the C/C++ runtime, nor CUDA's or
+# NCCL's, which the GPU machine has in its own versions).
+libs_of() {
+  ldd "$1" | awk '$3 ~ /^\/(usr\/)?lib\/x86_64-linux-gnu\// {print $3}' |
+    grep -vE '/lib(c|m|stdc\+\+|gcc_s|pthread|dl|rt|cuda|cudart|cublas|cublasLt|nccl)\.so' || true
+}
+for t in "${tests[@]}"; do cp -L "bazel-bin/tests/cuda/$t" "$stage/bin/"; done
+cp -L bazel-bin/cli/memwall "$stage/bin/"
+# Open MPI's launcher, daemon, components and help texts, at the absolute
+# paths Debian's build looks for them (copied there on the GPU machine).
+ompi=/usr/lib/x86_64-linux-gnu/openmpi
+pmix=/usr/lib/x86_64-linux-gnu/pmix2
+for path in /usr/bin/orterun /usr/bin/orted "$ompi/lib/openmpi3" "$pmix" /usr/share/openmpi \
+  /usr/share/pmix /etc/openmpi; do
+  [ -e "$path" ] || continue
+  mkdir -p "$stage/root$(dirname "$path")"
+  cp -rL "$path" "$stage/root$(dirname "$path")/"
 done
-for lib in "$dir"/lib/libgfortran.so.*; do
-  [ -e "$lib" ] || continue
-  ldd "$lib" | awk '/quadmath/ {print $3}' | xargs -r -I{} cp -L {} "$dir/lib/"
-done
+{
+  for f in "$stage"/bin/* "$stage"/root/usr/bin/*; do libs_of "$f"; done
+  find "$stage/root" -name '*.so*' -type f | while read -r f; do libs_of "$f"; done
+} | sort -u | xargs -r -I{} cp -L {} "$stage/lib/"
+for lib in "$stage"/lib/*; do libs_of "$lib"; done | sort -u | xargs -r -I{} cp -Ln {} "$stage/lib/"
+cp tools/gpu_bundle_run.sh "$stage/run-inside.sh"
+rm -rf "$dir" && mkdir -p "$dir"
+tar -C "$stage" -cf - . | xz -T0 -6 > "$dir/bundle.tar.xz"
 cat > "$dir/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# Runs the bundled GPU tests; exit status 1 if one failed or saw no GPU.
 here=$(cd "$(dirname "$0")" && pwd)
-export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-rc=0
-for t in cuda_backend_test nn_cuda_test; do
-  out=$("$here/$t" --durations yes 2>&1) || rc=1
-  grep -q "^skipped: no GPU" <<<"$out" && rc=1
-  echo "$out" | grep -E "^[0-9.]+ s: |FAILED|^memwall-tests"
-done
-exit $rc
+rm -rf /tmp/memwall-gpu && mkdir -p /tmp/memwall-gpu
+xz -dc "$here/bundle.tar.xz" | tar -C /tmp/memwall-gpu -xf - || exit 1
+exec bash /tmp/memwall-gpu/run-inside.sh "$@"
 RUN
 chmod +x "$dir/run.sh"
 du -sh "$dir"
