@@ -78,6 +78,7 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
   const int64_t tokens = micro * accumulation * gpt.seq * ranks;
   const std::string data =
       options.data_path.empty() ? "built-in synthetic corpus" : options.data_path;
+  const bool offloaded = config.zero.offload_optimizer_ratio > 0;
   std::string recomputation;
   if (engine.recomputation_plan().planner != "none") {
     const absl::StatusOr<Chain> chain = engine.trainer()->ChainFor(engine.input_shape());
@@ -99,6 +100,7 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
                    {"seq", gpt.seq}};
     if (!engine.auto_choice().empty()) record["auto_strategy"] = engine.auto_choice();
     if (!recomputation.empty()) record["recomputation"] = recomputation;
+    if (offloaded) record["cpu_update_threads"] = engine.cpu_update_threads();
     Emit(options, "", record);
     return;
   }
@@ -116,6 +118,12 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
     std::printf("auto strategy: %s\n", engine.auto_choice().c_str());
   }
   if (!recomputation.empty()) std::printf("activation recomputation: %s\n", recomputation.c_str());
+  if (offloaded) {
+    const int threads = engine.cpu_update_threads();
+    std::printf("optimizer offload: the CPU update runs on %d thread%s per rank%s\n", threads,
+                threads == 1 ? "" : "s",
+                config.zero.offload_overlap_step ? ", overlapped with backward" : "");
+  }
   std::fflush(stdout);
 }
 

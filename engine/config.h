@@ -61,7 +61,9 @@
 //                                     states)                       (false)
 //   zero_optimization.offload_optimizer.cpu_threads   int 0..4096: the CPU
 //                                     update's threads per rank, 0 =
-//                                     MEMWALL_CPU_THREADS or 1          (0)
+//                                     MEMWALL_CPU_THREADS if set, else
+//                                     on cuda the cores / the ranks on
+//                                     the machine (Engine), on host 1 (0)
 //   zero_optimization.offload_optimizer.bind_cores    bool: pin them to
 //                                     cores [rank*t, (rank+1)*t)    (false)
 //   zero_optimization.offload_param.device         "none" | "cpu" | "nvme":

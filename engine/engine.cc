@@ -1,14 +1,19 @@
 #include "engine/engine.h"
 
+#include <sched.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/auto_strategy.h"
 #include "engine/checkpoint.h"
+#include "kernels/cpu/parallel.h"
 #include "profiler/report.h"
 #include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
@@ -61,6 +66,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   MW_RETURN_IF_ERROR(engine->AgreeOnRun(options, Crc(options.model_description), false));
   MW_RETURN_IF_ERROR(engine->ResolveAuto(options));
   MW_RETURN_IF_ERROR(engine->StartDevice(options));
+  MW_RETURN_IF_ERROR(engine->BudgetCpuUpdate(options));
   MW_RETURN_IF_ERROR(engine->BuildTrainer(options));
   return engine;
 }
@@ -96,8 +102,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   MW_RETURN_IF_ERROR(engine->AgreeOnRun(options, model_crc, true));
   MW_RETURN_IF_ERROR(engine->StartDevice(options));
+  MW_RETURN_IF_ERROR(engine->BudgetCpuUpdate(options));
   Engine& e = *engine;
-  MW_ASSIGN_OR_RETURN(e.owned_optimizer_, ShardedOptimizer::Create(config, *e.device_, *e.comm_));
+  MW_ASSIGN_OR_RETURN(e.owned_optimizer_,
+                      ShardedOptimizer::Create(e.config_, *e.device_, *e.comm_));
   e.optimizer_ = e.owned_optimizer_.get();
   e.compute_stream_.emplace(*e.device_, e.optimizer_->stream());
   for (ParameterGroup& group : groups) {
@@ -156,6 +164,31 @@ absl::Status Engine::StartDevice(const EngineOptions& options) {
     MW_ASSIGN_OR_RETURN(device_, CreateDevice(device));
   }
   profiler_ = std::make_unique<MemoryProfiler>(device_->allocator());
+  return absl::OkStatus();
+}
+
+int CpuUpdateThreadBudget(int cores, int ranks_on_node) {
+  return std::max(1, cores / std::max(1, ranks_on_node));
+}
+
+int Engine::cpu_update_threads() const {
+  return config_.zero.offload_cpu_threads > 0 ? config_.zero.offload_cpu_threads
+                                              : kernels::cpu::CpuThreads();
+}
+
+absl::Status Engine::BudgetCpuUpdate(const EngineOptions& options) {
+  const char* env = std::getenv("MEMWALL_CPU_THREADS");
+  if (options.backend != Backend::kCuda || config_.zero.offload_optimizer_ratio <= 0 ||
+      config_.zero.offload_cpu_threads > 0 || (env != nullptr && *env != '\0')) {
+    return absl::OkStatus();
+  }
+  MW_ASSIGN_OR_RETURN(const int ranks, world_->RanksOnThisNode());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = ::sched_getaffinity(0, sizeof(set), &set) == 0
+                        ? CPU_COUNT(&set)
+                        : static_cast<int>(std::thread::hardware_concurrency());
+  config_.zero.offload_cpu_threads = CpuUpdateThreadBudget(cores, ranks);
   return absl::OkStatus();
 }
 

@@ -111,6 +111,10 @@ struct ParameterGroup {
   std::vector<ShardedOptimizer::ParameterInit> parameters;
 };
 
+// The CPU update's threads per rank when `ranks_on_node` ranks share
+// `cores` cores: an even share, at least 1.
+int CpuUpdateThreadBudget(int cores, int ranks_on_node);
+
 class Engine {
  public:
   // A model of memwall layers: `model(micro_batch)` builds it (and, for
@@ -135,6 +139,10 @@ class Engine {
   // The auto strategy's choice ("stage 2, recomputation none, ..."), or
   // empty when the config named its stage.
   const std::string& auto_choice() const { return auto_choice_; }
+  // Threads per rank of the offloaded optimizer's CPU update (see
+  // BudgetCpuUpdate): the config's cpu_threads once budgeted, else
+  // MEMWALL_CPU_THREADS or 1.
+  int cpu_update_threads() const;
 
   MpiCommunicator& world() { return *world_; }
   Communicator& communicator() { return *comm_; }
@@ -188,6 +196,13 @@ class Engine {
   absl::Status AgreeOnRun(const EngineOptions& options, uint32_t model_crc, bool caller_owned);
   absl::Status StartDevice(const EngineOptions& options);
   absl::Status ResolveAuto(const EngineOptions& options);
+  // On cuda with the optimizer offloaded and neither cpu_threads nor
+  // MEMWALL_CPU_THREADS given, sets cpu_threads to this process's cores
+  // shared evenly by the ranks on this machine (CpuUpdateThreadBudget):
+  // the GPU computes, so the cores are the update's (DeepSpeed's CPU Adam
+  // likewise takes them all). On host the CPU is the device too and the
+  // update keeps its one thread beside backward. Collective on the world.
+  absl::Status BudgetCpuUpdate(const EngineOptions& options);
   absl::Status BuildTrainer(const EngineOptions& options);
   // The dry-run options of this run's model, world and device.
   DryRunOptions DryRunOptionsFor() const;

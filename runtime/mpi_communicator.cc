@@ -221,6 +221,19 @@ absl::Status MpiCommunicator::AllReduceHost(void* values, int count, MPI_Datatyp
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> MpiCommunicator::RanksOnThisNode() {
+  MPI_Comm node;
+  if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node) !=
+      MPI_SUCCESS) {
+    return absl::InternalError("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+  }
+  int size = 0;
+  const int rc = MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  if (rc != MPI_SUCCESS) return absl::InternalError("MPI_Comm_size failed on this node's ranks");
+  return size;
+}
+
 absl::Status MpiCommunicator::MinMaxOverRanks(const std::array<int64_t, 5>& values,
                                               std::array<int64_t, 5>& min,
                                               std::array<int64_t, 5>& max) {

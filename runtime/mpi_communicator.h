@@ -53,6 +53,10 @@ class MpiCommunicator final : public Communicator {
   // names the exchange in errors.
   absl::Status AllReduceHost(void* values, int count, MPI_Datatype type, MPI_Op op,
                              absl::string_view what);
+  // How many ranks of this communicator run on this machine, this one
+  // included (MPI_COMM_TYPE_SHARED: the ranks that can share memory).
+  // Collective: every rank calls it.
+  absl::StatusOr<int> RanksOnThisNode();
   // Per-field minimum and maximum of `values` over the ranks (one
   // AllReduceHost). Used by the agreement checks of MPI and NCCL.
   absl::Status MinMaxOverRanks(const std::array<int64_t, 5>& values,

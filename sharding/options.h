@@ -112,7 +112,8 @@ struct ZeroConfig {
   // keeps a spare copy of the offloaded states (12 bytes per Adam element);
   // the NVMe tier's is on disk already.
   bool offload_overlap_step = false;
-  // Threads of a rank's CPU update (0: MEMWALL_CPU_THREADS, else 1); with
+  // Threads of a rank's CPU update (0: MEMWALL_CPU_THREADS, else 1; the
+  // Engine budgets 0 on cuda as the cores over the ranks there); with
   // offload_bind_cores, rank r's update thread and its helpers run on
   // cores [r * t, (r + 1) * t) modulo the cores there are (DeepSpeed's
   // --bind_cores_to_rank), t = offload_cpu_threads.

@@ -124,7 +124,14 @@ echo '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' \
   > "$tmp/offload.json"
 out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/offload.json" --steps 20 --log_every 20 2>&1)
-check "optimizer offload on 2 ranks" "$out" "optimizer_state 0 B" "summary: 20 steps (0 skipped)"
+check "optimizer offload on 2 ranks" "$out" "optimizer_state 0 B" "summary: 20 steps (0 skipped)" \
+  "optimizer offload: the CPU update runs on 1 thread per rank"
+echo '{"train_micro_batch_size_per_gpu": 8,
+       "zero_optimization": {"stage": 2, "reduce_bucket_size": 20000, "offload_optimizer":
+                             {"device": "cpu", "overlap_step": true, "cpu_threads": 2}}}' \
+  > "$tmp/overlap.json"
+out=$("$memwall" train --config "$tmp/overlap.json" --steps 4 --log_every 4 --log_format json 2>&1)
+check "the CPU update's threads" "$out" '"cpu_update_threads":2' '"event":"summary"' 
 echo '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                              "offload_param": {"device": "cpu"}}}' > "$tmp/paging.json"

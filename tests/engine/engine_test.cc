@@ -464,6 +464,28 @@ TEST_CASE("ranks that disagree on the run are refused, naming what differs", "[e
                                "shapes or initial values), data: every rank"));
 }
 
+TEST_CASE("the CPU update's threads are the machine's cores shared by its ranks",
+          "[engine][offload]") {
+  // mpirun starts every rank of these tests on this machine.
+  CHECK(World().RanksOnThisNode().value() == World().world_size());
+  CHECK(CpuUpdateThreadBudget(16, 1) == 16);
+  CHECK(CpuUpdateThreadBudget(16, 3) == 5);
+  CHECK(CpuUpdateThreadBudget(2, 4) == 1);  // never none
+  // On host the CPU computes backward too: the update keeps one thread
+  // (MEMWALL_CPU_THREADS unset in tests), or the config's count.
+  Config config = ConfigFor(2, false, 1);
+  config.zero.offload_optimizer_ratio = 1.0f;
+  const auto model = [](int64_t) -> absl::StatusOr<Model> { return LayerModel(); };
+  auto engine = Engine::Create(Options(), config, model);
+  REQUIRE(engine.ok());
+  CHECK((*engine)->cpu_update_threads() == 1);
+  CHECK((*engine)->config().zero.offload_cpu_threads == 0);
+  config.zero.offload_cpu_threads = 3;
+  engine = Engine::Create(Options(), config, model);
+  REQUIRE(engine.ok());
+  CHECK((*engine)->cpu_update_threads() == 3);
+}
+
 TEST_CASE("stage auto resolves for a layer model, and out of memory says what fits",
           "[engine][auto]") {
   // A dry run on meta as rank 0 of 8: GPT-2 small at micro-batch 2 in 2 GiB,
