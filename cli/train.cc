@@ -120,9 +120,26 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
   if (!recomputation.empty()) std::printf("activation recomputation: %s\n", recomputation.c_str());
   if (offloaded) {
     const int threads = engine.cpu_update_threads();
+    std::string overlap;
+    if (config.zero.offload_overlap_step) {
+      // Backward reduces the first group last: its update cannot start
+      // before backward ends, so a model in one group overlaps nothing.
+      const FlatLayout& layout = engine.optimizer().layout();
+      const size_t groups = layout.groups.size();
+      if (groups == 1) {
+        overlap = absl::StrFormat(
+            ", after backward: the model is one group, so none of the update overlaps backward "
+            "(a reduce_bucket_size below its %lld elements splits it at layer boundaries)",
+            static_cast<long long>(layout.numel));
+      } else {
+        overlap = absl::StrFormat(
+            ", overlapped with backward in %zu groups (the first, %.0f%% of the parameters, is "
+            "reduced last and updates after backward)",
+            groups, 100.0 * layout.groups[0].numel / std::max<int64_t>(1, layout.numel));
+      }
+    }
     std::printf("optimizer offload: the CPU update runs on %d thread%s per rank%s\n", threads,
-                threads == 1 ? "" : "s",
-                config.zero.offload_overlap_step ? ", overlapped with backward" : "");
+                threads == 1 ? "" : "s", overlap.c_str());
   }
   std::fflush(stdout);
 }

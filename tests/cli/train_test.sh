@@ -131,7 +131,16 @@ echo '{"train_micro_batch_size_per_gpu": 8,
                              {"device": "cpu", "overlap_step": true, "cpu_threads": 2}}}' \
   > "$tmp/overlap.json"
 out=$("$memwall" train --config "$tmp/overlap.json" --steps 4 --log_every 4 --log_format json 2>&1)
-check "the CPU update's threads" "$out" '"cpu_update_threads":2' '"event":"summary"' 
+check "the CPU update's threads" "$out" '"cpu_update_threads":2' '"event":"summary"'
+out=$("$memwall" train --config "$tmp/overlap.json" --steps 1 2>&1)
+# gpt-tiny: 120576 elements; the embedding layer (256 x 64 + 64 x 64 = 20480, 17%)
+# packs alone, as does each block and the final layer norm.
+check "the overlapped update's groups" "$out" \
+  "optimizer offload: the CPU update runs on 2 threads per rank, overlapped with backward in 4 groups (the first, 17% of the parameters, is reduced last and updates after backward)"
+sed 's/"reduce_bucket_size": 20000, //' "$tmp/overlap.json" > "$tmp/one-group.json"
+out=$("$memwall" train --config "$tmp/one-group.json" --steps 1 2>&1)
+check "an overlapped update in one group" "$out" \
+  "optimizer offload: the CPU update runs on 2 threads per rank, after backward: the model is one group, so none of the update overlaps backward (a reduce_bucket_size below its 120576 elements splits it at layer boundaries)"
 echo '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                              "offload_param": {"device": "cpu"}}}' > "$tmp/paging.json"
