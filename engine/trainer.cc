@@ -264,8 +264,8 @@ absl::Status Trainer::Forward(Pass& pass) {
   for (int l = 0; l < n; ++l) {
     ScopedPhase layer(profiler_, layers_[l]->name());
     const std::vector<int>& next = l + 1 < n ? groups_of_layer_[l + 1] : none;
-    for (int g : groups_of_layer_[l]) {
-      if (contexts_[l]->gathers_on_use()) break;  // its Forward gathers them
+    // Gathering on use: the layer's Forward gathers its groups itself.
+    for (int g : contexts_[l]->gathers_on_use() ? none : groups_of_layer_[l]) {
       if (!pass.gathered.insert(g).second) continue;
       MW_RETURN_IF_ERROR(optimizer_->GatherParameters(g));
       if (layers_[l]->UsesGroupsInTurn() && std::find(next.begin(), next.end(), g) == next.end()) {
@@ -321,9 +321,10 @@ absl::Status Trainer::Recompute(Pass& pass, const Segment& segment, int l) {
   if (segment.mode == SegmentMode::kOffload) MW_RETURN_IF_ERROR(Fetch(pass, segment.begin - 1));
   pass.outputs[l] = Tensor();  // the checkpoint: recomputed with the rest
   std::set<int> regathered;    // not those backward already holds
+  const std::vector<int> none;
   for (int j = segment.begin; j < segment.end; ++j) {
-    for (int g : groups_of_layer_[j]) {
-      if (contexts_[j]->gathers_on_use()) break;  // its Forward gathers them
+    // Gathering on use: the layer's Forward gathers its groups itself.
+    for (int g : contexts_[j]->gathers_on_use() ? none : groups_of_layer_[j]) {
       if (pass.gathered.insert(g).second) {
         MW_RETURN_IF_ERROR(optimizer_->GatherParameters(g));
         regathered.insert(g);
@@ -365,10 +366,11 @@ absl::Status Trainer::Backward(Pass& pass, Tensor grad) {
     auto gather = [&](int g) -> absl::Status {
       return pass.gathered.insert(g).second ? opt.GatherParameters(g) : absl::OkStatus();
     };
-    for (int g : groups_of_layer_[l]) {
-      if (by_group || on_use) continue;
-      MW_RETURN_IF_ERROR(gather(g));
-      MW_RETURN_IF_ERROR(acquire(g));
+    if (!by_group && !on_use) {
+      for (int g : groups_of_layer_[l]) {
+        MW_RETURN_IF_ERROR(gather(g));
+        MW_RETURN_IF_ERROR(acquire(g));
+      }
     }
     MW_ASSIGN_OR_RETURN(Tensor grad_input,
                         layers_[l]->Backward(*contexts_[l], pass.input_of(l), grad));

@@ -14,10 +14,6 @@
 namespace memwall {
 namespace {
 
-int64_t RoundUp(int64_t bytes) {
-  return (bytes + NvmeStore::kAlignment - 1) / NvmeStore::kAlignment * NvmeStore::kAlignment;
-}
-
 absl::Status Errno(int error, const std::string& path, const char* what) {
   const std::string message = absl::StrCat("NVMe store ", path, ": ", what, ": ", std::strerror(error));
   switch (error) {

@@ -25,6 +25,10 @@ namespace memwall {
 class NvmeStore {
  public:
   static constexpr int64_t kAlignment = 4096;
+  // `bytes` rounded up to whole kAlignment blocks: what O_DIRECT moves.
+  static constexpr int64_t RoundUp(int64_t bytes) {
+    return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  }
   // `p` rounded up to kAlignment (null stays null: meta's buffers), for
   // buffers allocated kAlignment bytes larger than they need.
   static char* AlignUp(void* p) {

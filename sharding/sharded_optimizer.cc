@@ -395,11 +395,11 @@ absl::Status ShardedOptimizer::Finalize() {
   if (largest_on_nvme > 0) {
     // The page buffers: each holds the largest shard on NVMe (within
     // buffer_size), whole blocks for O_DIRECT.
-    const int64_t a = NvmeStore::kAlignment;
-    page_stride_ = (largest_on_nvme * DTypeSize(config_.param_dtype()) + a - 1) / a * a;
+    page_stride_ = NvmeStore::RoundUp(largest_on_nvme * DTypeSize(config_.param_dtype()));
     const int count = config_.zero.offload_param_buffer_count;
-    absl::StatusOr<DeviceBuffer> pages = device_.AllocatePinned(
-        count * page_stride_ + a, MemoryCategory::kWorkspace, "optimizer.param_pages");
+    absl::StatusOr<DeviceBuffer> pages =
+        device_.AllocatePinned(count * page_stride_ + NvmeStore::kAlignment,
+                               MemoryCategory::kWorkspace, "optimizer.param_pages");
     if (!pages.ok()) return fail(pages.status());
     param_pages_ = std::move(pages).value();
     page_events_.resize(count);
