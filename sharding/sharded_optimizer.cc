@@ -139,6 +139,7 @@ ShardedOptimizer::~ShardedOptimizer() {
   // have been by the next Step(); the buffers must outlive the work anyway.
   if (worker_ != nullptr) (void)worker_->Wait();
   (void)comm_stream_->Synchronize();
+  DropReadAheads();
 }
 
 absl::Status ShardedOptimizer::AddParameter(std::string name, std::vector<int64_t> shape,
@@ -359,6 +360,7 @@ absl::Status ShardedOptimizer::Finalize() {
     groups.clear();
     param_pages_.Reset();
     page_events_.clear();
+    page_reader_.clear();
     nvme_.reset();
     param_store_.reset();
     return status;
@@ -403,6 +405,7 @@ absl::Status ShardedOptimizer::Finalize() {
     if (!pages.ok()) return fail(pages.status());
     param_pages_ = std::move(pages).value();
     page_events_.resize(count);
+    page_reader_.assign(count, -1);
     for (auto& event : page_events_) {
       absl::StatusOr<std::unique_ptr<Event>> e = device_.CreateEvent();
       if (!e.ok()) return fail(e.status());
@@ -635,8 +638,16 @@ absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
     void* own = Offset(full.data(), flat.shard_begin(comm_.rank()), dtype);
     Event* copied = nullptr;
     if (group.param_slot >= 0) {
-      MW_ASSIGN_OR_RETURN(const Page page, TakePage());
-      MW_RETURN_IF_ERROR(param_store_->Read(group.param_slot, page.data));
+      Page page;
+      if (group.read_page >= 0) {  // read ahead: its page is this copy's
+        page = PageAt(group.read_page);
+        page_reader_[group.read_page] = -1;
+        group.read_page = -1;
+        MW_RETURN_IF_ERROR(param_store_->Wait(group.read));
+      } else {
+        MW_ASSIGN_OR_RETURN(page, TakePage());
+        MW_RETURN_IF_ERROR(param_store_->Read(group.param_slot, page.data));
+      }
       shard = page.data;
       copied = page.copied;
     }
@@ -656,7 +667,10 @@ absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
 }
 
 absl::Status ShardedOptimizer::Prefetch() {
-  if (!comm_stream_->asynchronous()) return absl::OkStatus();  // nothing could overlap
+  // Gathers ahead overlap only on an asynchronous stream; the disk reads
+  // of shards on NVMe run beside the caller whatever its streams.
+  const bool gathers_ahead = comm_stream_->asynchronous();
+  if (!gathers_ahead && param_store_ == nullptr) return absl::OkStatus();
   int64_t live = 0;
   for (size_t i = 0; i < groups_.size(); ++i) {
     if (!groups_[i].gathered.empty()) live += layout_.groups[i].padded_numel;
@@ -664,16 +678,47 @@ absl::Status ShardedOptimizer::Prefetch() {
   int64_t ahead = 0;
   for (int next : scheduler_.Upcoming()) {
     const int64_t size = layout_.groups[next].padded_numel;
-    if (!groups_[next].gathered.empty()) continue;
-    if (ahead + size > config_.zero.stage3_prefetch_bucket_size ||
-        live + size > config_.zero.stage3_max_live_parameters) {
-      break;
+    Group& group = groups_[next];
+    if (!group.gathered.empty()) continue;
+    if (ahead + size > config_.zero.stage3_prefetch_bucket_size) break;
+    if (group.param_slot >= 0) {
+      // On NVMe the read is the slow part: it starts now; the gather
+      // (holding device memory) waits until the group is used.
+      MW_RETURN_IF_ERROR(ReadAhead(next));
+      if (group.read_page >= 0) ahead += size;
+      continue;
     }
+    if (!gathers_ahead) continue;
+    if (live + size > config_.zero.stage3_max_live_parameters) break;
     MW_RETURN_IF_ERROR(StartGather(next, /*prefetch=*/true));
     ahead += size;
     live += size;
   }
   return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::ReadAhead(int g) {
+  Group& group = groups_[g];
+  if (group.read_page >= 0) return absl::OkStatus();
+  const int held = static_cast<int>(
+      std::count_if(page_reader_.begin(), page_reader_.end(), [](int r) { return r >= 0; }));
+  if (held + 1 >= static_cast<int>(page_reader_.size())) return absl::OkStatus();
+  MW_ASSIGN_OR_RETURN(const Page page, TakePage());
+  page_reader_[page.index] = g;
+  group.read_page = page.index;
+  group.read = param_store_->ReadPart(group.param_slot, 0,
+                                      param_store_->rounded_bytes(group.param_slot), page.data);
+  return absl::OkStatus();
+}
+
+void ShardedOptimizer::DropReadAheads() {
+  for (Group& group : groups_) {
+    if (group.read_page < 0) continue;
+    // Its data is not needed; a failing disk fails the next read that is.
+    (void)param_store_->Wait(group.read);
+    page_reader_[group.read_page] = -1;
+    group.read_page = -1;
+  }
 }
 
 absl::Status ShardedOptimizer::GatherParameters(int g) {
@@ -783,11 +828,21 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
 }
 
 absl::StatusOr<ShardedOptimizer::Page> ShardedOptimizer::TakePage() {
-  const int i = next_page_;
-  next_page_ = (next_page_ + 1) % static_cast<int>(page_events_.size());
-  // The page's last copy out (to a gathered buffer) has run.
-  MW_RETURN_IF_ERROR(page_events_[i]->Synchronize());
-  return Page{NvmeStore::AlignUp(param_pages_.data()) + i * page_stride_, page_events_[i].get()};
+  const int n = static_cast<int>(page_events_.size());
+  for (int k = 0; k < n; ++k) {
+    const int i = (next_page_ + k) % n;
+    if (page_reader_[i] >= 0) continue;  // a read ahead lands there
+    next_page_ = (i + 1) % n;
+    // The page's last copy out (to a gathered buffer) has run.
+    MW_RETURN_IF_ERROR(page_events_[i]->Synchronize());
+    return PageAt(i);
+  }
+  // ReadAhead leaves one page free.
+  return absl::InternalError("ShardedOptimizer: every page buffer holds a read ahead");
+}
+
+ShardedOptimizer::Page ShardedOptimizer::PageAt(int i) {
+  return Page{NvmeStore::AlignUp(param_pages_.data()) + i * page_stride_, page_events_[i].get(), i};
 }
 
 absl::Status ShardedOptimizer::WriteShardFromF32(const FlatGroup& flat, Group& group,
@@ -1090,6 +1145,7 @@ absl::Status ShardedOptimizer::AbortStep() {
   // finishes first (an error, if any, is the caller's to see).
   const absl::Status drained = comm_stream_->Synchronize();
   if (worker_ != nullptr) (void)worker_->Wait();
+  DropReadAheads();
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& group = groups_[g];
     DropSpeculation(group);
@@ -1423,6 +1479,7 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     if (group.prefetched) group.gathered.Reset();
     group.prefetched = false;
   }
+  DropReadAheads();  // before the update rewrites the shards
   // 1. Reduce what stages 0-1 hold in full. 2. Look for inf/nan and take
   // the global norm. 3. Skip, or update (clipping folds into the gradient
   // scale), refresh the parameters and zero the gradients.

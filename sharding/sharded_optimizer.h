@@ -112,9 +112,13 @@
 // in a file of their own (offload/nvme_store.h, two copies per shard).
 // GatherParameters() reads such a shard into the next of
 // offload_param_buffer_count pinned page buffers (reused once the copy out
-// of it has run, an event) and pages it in from there; prefetching (overlap_comm) reads
-// upcoming groups' shards as it gathers them ahead of use (the read itself
-// runs on the caller's thread). The update leaves the refreshed
+// of it has run, an event) and pages it in from there. Prefetching starts
+// the reads of the upcoming groups' shards (within
+// stage3_prefetch_bucket_size, through the store's asynchronous I/O, into
+// all but one of the page buffers) while the caller computes, and their
+// gathers, at use, wait for them; the disk is what takes time, and the
+// page keeps no device memory. Reads ahead whose gather does not come are
+// dropped when the step ends, before the update writes the shards. The update leaves the refreshed
 // shard in one shared pinned scratch, which is written to the shard's spare
 // copy at once; the step commits the parameters' copies with the optimizer
 // tier's, after every group has updated and been written, so a failed write
@@ -147,17 +151,18 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "offload/host_optimizer.h"
+#include "offload/nvme_store.h"
+#include "offload/update_worker.h"
+#include "profiler/memory_profiler.h"
 #include "runtime/allocator.h"
 #include "runtime/communicator.h"
 #include "runtime/device.h"
-#include "offload/host_optimizer.h"
-#include "offload/update_worker.h"
 #include "sharding/device_optimizer.h"
 #include "sharding/flat_layout.h"
 #include "sharding/gather_scheduler.h"
 #include "sharding/loss_scaler.h"
 #include "sharding/options.h"
-#include "profiler/memory_profiler.h"
 
 namespace memwall {
 
@@ -394,8 +399,12 @@ class ShardedOptimizer {
     std::vector<StateTier::Segment> speculated_segments;
     DeviceBuffer host_params;
     std::unique_ptr<Event> staged_event;
-    // Parameters on NVMe: the shard's slot in param_store_ (-1: params).
+    // Parameters on NVMe: the shard's slot in param_store_ (-1: params),
+    // and the read of it started ahead of its gather (Prefetch) into page
+    // `read_page` (-1: none under way).
     int param_slot = -1;
+    int read_page = -1;
+    NvmeStore::Pending read;
   };
 
   // The events that order the caller's and the communication stream.
@@ -440,13 +449,22 @@ class ShardedOptimizer {
   // Parameter paging: group.params lives in the pinned pool, or (a group
   // with a param_slot) the shard lives in param_store_.
   bool paged() const { return config_.zero.offload_param; }
-  // Parameters on NVMe: the next page buffer (waits until the copy out of
-  // it has run), and the event a copy out of it records.
+  // Parameters on NVMe: the next page buffer holding no read ahead (waits
+  // until the copy out of it has run), and the event a copy out of it
+  // records.
   struct Page {
     void* data;
     Event* copied;
+    int index;
   };
   absl::StatusOr<Page> TakePage();
+  Page PageAt(int i);
+  // Parameters on NVMe: starts reading group g's shard into a page buffer
+  // for its gather, if it has none under way and a page stays free for the
+  // gathers and writes that need one at once; lets every read ahead go
+  // whose gather did not come (the step ended or was abandoned).
+  absl::Status ReadAhead(int g);
+  void DropReadAheads();
   // Parameters on NVMe: writes the group's shard (f32 values `from`,
   // rounded to the parameter dtype in a page) to its file and commits it.
   absl::Status WriteShardFromF32(const FlatGroup& flat, Group& group, const float* from);
@@ -609,6 +627,7 @@ class ShardedOptimizer {
   DeviceBuffer param_pages_;
   int64_t page_stride_ = 0;
   std::vector<std::unique_ptr<Event>> page_events_;
+  std::vector<int> page_reader_;  // the group a page holds a read ahead for, or -1
   int next_page_ = 0;
   // Overlapped update: the update thread, the stream its work is ordered
   // on, and the pinned f32 buffer the updates widen 16-bit gradients into
