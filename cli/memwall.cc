@@ -192,7 +192,11 @@ usage:
       above 1, every micro-batch dividing that global batch, with the
       accumulation that keeps it), predicts each one's step time on a
       hardware profile, and prints the fastest that fits as a config file
-      (written to --out FILE if given). Planning that takes more than a
+      (written to --out FILE if given). With --nvme, a GPT candidate with
+      its parameters on NVMe that does not fit is tried with its block
+      operators in 2, 4 or 8 tiles (the fewest that fit); tiles are the
+      model's, so the plan then names the --model to run
+      ("gpt2-1.5b:tiles=4"). Planning that takes more than a
       second reports on stderr, once a second, what it is doing (the
       candidate, and where in the dry-run step).
 

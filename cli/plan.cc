@@ -1,9 +1,11 @@
 #include "cli/plan.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -26,6 +28,13 @@ DryRunOptions ToDryRunOptions(const PlanOptions& options) {
   DryRunOptions dry;
   dry.model = options.factory ? options.factory : SpecModel(options.model, options.seq, options.image);
   dry.model_name = options.model;
+  if (!options.factory) {
+    dry.tiled_model = [spec = options.model, seq = options.seq,
+                       image = options.image](int64_t tiles) -> absl::StatusOr<ModelFactory> {
+      MW_ASSIGN_OR_RETURN(const std::string tiled, WithTiles(spec, tiles));
+      return SpecModel(tiled, seq, image);
+    };
+  }
   dry.gpus = options.gpus;
   dry.device_bytes = options.device_bytes;
   dry.host_bytes = options.host_bytes;
@@ -76,6 +85,11 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
                                                                /*vary_micro_batch=*/true));
   const Candidate* best = result.best >= 0 ? &result.candidates[result.best] : nullptr;
   const std::string chosen = best != nullptr ? ConfigToJson(best->config) : "";
+  // Tiles belong to the model: the chosen ones are run through its spec.
+  std::string run_model = options.model;
+  if (best != nullptr && best->tiles > 1) {
+    MW_ASSIGN_OR_RETURN(run_model, WithTiles(options.model, best->tiles));
+  }
   if (best != nullptr) MW_RETURN_IF_ERROR(WriteChosen(options, chosen));
   if (options.json) {
     nlohmann::json j;
@@ -86,6 +100,7 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
     j["candidates"] = nlohmann::json::array();
     for (const Candidate& c : result.candidates) {
       j["candidates"].push_back({{"name", c.name},
+                                 {"tiles", c.tiles},
                                  {"fits", c.plan.fits},
                                  {"device_needed", c.plan.device_needed},
                                  {"host_peak", c.plan.host_peak},
@@ -95,6 +110,7 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
     j["fits"] = best != nullptr;
     if (best != nullptr) {
       j["chosen"] = best->name;
+      j["model_to_run"] = run_model;
       j["step_seconds"] = best->step_seconds;
       j["config"] = nlohmann::json::parse(chosen);
       j["plan"] = PlanJson(options, best->config, best->plan);
@@ -112,13 +128,16 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
                         "CPU Adam %.1f GB/s, disk %.2f GB/s)\n",
                         hw.flops / 1e12, hw.interconnect_bps / 1e9, hw.pcie_bps / 1e9,
                         hw.cpu_adam_bps / 1e9, hw.nvme_bps / 1e9);
-  absl::StrAppendFormat(&out, "%-80s %12s %12s %10s\n", "candidate", "device need", "host",
+  // The name column fits the longest name, so the figures line up.
+  int width = 0;
+  for (const Candidate& c : result.candidates) width = std::max(width, int(c.name.size()));
+  absl::StrAppendFormat(&out, "%-*s %12s %12s %10s\n", width, "candidate", "device need", "host",
                         "step s");
   int64_t least = INT64_MAX;
   for (const Candidate& c : result.candidates) {
     least = std::min(least, c.plan.device_needed);
-    absl::StrAppendFormat(&out, "%-80s %12s %12s %10s\n", c.name, FormatBytes(c.plan.device_needed),
-                          FormatBytes(c.plan.host_peak),
+    absl::StrAppendFormat(&out, "%-*s %12s %12s %10s\n", width, c.name,
+                          FormatBytes(c.plan.device_needed), FormatBytes(c.plan.host_peak),
                           c.plan.fits ? absl::StrFormat("%.3f", c.step_seconds) : "no fit");
   }
   if (best == nullptr) {
@@ -129,6 +148,12 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
   }
   absl::StrAppendFormat(&out, "chosen: %s, %.3f s per step predicted\n%s\n", best->name,
                         best->step_seconds, chosen);
+  if (best->tiles > 1) {
+    absl::StrAppendFormat(&out,
+                          "model: %s (the tiles are the model's: run it with --model %s and this "
+                          "config)\n",
+                          run_model, run_model);
+  }
   if (!options.out_path.empty()) absl::StrAppendFormat(&out, "written to %s\n", options.out_path);
   out += "fits: yes\n";
   return out;

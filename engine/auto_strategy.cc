@@ -270,6 +270,21 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
             micro_batches.size() * choices.size(), " (", cand.name, ")"));
       }
       MW_ASSIGN_OR_RETURN(cand.plan, DryRun(at, config));
+      // Parameters on NVMe, gathered on use: a block operator too large
+      // for the device alone may fit in tiles (the fewest that fit; each
+      // tile is gathered, computed and released in turn).
+      if (c.nvme_params && !cand.plan.fits && options.tiled_model) {
+        for (int64_t tiles : {2, 4, 8}) {
+          absl::StatusOr<ModelFactory> tiled = options.tiled_model(tiles);
+          if (!tiled.ok()) continue;  // the model's widths do not divide
+          DryRunOptions with = at;
+          with.model = *std::move(tiled);
+          MW_ASSIGN_OR_RETURN(cand.plan, DryRun(with, config));
+          cand.tiles = tiles;
+          if (cand.plan.fits) break;
+        }
+        if (cand.tiles > 1) absl::StrAppend(&cand.name, ", ", cand.tiles, " tiles");
+      }
       cand.step_seconds = PredictStepSeconds(cand.plan, config, hw);
       result.candidates.push_back(std::move(cand));
       const Candidate& added = result.candidates.back();

@@ -51,6 +51,9 @@ std::string PresetForMemory(int64_t device_bytes);
 struct Candidate {
   std::string name;  // "stage 3 + optimizer offload + optimal recomputation"
   Config config;
+  // The model's block operators in this many tiles
+  // (DryRunOptions::tiled_model): a model property, not the config's.
+  int64_t tiles = 1;
   DryRunResult plan;
   double step_seconds = 0;  // meaningful when plan.fits
 };

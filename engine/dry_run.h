@@ -33,6 +33,11 @@ constexpr int64_t kDeviceRuntimeAllowance = int64_t{1} << 30;
 struct DryRunOptions {
   ModelFactory model;      // required
   std::string model_name;  // for messages and reports
+  // Set for a model whose block operators can be tiled (a GPT spec): the
+  // same model in `tiles` tiles, or an error for a count it cannot take.
+  // The auto strategy tiles candidates with parameters on NVMe that do not
+  // fit untiled.
+  std::function<absl::StatusOr<ModelFactory>(int64_t tiles)> tiled_model;
   int64_t gpus = 1;        // N: the data-parallel world
   int64_t device_bytes = int64_t{32} << 30;
   int64_t host_bytes = int64_t{512} << 30;  // pinned host memory per GPU

@@ -65,4 +65,14 @@ ModelFactory SpecModel(const std::string& spec, int64_t seq, int64_t image) {
   return [spec, seq, image](int64_t batch) { return MakeModel(spec, batch, seq, image); };
 }
 
+absl::StatusOr<std::string> WithTiles(const std::string& spec, int64_t tiles) {
+  if (spec.find("tiles=") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", spec, "': names its tiles already"));
+  }
+  const std::string tiled =
+      absl::StrCat(spec, spec.find(':') == std::string::npos ? ":" : ",", "tiles=", tiles);
+  MW_RETURN_IF_ERROR(ParseGptModel(tiled).status());
+  return tiled;
+}
+
 }  // namespace memwall

@@ -24,6 +24,13 @@ absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t 
 // PyTorch models, "hf:PATH" and "traced:FILE": cli/plan.h.)
 ModelFactory SpecModel(const std::string& spec, int64_t seq = 0, int64_t image = 224);
 
+// A GPT spec with its block operators in `tiles` tiles of output columns
+// (GptConfig::tiles): "gpt2-1.5b" -> "gpt2-1.5b:tiles=4",
+// "gpt:params=1e12" -> "gpt:params=1e12,tiles=4". kNotFound for a spec
+// that is no GPT; kInvalidArgument for one that already names its tiles
+// or whose widths `tiles` does not divide.
+absl::StatusOr<std::string> WithTiles(const std::string& spec, int64_t tiles);
+
 }  // namespace memwall
 
 #endif  // MEMWALL_MODELS_SPEC_H_

@@ -229,12 +229,30 @@ check "plan: the chosen config fits" "$out" "fits: yes"
 out=$("$memwall" plan --model gpt2-124m --gpus 8 --device-memory 4GiB --batch 1 --auto \
   --out "$tmp/batch1.json" 2>&1)
 chosen=$(sed -nE 's/^chosen: (.*), [0-9.]+ s per step predicted$/\1/p' <<<"$out")
-need=$(grep -F -- "$chosen " <<<"$out" | head -1 | cut -c82-93 | sed 's/^ *//; s/ *$//')
+# The "device need" column starts where the header says (the name column
+# is as wide as the longest name).
+col=$(grep -m1 "^candidate" <<<"$out" | awk '{print index($0, "device need")}')
+need=$(grep -F -- "$chosen " <<<"$out" | head -1 | cut -c$((col - 1))-$((col + 10)) |
+  sed 's/^ *//; s/ *$//')
 check "plan --auto --batch 1 prints micro-batch 1" "$(cat "$tmp/batch1.json")" \
   '"train_micro_batch_size_per_gpu": 1'
 out=$("$memwall" plan --model gpt2-124m --gpus 8 --device-memory 4GiB --config "$tmp/batch1.json" 2>&1)
 check "plan -> config -> plan needs the same" "$out" "micro-batch 1," "needed" "$need of 4.00 GiB"
 [ -n "$need" ] && pass || fail "no device need found for the chosen candidate '$chosen'"
+# A block operator too large for the device even alone: only tiles fit it.
+# One block of hidden 8192: its MLP weight (8192 x 32768) gathered on use
+# in bf16 with its gradient and their f32 copies needs more than the 3 GiB
+# the plan allows (1 GiB the runtime's); in 2 tiles the step needs 2.41 GiB.
+wide="gpt:layers=1,hidden=8192,heads=64,seq=64,vocab=256"
+out=$("$memwall" plan --model "$wide" --device-memory 3GiB --nvme 1TB --batch 1 --auto \
+  --out "$tmp/tiled.json" 2>&1)
+check "plan --auto tiles what does not fit untiled" "$out" \
+  "chosen: stage 3, optimizer offload 1, parameter paging and gradients on NVMe, gathered on use, " \
+  ", 2 tiles, " \
+  "model: $wide,tiles=2 (the tiles are the model's: run it with --model $wide,tiles=2 and this config)"
+out=$("$memwall" plan --model "$wide,tiles=2" --device-memory 3GiB --nvme 1TB \
+  --config "$tmp/tiled.json" 2>&1)
+check "plan: the tiled model with the chosen config fits" "$out" "fits: yes"
 out=$("$memwall" plan --model gpt-tiny --device-memory 64MiB --auto --hardware this-machine 2>&1)
 check "plan: auto on this machine" "$out" "step times on this-machine" "TFLOP/s sustained" "fits: yes"
 out=$("$memwall" plan --model gpt3-175b --gpus 1 --device-memory 16GiB --host-memory 64GiB --auto 2>&1)

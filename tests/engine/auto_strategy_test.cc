@@ -9,10 +9,11 @@
 
 #include "catch2/catch.hpp"
 #include "engine/dry_run.h"
-#include "models/spec.h"
 #include "engine/trainer.h"
 #include "models/gpt.h"
+#include "models/spec.h"
 #include "runtime/simulated_communicator.h"
+#include "runtime/status.h"
 #include "runtime/units.h"
 
 namespace memwall {
@@ -207,6 +208,48 @@ TEST_CASE("--auto keeps the parameters and gradients on NVMe when the host canno
   // The config it prints plans the same step.
   const Config printed = ParseConfig(ConfigToJson(best.config)).value();
   CHECK(DryRun(options, printed).value().device_requested_peak == best.plan.device_requested_peak);
+}
+
+TEST_CASE("--auto tiles a block operator that does not fit the device untiled",
+          "[auto][nvme][tiles]") {
+  // One block of hidden 8192: gathered on use from NVMe, its MLP weight
+  // (8192 x 32768, bf16, with its gradient and their f32 copies) alone
+  // needs more than the 3 GiB given (the step 6.66 GiB); in 2 tiles the
+  // chosen step needs 2.41 GiB.
+  const std::string spec = "gpt:layers=1,hidden=8192,heads=64,seq=64,vocab=256";
+  CHECK(WithTiles(spec, 2).value() == spec + ",tiles=2");
+  CHECK(WithTiles("gpt2-1.5b", 4).value() == "gpt2-1.5b:tiles=4");
+  CHECK(WithTiles("gpt2-124m:tiles=2", 4).status().message() ==
+        "model 'gpt2-124m:tiles=2': names its tiles already");
+  CHECK(WithTiles("gpt2-124m", 5).status().message() ==
+        "gpt tiles: expected a divisor of hidden 768, got 5");
+  CHECK(WithTiles("resnet50", 2).status().code() == absl::StatusCode::kNotFound);
+  DryRunOptions options;
+  options.model = SpecModel(spec);
+  options.tiled_model = [&](int64_t tiles) -> absl::StatusOr<ModelFactory> {
+    MW_ASSIGN_OR_RETURN(const std::string tiled, WithTiles(spec, tiles));
+    return SpecModel(tiled);
+  };
+  options.device_bytes = 3 * kGiB;
+  options.nvme_bytes = 1024 * kGiB;
+  Config base;
+  base.bf16 = true;
+  base.train_micro_batch_size_per_gpu = 1;
+  const AutoResult r = AutoStrategy(options, base, HardwarePreset("v100-32gb").value()).value();
+  REQUIRE(r.best >= 0);
+  const Candidate& best = r.candidates[r.best];
+  CHECK(best.tiles == 2);
+  CHECK_THAT(best.name, Catch::StartsWith("stage 3, optimizer offload 1, parameter paging and "
+                                          "gradients on NVMe, gathered on use") &&
+                            Catch::EndsWith(", 2 tiles"));
+  for (const Candidate& c : r.candidates) {
+    if (c.plan.fits) CHECK(c.tiles > 1);  // nothing fits untiled
+  }
+  // The tiled model under the chosen config plans the same step.
+  DryRunOptions tiled = options;
+  tiled.model = SpecModel(spec + ",tiles=2");
+  CHECK(DryRun(tiled, best.config).value().device_needed == best.plan.device_needed);
+  CHECK(best.plan.device_needed < 3 * kGiB);
 }
 
 }  // namespace
