@@ -31,7 +31,8 @@ ABSL_FLAG(std::string, backend, "",
           "no bytes, any size). Default: meta for profile, host otherwise.");
 ABSL_FLAG(std::string, device_memory, "",
           "Device capacity per rank, e.g. 256MiB, 32GiB or 32GB (binary and decimal units); "
-          "default 256MiB, 32GiB for plan.");
+          "default 256MiB, 32GiB for plan; with --backend cuda the GPU's free memory less 1 GiB "
+          "for the CUDA runtime.");
 ABSL_FLAG(std::string, pinned_memory, "0",
           "train, profile: pinned host memory per rank for offloaded optimizer states "
           "(zero_optimization.offload_optimizer) and activations "
@@ -155,7 +156,8 @@ usage:
       resume from the last checkpoint.
       With --backend cuda each rank trains on a GPU (rank modulo the visible
       GPUs; cuBLAS and memwall's CUDA kernels) and the ranks reduce over
-      NCCL; --device_memory caps the memwall allocator there. With --backend
+      NCCL; --device_memory caps the memwall allocator there (default: the
+      GPU's free memory less 1 GiB for the CUDA runtime). With --backend
       meta it dry-runs the same schedule as rank 0 of --simulate_ranks
       ranks: memory and traffic are real, nothing computes.
 
@@ -388,7 +390,8 @@ absl::Status ReadModelFlags(memwall::Backend fallback, Options& options) {
   auto backend = BackendFlag(fallback);
   if (!backend.ok()) return backend.status();
   options.backend = *backend;
-  auto capacity = MemoryFlag();
+  // cuda: 0 until the rank knows its GPU (DeviceBytesFor).
+  auto capacity = MemoryFlag(*backend == memwall::Backend::kCuda ? "0" : "256MiB");
   if (!capacity.ok()) return capacity.status();
   options.capacity_bytes = *capacity;
   auto pinned = memwall::ParseBytes(absl::GetFlag(FLAGS_pinned_memory), "--pinned_memory");

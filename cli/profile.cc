@@ -49,7 +49,8 @@ absl::StatusOr<std::vector<Batch>> SyntheticBatches(Engine& engine, int count) {
 
 }  // namespace
 
-absl::Status RunProfile(const ProfileOptions& options) {
+absl::Status RunProfile(const ProfileOptions& given) {
+  ProfileOptions options = given;
   if (options.steps < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--steps: expected >= 1, got ", options.steps));
   }
@@ -60,6 +61,8 @@ absl::Status RunProfile(const ProfileOptions& options) {
   if (options.batch > 0) config.train_micro_batch_size_per_gpu = options.batch;
   MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world,
                       StartWorld(options.collective_timeout));
+  MW_ASSIGN_OR_RETURN(options.capacity_bytes,
+                      DeviceBytesFor(options.backend, options.capacity_bytes, world->rank()));
   EngineOptions engine_options =
       CommandEngineOptions(options.backend, options.capacity_bytes, options.pinned_bytes,
                            options.simulate_ranks, *world);

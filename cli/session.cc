@@ -1,5 +1,10 @@
 #include "cli/session.h"
 
+#include "absl/strings/str_cat.h"
+#include "engine/dry_run.h"
+#include "runtime/status.h"
+#include "runtime/units.h"
+
 namespace memwall {
 
 const char kDefaultTrainConfig[] = R"({
@@ -18,6 +23,20 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> StartWorld(absl::Duration timeo
   CommunicatorOptions options;
   options.timeout = timeout;
   return MpiCommunicator::Create(options);
+}
+
+absl::StatusOr<int64_t> DeviceBytesFor(Backend backend, int64_t given, int rank) {
+  if (backend != Backend::kCuda || given > 0) return given;
+  const int gpus = CudaDeviceCount();
+  if (gpus < 1) return absl::UnavailableError("--backend cuda: no usable GPU on this machine");
+  MW_ASSIGN_OR_RETURN(const int64_t free_bytes, CudaFreeBytes(rank % gpus));
+  if (free_bytes <= kDeviceRuntimeAllowance) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("--device_memory: cuda:", rank % gpus, " has ", FormatBytes(free_bytes),
+                     " free, no more than the CUDA runtime's allowance of ",
+                     FormatBytes(kDeviceRuntimeAllowance), "; free the GPU or name a size"));
+  }
+  return free_bytes - kDeviceRuntimeAllowance;
 }
 
 EngineOptions CommandEngineOptions(Backend backend, int64_t device_bytes, int64_t pinned_bytes,

@@ -25,6 +25,12 @@ absl::StatusOr<Config> LoadConfigOrDefault(const std::string& path);
 // collectives wait at most `timeout` for the other ranks.
 absl::StatusOr<std::unique_ptr<MpiCommunicator>> StartWorld(absl::Duration timeout);
 
+// The device capacity of a running command's rank: `given`, or with
+// --backend cuda and none given (0) the free memory of the rank's GPU
+// (rank modulo the GPUs, as the engine picks it) less the CUDA runtime's
+// allowance (cuBLAS's and NCCL's memory lies outside memwall's allocator).
+absl::StatusOr<int64_t> DeviceBytesFor(Backend backend, int64_t given, int rank);
+
 // The engine options the running commands (train, profile) set from their
 // flags alike; `world` must outlive the engine.
 EngineOptions CommandEngineOptions(Backend backend, int64_t device_bytes, int64_t pinned_bytes,

@@ -279,7 +279,8 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
 
 }  // namespace
 
-absl::Status RunTrain(const TrainOptions& options) {
+absl::Status RunTrain(const TrainOptions& given) {
+  TrainOptions options = given;
   if (options.steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--steps: expected >= 0, got ", options.steps));
   }
@@ -299,6 +300,8 @@ absl::Status RunTrain(const TrainOptions& options) {
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world,
                       StartWorld(options.collective_timeout));
+  MW_ASSIGN_OR_RETURN(options.capacity_bytes,
+                      DeviceBytesFor(options.backend, options.capacity_bytes, world->rank()));
   EngineOptions engine_options =
       CommandEngineOptions(options.backend, options.capacity_bytes, options.pinned_bytes,
                            options.simulate_ranks, *world);

@@ -134,6 +134,11 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& option
 
 #if !MEMWALL_HAS_CUDA
 int CudaDeviceCount() { return 0; }
+
+absl::StatusOr<int64_t> CudaFreeBytes(int ordinal) {
+  return absl::UnavailableError(absl::StrCat(
+      "cuda:", ordinal, ": this build has no CUDA (it was built with --config=nocuda)"));
+}
 #endif
 
 bool CudaDeviceAvailable() { return CudaDeviceCount() > 0; }

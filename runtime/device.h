@@ -242,6 +242,8 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& option
 int CudaDeviceCount();
 // CudaDeviceCount() > 0.
 bool CudaDeviceAvailable();
+// Bytes free on GPU `ordinal` now (kUnavailable without CUDA or a GPU).
+absl::StatusOr<int64_t> CudaFreeBytes(int ordinal);
 
 }  // namespace memwall
 

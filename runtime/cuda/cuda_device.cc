@@ -159,6 +159,16 @@ int CudaDeviceCount() {
   return count;
 }
 
+absl::StatusOr<int64_t> CudaFreeBytes(int ordinal) {
+  if (ordinal < 0 || ordinal >= CudaDeviceCount()) {
+    return absl::UnavailableError(absl::StrCat("cuda:", ordinal, ": no such GPU"));
+  }
+  MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  size_t free_bytes = 0, total_bytes = 0;
+  MW_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
+}
+
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options) {
   MW_CHECK(options.backend == Backend::kCuda);
   int count = 0;
