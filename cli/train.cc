@@ -79,6 +79,12 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
   const std::string data =
       options.data_path.empty() ? "built-in synthetic corpus" : options.data_path;
   const bool offloaded = config.zero.offload_optimizer_ratio > 0;
+  // Frozen blocks: what trains, from the engine's flat groups.
+  int64_t trainable = 0;
+  for (const FlatGroup& g : engine.optimizer().layout().groups) {
+    if (g.trainable) trainable += g.numel;
+  }
+  const int64_t parameters = GptParameterCount(gpt);
   std::string recomputation;
   if (engine.recomputation_plan().planner != "none") {
     const absl::StatusOr<Chain> chain = engine.trainer()->ChainFor(engine.input_shape());
@@ -87,7 +93,8 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
   if (options.log_format == "json") {
     json record = {{"event", "start"},
                    {"model", options.model},
-                   {"parameters", GptParameterCount(gpt)},
+                   {"parameters", parameters},
+                   {"trainable_parameters", trainable},
                    {"zero_stage", config.zero.stage},
                    {"ranks", ranks},
                    {"backend", std::string(BackendName(options.backend))},
@@ -104,12 +111,16 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
     Emit(options, "", record);
     return;
   }
-  std::printf("memwall train: %s (%s parameters), ZeRO stage %d, %d rank%s, %s backend with %s "
-              "per rank\n",
-              options.model.c_str(),
-              absl::StrFormat("%.2fM", GptParameterCount(gpt) / 1e6).c_str(), config.zero.stage,
-              ranks, ranks == 1 ? "" : "s", std::string(BackendName(options.backend)).c_str(),
-              FormatBytes(options.capacity_bytes).c_str());
+  const std::string counts =
+      trainable == parameters
+          ? absl::StrFormat("%.2fM parameters", parameters / 1e6)
+          : absl::StrFormat("%.2fM parameters, %.2fM trainable", parameters / 1e6, trainable / 1e6);
+  std::printf(
+      "memwall train: %s (%s), ZeRO stage %d, %d rank%s, %s backend with %s "
+      "per rank\n",
+      options.model.c_str(), counts.c_str(), config.zero.stage, ranks, ranks == 1 ? "" : "s",
+      std::string(BackendName(options.backend)).c_str(),
+      FormatBytes(options.capacity_bytes).c_str());
   std::printf("data: %s (%lld bytes), %lld tokens per step (%lld x %d micro-batches x %lld "
               "tokens x %d ranks)\n",
               data.c_str(), static_cast<long long>(corpus.size()), static_cast<long long>(tokens),
@@ -313,9 +324,15 @@ absl::Status RunTrain(const TrainOptions& given) {
           ? "built-in synthetic corpus"
           : absl::StrCat(options.data_path, ", ",
                          std::filesystem::file_size(options.data_path, no_size), " bytes");
+  // The keys that change the model's parameters or what trains; tiles and
+  // frozen blocks only when set, so checkpoints without them keep matching.
   engine_options.model_description =
       absl::StrFormat("gpt:vocab=%d,seq=%d,hidden=%d,heads=%d,layers=%d", gpt.vocab, gpt.seq,
                       gpt.hidden, gpt.heads, gpt.layers);
+  if (gpt.tiles > 1) absl::StrAppend(&engine_options.model_description, ",tiles=", gpt.tiles);
+  if (gpt.frozen_blocks > 0) {
+    absl::StrAppend(&engine_options.model_description, ",frozen_blocks=", gpt.frozen_blocks);
+  }
   engine_options.plan_command = PlanCommand(
       options, options.backend == Backend::kMeta ? options.simulate_ranks : world->world_size(),
       config.train_micro_batch_size_per_gpu);

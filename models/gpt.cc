@@ -85,7 +85,8 @@ class GptEmbedding final : public Layer {
 // Megatron's 34H + 5 heads seq (per row) for the same block with dropout.
 class TransformerBlock final : public Layer {
  public:
-  TransformerBlock(std::string name, const GptConfig& c) : Layer(std::move(name)), c_(c) {}
+  TransformerBlock(std::string name, const GptConfig& c, bool frozen)
+      : Layer(std::move(name)), c_(c), frozen_(frozen) {}
 
   std::vector<ParameterDecl> Parameters() const override {
     const int64_t h = c_.hidden;
@@ -115,6 +116,7 @@ class TransformerBlock final : public Layer {
     decls.push_back({"ln2_bias", {h}, ParameterDecl::Init::kZeros, 0});
     affine(kFcNames, h, 4 * h, 0.02f);
     affine(kMlpNames, 4 * h, h, proj);
+    for (ParameterDecl& decl : decls) decl.trainable = !frozen_;
     return decls;
   }
   // Each weight with its bias (a layer norm's scale with its shift): the
@@ -275,7 +277,7 @@ class TransformerBlock final : public Layer {
     MW_RETURN_IF_ERROR(TiledAffineBackward(ctx, kFcNames, ln2, d_mlp, rows, h, 4 * h, d_small));
     MW_ASSIGN_OR_RETURN(const float* x1, read(kResidual));
     MW_ASSIGN_OR_RETURN(Pair p, Params(ctx, kLn2Names));
-    MW_ASSIGN_OR_RETURN(GradPair g, Grads(ctx, kLn2Names));
+    MW_ASSIGN_OR_RETURN(GradPair g, LayerNormGrads(ctx, kLn2Names));
     MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, x1, F(s[kStats2]), p.w, rows, h,
                                                   d_x1, g.w, g.b));
     MW_RETURN_IF_ERROR(done(kLn2Names));
@@ -290,7 +292,7 @@ class TransformerBlock final : public Layer {
     MW_RETURN_IF_ERROR(TiledAffineBackward(ctx, kQkvNames, ln1, d_qkv, rows, h, 3 * h, d_small));
     MW_ASSIGN_OR_RETURN(const float* in, ctx.Read(x));
     MW_ASSIGN_OR_RETURN(p, Params(ctx, kLn1Names));
-    MW_ASSIGN_OR_RETURN(g, Grads(ctx, kLn1Names));
+    MW_ASSIGN_OR_RETURN(g, LayerNormGrads(ctx, kLn1Names));
     MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, st, d_small, in, F(s[kStats1]), p.w, rows, h,
                                                   dx, g.w, g.b));
     MW_RETURN_IF_ERROR(done(kLn1Names));
@@ -354,6 +356,14 @@ class TransformerBlock final : public Layer {
     MW_ASSIGN_OR_RETURN(g.b, ctx.Grad(names[1]));
     return g;
   }
+  // A layer norm's scale and shift gradients; frozen, a workspace the
+  // kernel's (unused) sums land in, so the input's gradient is computed
+  // as always.
+  absl::StatusOr<GradPair> LayerNormGrads(LayerContext& ctx, Names names) const {
+    if (!frozen_) return Grads(ctx, names);
+    MW_ASSIGN_OR_RETURN(Tensor scratch, ctx.Workspace({2, c_.hidden}));
+    return GradPair{F(scratch), F(scratch) + c_.hidden};
+  }
 
   // Tiles (GptConfig::tiles): each weight in parameters of its own.
   bool tiled() const { return c_.tiles > 1 && c_.tile_parameters; }
@@ -412,7 +422,9 @@ class TransformerBlock final : public Layer {
     GradPair grads{};
     if (!tiled()) {
       MW_ASSIGN_OR_RETURN(whole, Params(ctx, names));
-      MW_ASSIGN_OR_RETURN(grads, Grads(ctx, names));
+      if (!frozen_) {
+        MW_ASSIGN_OR_RETURN(grads, Grads(ctx, names));
+      }
     }
     for (int64_t t = 0; t < c_.tiles; ++t) {
       const std::string tile = tiled() ? TileName(names[0], t) : std::string();
@@ -421,15 +433,20 @@ class TransformerBlock final : public Layer {
       float* dw = nullptr;
       if (tiled()) {
         MW_ASSIGN_OR_RETURN(w, ctx.Param(tile));
-        MW_ASSIGN_OR_RETURN(dw, ctx.Grad(tile));
+        if (!frozen_) {
+          MW_ASSIGN_OR_RETURN(dw, ctx.Grad(tile));
+        }
       } else {
         w = whole.w + t * width;
-        dw = grads.w + t * width;
+        if (!frozen_) dw = grads.w + t * width;
       }
       const int64_t ld = tiled() ? width : out;
-      MW_RETURN_IF_ERROR(kernels::Gemm(d, st, true, false, in, width, rows, 1.0f, x, in,
-                                       dy + t * width, out, 1.0f, dw, ld));
-      if (!tiled() && t == 0) {
+      // Frozen: no weight or bias gradient, only the input's.
+      if (!frozen_) {
+        MW_RETURN_IF_ERROR(kernels::Gemm(d, st, true, false, in, width, rows, 1.0f, x, in,
+                                         dy + t * width, out, 1.0f, dw, ld));
+      }
+      if (!frozen_ && !tiled() && t == 0) {
         MW_RETURN_IF_ERROR(kernels::ColumnSum(d, st, dy, rows, out, grads.b));
       }
       MW_RETURN_IF_ERROR(kernels::Gemm(d, st, false, true, rows, in, width, 1.0f, dy + t * width,
@@ -437,8 +454,10 @@ class TransformerBlock final : public Layer {
       if (tiled()) MW_RETURN_IF_ERROR(done(local));
     }
     if (!tiled()) return done(names);
-    MW_ASSIGN_OR_RETURN(float* db, ctx.Grad(names[1]));
-    MW_RETURN_IF_ERROR(kernels::ColumnSum(d, st, dy, rows, out, db));
+    if (!frozen_) {
+      MW_ASSIGN_OR_RETURN(float* db, ctx.Grad(names[1]));
+      MW_RETURN_IF_ERROR(kernels::ColumnSum(d, st, dy, rows, out, db));
+    }
     return done(names.subspan(1));
   }
 
@@ -506,6 +525,7 @@ class TransformerBlock final : public Layer {
   }
 
   const GptConfig c_;
+  const bool frozen_;  // GptConfig::frozen_blocks
 };
 
 // ---- Final LayerNorm and the LM head tied to the token embedding. ----
@@ -604,6 +624,10 @@ absl::Status ValidateGptConfig(const GptConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("gpt tiles: expected a divisor of hidden ", c.hidden, ", got ", c.tiles));
   }
+  if (c.frozen_blocks < 0 || c.frozen_blocks > c.layers) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt frozen_blocks: expected 0..layers (",
+                                                   c.layers, "), got ", c.frozen_blocks));
+  }
   // Every layer is an object, a chain link and a flat group in a dry run:
   // bounded so that a plan's host memory and time stay bounded (the
   // deepest published transformers have a few hundred layers).
@@ -700,17 +724,18 @@ absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec) {
       return absl::InvalidArgumentError(absl::StrCat("model '", spec, "': expected key=integer, got '",
                                                      item, "'"));
     }
-    int64_t* field = kv[0] == "vocab"    ? &config.vocab
-                     : kv[0] == "seq"    ? &config.seq
-                     : kv[0] == "hidden" ? &config.hidden
-                     : kv[0] == "heads"  ? &config.heads
-                     : kv[0] == "layers" ? &config.layers
-                     : kv[0] == "tiles"  ? &config.tiles
-                                         : nullptr;
+    int64_t* field = kv[0] == "vocab"           ? &config.vocab
+                     : kv[0] == "seq"           ? &config.seq
+                     : kv[0] == "hidden"        ? &config.hidden
+                     : kv[0] == "heads"         ? &config.heads
+                     : kv[0] == "layers"        ? &config.layers
+                     : kv[0] == "tiles"         ? &config.tiles
+                     : kv[0] == "frozen_blocks" ? &config.frozen_blocks
+                                                : nullptr;
     if (field == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model '", spec, "': unknown key '", kv[0],
-                       "' (known: vocab, seq, hidden, heads, layers, tiles, params)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec, "': unknown key '", kv[0],
+          "' (known: vocab, seq, hidden, heads, layers, tiles, frozen_blocks, params)"));
     }
     *field = value;
   }
@@ -730,7 +755,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Layer>>> MakeGpt(const GptConfig& con
   std::vector<std::unique_ptr<Layer>> layers;
   layers.push_back(std::make_unique<GptEmbedding>(config));
   for (int64_t l = 0; l < config.layers; ++l) {
-    layers.push_back(std::make_unique<TransformerBlock>(absl::StrCat("block", l), config));
+    layers.push_back(std::make_unique<TransformerBlock>(absl::StrCat("block", l), config,
+                                                        l < config.frozen_blocks));
   }
   layers.push_back(std::make_unique<GptHead>(config));
   return layers;

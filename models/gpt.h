@@ -40,6 +40,10 @@ struct GptConfig {
   // values). tiles 1 is the plain operator.
   int64_t tiles = 1;
   bool tile_parameters = true;
+  // Fine-tuning: the first `frozen_blocks` transformer blocks are frozen
+  // (ParameterDecl::trainable false: no gradient, no optimizer state); their
+  // backward computes only their input's gradient. 0..layers.
+  int64_t frozen_blocks = 0;
 };
 
 // Named presets: "gpt-tiny" (byte-level, trains in seconds on this
@@ -50,7 +54,7 @@ struct GptConfig {
 absl::StatusOr<GptConfig> GptPreset(const std::string& name);
 
 // A preset with optional overrides: "gpt2-124m:layers=2,seq=256" (keys
-// vocab, seq, hidden, heads, layers, tiles, params), or the bare family "gpt" with
+// vocab, seq, hidden, heads, layers, tiles, frozen_blocks, params), or the bare family "gpt" with
 // a shape: "gpt:layers=48,hidden=6400,heads=50,seq=2048" or
 // "gpt:params=80e9" (GptShapeForParameters). Errors name the key or the
 // preset.

@@ -307,6 +307,23 @@ printf 'hello \xc3\xa9t\xc3\xa9, '"$(head -c 400 /dev/zero | tr '\0' 'a')" > "$t
 out=$("$memwall" train --model gpt-tiny:vocab=128 --data "$tmp/utf8.txt" --steps 1 2>&1)
 check "data outside the vocabulary" "$out" \
   "data file $tmp/utf8.txt: byte 195 at offset 6 is outside the model's vocabulary of 128 tokens"
+# Fine-tuning with frozen blocks: block0 (12 x 64^2 + 13 x 64 = 49984
+# parameters) holds no gradient (4 bytes each, f32) and no Adam moments
+# (8 bytes each): 747.00 -> 551.50 KiB of gradients and 943.00 -> 552.00
+# KiB of optimizer states at the built-in config (stage 2; a group's
+# padding, 64 elements, goes with it).
+out=$("$memwall" train --model gpt-tiny --steps 2 --log_every 2 2>&1)
+check "the unfrozen books" "$out" "gradient 747.00 KiB optimizer_state 943.00 KiB"
+out=$("$memwall" train --model gpt-tiny:frozen_blocks=1 --steps 2 --log_every 2 --save "$tmp/frozen" 2>&1)
+check "frozen blocks in memwall train" "$out" \
+  "memwall train: gpt-tiny:frozen_blocks=1 (0.12M parameters, 0.07M trainable), ZeRO stage 2" \
+  "gradient 551.50 KiB optimizer_state 552.00 KiB"
+out=$("$memwall" train --backend meta --model gpt-tiny:frozen_blocks=1 --steps 2 --log_every 2 2>&1)
+check "the dry run books frozen blocks as the host run" "$out" \
+  "gradient 551.50 KiB optimizer_state 552.00 KiB"
+out=$("$memwall" train --model gpt-tiny --steps 4 --resume "$tmp/frozen" 2>&1)
+check "a frozen run's checkpoint names its frozen blocks" "$out" \
+  "saved from model 'gpt:vocab=256,seq=64,hidden=64,heads=4,layers=2,frozen_blocks=1', this run's model is 'gpt:vocab=256,seq=64,hidden=64,heads=4,layers=2'"
 out=$("$memwall" train --steps -1 2>&1)
 check "bad steps" "$out" "--steps: expected >= 0, got -1"
 out=$("$memwall" train --collective_timeout -1 2>&1)

@@ -303,6 +303,48 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("frozen blocks keep their weights and hold no gradient or optimizer state",
+          "[trainer][gpt][frozen]") {
+  const int r = World().rank();
+  GptConfig c = GptPreset("gpt-tiny").value();
+  c.frozen_blocks = 1;
+  for (int stage : {0, 3}) {
+    INFO("stage " << stage << ", " << World().world_size() << " ranks");
+    auto device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
+    ShardingOptions o = Options(stage, false);
+    o.zero.reduce_bucket_size = 60000;
+    auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), o,
+                                   *device, World(), 3)
+                       .value();
+    // block0's parameters are frozen groups; the rest train.
+    int64_t frozen = 0, trainable = 0;
+    for (const FlatGroup& g : trainer->optimizer().layout().groups) {
+      const bool in_block0 = absl::StartsWith(g.name, "block0");  // "block0 (frozen)"
+          CHECK(g.trainable == !in_block0);
+      (g.trainable ? trainable : frozen) += g.numel;
+    }
+    CHECK(frozen == 12 * 64 * 64 + 13 * 64);  // one block: 12 h^2 + 13 h
+    CHECK(frozen + trainable == GptParameterCount(c));
+    const auto values = [&](const char* name, int64_t n) {
+      std::vector<float> v(n);
+      REQUIRE(trainer->optimizer().MasterWeights(name, absl::MakeSpan(v)).ok());
+      return v;
+    };
+    const std::vector<float> fc0 = values("block0.fc_weight", 64 * 256);
+    const std::vector<float> fc1 = values("block1.fc_weight", 64 * 256);
+    const std::vector<float> wte = values("embed.wte", 256 * 64);
+    for (int k = 0; k < 3; ++k) {
+      Batch b = testing::GptBatch(*device, c, r, k);
+      REQUIRE(trainer->TrainStep({&b, 1}).ok());
+    }
+    CHECK(values("block0.fc_weight", 64 * 256) == fc0);  // frozen: bit for bit
+    CHECK(values("block1.fc_weight", 64 * 256) != fc1);
+    // The embedding, below the frozen block, trains: gradients flow through
+    // block0 to its input.
+    CHECK(values("embed.wte", 256 * 64) != wte);
+  }
+}
+
 TEST_CASE("the loss falls", "[trainer]") {
   Run run = Start(Options(2, true), &World());
   float first = 0, last = 0;

@@ -144,7 +144,10 @@ TEST_CASE("presets match the published parameter counts within 1%", "[gpt]") {
   CHECK(reduced.hidden == 768);
   CHECK(std::string(ParseGptModel("gpt-tiny:depth=3").status().message()) ==
         "model 'gpt-tiny:depth=3': unknown key 'depth' (known: vocab, seq, hidden, heads, layers, "
-        "tiles, params)");
+        "tiles, frozen_blocks, params)");
+  CHECK(ParseGptModel("gpt-tiny:frozen_blocks=2").value().frozen_blocks == 2);
+  CHECK(std::string(ParseGptModel("gpt-tiny:frozen_blocks=3").status().message()) ==
+        "gpt frozen_blocks: expected 0..layers (2), got 3");
   CHECK(std::string(ParseGptModel("gpt-tiny:layers=two").status().message()) ==
         "model 'gpt-tiny:layers=two': expected key=integer, got 'layers=two'");
   CHECK(std::string(ParseGptModel("gpt-tiny:heads=3").status().message()) ==
