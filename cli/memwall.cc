@@ -43,7 +43,8 @@ ABSL_FLAG(std::string, params, "8388608",
 ABSL_FLAG(std::string, model, "gpt-tiny",
           "train: the model, a GPT preset: gpt-tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, "
           "gpt3-6.7b, gpt3-13b, gpt3-175b; overrides after a colon: gpt2-124m:layers=2,seq=256 "
-          "(keys vocab, seq, hidden, heads, layers).");
+          "(keys vocab, seq, hidden, heads, layers; tiles=K computes each block weight in K "
+          "tiles of columns; frozen_blocks=N freezes the first N blocks), or gpt:params=N.");
 ABSL_FLAG(std::string, config, "",
           "train: a DeepSpeed-style JSON config file; empty uses the built-in ZeRO-2 config "
           "(configs/gpt-tiny-zero2.json).");
