@@ -2,8 +2,10 @@
 # Runs on a GPU machine from the archive tools/gpu_bundle.sh packs (its
 # run.sh unpacks it and calls this): every GPU test, then `memwall train` on
 # cuda timed with the optimizer on the GPU and offloaded to the CPU, with
-# and without the update overlapping backward. Exit status 1 if a test
-# failed or saw no GPU.
+# and without the update overlapping backward. Settings from the
+# environment: MODEL, STEPS, CPU_THREADS, BUCKET (reduce_bucket_size),
+# DEVICE_MEMORY (default: the engine's, the GPU's free memory less 1 GiB),
+# OFFLOAD_ONLY. Exit status 1 if a test failed or saw no GPU.
 b=$(cd "$(dirname "$0")" && pwd)
 # Open MPI's trees go where Debian's build looks for them, replacing any
 # other build's there (their components must match the bundle's libraries,
@@ -46,17 +48,19 @@ fi
 # same model, batch and seed; the throughput of the last logged steps.
 cfg=$(mktemp -d)
 train() {  # train LABEL OFFLOAD(none|cpu) OVERLAP(true|false)
-  local label=$1 offload=$2 overlap=$3 threads=""
+  local label=$1 offload=$2 overlap=$3 threads="" bucket=""
   [ -n "${CPU_THREADS:-}" ] && threads=", \"cpu_threads\": $CPU_THREADS"
+  # Overlap needs several groups (the default bucket, 5e8, makes GPT-2 one).
+  [ -n "${BUCKET:-}" ] && bucket=" \"reduce_bucket_size\": $BUCKET,"
   cat > "$cfg/$label.json" <<JSON
 {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true},
- "zero_optimization": {"stage": 2,
+ "zero_optimization": {"stage": 2,$bucket
    "offload_optimizer": {"device": "$offload", "overlap_step": $overlap$threads}}}
 JSON
   [ "$offload" = none ] && sed -i 's/, "overlap_step": [a-z]*\(, "cpu_threads": [0-9]*\)\?//' "$cfg/$label.json"
   echo "== memwall train: $label"
   timeout 75 "${mpirun[@]}" -np 1 "$b/bin/memwall" train --backend cuda --model "${MODEL:-gpt2-124m}" \
-    --device_memory "${DEVICE_MEMORY:-64GiB}" --config "$cfg/$label.json" --steps "${STEPS:-8}" --log_every 2 2>&1 |
+    ${DEVICE_MEMORY:+--device_memory "$DEVICE_MEMORY"} --config "$cfg/$label.json" --steps "${STEPS:-8}" --log_every 2 2>&1 |
     grep -E "^memwall train|step [0-9]+/|tokens/s|error|memwall:" | tail -n 6
 }
 [ -z "${OFFLOAD_ONLY:-}" ] && train on-gpu none false
