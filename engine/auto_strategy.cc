@@ -157,7 +157,11 @@ StepTime PredictStep(const DryRunResult& plan, const Config& config, const Hardw
   t.launches = plan.kernel_launches * hw.launch_seconds;
   int64_t calls = 0;
   for (const CollectiveStats& s : plan.collectives) calls += s.calls;
-  t.communication = plan.comm_bytes / hw.interconnect_bps + calls * hw.collective_latency;
+  // One rank's collectives cross no link (its reductions and gathers are
+  // local: in place, or one copy on the device).
+  if (plan.world > 1) {
+    t.communication = plan.comm_bytes / hw.interconnect_bps + calls * hw.collective_latency;
+  }
   t.host_link = plan.pcie_bytes / hw.pcie_bps;
   t.cpu_update = 28.0 * plan.offloaded_elements / hw.cpu_adam_bps;
   t.nvme = plan.nvme_bytes_per_step / hw.nvme_bps;

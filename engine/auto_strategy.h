@@ -68,7 +68,8 @@ struct AutoResult {
 // FLOP/s; the step's activations and workspaces written and read once at
 // its memory bandwidth; and a launch cost per kernel the dry run counted)
 // and communication (bytes over bandwidth plus a latency per collective
-// call; overlapped when overlap_comm is on), plus host-link copies, the
+// call, none on one GPU; overlapped when overlap_comm is on), plus
+// host-link copies, the
 // CPU update of offloaded elements and NVMe traffic, which the model adds.
 struct StepTime {
   double flops = 0, memory = 0, launches = 0;  // compute's three terms

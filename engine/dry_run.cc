@@ -250,6 +250,7 @@ absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Conf
     r.collectives[c] = comm->stats(static_cast<Collective>(c));
     r.comm_bytes += r.collectives[c].bytes;
   }
+  r.world = options.gpus;
   MW_ASSIGN_OR_RETURN(const Chain chain, trainer->ChainFor(model.input));
   for (const ChainLayer& l : chain.layers) r.forward_flops += l.forward_flops;
   r.forward_flops *= config.gradient_accumulation_steps;

@@ -67,6 +67,7 @@ struct DryRunResult {
   int64_t nvme_used = 0;
   std::array<CollectiveStats, kNumCollectives> collectives{};
   int64_t comm_bytes = 0;
+  int64_t world = 1;         // the data-parallel ranks planned (DryRunOptions::gpus)
   double forward_flops = 0;  // one step's forwards (all micro-batches)
   double extra_flops = 0;    // recomputation's, likewise
   int64_t kernel_launches = 0;  // kernels one step launches on the device

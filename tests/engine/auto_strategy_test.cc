@@ -39,6 +39,7 @@ TEST_CASE("each predicted term is its count over the profile's rate", "[auto]") 
   plan.pcie_bytes = 4e10;            // 2 s
   plan.offloaded_elements = 1e9;     // 28 bytes each: 1 s
   plan.nvme_bytes_per_step = 2e9;    // 0.5 s
+  plan.world = 8;
   Config config;
   config.zero.overlap_comm = true;
   const StepTime t = PredictStep(plan, config, hw);
@@ -53,6 +54,11 @@ TEST_CASE("each predicted term is its count over the profile's rate", "[auto]") 
   CHECK(t.total == Approx(4.7 + 2.0 + 1.0 + 0.5));
   config.zero.overlap_comm = false;
   CHECK(PredictStepSeconds(plan, config, hw) == Approx(4.7 + 2.1 + 2.0 + 1.0 + 0.5));
+  // One GPU: its collectives are local, and cost no interconnect time.
+  plan.world = 1;
+  CHECK(PredictStep(plan, config, hw).communication == 0.0);
+  CHECK(PredictStepSeconds(plan, config, hw) == Approx(4.7 + 2.0 + 1.0 + 0.5));
+  plan.world = 8;
   CHECK(t.ToString() ==
         "8.2000 s (FLOPs 3.5000 s, memory traffic 1.0000 s, kernel launches 0.2000 s, "
         "communication 2.1000 s, host link 2.0000 s, CPU update 1.0000 s, NVMe 0.5000 s)");
@@ -179,6 +185,15 @@ TEST_CASE("--auto searches the micro-batch, keeping the global batch", "[auto]")
   }
 }
 
+// The auto strategy for a bf16 run at micro-batch 1 on the v100-32gb
+// profile.
+AutoResult AutoBf16(const DryRunOptions& options) {
+  Config base;
+  base.bf16 = true;
+  base.train_micro_batch_size_per_gpu = 1;
+  return AutoStrategy(options, base, HardwarePreset("v100-32gb").value()).value();
+}
+
 TEST_CASE("--auto keeps the parameters and gradients on NVMe when the host cannot hold them",
           "[auto][nvme]") {
   // GPT-2 1.5B (bf16: 3.1 GB of parameters, as much of gradients) on one
@@ -190,10 +205,7 @@ TEST_CASE("--auto keeps the parameters and gradients on NVMe when the host canno
   options.device_bytes = 16 * kGiB;
   options.host_bytes = 2 * kGiB;
   options.nvme_bytes = 1024 * kGiB;
-  Config base;
-  base.bf16 = true;
-  base.train_micro_batch_size_per_gpu = 1;
-  const AutoResult r = AutoStrategy(options, base, HardwarePreset("v100-32gb").value()).value();
+  const AutoResult r = AutoBf16(options);
   REQUIRE(r.best >= 0);
   const Candidate& best = r.candidates[r.best];
   CHECK_THAT(best.name, Catch::StartsWith("stage 3, optimizer offload 1, parameter paging and "
@@ -232,10 +244,7 @@ TEST_CASE("--auto tiles a block operator that does not fit the device untiled",
   };
   options.device_bytes = 3 * kGiB;
   options.nvme_bytes = 1024 * kGiB;
-  Config base;
-  base.bf16 = true;
-  base.train_micro_batch_size_per_gpu = 1;
-  const AutoResult r = AutoStrategy(options, base, HardwarePreset("v100-32gb").value()).value();
+  const AutoResult r = AutoBf16(options);
   REQUIRE(r.best >= 0);
   const Candidate& best = r.candidates[r.best];
   CHECK(best.tiles == 2);
