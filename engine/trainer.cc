@@ -59,8 +59,9 @@ bool GathersOnUse(const Layer& layer, const ShardingOptions& options) {
 
 // The explicit group of each parameter of a layer that gathers on use:
 // "<layer>.<first parameter of its set>". kInvalidArgument naming the layer
-// when the sets do not cover its parameters exactly once, or a parameter
-// is frozen or already names a group.
+// when the sets do not cover its parameters exactly once, a parameter
+// already names a group, or a set mixes trainable and frozen parameters (a
+// flat group is one or the other).
 absl::StatusOr<std::map<std::string, std::string>> UseGroupNames(const Layer& layer) {
   std::map<std::string, std::string> group_of;
   for (const std::vector<std::string>& set : layer.UseGroups()) {
@@ -72,11 +73,19 @@ absl::StatusOr<std::map<std::string, std::string>> UseGroupNames(const Layer& la
     }
   }
   const std::vector<ParameterDecl> decls = layer.Parameters();
+  std::map<std::string, bool> trainable;  // of each use group's parameters, alike
   for (const ParameterDecl& decl : decls) {
-    if (group_of.count(decl.name) == 0 || !decl.trainable || !decl.group.empty()) {
+    if (group_of.count(decl.name) == 0 || !decl.group.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Trainer: layer '", layer.name(), "' cannot gather '", decl.name,
-          "' on use (every trainable parameter in one use group, none naming a group of its own)"));
+          "' on use (every parameter in one use group, none naming a group of its own)"));
+    }
+    const auto [it, first] = trainable.emplace(group_of[decl.name], decl.trainable);
+    if (!first && it->second != decl.trainable) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Trainer: layer '", layer.name(), "' cannot gather '", decl.name,
+                       "' on use with the rest of its use group (they train; it is frozen, or "
+                       "the other way round)"));
     }
   }
   if (group_of.size() != decls.size()) {

@@ -306,13 +306,21 @@ TEST_CASE(
 TEST_CASE("frozen blocks keep their weights and hold no gradient or optimizer state",
           "[trainer][gpt][frozen]") {
   const int r = World().rank();
-  GptConfig c = GptPreset("gpt-tiny").value();
-  c.frozen_blocks = 1;
-  for (int stage : {0, 3}) {
-    INFO("stage " << stage << ", " << World().world_size() << " ranks");
+  struct Variant {
+    int stage;
+    bool on_use;  // stage3_gather_on_use
+    int64_t tiles;
+  };
+  for (const Variant& v : {Variant{0, false, 1}, Variant{3, false, 1}, Variant{3, true, 2}}) {
+    INFO("stage " << v.stage << ", gather on use " << v.on_use << ", " << v.tiles << " tiles, "
+                  << World().world_size() << " ranks");
+    GptConfig c = GptPreset("gpt-tiny").value();
+    c.frozen_blocks = 1;
+    c.tiles = v.tiles;
     auto device = CreateDevice({Backend::kHost, 0, 256 * kMiB}).value();
-    ShardingOptions o = Options(stage, false);
+    ShardingOptions o = Options(v.stage, false);
     o.zero.reduce_bucket_size = 60000;
+    o.zero.stage3_gather_on_use = v.on_use;
     auto trainer = Trainer::Create(MakeGpt(c).value(), std::make_unique<CrossEntropyLoss>(), o,
                                    *device, World(), 3)
                        .value();
@@ -320,25 +328,27 @@ TEST_CASE("frozen blocks keep their weights and hold no gradient or optimizer st
     int64_t frozen = 0, trainable = 0;
     for (const FlatGroup& g : trainer->optimizer().layout().groups) {
       const bool in_block0 = absl::StartsWith(g.name, "block0");  // "block0 (frozen)"
-          CHECK(g.trainable == !in_block0);
+      CHECK(g.trainable == !in_block0);
       (g.trainable ? trainable : frozen) += g.numel;
     }
     CHECK(frozen == 12 * 64 * 64 + 13 * 64);  // one block: 12 h^2 + 13 h
     CHECK(frozen + trainable == GptParameterCount(c));
-    const auto values = [&](const char* name, int64_t n) {
-      std::vector<float> v(n);
-      REQUIRE(trainer->optimizer().MasterWeights(name, absl::MakeSpan(v)).ok());
-      return v;
+    const auto values = [&](const std::string& name, int64_t n) {
+      std::vector<float> out(n);
+      REQUIRE(trainer->optimizer().MasterWeights(name, absl::MakeSpan(out)).ok());
+      return out;
     };
-    const std::vector<float> fc0 = values("block0.fc_weight", 64 * 256);
-    const std::vector<float> fc1 = values("block1.fc_weight", 64 * 256);
+    const std::string fc = v.tiles > 1 ? ".fc_weight_tile0" : ".fc_weight";
+    const int64_t fc_size = 64 * 256 / v.tiles;
+    const std::vector<float> fc0 = values("block0" + fc, fc_size);
+    const std::vector<float> fc1 = values("block1" + fc, fc_size);
     const std::vector<float> wte = values("embed.wte", 256 * 64);
     for (int k = 0; k < 3; ++k) {
       Batch b = testing::GptBatch(*device, c, r, k);
       REQUIRE(trainer->TrainStep({&b, 1}).ok());
     }
-    CHECK(values("block0.fc_weight", 64 * 256) == fc0);  // frozen: bit for bit
-    CHECK(values("block1.fc_weight", 64 * 256) != fc1);
+    CHECK(values("block0" + fc, fc_size) == fc0);  // frozen: bit for bit
+    CHECK(values("block1" + fc, fc_size) != fc1);
     // The embedding, below the frozen block, trains: gradients flow through
     // block0 to its input.
     CHECK(values("embed.wte", 256 * 64) != wte);
@@ -533,8 +543,8 @@ TEST_CASE("gathering on use refuses use groups that do not cover a layer's param
   CHECK(create({{"weight"}, {"weight", "bias"}}).message() ==
         "Trainer: layer 'fc' lists 'weight' in two use groups");
   CHECK(create({{"weight"}}).message() ==
-        "Trainer: layer 'fc' cannot gather 'bias' on use (every trainable parameter in one use "
-        "group, none naming a group of its own)");
+        "Trainer: layer 'fc' cannot gather 'bias' on use (every parameter in one use group, "
+        "none naming a group of its own)");
   CHECK(create({{"weight", "bias", "scale"}}).message() ==
         "Trainer: layer 'fc' lists use groups of parameters it does not declare");
   // Below stage 3 the layer gathers nothing on use: its groups are the
