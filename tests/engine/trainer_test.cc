@@ -501,9 +501,14 @@ TEST_CASE("a step waits on the device a constant number of times, whatever the d
 // A Linear layer that names use groups of its parameters as told.
 class UseGrouped final : public Layer {
  public:
-  UseGrouped(std::vector<std::vector<std::string>> sets)
-      : Layer("fc"), linear_("fc", 4, 4), sets_(std::move(sets)) {}
-  std::vector<ParameterDecl> Parameters() const override { return linear_.Parameters(); }
+  // `frozen`: a parameter declared frozen ("" for none).
+  UseGrouped(std::vector<std::vector<std::string>> sets, std::string frozen = "")
+      : Layer("fc"), linear_("fc", 4, 4), sets_(std::move(sets)), frozen_(std::move(frozen)) {}
+  std::vector<ParameterDecl> Parameters() const override {
+    std::vector<ParameterDecl> decls = linear_.Parameters();
+    for (ParameterDecl& d : decls) d.trainable = d.name != frozen_;
+    return decls;
+  }
   std::vector<std::vector<std::string>> UseGroups() const override { return sets_; }
   absl::StatusOr<std::vector<int64_t>> OutputShape(const std::vector<int64_t>& in) const override {
     return linear_.OutputShape(in);
@@ -524,6 +529,7 @@ class UseGrouped final : public Layer {
  private:
   Linear linear_;
   const std::vector<std::vector<std::string>> sets_;
+  const std::string frozen_;
 };
 
 TEST_CASE("gathering on use refuses use groups that do not cover a layer's parameters once",
@@ -532,9 +538,9 @@ TEST_CASE("gathering on use refuses use groups that do not cover a layer's param
   auto comm = SimulatedCommunicator::Create(0, 1).value();
   ShardingOptions o = Options(3, false);
   o.zero.stage3_gather_on_use = true;
-  const auto create = [&](std::vector<std::vector<std::string>> sets) {
+  const auto create = [&](std::vector<std::vector<std::string>> sets, std::string frozen = "") {
     std::vector<std::unique_ptr<Layer>> layers;
-    layers.push_back(std::make_unique<UseGrouped>(std::move(sets)));
+    layers.push_back(std::make_unique<UseGrouped>(std::move(sets), std::move(frozen)));
     return Trainer::Create(std::move(layers), std::make_unique<MseLoss>(), o, *device, *comm, 7)
         .status();
   };
@@ -547,6 +553,11 @@ TEST_CASE("gathering on use refuses use groups that do not cover a layer's param
         "none naming a group of its own)");
   CHECK(create({{"weight", "bias", "scale"}}).message() ==
         "Trainer: layer 'fc' lists use groups of parameters it does not declare");
+  // A frozen parameter gathers on use in a group of its own kind.
+  CHECK(create({{"weight"}, {"bias"}}, "weight").ok());
+  CHECK(create({{"weight", "bias"}}, "bias").message() ==
+        "Trainer: layer 'fc' cannot gather 'bias' on use with the rest of its use group (they "
+        "train; it is frozen, or the other way round)");
   // Below stage 3 the layer gathers nothing on use: its groups are the
   // engine's, whatever it lists.
   o.zero.stage = 2;
