@@ -319,8 +319,10 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
   absl::StrAppendFormat(&out, "host (pinned): %s of %s; NVMe: %s of %s\n", FormatBytes(r.host_peak),
                         FormatBytes(options.host_bytes), FormatBytes(r.nvme_used),
                         FormatBytes(options.nvme_bytes));
-  absl::StrAppendFormat(&out, "communication per step (rank 0): %s; host link (PCIe) per step: %s\n",
-                        FormatBytes(r.comm_bytes), FormatBytes(r.pcie_bytes));
+  absl::StrAppendFormat(
+      &out, "communication per step (rank 0): %s%s; host link (PCIe) per step: %s\n",
+      FormatBytes(r.comm_bytes), r.world == 1 ? " (one GPU: local, over no link)" : "",
+      FormatBytes(r.pcie_bytes));
   if (!options.hardware.empty()) {
     MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(options.hardware));
     absl::StrAppendFormat(&out, "predicted step time on %s: %s\n", hw.name,

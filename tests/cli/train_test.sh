@@ -252,7 +252,8 @@ check "plan --auto tiles what does not fit untiled" "$out" \
   "model: $wide,tiles=2 (the tiles are the model's: run it with --model $wide,tiles=2 and this config)"
 out=$("$memwall" plan --model "$wide,tiles=2" --device-memory 3GiB --nvme 1TB \
   --config "$tmp/tiled.json" 2>&1)
-check "plan: the tiled model with the chosen config fits" "$out" "fits: yes"
+check "plan: the tiled model with the chosen config fits" "$out" "fits: yes" \
+  "(one GPU: local, over no link)"
 out=$("$memwall" plan --model gpt-tiny --device-memory 64MiB --auto --hardware this-machine 2>&1)
 check "plan: auto on this machine" "$out" "step times on this-machine" "TFLOP/s sustained" "fits: yes"
 out=$("$memwall" plan --model gpt3-175b --gpus 1 --device-memory 16GiB --host-memory 64GiB --auto 2>&1)
