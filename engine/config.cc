@@ -296,11 +296,6 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
     MW_RETURN_IF_ERROR(o.Int("cpu_threads", 0, 4096, threads));
     out.offload_cpu_threads = static_cast<int>(threads);
     MW_RETURN_IF_ERROR(o.Bool("bind_cores", out.offload_bind_cores));
-    if (out.offload_bind_cores && threads == 0) {
-      return absl::InvalidArgumentError(
-          "zero_optimization.offload_optimizer.bind_cores: expected cpu_threads >= 1 with it (the "
-          "cores each rank binds to)");
-    }
     MW_RETURN_IF_ERROR(o.Finish());
   }
   if (const Json* v = r.Find("offload_param")) {

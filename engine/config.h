@@ -65,7 +65,8 @@
 //                                     on cuda the cores / the ranks on
 //                                     the machine (Engine), on host 1 (0)
 //   zero_optimization.offload_optimizer.bind_cores    bool: pin them to
-//                                     cores [rank*t, (rank+1)*t)    (false)
+//                                     cores [rank*t, (rank+1)*t), t the
+//                                     threads in force              (false)
 //   zero_optimization.offload_param.device         "none" | "cpu" | "nvme":
 //                                     parameter paging (stage 3 with the
 //                                     optimizer offloaded at ratio 1; "nvme"

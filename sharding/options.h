@@ -116,7 +116,8 @@ struct ZeroConfig {
   // Engine budgets 0 on cuda as the cores over the ranks there); with
   // offload_bind_cores, rank r's update thread and its helpers run on
   // cores [r * t, (r + 1) * t) modulo the cores there are (DeepSpeed's
-  // --bind_cores_to_rank), t = offload_cpu_threads.
+  // --bind_cores_to_rank), t the update's threads (offload_cpu_threads, or
+  // what 0 means).
   int offload_cpu_threads = 0;
   bool offload_bind_cores = false;
   // Parameter paging (stage 3, with the whole optimizer offloaded): the

@@ -11,6 +11,7 @@
 #include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
@@ -114,7 +115,9 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
   if (optimizer->overlaps_update()) {
     std::vector<int> cores;
     if (config.zero.offload_bind_cores) {
-      cores = UpdateWorker::CoresFor(comm.rank(), std::max(1, config.zero.offload_cpu_threads),
+      const int threads = config.zero.offload_cpu_threads > 0 ? config.zero.offload_cpu_threads
+                                                              : kernels::cpu::CpuThreads();
+      cores = UpdateWorker::CoresFor(comm.rank(), threads,
                                      static_cast<int>(std::thread::hardware_concurrency()));
     }
     optimizer->worker_ = std::make_unique<UpdateWorker>(std::move(cores));

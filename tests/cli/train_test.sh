@@ -137,6 +137,13 @@ out=$("$memwall" train --config "$tmp/overlap.json" --steps 1 2>&1)
 # packs alone, as does each block and the final layer norm.
 check "the overlapped update's groups" "$out" \
   "optimizer offload: the CPU update runs on 2 threads per rank, overlapped with backward in 4 groups (the first, 17% of the parameters, is reduced last and updates after backward)"
+# Bound to cores without a thread count: each rank's threads in force (one
+# on host), on its own core.
+sed 's/"cpu_threads": 2/"bind_cores": true/' "$tmp/overlap.json" > "$tmp/bound.json"
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/bound.json" --steps 4 --log_every 4 2>&1)
+check "bind_cores without cpu_threads" "$out" \
+  "optimizer offload: the CPU update runs on 1 thread per rank, overlapped" \
+  "summary: 4 steps (0 skipped)"
 sed 's/"reduce_bucket_size": 20000, //' "$tmp/overlap.json" > "$tmp/one-group.json"
 out=$("$memwall" train --config "$tmp/one-group.json" --steps 1 2>&1)
 check "an overlapped update in one group" "$out" \

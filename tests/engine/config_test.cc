@@ -299,10 +299,13 @@ TEST_CASE("the overlapped CPU update and its thread budget: keys, round trip, re
   CHECK(Error(R"({"zero_optimization": {"stage": 2,
       "offload_optimizer": {"device": "cpu", "buffer_count": 0}}})") ==
         "zero_optimization.offload_optimizer.buffer_count: expected an integer 1..1024, got 0");
-  CHECK(Error(R"({"zero_optimization": {"stage": 2,
-      "offload_optimizer": {"device": "cpu", "bind_cores": true}}})") ==
-        "zero_optimization.offload_optimizer.bind_cores: expected cpu_threads >= 1 with it (the "
-        "cores each rank binds to)");
+  // Binding without a thread count binds the threads in force (the
+  // engine's budget on cuda, MEMWALL_CPU_THREADS or 1 otherwise).
+  const Config bound = ParseConfig(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "bind_cores": true}}})")
+                           .value();
+  CHECK(bound.zero.offload_bind_cores);
+  CHECK(bound.zero.offload_cpu_threads == 0);
   CHECK(Error(R"({"zero_optimization": {"stage": 2,
       "offload_optimizer": {"device": "cpu", "cpu_threads": -1}}})") ==
         "zero_optimization.offload_optimizer.cpu_threads: expected an integer 0..4096, got -1");
