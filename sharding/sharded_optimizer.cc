@@ -363,7 +363,7 @@ absl::Status ShardedOptimizer::Finalize() {
     groups.clear();
     param_pages_.Reset();
     page_events_.clear();
-    page_reader_.clear();
+    page_reads_.clear();
     nvme_.reset();
     param_store_.reset();
     return status;
@@ -408,7 +408,7 @@ absl::Status ShardedOptimizer::Finalize() {
     if (!pages.ok()) return fail(pages.status());
     param_pages_ = std::move(pages).value();
     page_events_.resize(count);
-    page_reader_.assign(count, -1);
+    page_reads_.assign(count, PageRead{});
     for (auto& event : page_events_) {
       absl::StatusOr<std::unique_ptr<Event>> e = device_.CreateEvent();
       if (!e.ok()) return fail(e.status());
@@ -642,11 +642,10 @@ absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
     Event* copied = nullptr;
     if (group.param_slot >= 0) {
       Page page;
-      if (group.read_page >= 0) {  // read ahead: its page is this copy's
-        page = PageAt(group.read_page);
-        page_reader_[group.read_page] = -1;
-        group.read_page = -1;
-        MW_RETURN_IF_ERROR(param_store_->Wait(group.read));
+      if (const int p = ReadAheadPage(g); p >= 0) {  // its page is this copy's
+        page = PageAt(p);
+        page_reads_[p].group = -1;
+        MW_RETURN_IF_ERROR(param_store_->Wait(page_reads_[p].read));
       } else {
         MW_ASSIGN_OR_RETURN(page, TakePage());
         MW_RETURN_IF_ERROR(param_store_->Read(group.param_slot, page.data));
@@ -688,7 +687,7 @@ absl::Status ShardedOptimizer::Prefetch() {
       // On NVMe the read is the slow part: it starts now; the gather
       // (holding device memory) waits until the group is used.
       MW_RETURN_IF_ERROR(ReadAhead(next));
-      if (group.read_page >= 0) ahead += size;
+      if (ReadAheadPage(next) >= 0) ahead += size;
       continue;
     }
     if (!gathers_ahead) continue;
@@ -700,27 +699,31 @@ absl::Status ShardedOptimizer::Prefetch() {
   return absl::OkStatus();
 }
 
+int ShardedOptimizer::ReadAheadPage(int g) const {
+  for (size_t p = 0; p < page_reads_.size(); ++p) {
+    if (page_reads_[p].group == g) return static_cast<int>(p);
+  }
+  return -1;
+}
+
 absl::Status ShardedOptimizer::ReadAhead(int g) {
-  Group& group = groups_[g];
-  if (group.read_page >= 0) return absl::OkStatus();
-  const int held = static_cast<int>(
-      std::count_if(page_reader_.begin(), page_reader_.end(), [](int r) { return r >= 0; }));
-  if (held + 1 >= static_cast<int>(page_reader_.size())) return absl::OkStatus();
+  if (ReadAheadPage(g) >= 0) return absl::OkStatus();
+  const int held = static_cast<int>(std::count_if(page_reads_.begin(), page_reads_.end(),
+                                                  [](const PageRead& r) { return r.group >= 0; }));
+  if (held + 1 >= static_cast<int>(page_reads_.size())) return absl::OkStatus();
   MW_ASSIGN_OR_RETURN(const Page page, TakePage());
-  page_reader_[page.index] = g;
-  group.read_page = page.index;
-  group.read = param_store_->ReadPart(group.param_slot, 0,
-                                      param_store_->rounded_bytes(group.param_slot), page.data);
+  const int slot = groups_[g].param_slot;
+  page_reads_[page.index] = {
+      g, param_store_->ReadPart(slot, 0, param_store_->rounded_bytes(slot), page.data)};
   return absl::OkStatus();
 }
 
 void ShardedOptimizer::DropReadAheads() {
-  for (Group& group : groups_) {
-    if (group.read_page < 0) continue;
+  for (PageRead& r : page_reads_) {
+    if (r.group < 0) continue;
     // Its data is not needed; a failing disk fails the next read that is.
-    (void)param_store_->Wait(group.read);
-    page_reader_[group.read_page] = -1;
-    group.read_page = -1;
+    (void)param_store_->Wait(r.read);
+    r.group = -1;
   }
 }
 
@@ -834,7 +837,7 @@ absl::StatusOr<ShardedOptimizer::Page> ShardedOptimizer::TakePage() {
   const int n = static_cast<int>(page_events_.size());
   for (int k = 0; k < n; ++k) {
     const int i = (next_page_ + k) % n;
-    if (page_reader_[i] >= 0) continue;  // a read ahead lands there
+    if (page_reads_[i].group >= 0) continue;  // a read ahead lands there
     next_page_ = (i + 1) % n;
     // The page's last copy out (to a gathered buffer) has run.
     MW_RETURN_IF_ERROR(page_events_[i]->Synchronize());

@@ -399,12 +399,8 @@ class ShardedOptimizer {
     std::vector<StateTier::Segment> speculated_segments;
     DeviceBuffer host_params;
     std::unique_ptr<Event> staged_event;
-    // Parameters on NVMe: the shard's slot in param_store_ (-1: params),
-    // and the read of it started ahead of its gather (Prefetch) into page
-    // `read_page` (-1: none under way).
+    // Parameters on NVMe: the shard's slot in param_store_ (-1: params).
     int param_slot = -1;
-    int read_page = -1;
-    NvmeStore::Pending read;
   };
 
   // The events that order the caller's and the communication stream.
@@ -465,6 +461,8 @@ class ShardedOptimizer {
   // whose gather did not come (the step ended or was abandoned).
   absl::Status ReadAhead(int g);
   void DropReadAheads();
+  // The page group g's shard is being read ahead into, or -1.
+  int ReadAheadPage(int g) const;
   // Parameters on NVMe: writes the group's shard (f32 values `from`,
   // rounded to the parameter dtype in a page) to its file and commits it.
   absl::Status WriteShardFromF32(const FlatGroup& flat, Group& group, const float* from);
@@ -627,7 +625,13 @@ class ShardedOptimizer {
   DeviceBuffer param_pages_;
   int64_t page_stride_ = 0;
   std::vector<std::unique_ptr<Event>> page_events_;
-  std::vector<int> page_reader_;  // the group a page holds a read ahead for, or -1
+  // Per page buffer: the group whose shard is being read ahead into it
+  // (Prefetch), and that read; group -1: none.
+  struct PageRead {
+    int group = -1;
+    NvmeStore::Pending read;
+  };
+  std::vector<PageRead> page_reads_;
   int next_page_ = 0;
   // Overlapped update: the update thread, the stream its work is ordered
   // on, and the pinned f32 buffer the updates widen 16-bit gradients into
