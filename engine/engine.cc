@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <thread>
 #include <utility>
 
@@ -172,14 +171,12 @@ int CpuUpdateThreadBudget(int cores, int ranks_on_node) {
 }
 
 int Engine::cpu_update_threads() const {
-  return config_.zero.offload_cpu_threads > 0 ? config_.zero.offload_cpu_threads
-                                              : kernels::cpu::CpuThreads();
+  return kernels::cpu::CpuThreadsOr(config_.zero.offload_cpu_threads);
 }
 
 absl::Status Engine::BudgetCpuUpdate(const EngineOptions& options) {
-  const char* env = std::getenv("MEMWALL_CPU_THREADS");
   if (options.backend != Backend::kCuda || config_.zero.offload_optimizer_ratio <= 0 ||
-      config_.zero.offload_cpu_threads > 0 || (env != nullptr && *env != '\0')) {
+      config_.zero.offload_cpu_threads > 0 || kernels::cpu::CpuThreadsFromEnvironment()) {
     return absl::OkStatus();
   }
   MW_ASSIGN_OR_RETURN(const int ranks, world_->RanksOnThisNode());

@@ -24,9 +24,9 @@ absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
         "offloaded optimizer states of '", owner, "': ", device.name(),
         " has no pinned pool (DeviceOptions::pinned_capacity_bytes)"));
   }
-  std::unique_ptr<HostOptimizerSlice> slice(new HostOptimizerSlice(
-      device, rule, momentum, param_dtype, numel, std::string(owner), speculative && !store,
-      options.threads > 0 ? options.threads : kernels::cpu::CpuThreads()));
+  std::unique_ptr<HostOptimizerSlice> slice(
+      new HostOptimizerSlice(device, rule, momentum, param_dtype, numel, std::string(owner),
+                             speculative && !store, kernels::cpu::CpuThreadsOr(options.threads)));
   if (options.gradients_on_nvme && store == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("offloaded optimizer states of '", owner,
                                                    "': gradients on NVMe need the NVMe tier"));

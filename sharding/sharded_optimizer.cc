@@ -115,9 +115,8 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
   if (optimizer->overlaps_update()) {
     std::vector<int> cores;
     if (config.zero.offload_bind_cores) {
-      const int threads = config.zero.offload_cpu_threads > 0 ? config.zero.offload_cpu_threads
-                                                              : kernels::cpu::CpuThreads();
-      cores = UpdateWorker::CoresFor(comm.rank(), threads,
+      cores = UpdateWorker::CoresFor(comm.rank(),
+                                     kernels::cpu::CpuThreadsOr(config.zero.offload_cpu_threads),
                                      static_cast<int>(std::thread::hardware_concurrency()));
     }
     optimizer->worker_ = std::make_unique<UpdateWorker>(std::move(cores));

@@ -33,6 +33,11 @@ int CpuThreads() {
   return threads;
 }
 
+bool CpuThreadsFromEnvironment() {
+  const char* text = std::getenv("MEMWALL_CPU_THREADS");
+  return text != nullptr && *text != '\0';
+}
+
 namespace {
 
 // Runs fn(begin, end) over [0, n) split into `threads` contiguous ranges of
