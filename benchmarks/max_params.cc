@@ -48,9 +48,12 @@ struct Row {
   int64_t nvme_bytes = 4 * 1024 * kGiB;  // per GPU, with nvme
 };
 
+// Tiled as `memwall plan --auto` tiles (models/spec.h WithTiles): the
+// blocks' weights and the tied embedding and LM head in `tiles` tiles.
 std::string Spec(int64_t hidden, int64_t tiles = 1) {
-  return absl::StrCat("gpt:layers=", hidden / 128, ",hidden=", hidden, ",heads=", hidden / 128,
-                      ",seq=1024", tiles > 1 ? absl::StrCat(",tiles=", tiles) : "");
+  const std::string spec = absl::StrCat("gpt:layers=", hidden / 128, ",hidden=", hidden,
+                                        ",heads=", hidden / 128, ",seq=1024");
+  return tiles > 1 ? WithTiles(spec, tiles).value() : spec;
 }
 
 // The tile counts a row with parameters on NVMe tries (memory-centric

@@ -44,7 +44,8 @@ ABSL_FLAG(std::string, model, "gpt-tiny",
           "train: the model, a GPT preset: gpt-tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, "
           "gpt3-6.7b, gpt3-13b, gpt3-175b; overrides after a colon: gpt2-124m:layers=2,seq=256 "
           "(keys vocab, seq, hidden, heads, layers; tiles=K computes each block weight in K "
-          "tiles of columns; frozen_blocks=N freezes the first N blocks), or gpt:params=N.");
+          "tiles of columns, vocab_tiles=K the tied embedding and LM head in K tiles of the "
+          "vocabulary; frozen_blocks=N freezes the first N blocks), or gpt:params=N.");
 ABSL_FLAG(std::string, config, "",
           "train: a DeepSpeed-style JSON config file; empty uses the built-in ZeRO-2 config "
           "(configs/gpt-tiny-zero2.json).");
@@ -197,9 +198,10 @@ usage:
       hardware profile, and prints the fastest that fits as a config file
       (written to --out FILE if given). With --nvme, a GPT candidate with
       its parameters on NVMe that does not fit is tried with its block
-      operators in 2, 4 or 8 tiles (the fewest that fit); tiles are the
-      model's, so the plan then names the --model to run
-      ("gpt2-1.5b:tiles=4"). Planning that takes more than a
+      operators and its tied embedding and LM head in 2, 4 or 8 tiles (the
+      fewest that fit); tiles are the model's, so the plan then names the
+      --model to run ("gpt2-1.5b:tiles=4,vocab_tiles=4"). Planning that
+      takes more than a
       second reports on stderr, once a second, what it is doing (the
       candidate, and where in the dry-run step).
 

@@ -330,6 +330,9 @@ absl::Status RunTrain(const TrainOptions& given) {
       absl::StrFormat("gpt:vocab=%d,seq=%d,hidden=%d,heads=%d,layers=%d", gpt.vocab, gpt.seq,
                       gpt.hidden, gpt.heads, gpt.layers);
   if (gpt.tiles > 1) absl::StrAppend(&engine_options.model_description, ",tiles=", gpt.tiles);
+  if (gpt.vocab_tiles > 1) {
+    absl::StrAppend(&engine_options.model_description, ",vocab_tiles=", gpt.vocab_tiles);
+  }
   if (gpt.frozen_blocks > 0) {
     absl::StrAppend(&engine_options.model_description, ",frozen_blocks=", gpt.frozen_blocks);
   }

@@ -1,5 +1,8 @@
 #include "engine/layer.h"
 
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
@@ -33,12 +36,18 @@ absl::Status LayerContext::Hold(absl::string_view full_name, bool gradients) {
   if (!gathers_on_use_) return absl::OkStatus();
   MW_ASSIGN_OR_RETURN(const int g, optimizer_.GroupOf(full_name));
   if (gathered_.insert(g).second) MW_RETURN_IF_ERROR(optimizer_.GatherParameters(g));
-  if (gradients && acquired_.insert(g).second) MW_RETURN_IF_ERROR(optimizer_.AcquireGradients(g));
+  // A later layer's backward may have left the gradients acquired (a
+  // deferred reduction, set_deferred_reductions): this layer takes them over.
+  if (gradients && acquired_.insert(g).second && !optimizer_.HoldsGradients(g)) {
+    MW_RETURN_IF_ERROR(optimizer_.AcquireGradients(g));
+  }
   return absl::OkStatus();
 }
 
 absl::Status LayerContext::Drop(int g) {
-  if (acquired_.erase(g) > 0) MW_RETURN_IF_ERROR(optimizer_.ReduceGradients(g));
+  if (acquired_.erase(g) > 0 && deferred_.count(g) == 0) {
+    MW_RETURN_IF_ERROR(optimizer_.ReduceGradients(g));
+  }
   gathered_.erase(g);
   return optimizer_.ReleaseParameters(g);
 }
@@ -72,21 +81,46 @@ absl::StatusOr<float*> LayerContext::SharedGrad(absl::string_view full_name) {
   return it->second.wide.data_as<float>();
 }
 
+namespace {
+
+// "<layer>.<local>" for each local name.
+std::vector<std::string> FullNames(absl::string_view layer,
+                                   absl::Span<const absl::string_view> locals) {
+  std::vector<std::string> names;
+  names.reserve(locals.size());
+  for (absl::string_view local : locals) names.push_back(absl::StrCat(layer, ".", local));
+  return names;
+}
+
+std::vector<absl::string_view> Views(const std::vector<std::string>& names) {
+  return std::vector<absl::string_view>(names.begin(), names.end());
+}
+
+}  // namespace
+
 absl::Status LayerContext::Release(absl::Span<const absl::string_view> locals) {
+  return ReleaseShared(Views(FullNames(layer_, locals)));
+}
+
+absl::Status LayerContext::ReleaseShared(absl::Span<const absl::string_view> full_names) {
   // Freed in stream order (engine/layer.h): queued kernels may still read
   // a copy, and whatever reuses its block runs after them.
-  for (absl::string_view local : locals) param_copies_.erase(absl::StrCat(layer_, ".", local));
+  for (absl::string_view name : full_names) param_copies_.erase(std::string(name));
   if (!gathers_on_use_) return absl::OkStatus();
-  for (absl::string_view local : locals) {
-    MW_ASSIGN_OR_RETURN(const int g, optimizer_.GroupOf(absl::StrCat(layer_, ".", local)));
+  for (absl::string_view name : full_names) {
+    MW_ASSIGN_OR_RETURN(const int g, optimizer_.GroupOf(name));
     if (gathered_.count(g) > 0) MW_RETURN_IF_ERROR(Drop(g));
   }
   return absl::OkStatus();
 }
 
 absl::Status LayerContext::FlushGradient(absl::Span<const absl::string_view> locals) {
-  for (absl::string_view local : locals) {
-    auto it = grad_copies_.find(absl::StrCat(layer_, ".", local));
+  return FlushSharedGradient(Views(FullNames(layer_, locals)));
+}
+
+absl::Status LayerContext::FlushSharedGradient(absl::Span<const absl::string_view> full_names) {
+  for (absl::string_view name : full_names) {
+    auto it = grad_copies_.find(std::string(name));
     if (it == grad_copies_.end()) continue;
     Widened& g = it->second;
     MW_RETURN_IF_ERROR(kernels::Accumulate(device_, stream_, g.wide.data(), DType::kF32,

@@ -69,11 +69,13 @@ struct ParameterDecl {
   // engine groups by layer and reduce bucket.
   std::string group;
   // Non-empty: a tile of a larger parameter of this layer (the local name
-  // here, of shape `whole_shape`, 2-D), columns [column, column + shape[1])
-  // of it; kNormal values are those columns of the values the whole
-  // parameter would get, so a tiled model starts where the untiled one does.
+  // here, of shape `whole_shape`, 2-D), rows [row, row + shape[0]) and
+  // columns [column, column + shape[1]) of it; kNormal values are those of
+  // the values the whole parameter would get, so a tiled model starts where
+  // the untiled one does.
   std::string tile_of;
   std::vector<int64_t> whole_shape;
+  int64_t row = 0;
   int64_t column = 0;
 };
 
@@ -136,6 +138,9 @@ class LayerContext {
   // holds one parameter's f32 copy and gradient at a time rather than all.
   absl::Status Release(absl::Span<const absl::string_view> locals);
   absl::Status FlushGradient(absl::Span<const absl::string_view> locals);
+  // The same for shared parameters (SharedParam), by full name.
+  absl::Status ReleaseShared(absl::Span<const absl::string_view> full_names);
+  absl::Status FlushSharedGradient(absl::Span<const absl::string_view> full_names);
 
   // Engine side: adds the f32 gradient workspaces handed out since the last
   // call into the low-precision gradients (rounding once), then frees every
@@ -154,6 +159,12 @@ class LayerContext {
   // reducing their gradients first if they were acquired. Set by the engine.
   void set_gathers_on_use(bool on) { gathers_on_use_ = on; }
   bool gathers_on_use() const { return gathers_on_use_; }
+  // Gathering on use, groups an earlier layer uses too (a tied weight's
+  // tiles, shared by a later layer): this layer's backward leaves their
+  // gradients acquired when it releases them, and the earlier layer's
+  // backward, which adds to them last, takes them over and reduces them.
+  // Set by the engine.
+  void set_deferred_reductions(std::set<int> groups) { deferred_ = std::move(groups); }
   // Engine side, after the layer's Forward or Backward: releases (reducing
   // acquired gradients first) whatever group the layer left held.
   absl::Status ReleaseGroups();
@@ -183,6 +194,7 @@ class LayerContext {
   std::vector<Tensor> reads_;
   bool gathers_on_use_ = false;
   std::set<int> gathered_, acquired_;  // groups held on use
+  std::set<int> deferred_;
 };
 
 class Layer {

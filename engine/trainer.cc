@@ -33,7 +33,7 @@ std::vector<float> InitialValues(const ParameterDecl& decl, const std::string& l
   std::vector<float> values(n, 0.0f);
   if (decl.init == ParameterDecl::Init::kOnes) std::fill(values.begin(), values.end(), 1.0f);
   if (decl.init == ParameterDecl::Init::kNormal && !decl.tile_of.empty()) {
-    // A tile: its columns of the whole parameter's values.
+    // A tile: its block of the whole parameter's values.
     ParameterDecl whole = decl;
     whole.name = decl.tile_of;
     whole.shape = decl.whole_shape;
@@ -41,7 +41,8 @@ std::vector<float> InitialValues(const ParameterDecl& decl, const std::string& l
     const std::vector<float> all = InitialValues(whole, layer, seed);
     const int64_t rows = decl.shape[0], cols = decl.shape[1], stride = decl.whole_shape[1];
     for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(all.begin() + r * stride + decl.column, cols, values.begin() + r * cols);
+      std::copy_n(all.begin() + (decl.row + r) * stride + decl.column, cols,
+                  values.begin() + r * cols);
     }
   } else if (decl.init == ParameterDecl::Init::kNormal) {
     std::mt19937_64 rng(NameSeed(full_name, seed));
@@ -184,6 +185,15 @@ Trainer::Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<Los
   first_user_.assign(optimizer_->layout().groups.size(), -1);
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     for (int g : groups_of_layer_[l]) first_user_[g] = l;
+  }
+  // Gathering on use, a group's gradients are reduced by its first user's
+  // backward, the last to add to them.
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    std::set<int> deferred;
+    for (int g : groups_of_layer_[l]) {
+      if (first_user_[g] != static_cast<int>(l)) deferred.insert(g);
+    }
+    contexts_[l]->set_deferred_reductions(std::move(deferred));
   }
   loss_context_ = std::make_unique<LayerContext>(device_, *stream_, *optimizer_, "loss");
   loss_context_->set_activation_dtype(activation_dtype);

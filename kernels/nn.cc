@@ -174,31 +174,48 @@ absl::Status ColumnSum(Device& device, Stream& stream, const float* x, int64_t r
       });
 }
 
+namespace {
+
+// The checks both embedding kernels share; `what` names the kernel.
+absl::Status CheckEmbedding(absl::string_view what, int64_t rows, int64_t seq, int64_t h,
+                            int64_t begin, int64_t end) {
+  MW_RETURN_IF_ERROR(CheckDims(what, {rows, h}));
+  if (seq < 1) return absl::InvalidArgumentError(absl::StrCat(what, ": seq must be >= 1"));
+  if (begin < 0 || end <= begin) {
+    return absl::InvalidArgumentError(absl::StrCat(what,
+                                                   ": expected a vocabulary tile [begin, end) "
+                                                   "with 0 <= begin < end, got [",
+                                                   begin, ", ", end, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status EmbeddingForward(Device& device, Stream& stream, const float* ids, const float* wte,
-                              const float* wpe, int64_t rows, int64_t seq, int64_t h,
-                              float* out) {
-  MW_RETURN_IF_ERROR(CheckDims("EmbeddingForward", {rows, h}));
-  if (seq < 1) return absl::InvalidArgumentError("EmbeddingForward: seq must be >= 1");
+                              int64_t begin, int64_t end, const float* wpe, int64_t rows,
+                              int64_t seq, int64_t h, float* out) {
+  MW_RETURN_IF_ERROR(CheckEmbedding("EmbeddingForward", rows, seq, h, begin, end));
   return Dispatch(
-      device, stream, [=] { Nn().embedding_forward(ids, wte, wpe, rows, seq, h, out); },
+      device, stream, [=] { Nn().embedding_forward(ids, wte, begin, end, wpe, rows, seq, h, out); },
       [&] {
-        return MW_CUDA_CALL(
-            cuda::EmbeddingForward(ids, wte, wpe, rows, seq, h, out, CudaStreamOf(stream)),
-            "EmbeddingForward");
+        return MW_CUDA_CALL(cuda::EmbeddingForward(ids, wte, begin, end, wpe, rows, seq, h, out,
+                                                   CudaStreamOf(stream)),
+                            "EmbeddingForward");
       });
 }
 
-absl::Status EmbeddingBackward(Device& device, Stream& stream, const float* ids,
-                               const float* dout, int64_t rows, int64_t seq, int64_t h,
+absl::Status EmbeddingBackward(Device& device, Stream& stream, const float* ids, const float* dout,
+                               int64_t rows, int64_t seq, int64_t h, int64_t begin, int64_t end,
                                float* dwte, float* dwpe) {
-  MW_RETURN_IF_ERROR(CheckDims("EmbeddingBackward", {rows, h}));
-  if (seq < 1) return absl::InvalidArgumentError("EmbeddingBackward: seq must be >= 1");
+  MW_RETURN_IF_ERROR(CheckEmbedding("EmbeddingBackward", rows, seq, h, begin, end));
   return Dispatch(
-      device, stream, [=] { Nn().embedding_backward(ids, dout, rows, seq, h, dwte, dwpe); },
+      device, stream,
+      [=] { Nn().embedding_backward(ids, dout, rows, seq, h, begin, end, dwte, dwpe); },
       [&] {
-        return MW_CUDA_CALL(
-            cuda::EmbeddingBackward(ids, dout, rows, seq, h, dwte, dwpe, CudaStreamOf(stream)),
-            "EmbeddingBackward");
+        return MW_CUDA_CALL(cuda::EmbeddingBackward(ids, dout, rows, seq, h, begin, end, dwte, dwpe,
+                                                    CudaStreamOf(stream)),
+                            "EmbeddingBackward");
       });
 }
 

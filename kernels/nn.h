@@ -42,11 +42,21 @@ absl::Status BroadcastRows(Device& device, Stream& stream, const float* b, int64
                            int64_t cols, float* y);
 absl::Status ColumnSum(Device& device, Stream& stream, const float* x, int64_t rows,
                        int64_t cols, float* sum);
+// A tile of the vocabulary (memory-centric tiling of the embedding): wte
+// [end - begin, h] holds the rows of tokens [begin, end) (0 and the
+// vocabulary's size for the whole table). Forward writes out[r] = wte[id -
+// begin] + wpe[r % seq] for the rows whose token lies in the tile and leaves
+// the others alone, so the tiles in turn write every row once. Backward adds
+// dout[r] into dwte[id - begin] for those rows, and into dwpe[r % seq] for
+// every row unless dwpe is null (one tile of several adds it), rows in
+// order: the tiles in turn add what the whole table's backward adds, in its
+// order. kInvalidArgument for an empty or negative range.
 // REQUIRES: ids checked by CheckIds against the vocabulary.
 absl::Status EmbeddingForward(Device& device, Stream& stream, const float* ids, const float* wte,
-                              const float* wpe, int64_t rows, int64_t seq, int64_t h, float* out);
-absl::Status EmbeddingBackward(Device& device, Stream& stream, const float* ids,
-                               const float* dout, int64_t rows, int64_t seq, int64_t h,
+                              int64_t begin, int64_t end, const float* wpe, int64_t rows,
+                              int64_t seq, int64_t h, float* out);
+absl::Status EmbeddingBackward(Device& device, Stream& stream, const float* ids, const float* dout,
+                               int64_t rows, int64_t seq, int64_t h, int64_t begin, int64_t end,
                                float* dwte, float* dwpe);
 
 // Writes dlogits (see NnKernelTable::cross_entropy) and returns the sum of

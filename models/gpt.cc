@@ -23,13 +23,44 @@ absl::Status AddInto(LayerContext& ctx, const float* x, float* y, int64_t n) {
 
 std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
+// A tile's parameter name: "<weight>_tile<t>".
+std::string TileName(absl::string_view weight, int64_t t) {
+  return absl::StrCat(weight, "_tile", t);
+}
+
+// Whether the token embedding is in vocabulary tiles of their own
+// (GptConfig::vocab_tiles, tile_parameters).
+bool VocabTiled(const GptConfig& c) { return c.vocab_tiles > 1 && c.tile_parameters; }
+
 // ---- Embedding: ids [batch, seq] -> wte[id] + wpe[position]. ----
 class GptEmbedding final : public Layer {
  public:
   explicit GptEmbedding(const GptConfig& c) : Layer("embed"), c_(c) {}
   std::vector<ParameterDecl> Parameters() const override {
-    return {{"wte", {c_.vocab, c_.hidden}, ParameterDecl::Init::kNormal, 0.02f},
-            {"wpe", {c_.seq, c_.hidden}, ParameterDecl::Init::kNormal, 0.01f}};
+    std::vector<ParameterDecl> decls;
+    if (!VocabTiled(c_)) {
+      decls.push_back({"wte", {c_.vocab, c_.hidden}, ParameterDecl::Init::kNormal, 0.02f});
+    }
+    for (int64_t t = 0; VocabTiled(c_) && t < c_.vocab_tiles; ++t) {
+      const auto [begin, end] = GptVocabTile(c_, t);
+      ParameterDecl tile{
+          TileName("wte", t), {end - begin, c_.hidden}, ParameterDecl::Init::kNormal, 0.02f};
+      tile.tile_of = "wte";
+      tile.whole_shape = {c_.vocab, c_.hidden};
+      tile.row = begin;
+      decls.push_back(std::move(tile));
+    }
+    decls.push_back({"wpe", {c_.seq, c_.hidden}, ParameterDecl::Init::kNormal, 0.01f});
+    return decls;
+  }
+  // In vocabulary tiles: each tile alone, and the position table, which
+  // every tile's rows add, alone.
+  std::vector<std::vector<std::string>> UseGroups() const override {
+    if (!VocabTiled(c_)) return {};
+    std::vector<std::vector<std::string>> sets;
+    for (int64_t t = 0; t < c_.vocab_tiles; ++t) sets.push_back({TileName("wte", t)});
+    sets.push_back({"wpe"});
+    return sets;
   }
   absl::StatusOr<std::vector<int64_t>> OutputShape(const std::vector<int64_t>& in) const override {
     if (in.size() != 2 || in[1] != c_.seq || in[0] < 1) {
@@ -52,22 +83,57 @@ class GptEmbedding final : public Layer {
     MW_ASSIGN_OR_RETURN(const float* id, ctx.Read(ids));
     MW_RETURN_IF_ERROR(kernels::CheckIds(ctx.device(), ctx.stream(), id, ids.numel(), c_.vocab,
                                          "layer 'embed': token"));
-    MW_ASSIGN_OR_RETURN(const float* wte, ctx.Param("wte"));
+    // Tile by tile (one tile when untiled): each writes its tokens' rows.
+    const float* whole = nullptr;
+    if (!VocabTiled(c_)) {
+      MW_ASSIGN_OR_RETURN(whole, ctx.Param("wte"));
+    }
     MW_ASSIGN_OR_RETURN(const float* wpe, ctx.Param("wpe"));
     MW_ASSIGN_OR_RETURN(float* y, ctx.Stage(out));
-    MW_RETURN_IF_ERROR(kernels::EmbeddingForward(ctx.device(), ctx.stream(), id, wte, wpe,
-                                                 shape[0], c_.seq, c_.hidden, y));
+    for (int64_t t = 0; t < c_.vocab_tiles; ++t) {
+      const auto [begin, end] = GptVocabTile(c_, t);
+      const std::string tile = VocabTiled(c_) ? TileName("wte", t) : std::string();
+      const float* w = nullptr;
+      if (VocabTiled(c_)) {
+        MW_ASSIGN_OR_RETURN(w, ctx.Param(tile));
+      } else {
+        w = whole + begin * c_.hidden;
+      }
+      MW_RETURN_IF_ERROR(kernels::EmbeddingForward(ctx.device(), ctx.stream(), id, w, begin, end,
+                                                   wpe, shape[0], c_.seq, c_.hidden, y));
+      if (VocabTiled(c_)) MW_RETURN_IF_ERROR(ctx.Release({tile}));
+    }
     MW_RETURN_IF_ERROR(ctx.Commit(out));
     return out;
   }
   absl::StatusOr<Tensor> Backward(LayerContext& ctx, const Tensor& ids,
                                   const Tensor& grad_output) override {
-    MW_ASSIGN_OR_RETURN(float* dwte, ctx.Grad("wte"));
+    float* whole = nullptr;
+    if (!VocabTiled(c_)) {
+      MW_ASSIGN_OR_RETURN(whole, ctx.Grad("wte"));
+    }
     MW_ASSIGN_OR_RETURN(float* dwpe, ctx.Grad("wpe"));
     MW_ASSIGN_OR_RETURN(const float* id, ctx.Read(ids));  // forward checked them
-    MW_RETURN_IF_ERROR(kernels::EmbeddingBackward(ctx.device(), ctx.stream(), id,
-                                                  grad_output.data_as<float>(), ids.numel(),
-                                                  c_.seq, c_.hidden, dwte, dwpe));
+    // Tile by tile; the first adds the positions' gradient too. Each row's
+    // gradient lands in its token's tile, so every element of the table
+    // takes the adds of the untiled kernel, in its (row) order.
+    for (int64_t t = 0; t < c_.vocab_tiles; ++t) {
+      const auto [begin, end] = GptVocabTile(c_, t);
+      const std::string tile = VocabTiled(c_) ? TileName("wte", t) : std::string();
+      float* dw = nullptr;
+      if (VocabTiled(c_)) {
+        MW_ASSIGN_OR_RETURN(dw, ctx.Grad(tile));
+      } else {
+        dw = whole + begin * c_.hidden;
+      }
+      MW_RETURN_IF_ERROR(kernels::EmbeddingBackward(
+          ctx.device(), ctx.stream(), id, grad_output.data_as<float>(), ids.numel(), c_.seq,
+          c_.hidden, begin, end, dw, t == 0 ? dwpe : nullptr));
+      if (VocabTiled(c_)) {
+        MW_RETURN_IF_ERROR(ctx.FlushGradient({tile}));
+        MW_RETURN_IF_ERROR(ctx.Release({tile}));
+      }
+    }
     return Tensor();  // token ids have no gradient
   }
 
@@ -367,9 +433,6 @@ class TransformerBlock final : public Layer {
 
   // Tiles (GptConfig::tiles): each weight in parameters of its own.
   bool tiled() const { return c_.tiles > 1 && c_.tile_parameters; }
-  static std::string TileName(absl::string_view weight, int64_t t) {
-    return absl::StrCat(weight, "_tile", t);
-  }
 
   // y[rows, out] = x[rows, in] W[in, out] + b, the bias broadcast first and
   // then each of the c_.tiles blocks of columns by its own GEMM. Tiled, the
@@ -536,7 +599,18 @@ class GptHead final : public Layer {
     return {{"ln_weight", {c_.hidden}, ParameterDecl::Init::kOnes, 0},
             {"ln_bias", {c_.hidden}, ParameterDecl::Init::kZeros, 0}};
   }
-  std::vector<std::string> SharedParameters() const override { return {"embed.wte"}; }
+  std::vector<std::string> SharedParameters() const override {
+    if (!VocabTiled(c_)) return {"embed.wte"};
+    std::vector<std::string> tiles;
+    for (int64_t t = 0; t < c_.vocab_tiles; ++t) tiles.push_back(SharedTile(t));
+    return tiles;
+  }
+  // In vocabulary tiles: the LayerNorm's pair; the shared tiles are fetched
+  // and released one by one around their GEMMs.
+  std::vector<std::vector<std::string>> UseGroups() const override {
+    if (!VocabTiled(c_)) return {};
+    return {{"ln_weight", "ln_bias"}};
+  }
   absl::StatusOr<std::vector<int64_t>> OutputShape(const std::vector<int64_t>& in) const override {
     if (in.size() != 2 || in[1] != c_.hidden) {
       return absl::InvalidArgumentError(
@@ -562,14 +636,30 @@ class GptHead final : public Layer {
     MW_ASSIGN_OR_RETURN(Tensor logits, ctx.Activation(shape));
     MW_ASSIGN_OR_RETURN(const float* w, ctx.Param("ln_weight"));
     MW_ASSIGN_OR_RETURN(const float* b, ctx.Param("ln_bias"));
-    MW_ASSIGN_OR_RETURN(const float* wte, ctx.SharedParam("embed.wte"));
+    const float* whole = nullptr;
+    if (!VocabTiled(c_)) {
+      MW_ASSIGN_OR_RETURN(whole, ctx.SharedParam("embed.wte"));
+    }
     MW_ASSIGN_OR_RETURN(const float* in, ctx.Read(x));
     MW_ASSIGN_OR_RETURN(float* zf, ctx.Stage(z));
     MW_RETURN_IF_ERROR(kernels::LayerNormForward(ctx.device(), ctx.stream(), in, w, b, rows, h, zf,
                                                  stats.data_as<float>()));
+    // Tiled, the pair goes before the tiles come (untiled, with the layer).
+    if (VocabTiled(c_)) MW_RETURN_IF_ERROR(ctx.Release(kLnNames));
     MW_ASSIGN_OR_RETURN(float* lf, ctx.Stage(logits));
-    MW_RETURN_IF_ERROR(kernels::Gemm(ctx.device(), ctx.stream(), false, true, rows, c_.vocab, h,
-                                     1.0f, zf, h, wte, h, 0.0f, lf, c_.vocab));
+    // logits[:, tile] = z wte[tile]^T, tile by tile.
+    for (int64_t t = 0; t < c_.vocab_tiles; ++t) {
+      const auto [begin, end] = GptVocabTile(c_, t);
+      const float* wte = nullptr;
+      if (VocabTiled(c_)) {
+        MW_ASSIGN_OR_RETURN(wte, ctx.SharedParam(SharedTile(t)));
+      } else {
+        wte = whole + begin * h;
+      }
+      MW_RETURN_IF_ERROR(kernels::Gemm(ctx.device(), ctx.stream(), false, true, rows, end - begin,
+                                       h, 1.0f, zf, h, wte, h, 0.0f, lf + begin, c_.vocab));
+      if (VocabTiled(c_)) MW_RETURN_IF_ERROR(ctx.ReleaseShared({SharedTile(t)}));
+    }
     MW_RETURN_IF_ERROR(ctx.Commit(z));
     MW_RETURN_IF_ERROR(ctx.Commit(logits));
     s.push_back(std::move(z));
@@ -580,28 +670,63 @@ class GptHead final : public Layer {
                                   const Tensor& grad_logits) override {
     const int64_t rows = x.shape()[0], h = c_.hidden;
     MW_ASSIGN_OR_RETURN(Tensor dx, ctx.InputGradient({rows, h}));
-    MW_ASSIGN_OR_RETURN(const float* w, ctx.Param("ln_weight"));
-    MW_ASSIGN_OR_RETURN(float* dw, ctx.Grad("ln_weight"));
-    MW_ASSIGN_OR_RETURN(float* db, ctx.Grad("ln_bias"));
-    MW_ASSIGN_OR_RETURN(const float* wte, ctx.SharedParam("embed.wte"));
-    MW_ASSIGN_OR_RETURN(float* dwte, ctx.SharedGrad("embed.wte"));
+    // The LayerNorm's pair: untiled, with the whole table, for the layer;
+    // tiled, after the tiles, for its own operation only.
+    const float* w = nullptr;
+    float* dw = nullptr;
+    float* db = nullptr;
+    const auto fetch_ln = [&]() -> absl::Status {
+      MW_ASSIGN_OR_RETURN(w, ctx.Param("ln_weight"));
+      MW_ASSIGN_OR_RETURN(dw, ctx.Grad("ln_weight"));
+      MW_ASSIGN_OR_RETURN(db, ctx.Grad("ln_bias"));
+      return absl::OkStatus();
+    };
+    const float* whole = nullptr;
+    float* dwhole = nullptr;
+    if (!VocabTiled(c_)) {
+      MW_RETURN_IF_ERROR(fetch_ln());
+      MW_ASSIGN_OR_RETURN(whole, ctx.SharedParam("embed.wte"));
+      MW_ASSIGN_OR_RETURN(dwhole, ctx.SharedGrad("embed.wte"));
+    }
     MW_ASSIGN_OR_RETURN(const float* z, ctx.Read(ctx.saved()[0]));
     const float* stats = ctx.saved()[1].data_as<float>();
     MW_ASSIGN_OR_RETURN(const float* in, ctx.Read(x));
     const float* dl = grad_logits.data_as<float>();
     Device& d = ctx.device();
     MW_ASSIGN_OR_RETURN(Tensor dz, ctx.Workspace({rows, h}));
-    // logits = z wte^T: dz = dl wte; dwte += dl^T z.
-    MW_RETURN_IF_ERROR(kernels::Gemm(d, ctx.stream(), false, false, rows, h, c_.vocab, 1.0f, dl,
-                                     c_.vocab, wte, h, 0.0f, dz.data_as<float>(), h));
-    MW_RETURN_IF_ERROR(kernels::Gemm(d, ctx.stream(), true, false, c_.vocab, h, rows, 1.0f, dl,
-                                     c_.vocab, z, h, 1.0f, dwte, h));
+    // logits = z wte^T, tile by tile: dz = dl wte (tile 0 writes, the
+    // others add); dwte[tile] += dl[:, tile]^T z.
+    for (int64_t t = 0; t < c_.vocab_tiles; ++t) {
+      const auto [begin, end] = GptVocabTile(c_, t);
+      const float* wte = nullptr;
+      float* dwte = nullptr;
+      if (VocabTiled(c_)) {
+        MW_ASSIGN_OR_RETURN(wte, ctx.SharedParam(SharedTile(t)));
+        MW_ASSIGN_OR_RETURN(dwte, ctx.SharedGrad(SharedTile(t)));
+      } else {
+        wte = whole + begin * h;
+        dwte = dwhole + begin * h;
+      }
+      MW_RETURN_IF_ERROR(kernels::Gemm(d, ctx.stream(), false, false, rows, h, end - begin, 1.0f,
+                                       dl + begin, c_.vocab, wte, h, t == 0 ? 0.0f : 1.0f,
+                                       dz.data_as<float>(), h));
+      MW_RETURN_IF_ERROR(kernels::Gemm(d, ctx.stream(), true, false, end - begin, h, rows, 1.0f,
+                                       dl + begin, c_.vocab, z, h, 1.0f, dwte, h));
+      if (VocabTiled(c_)) {
+        MW_RETURN_IF_ERROR(ctx.FlushSharedGradient({SharedTile(t)}));
+        MW_RETURN_IF_ERROR(ctx.ReleaseShared({SharedTile(t)}));
+      }
+    }
+    if (VocabTiled(c_)) MW_RETURN_IF_ERROR(fetch_ln());
     MW_RETURN_IF_ERROR(kernels::LayerNormBackward(d, ctx.stream(), dz.data_as<float>(), in, stats,
                                                   w, rows, h, dx.data_as<float>(), dw, db));
     return dx;
   }
 
  private:
+  static constexpr absl::string_view kLnNames[] = {"ln_weight", "ln_bias"};
+  static std::string SharedTile(int64_t t) { return TileName("embed.wte", t); }
+
   const GptConfig c_;
 };
 
@@ -623,6 +748,10 @@ absl::Status ValidateGptConfig(const GptConfig& c) {
   if (c.tiles < 1 || c.hidden % c.tiles != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("gpt tiles: expected a divisor of hidden ", c.hidden, ", got ", c.tiles));
+  }
+  if (c.vocab_tiles < 1 || c.vocab_tiles > c.vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt vocab_tiles: expected 1..vocab (", c.vocab, "), got ", c.vocab_tiles));
   }
   if (c.frozen_blocks < 0 || c.frozen_blocks > c.layers) {
     return absl::InvalidArgumentError(absl::StrCat("gpt frozen_blocks: expected 0..layers (",
@@ -730,17 +859,27 @@ absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec) {
                      : kv[0] == "heads"         ? &config.heads
                      : kv[0] == "layers"        ? &config.layers
                      : kv[0] == "tiles"         ? &config.tiles
+                     : kv[0] == "vocab_tiles"   ? &config.vocab_tiles
                      : kv[0] == "frozen_blocks" ? &config.frozen_blocks
                                                 : nullptr;
     if (field == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model '", spec, "': unknown key '", kv[0],
-          "' (known: vocab, seq, hidden, heads, layers, tiles, frozen_blocks, params)"));
+          "' (known: vocab, seq, hidden, heads, layers, tiles, vocab_tiles, frozen_blocks, "
+          "params)"));
     }
     *field = value;
   }
   MW_RETURN_IF_ERROR(ValidateGptConfig(config));
   return config;
+}
+
+std::pair<int64_t, int64_t> GptVocabTile(const GptConfig& c, int64_t t) {
+  // Sizes q + 1 for the first r tiles, q for the rest (no product of two
+  // sizes, so no overflow).
+  const int64_t q = c.vocab / c.vocab_tiles, r = c.vocab % c.vocab_tiles;
+  const int64_t begin = t * q + std::min(t, r);
+  return {begin, begin + q + (t < r ? 1 : 0)};
 }
 
 int64_t GptParameterCount(const GptConfig& c) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,6 +40,18 @@ struct GptConfig {
   // equals bit for bit (the same GEMMs in the same order, on the same
   // values). tiles 1 is the plain operator.
   int64_t tiles = 1;
+  // The same for the token embedding, which the LM head shares (tied):
+  // its vocabulary in `vocab_tiles` tiles of consecutive tokens
+  // (GptVocabTile; 1..vocab, sizes differing by at most one: 50257 in 8 is
+  // 1 x 6283 and 7 x 6282). The embedding's forward and backward and the
+  // head's logits GEMMs run tile by tile, the head's input gradient
+  // accumulating tile by tile (tile 0 writes, the others add). With
+  // tile_parameters each tile is a parameter of its own ("wte_tile<t>",
+  // those rows of the untiled table) that gathering on use gathers, uses
+  // and releases in turn, in the embedding and in the head; the tiles'
+  // gradients stay on the device from the head's backward to the
+  // embedding's, which adds to them last and reduces them.
+  int64_t vocab_tiles = 1;
   bool tile_parameters = true;
   // Fine-tuning: the first `frozen_blocks` transformer blocks are frozen
   // (ParameterDecl::trainable false: no gradient, no optimizer state); their
@@ -53,11 +66,10 @@ struct GptConfig {
 // kNotFound lists the names.
 absl::StatusOr<GptConfig> GptPreset(const std::string& name);
 
-// A preset with optional overrides: "gpt2-124m:layers=2,seq=256" (keys
-// vocab, seq, hidden, heads, layers, tiles, frozen_blocks, params), or the bare family "gpt" with
-// a shape: "gpt:layers=48,hidden=6400,heads=50,seq=2048" or
-// "gpt:params=80e9" (GptShapeForParameters). Errors name the key or the
-// preset.
+// A preset with optional overrides: "gpt2-124m:layers=2,seq=256" (keys vocab,
+// seq, hidden, heads, layers, tiles, vocab_tiles, frozen_blocks, params), or the bare family "gpt"
+// with a shape: "gpt:layers=48,hidden=6400,heads=50,seq=2048" or "gpt:params=80e9"
+// (GptShapeForParameters). Errors name the key or the preset.
 absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec);
 
 // The shape rule for a parameter count (GPT-3's family): layers = heads =
@@ -65,6 +77,10 @@ absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec);
 // multiple of 128; vocabulary 50257, sequence 2048. gpt3-175b is the rule's
 // own shape (hidden 12288).
 GptConfig GptShapeForParameters(double parameters);
+
+// Tile t of the vocabulary (GptConfig::vocab_tiles): tokens [first, second).
+// The first vocab % vocab_tiles tiles hold one token more than the rest.
+std::pair<int64_t, int64_t> GptVocabTile(const GptConfig& config, int64_t t);
 
 // Parameters of the model (the LM head is tied, so not counted twice).
 int64_t GptParameterCount(const GptConfig& config);

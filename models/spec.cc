@@ -69,8 +69,8 @@ absl::StatusOr<std::string> WithTiles(const std::string& spec, int64_t tiles) {
   if (spec.find("tiles=") != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("model '", spec, "': names its tiles already"));
   }
-  const std::string tiled =
-      absl::StrCat(spec, spec.find(':') == std::string::npos ? ":" : ",", "tiles=", tiles);
+  const std::string tiled = absl::StrCat(spec, spec.find(':') == std::string::npos ? ":" : ",",
+                                         "tiles=", tiles, ",vocab_tiles=", tiles);
   MW_RETURN_IF_ERROR(ParseGptModel(tiled).status());
   return tiled;
 }

@@ -25,10 +25,12 @@ absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t 
 ModelFactory SpecModel(const std::string& spec, int64_t seq = 0, int64_t image = 224);
 
 // A GPT spec with its block operators in `tiles` tiles of output columns
-// (GptConfig::tiles): "gpt2-1.5b" -> "gpt2-1.5b:tiles=4",
-// "gpt:params=1e12" -> "gpt:params=1e12,tiles=4". kNotFound for a spec
-// that is no GPT; kInvalidArgument for one that already names its tiles
-// or whose widths `tiles` does not divide.
+// and its tied embedding and LM head in as many tiles of the vocabulary
+// (GptConfig::tiles, vocab_tiles): "gpt2-1.5b" ->
+// "gpt2-1.5b:tiles=4,vocab_tiles=4", "gpt:params=1e12" ->
+// "gpt:params=1e12,tiles=4,vocab_tiles=4". kNotFound for a spec that is no
+// GPT; kInvalidArgument for one that already names its tiles, whose widths
+// `tiles` does not divide, or whose vocabulary is smaller than `tiles`.
 absl::StatusOr<std::string> WithTiles(const std::string& spec, int64_t tiles);
 
 }  // namespace memwall

@@ -779,6 +779,10 @@ absl::Status ShardedOptimizer::AcquireGradients(int g) {
   return absl::OkStatus();
 }
 
+bool ShardedOptimizer::HoldsGradients(int g) const {
+  return g >= 0 && g < static_cast<int>(groups_.size()) && !groups_[g].grad_bucket.empty();
+}
+
 absl::Status ShardedOptimizer::ReduceGradients(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "ReduceGradients"));
   MW_RETURN_IF_ERROR(CheckTrainable(g, "ReduceGradients"));

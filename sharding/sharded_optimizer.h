@@ -296,6 +296,9 @@ class ShardedOptimizer {
   // shard (accumulating over micro-batches) and frees the full buffer.
   // No-op for stages 0-1 (reduced in Step()).
   absl::Status ReduceGradients(int g);
+  // Whether group `g`'s full-size gradient buffer exists (stages 2/3,
+  // between AcquireGradients and ReduceGradients); false for a bad index.
+  bool HoldsGradients(int g) const;
 
   // One optimizer step; see the class comment. kFailedPrecondition if a
   // group's gradients are still acquired or parameters still gathered.

@@ -104,12 +104,16 @@ struct NnKernelTable {
   void (*broadcast_rows)(const float* b, int64_t rows, int64_t cols, float* y);
   // sum[c] += x[r][c], rows in order.
   void (*column_sum)(const float* x, int64_t rows, int64_t cols, float* sum);
-  // out[r] = wte[ids[r]] + wpe[r % seq], rows of h.
-  void (*embedding_forward)(const float* ids, const float* wte, const float* wpe, int64_t rows,
-                            int64_t seq, int64_t h, float* out);
-  // dwte[ids[r]] += dout[r]; dwpe[r % seq] += dout[r]; rows in order.
+  // A tile of the vocabulary: wte holds the rows of tokens [begin, end).
+  // out[r] = wte[ids[r] - begin] + wpe[r % seq], rows of h, for the rows r
+  // whose token lies in the tile; the others are left alone.
+  void (*embedding_forward)(const float* ids, const float* wte, int64_t begin, int64_t end,
+                            const float* wpe, int64_t rows, int64_t seq, int64_t h, float* out);
+  // dwte[ids[r] - begin] += dout[r] for the rows whose token lies in
+  // [begin, end); dwpe[r % seq] += dout[r] for every row unless dwpe is
+  // null; rows in order.
   void (*embedding_backward)(const float* ids, const float* dout, int64_t rows, int64_t seq,
-                             int64_t h, float* dwte, float* dwpe);
+                             int64_t h, int64_t begin, int64_t end, float* dwte, float* dwpe);
 };
 
 // REQUIRES: IsaSupported(isa).

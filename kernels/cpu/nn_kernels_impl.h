@@ -165,26 +165,31 @@ void ColumnSum(const float* __restrict x, int64_t rows, int64_t cols, float* __r
   }
 }
 
-void EmbeddingForward(const float* __restrict ids, const float* __restrict wte,
-                      const float* __restrict wpe, int64_t rows, int64_t seq, int64_t h,
-                      float* __restrict out) {
+void EmbeddingForward(const float* __restrict ids, const float* __restrict wte, int64_t begin,
+                      int64_t end, const float* __restrict wpe, int64_t rows, int64_t seq,
+                      int64_t h, float* __restrict out) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* t = wte + static_cast<int64_t>(ids[r]) * h;
+    const int64_t id = static_cast<int64_t>(ids[r]);
+    if (id < begin || id >= end) continue;
+    const float* t = wte + (id - begin) * h;
     const float* p = wpe + (r % seq) * h;
     for (int64_t i = 0; i < h; ++i) out[r * h + i] = t[i] + p[i];
   }
 }
 
 void EmbeddingBackward(const float* __restrict ids, const float* __restrict dout, int64_t rows,
-                       int64_t seq, int64_t h, float* __restrict dwte, float* __restrict dwpe) {
+                       int64_t seq, int64_t h, int64_t begin, int64_t end, float* __restrict dwte,
+                       float* __restrict dwpe) {
   for (int64_t r = 0; r < rows; ++r) {
-    float* t = dwte + static_cast<int64_t>(ids[r]) * h;
-    float* p = dwpe + (r % seq) * h;
+    const int64_t id = static_cast<int64_t>(ids[r]);
     const float* d = dout + r * h;
-    for (int64_t i = 0; i < h; ++i) {
-      t[i] += d[i];
-      p[i] += d[i];
+    if (id >= begin && id < end) {
+      float* t = dwte + (id - begin) * h;
+      for (int64_t i = 0; i < h; ++i) t[i] += d[i];
     }
+    if (dwpe == nullptr) continue;
+    float* p = dwpe + (r % seq) * h;
+    for (int64_t i = 0; i < h; ++i) p[i] += d[i];
   }
 }
 

@@ -191,26 +191,29 @@ __global__ void ColumnSumKernel(const float* x, int64_t rows, int64_t cols, floa
   }
 }
 
-__global__ void EmbeddingForwardKernel(const float* ids, const float* wte, const float* wpe,
-                                       int64_t rows, int64_t seq, int64_t h, float* out) {
+__global__ void EmbeddingForwardKernel(const float* ids, const float* wte, int64_t begin,
+                                       int64_t end, const float* wpe, int64_t rows, int64_t seq,
+                                       int64_t h, float* out) {
   const int64_t n = rows * h;
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
        k += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = k / h, i = k % h;
-    out[k] = wte[static_cast<int64_t>(ids[r]) * h + i] + wpe[(r % seq) * h + i];
+    const int64_t r = k / h, i = k % h, id = static_cast<int64_t>(ids[r]);
+    if (id >= begin && id < end) out[k] = wte[(id - begin) * h + i] + wpe[(r % seq) * h + i];
   }
 }
 
 // A thread per column walks the rows in order: the CPU's order for every
 // element of dwte and dwpe, and no atomics (deterministic).
 __global__ void EmbeddingBackwardKernel(const float* ids, const float* dout, int64_t rows,
-                                        int64_t seq, int64_t h, float* dwte, float* dwpe) {
+                                        int64_t seq, int64_t h, int64_t begin, int64_t end,
+                                        float* dwte, float* dwpe) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < h;
        i += int64_t{gridDim.x} * blockDim.x) {
     for (int64_t r = 0; r < rows; ++r) {
       const float d = dout[r * h + i];
-      dwte[static_cast<int64_t>(ids[r]) * h + i] += d;
-      dwpe[(r % seq) * h + i] += d;
+      const int64_t id = static_cast<int64_t>(ids[r]);
+      if (id >= begin && id < end) dwte[(id - begin) * h + i] += d;
+      if (dwpe != nullptr) dwpe[(r % seq) * h + i] += d;
     }
   }
 }
@@ -276,17 +279,19 @@ cudaError_t ColumnSum(const float* x, int64_t rows, int64_t cols, float* sum,
   return cudaGetLastError();
 }
 
-cudaError_t EmbeddingForward(const float* ids, const float* wte, const float* wpe, int64_t rows,
-                             int64_t seq, int64_t h, float* out, cudaStream_t stream) {
-  EmbeddingForwardKernel<<<Blocks(rows * h), kThreads, 0, stream>>>(ids, wte, wpe, rows, seq, h,
-                                                                    out);
+cudaError_t EmbeddingForward(const float* ids, const float* wte, int64_t begin, int64_t end,
+                             const float* wpe, int64_t rows, int64_t seq, int64_t h, float* out,
+                             cudaStream_t stream) {
+  EmbeddingForwardKernel<<<Blocks(rows * h), kThreads, 0, stream>>>(ids, wte, begin, end, wpe,
+                                                                    rows, seq, h, out);
   return cudaGetLastError();
 }
 
 cudaError_t EmbeddingBackward(const float* ids, const float* dout, int64_t rows, int64_t seq,
-                              int64_t h, float* dwte, float* dwpe, cudaStream_t stream) {
-  EmbeddingBackwardKernel<<<Blocks(h), kThreads, 0, stream>>>(ids, dout, rows, seq, h, dwte,
-                                                              dwpe);
+                              int64_t h, int64_t begin, int64_t end, float* dwte, float* dwpe,
+                              cudaStream_t stream) {
+  EmbeddingBackwardKernel<<<Blocks(h), kThreads, 0, stream>>>(ids, dout, rows, seq, h, begin,
+                                                              end, dwte, dwpe);
   return cudaGetLastError();
 }
 

@@ -33,10 +33,12 @@ cudaError_t BroadcastRows(const float* b, int64_t rows, int64_t cols, float* y,
                           cudaStream_t stream);
 cudaError_t ColumnSum(const float* x, int64_t rows, int64_t cols, float* sum,
                       cudaStream_t stream);
-cudaError_t EmbeddingForward(const float* ids, const float* wte, const float* wpe, int64_t rows,
-                             int64_t seq, int64_t h, float* out, cudaStream_t stream);
+cudaError_t EmbeddingForward(const float* ids, const float* wte, int64_t begin, int64_t end,
+                             const float* wpe, int64_t rows, int64_t seq, int64_t h, float* out,
+                             cudaStream_t stream);
 cudaError_t EmbeddingBackward(const float* ids, const float* dout, int64_t rows, int64_t seq,
-                              int64_t h, float* dwte, float* dwpe, cudaStream_t stream);
+                              int64_t h, int64_t begin, int64_t end, float* dwte, float* dwpe,
+                              cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace kernels

@@ -256,8 +256,8 @@ out=$("$memwall" plan --model "$wide" --device-memory 3GiB --nvme 1TB --batch 1 
 check "plan --auto tiles what does not fit untiled" "$out" \
   "chosen: stage 3, optimizer offload 1, parameter paging and gradients on NVMe, gathered on use, " \
   ", 2 tiles, " \
-  "model: $wide,tiles=2 (the tiles are the model's: run it with --model $wide,tiles=2 and this config)"
-out=$("$memwall" plan --model "$wide,tiles=2" --device-memory 3GiB --nvme 1TB \
+  "model: $wide,tiles=2,vocab_tiles=2 (the tiles are the model's: run it with --model $wide,tiles=2,vocab_tiles=2 and this config)"
+out=$("$memwall" plan --model "$wide,tiles=2,vocab_tiles=2" --device-memory 3GiB --nvme 1TB \
   --config "$tmp/tiled.json" 2>&1)
 check "plan: the tiled model with the chosen config fits" "$out" "fits: yes" \
   "(one GPU: local, over no link)"

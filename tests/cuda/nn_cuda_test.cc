@@ -107,11 +107,18 @@ std::vector<std::vector<float>> RunAll(Side& s, double* loss) {
   float* emb = s.Put(std::vector<float>(kRows * kH));
   float* dwte = s.Put(std::vector<float>(kVocab * kH, 0.0f));
   float* dwpe = s.Put(std::vector<float>(kSeq * kH, 0.0f));
-  REQUIRE(EmbeddingForward(d, st, id, wte, wpe, kRows, kSeq, kH, emb).ok());
-  REQUIRE(EmbeddingBackward(d, st, id, dy, kRows, kSeq, kH, dwte, dwpe).ok());
+  REQUIRE(EmbeddingForward(d, st, id, wte, 0, kVocab, wpe, kRows, kSeq, kH, emb).ok());
+  REQUIRE(EmbeddingBackward(d, st, id, dy, kRows, kSeq, kH, 0, kVocab, dwte, dwpe).ok());
   out.push_back(s.Get(emb, kRows * kH));
   out.push_back(s.Get(dwte, kVocab * kH));
   out.push_back(s.Get(dwpe, kSeq * kH));
+  // A tile of the vocabulary, [3, 8): its rows only, and no position table.
+  float* tile_out = s.Put(std::vector<float>(kRows * kH, -1.0f));
+  float* dtile = s.Put(std::vector<float>(5 * kH, 0.0f));
+  REQUIRE(EmbeddingForward(d, st, id, wte + 3 * kH, 3, 8, wpe, kRows, kSeq, kH, tile_out).ok());
+  REQUIRE(EmbeddingBackward(d, st, id, dy, kRows, kSeq, kH, 3, 8, dtile, nullptr).ok());
+  out.push_back(s.Get(tile_out, kRows * kH));
+  out.push_back(s.Get(dtile, 5 * kH));
   return out;
 }
 

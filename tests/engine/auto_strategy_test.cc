@@ -229,12 +229,14 @@ TEST_CASE("--auto tiles a block operator that does not fit the device untiled",
   // needs more than the 3 GiB given (the step 6.66 GiB); in 2 tiles the
   // chosen step needs 2.41 GiB.
   const std::string spec = "gpt:layers=1,hidden=8192,heads=64,seq=64,vocab=256";
-  CHECK(WithTiles(spec, 2).value() == spec + ",tiles=2");
-  CHECK(WithTiles("gpt2-1.5b", 4).value() == "gpt2-1.5b:tiles=4");
+  CHECK(WithTiles(spec, 2).value() == spec + ",tiles=2,vocab_tiles=2");
+  CHECK(WithTiles("gpt2-1.5b", 4).value() == "gpt2-1.5b:tiles=4,vocab_tiles=4");
   CHECK(WithTiles("gpt2-124m:tiles=2", 4).status().message() ==
         "model 'gpt2-124m:tiles=2': names its tiles already");
   CHECK(WithTiles("gpt2-124m", 5).status().message() ==
         "gpt tiles: expected a divisor of hidden 768, got 5");
+  CHECK(WithTiles("gpt-tiny:vocab=3", 4).status().message() ==
+        "gpt vocab_tiles: expected 1..vocab (3), got 4");
   CHECK(WithTiles("resnet50", 2).status().code() == absl::StatusCode::kNotFound);
   DryRunOptions options;
   options.model = SpecModel(spec);
@@ -256,7 +258,7 @@ TEST_CASE("--auto tiles a block operator that does not fit the device untiled",
   }
   // The tiled model under the chosen config plans the same step.
   DryRunOptions tiled = options;
-  tiled.model = SpecModel(spec + ",tiles=2");
+  tiled.model = SpecModel(spec + ",tiles=2,vocab_tiles=2");
   CHECK(DryRun(tiled, best.config).value().device_needed == best.plan.device_needed);
   CHECK(best.plan.device_needed < 3 * kGiB);
 }

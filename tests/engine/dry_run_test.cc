@@ -168,13 +168,16 @@ TEST_CASE("a meta step allocates, communicates and synchronises exactly as the h
        "gpt-tiny:layers=4", false, false, -1, true},
       {"stage 3, bf16, NVMe params, gathered on use, overlap, optimal", 3, true, 1.0f, true,
        "optimal", true, "gpt-tiny:layers=4", false, true, 0, true},
-      // Memory-centric tiling: each block weight in 4 tiles, each gathered
-      // on use (and untiled: 4 column blocks of one parameter).
-      {"stage 3, bf16, 4 tiles, NVMe params, gathered on use, overlap, sqrt", 3, true, 1.0f, true,
-       "sqrt", true, "gpt-tiny:layers=4,tiles=4", false, true, 0, true},
-      {"stage 3, f32, 4 tiles, gathered on use, selective", 3, false, 0, false, "selective", false,
-       "gpt-tiny:layers=4,tiles=4", false, false, -1, true},
-      {"stage 2, bf16, 4 tiles", 2, true, 0, false, "none", true, "gpt-tiny:layers=4,tiles=4"},
+      // Memory-centric tiling: each block weight in 4 tiles and the tied
+      // embedding in 3 tiles of its vocabulary, each gathered on use (the
+      // tiles' gradients held from the head's backward to the embedding's);
+      // and untiled: 4 column blocks of one parameter.
+      {"stage 3, bf16, 4 + 3 tiles, NVMe params, gathered on use, overlap, sqrt", 3, true, 1.0f,
+       true, "sqrt", true, "gpt-tiny:layers=4,tiles=4,vocab_tiles=3", false, true, 0, true},
+      {"stage 3, f32, 4 + 3 tiles, gathered on use, selective", 3, false, 0, false, "selective",
+       false, "gpt-tiny:layers=4,tiles=4,vocab_tiles=3", false, false, -1, true},
+      {"stage 2, bf16, 4 + 4 tiles", 2, true, 0, false, "none", true,
+       "gpt-tiny:layers=4,tiles=4,vocab_tiles=4"},
   };
   for (const Strategy& s : strategies) {
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());

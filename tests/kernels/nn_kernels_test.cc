@@ -105,8 +105,8 @@ Outputs RunAll(const cpu::NnKernelTable& k) {
   std::vector<float> emb(kRows * kH), dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f);
   std::vector<float> ids(kRows);
   for (int64_t r = 0; r < kRows; ++r) ids[r] = float((r * 7) % 4);  // repeated ids
-  k.embedding_forward(ids.data(), wte.data(), wpe.data(), kRows, kSeq, kH, emb.data());
-  k.embedding_backward(ids.data(), dy.data(), kRows, kSeq, kH, dwte.data(), dwpe.data());
+  k.embedding_forward(ids.data(), wte.data(), 0, kVocab, wpe.data(), kRows, kSeq, kH, emb.data());
+  k.embedding_backward(ids.data(), dy.data(), kRows, kSeq, kH, 0, kVocab, dwte.data(), dwpe.data());
   o.all.insert(o.all.end(), {emb, dwte, dwpe});
   return o;
 }
@@ -271,13 +271,28 @@ TEST_CASE("bias, column-sum and embedding kernels are exact", "[nn]") {
   const std::vector<float> wte = {0, 1, 10, 11, 20, 21}, wpe = {100, 200, 300, 400};
   const std::vector<float> ids = {2, 0, 2, 2};
   std::vector<float> out(8);
-  k.embedding_forward(ids.data(), wte.data(), wpe.data(), 4, 2, 2, out.data());
+  k.embedding_forward(ids.data(), wte.data(), 0, 3, wpe.data(), 4, 2, 2, out.data());
   CHECK(out == std::vector<float>{120, 221, 300, 401, 120, 221, 320, 421});
   const std::vector<float> dout = {1, 2, 3, 4, 5, 6, 7, 8};
   std::vector<float> dwte(6, 0.0f), dwpe(4, 0.0f);
-  k.embedding_backward(ids.data(), dout.data(), 4, 2, 2, dwte.data(), dwpe.data());
+  k.embedding_backward(ids.data(), dout.data(), 4, 2, 2, 0, 3, dwte.data(), dwpe.data());
   CHECK(dwte == std::vector<float>{3, 4, 0, 0, 13, 16});
   CHECK(dwpe == std::vector<float>{6, 8, 10, 12});
+
+  // In vocabulary tiles [0, 2) and [2, 3): each tile writes only its
+  // tokens' rows (a sentinel marks the others), and adds only into its own
+  // rows of the table; the position table once, with the first tile.
+  std::vector<float> tiled(8, -1.0f);
+  k.embedding_forward(ids.data(), wte.data(), 0, 2, wpe.data(), 4, 2, 2, tiled.data());
+  CHECK(tiled == std::vector<float>{-1, -1, 300, 401, -1, -1, -1, -1});
+  k.embedding_forward(ids.data(), wte.data() + 2 * 2, 2, 3, wpe.data(), 4, 2, 2, tiled.data());
+  CHECK(tiled == out);
+  std::vector<float> dtile0(4, 0.0f), dtile1(2, 0.0f), dpos(4, 0.0f);
+  k.embedding_backward(ids.data(), dout.data(), 4, 2, 2, 0, 2, dtile0.data(), dpos.data());
+  k.embedding_backward(ids.data(), dout.data(), 4, 2, 2, 2, 3, dtile1.data(), nullptr);
+  CHECK(dtile0 == std::vector<float>{3, 4, 0, 0});
+  CHECK(dtile1 == std::vector<float>{13, 16});
+  CHECK(dpos == dwpe);
 }
 
 struct Host {

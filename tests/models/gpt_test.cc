@@ -144,7 +144,11 @@ TEST_CASE("presets match the published parameter counts within 1%", "[gpt]") {
   CHECK(reduced.hidden == 768);
   CHECK(std::string(ParseGptModel("gpt-tiny:depth=3").status().message()) ==
         "model 'gpt-tiny:depth=3': unknown key 'depth' (known: vocab, seq, hidden, heads, layers, "
-        "tiles, frozen_blocks, params)");
+        "tiles, vocab_tiles, frozen_blocks, params)");
+  CHECK(std::string(ParseGptModel("gpt-tiny:vocab_tiles=257").status().message()) ==
+        "gpt vocab_tiles: expected 1..vocab (256), got 257");
+  CHECK(std::string(ParseGptModel("gpt-tiny:vocab_tiles=0").status().message()) ==
+        "gpt vocab_tiles: expected 1..vocab (256), got 0");
   CHECK(ParseGptModel("gpt-tiny:frozen_blocks=2").value().frozen_blocks == 2);
   CHECK(std::string(ParseGptModel("gpt-tiny:frozen_blocks=3").status().message()) ==
         "gpt frozen_blocks: expected 0..layers (2), got 3");
@@ -154,6 +158,43 @@ TEST_CASE("presets match the published parameter counts within 1%", "[gpt]") {
         "gpt hidden: 64 is not divisible by heads 3");
   CHECK(std::string(ValidateGptConfig({256, 64, 66, 4, 2}).message()) ==
         "gpt hidden: 66 is not divisible by heads 4");
+}
+
+TEST_CASE("vocabulary tiles cover the vocabulary in order, sizes within one", "[gpt][tiles]") {
+  GptConfig c = GptPreset("gpt2-124m").value();
+  c.vocab_tiles = 8;  // 50257 = 8 x 6282 + 1
+  CHECK(GptVocabTile(c, 0) == std::pair<int64_t, int64_t>{0, 6283});
+  CHECK(GptVocabTile(c, 1) == std::pair<int64_t, int64_t>{6283, 12565});
+  CHECK(GptVocabTile(c, 7) == std::pair<int64_t, int64_t>{43975, 50257});
+  for (int64_t k : {1, 3, 29, 1733, 50257}) {
+    c.vocab_tiles = k;
+    int64_t next = 0;
+    for (int64_t t = 0; t < k; ++t) {
+      const auto [begin, end] = GptVocabTile(c, t);
+      CHECK(begin == next);
+      CHECK((end - begin == 50257 / k || end - begin == 50257 / k + 1));
+      next = end;
+    }
+    CHECK(next == 50257);
+  }
+  // The tiles are parameters of the embedding, rows of the untiled table,
+  // which the head shares; the parameter count is the untiled model's.
+  GptConfig tiny = ParseGptModel("gpt-tiny:vocab_tiles=3").value();
+  auto layers = MakeGpt(tiny).value();
+  std::vector<std::string> names;
+  int64_t rows = 0;
+  for (const ParameterDecl& d : layers[0]->Parameters()) {
+    names.push_back(d.name);
+    if (d.tile_of == "wte") {
+      CHECK(d.row == rows);
+      CHECK(d.whole_shape == std::vector<int64_t>{256, 64});
+      rows += d.shape[0];
+    }
+  }
+  CHECK(names == std::vector<std::string>{"wte_tile0", "wte_tile1", "wte_tile2", "wpe"});
+  CHECK(rows == 256);
+  CHECK(layers.back()->SharedParameters() ==
+        std::vector<std::string>{"embed.wte_tile0", "embed.wte_tile1", "embed.wte_tile2"});
 }
 
 TEST_CASE("the parameter-count shape rule follows GPT-3's family", "[gpt]") {

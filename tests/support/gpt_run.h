@@ -32,11 +32,26 @@ inline Batch GptBatch(Device& device, const GptConfig& c, int rank, int step) {
   return b;
 }
 
-// The master weights of every block matrix of a trained gpt, whole: with
-// tile parameters, the tiles put back side by side as the columns they are.
-inline std::vector<float> WholeBlockWeights(Trainer& t, const GptConfig& config) {
+// The master weights of every block matrix and of the token embedding of a
+// trained gpt, whole: with tile parameters, the tiles put back side by side
+// as the columns (blocks) or one below the other as the rows (embedding)
+// they are.
+inline std::vector<float> WholeWeights(Trainer& t, const GptConfig& config) {
   std::vector<float> all;
   const int64_t h = config.hidden;
+  std::vector<float> wte(config.vocab * h);
+  if (config.vocab_tiles == 1 || !config.tile_parameters) {
+    REQUIRE(t.optimizer().MasterWeights("embed.wte", absl::MakeSpan(wte)).ok());
+  } else {
+    for (int64_t k = 0; k < config.vocab_tiles; ++k) {
+      const auto [begin, end] = GptVocabTile(config, k);
+      REQUIRE(t.optimizer()
+                  .MasterWeights(absl::StrCat("embed.wte_tile", k),
+                                 absl::MakeSpan(wte.data() + begin * h, (end - begin) * h))
+                  .ok());
+    }
+  }
+  all.insert(all.end(), wte.begin(), wte.end());
   const std::pair<const char*, std::pair<int64_t, int64_t>> matrices[] = {
       {"qkv_weight", {h, 3 * h}},
       {"attn_proj_weight", {h, h}},
