@@ -194,7 +194,7 @@ class LayerContext {
   std::vector<Tensor> reads_;
   bool gathers_on_use_ = false;
   std::set<int> gathered_, acquired_;  // groups held on use
-  std::set<int> deferred_;
+  std::set<int> deferred_;             // set_deferred_reductions
 };
 
 class Layer {
