@@ -15,28 +15,27 @@ namespace {
 // cache lines for every array, so threads never share a line.
 constexpr size_t kChunkQuantum = 64;
 
-int ReadThreads() {
-  const char* text = std::getenv("MEMWALL_CPU_THREADS");
-  if (text == nullptr || *text == '\0') return 1;
-  const int threads = std::atoi(text);
-  if (threads < 1) {
-    std::fprintf(stderr, "memwall: MEMWALL_CPU_THREADS=%s is not a count >= 1; using 1\n", text);
-    return 1;
-  }
+// MEMWALL_CPU_THREADS, read once: 0 when unset or empty; 1 (with a
+// warning) when it is not a count >= 1.
+int EnvironmentThreads() {
+  static const int threads = [] {
+    const char* text = std::getenv("MEMWALL_CPU_THREADS");
+    if (text == nullptr || *text == '\0') return 0;
+    const int count = std::atoi(text);
+    if (count < 1) {
+      std::fprintf(stderr, "memwall: MEMWALL_CPU_THREADS=%s is not a count >= 1; using 1\n", text);
+      return 1;
+    }
+    return count;
+  }();
   return threads;
 }
 
 }  // namespace
 
-int CpuThreads() {
-  static const int threads = ReadThreads();
-  return threads;
-}
+int CpuThreads() { return std::max(EnvironmentThreads(), 1); }
 
-bool CpuThreadsFromEnvironment() {
-  const char* text = std::getenv("MEMWALL_CPU_THREADS");
-  return text != nullptr && *text != '\0';
-}
+bool CpuThreadsFromEnvironment() { return EnvironmentThreads() > 0; }
 
 namespace {
 

@@ -14,7 +14,8 @@ namespace cpu {
 // Threads the host ops use: MEMWALL_CPU_THREADS if set (>= 1), else 1 (ranks
 // are processes that already share the cores). Read once.
 int CpuThreads();
-// Whether MEMWALL_CPU_THREADS is set (CpuThreads is then its count).
+// Whether MEMWALL_CPU_THREADS is set (CpuThreads is then its count). Read
+// once, with CpuThreads.
 bool CpuThreadsFromEnvironment();
 // `configured` threads if > 0 (a config's cpu_threads), else CpuThreads().
 inline int CpuThreadsOr(int configured) { return configured > 0 ? configured : CpuThreads(); }
