@@ -81,52 +81,47 @@ absl::StatusOr<float*> LayerContext::SharedGrad(absl::string_view full_name) {
   return it->second.wide.data_as<float>();
 }
 
-namespace {
-
-// "<layer>.<local>" for each local name.
-std::vector<std::string> FullNames(absl::string_view layer,
-                                   absl::Span<const absl::string_view> locals) {
-  std::vector<std::string> names;
-  names.reserve(locals.size());
-  for (absl::string_view local : locals) names.push_back(absl::StrCat(layer, ".", local));
-  return names;
-}
-
-std::vector<absl::string_view> Views(const std::vector<std::string>& names) {
-  return std::vector<absl::string_view>(names.begin(), names.end());
-}
-
-}  // namespace
-
 absl::Status LayerContext::Release(absl::Span<const absl::string_view> locals) {
-  return ReleaseShared(Views(FullNames(layer_, locals)));
+  return ReleaseNamed(locals.size(),
+                      [&](size_t i) { return absl::StrCat(layer_, ".", locals[i]); });
 }
 
 absl::Status LayerContext::ReleaseShared(absl::Span<const absl::string_view> full_names) {
+  return ReleaseNamed(full_names.size(), [&](size_t i) { return std::string(full_names[i]); });
+}
+
+absl::Status LayerContext::ReleaseNamed(size_t n, absl::FunctionRef<std::string(size_t)> name) {
   // Freed in stream order (engine/layer.h): queued kernels may still read
-  // a copy, and whatever reuses its block runs after them.
-  for (absl::string_view name : full_names) param_copies_.erase(std::string(name));
+  // a copy, and whatever reuses its block runs after them. Every copy goes
+  // before any group does.
+  for (size_t i = 0; i < n; ++i) param_copies_.erase(name(i));
   if (!gathers_on_use_) return absl::OkStatus();
-  for (absl::string_view name : full_names) {
-    MW_ASSIGN_OR_RETURN(const int g, optimizer_.GroupOf(name));
+  for (size_t i = 0; i < n; ++i) {
+    MW_ASSIGN_OR_RETURN(const int g, optimizer_.GroupOf(name(i)));
     if (gathered_.count(g) > 0) MW_RETURN_IF_ERROR(Drop(g));
   }
   return absl::OkStatus();
 }
 
 absl::Status LayerContext::FlushGradient(absl::Span<const absl::string_view> locals) {
-  return FlushSharedGradient(Views(FullNames(layer_, locals)));
+  for (absl::string_view local : locals) {
+    MW_RETURN_IF_ERROR(FlushOne(absl::StrCat(layer_, ".", local)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LayerContext::FlushSharedGradient(absl::Span<const absl::string_view> full_names) {
-  for (absl::string_view name : full_names) {
-    auto it = grad_copies_.find(std::string(name));
-    if (it == grad_copies_.end()) continue;
-    Widened& g = it->second;
-    MW_RETURN_IF_ERROR(kernels::Accumulate(device_, stream_, g.wide.data(), DType::kF32,
-                                           g.low.data, g.low.dtype, g.low.numel));
-    grad_copies_.erase(it);  // in stream order, after the accumulation
-  }
+  for (absl::string_view name : full_names) MW_RETURN_IF_ERROR(FlushOne(std::string(name)));
+  return absl::OkStatus();
+}
+
+absl::Status LayerContext::FlushOne(const std::string& full_name) {
+  auto it = grad_copies_.find(full_name);
+  if (it == grad_copies_.end()) return absl::OkStatus();
+  Widened& g = it->second;
+  MW_RETURN_IF_ERROR(kernels::Accumulate(device_, stream_, g.wide.data(), DType::kF32, g.low.data,
+                                         g.low.dtype, g.low.numel));
+  grad_copies_.erase(it);  // in stream order, after the accumulation
   return absl::OkStatus();
 }
 

@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/optional.h"
@@ -179,6 +180,10 @@ class LayerContext {
   // Gathering on use: holds the group of `full_name` (gathered; its
   // gradients acquired too if `gradients`); lets group g go.
   absl::Status Hold(absl::string_view full_name, bool gradients);
+  // Release and ReleaseShared of the n parameters name(0..n).
+  absl::Status ReleaseNamed(size_t n, absl::FunctionRef<std::string(size_t)> name);
+  // FlushGradient of one parameter, by full name.
+  absl::Status FlushOne(const std::string& full_name);
   absl::Status Drop(int g);
 
   Device& device_;
