@@ -346,6 +346,13 @@ TEST_CASE("nn ops check their arguments and ids", "[nn]") {
   const absl::Status negative = LayerNormForward(*h.device, *h.stream, &c, &c, &c, -1, 4, &c, &c);
   CHECK(negative.code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(negative.message()) == "LayerNormForward: a dimension is -1 (< 0)");
+  // An empty vocabulary tile.
+  const absl::Status empty_tile =
+      EmbeddingBackward(*h.device, *h.stream, &c, &c, 1, 1, 1, 3, 3, &c, nullptr);
+  CHECK(empty_tile.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(empty_tile.message()) ==
+        "EmbeddingBackward: expected a vocabulary tile [begin, end) with 0 <= begin < end, got "
+        "[3, 3)");
 
   const std::vector<float> ids = {0, 3, 2.5f, 9};
   CHECK(CheckIds(*h.device, *h.stream, ids.data(), 2, 4, "token").ok());
