@@ -62,12 +62,14 @@ int Main(int argc, char** argv) {
       {"adamw (f32 p,g,m,v)", 28,
        [&](Isa isa) {
          const KernelTable& k = Kernels(isa);
-         k.adam(constants, p.data(), g.data(), m.data(), v.data(), nullptr, DType::kF32, n);
+         k.adam(constants, p.data(), g.data(), DType::kF32, m.data(), v.data(), nullptr,
+                DType::kF32, n);
        }},
       {"adamw + bf16 copy", 30,
        [&](Isa isa) {
          const KernelTable& k = Kernels(isa);
-         k.adam(constants, p.data(), g.data(), m.data(), v.data(), low.data(), DType::kBF16, n);
+         k.adam(constants, p.data(), g.data(), DType::kF32, m.data(), v.data(), low.data(),
+                DType::kBF16, n);
        }},
       {"cast f32->bf16", 6,
        [&](Isa isa) {

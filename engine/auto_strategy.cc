@@ -83,8 +83,8 @@ absl::StatusOr<Hardware> MeasureThisMachine() {
   kernels::AdamParams adam;
   const kernels::AdamConstants constants = kernels::MakeAdamConstants(adam);
   const double update = Best(3, [&] {
-    kernels::cpu::ParallelAdam(kernels::cpu::Kernels(), constants, p.data(), g.data(), m.data(),
-                               v.data(), nullptr, DType::kF32, elements,
+    kernels::cpu::ParallelAdam(kernels::cpu::Kernels(), constants, p.data(), g.data(), DType::kF32,
+                               m.data(), v.data(), nullptr, DType::kF32, elements,
                                kernels::cpu::CpuThreads());
   });
   hw.cpu_adam_bps = 28.0 * elements / update;

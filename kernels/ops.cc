@@ -193,7 +193,7 @@ absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params
   return Dispatch(
       device, stream,
       [=] {
-        cpu::ParallelAdam(cpu::Kernels(), constants, p, g, m, v, p_low, low_dtype, n,
+        cpu::ParallelAdam(cpu::Kernels(), constants, p, g, DType::kF32, m, v, p_low, low_dtype, n,
                           cpu::CpuThreads());
       },
       [&] {

@@ -225,8 +225,10 @@ int64_t HostOptimizerSlice::grad_buffer_bytes() const {
   return grad_slot_ < 0 ? 0 : store_->rounded_bytes(grad_slot_) + NvmeStore::kAlignment;
 }
 
-int64_t HostOptimizerSlice::scratch_bytes() const {
-  return params_bytes() + (dtype_ == DType::kF32 ? 0 : numel_ * 4);
+int64_t HostOptimizerSlice::scratch_bytes() const { return params_bytes() + widened_bytes(); }
+
+int64_t HostOptimizerSlice::widened_bytes() const {
+  return rule_ == Rule::kSgd && dtype_ != DType::kF32 ? numel_ * 4 : 0;
 }
 
 int64_t HostOptimizerSlice::params_bytes() const { return numel_ * DTypeSize(dtype_); }
@@ -246,11 +248,12 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
   // The staged gradients stay staged until Commit: a failed update (an NVMe
   // write) can be retried from them.
   const bool wide = dtype_ == DType::kF32;
-  // Scratch: the refreshed parameters, then (16-bit) the f32 gradients.
+  // Scratch: the refreshed parameters, then the f32 gradients SGD needs in
+  // 16-bit runs (Adam reads the 16-bit ones as they are).
   char* params = static_cast<char*>(scratch);
-  float* grads32 = wide || scratch == nullptr ? nullptr
-                   : args.widened != nullptr  ? args.widened
-                                              : reinterpret_cast<float*>(params + params_bytes());
+  float* grads32 = widened_bytes() == 0 || scratch == nullptr ? nullptr
+                   : args.widened != nullptr                  ? args.widened
+                                             : reinterpret_cast<float*>(params + params_bytes());
   pending_ = params;
   // NVMe: the committed state streams in through bounded buffers; the new
   // one goes to the spare copy.
@@ -284,10 +287,10 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
     return absl::OkStatus();
   }
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
-  float* g = static_cast<float*>(staged);
-  if (!wide) {
+  Gradients g{static_cast<const char*>(staged), dtype_};
+  if (grads32 != nullptr) {
     cpu.cast(staged, dtype_, grads32, DType::kF32, numel_);
-    g = grads32;
+    g = {reinterpret_cast<const char*>(grads32), DType::kF32};
   }
   if (store_ != nullptr) return UpdateFromNvme(args.segments, g, params, buffers.second);
   float *master, *first, *second;
@@ -315,15 +318,15 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
       char* low = wide ? nullptr : params + i * DTypeSize(dtype_);
       float* m = first == nullptr ? nullptr : first + i;
       if (rule_ == Rule::kAdam && speculative_) {
-        kernels::cpu::ParallelAdamTo(cpu, kernels::MakeAdamConstants(s.adam), current(0) + i, g + i,
-                                     current(1) + i, current(2) + i, master + i, m, second + i, low,
-                                     dtype_, n, threads_);
+        kernels::cpu::ParallelAdamTo(cpu, kernels::MakeAdamConstants(s.adam), current(0) + i,
+                                     g.At(i), g.dtype, current(1) + i, current(2) + i, master + i,
+                                     m, second + i, low, dtype_, n, threads_);
         continue;
       }
       for (int k = 0; copy && k < states_; ++k) {
         std::memcpy(static_cast<float*>(spare_[k].data()) + i, current(k) + i, n * sizeof(float));
       }
-      Apply(s, i, n, master + i, g + i, m, second == nullptr ? nullptr : second + i, params);
+      Apply(s, i, n, master + i, g, m, second == nullptr ? nullptr : second + i, params);
     }
   }
   if (wide) std::memcpy(params, master, numel_ * sizeof(float));
@@ -335,19 +338,19 @@ int64_t HostOptimizerSlice::ChunkIoBytes(int64_t c) const {
   return (states_ * ChunkElements(c) * 4 + a - 1) / a * a;
 }
 
-void HostOptimizerSlice::Apply(const Segment& s, int64_t i, int64_t n, float* master,
-                               const float* g, float* m, float* v, char* params) const {
+void HostOptimizerSlice::Apply(const Segment& s, int64_t i, int64_t n, float* master, Gradients g,
+                               float* m, float* v, char* params) const {
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
   char* low = dtype_ == DType::kF32 ? nullptr : params + i * DTypeSize(dtype_);
   if (rule_ == Rule::kAdam) {
-    kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(s.adam), master, g, m, v, low,
-                               dtype_, n, threads_);
+    kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(s.adam), master, g.At(i), g.dtype, m,
+                               v, low, dtype_, n, threads_);
   } else {
-    cpu.sgd(s.sgd, master, g, m, low, dtype_, n);
+    cpu.sgd(s.sgd, master, reinterpret_cast<const float*>(g.At(i)), m, low, dtype_, n);
   }
 }
 
-absl::Status HostOptimizerSlice::UpdateFromNvme(absl::Span<const Segment> segments, const float* g,
+absl::Status HostOptimizerSlice::UpdateFromNvme(absl::Span<const Segment> segments, Gradients g,
                                                 char* params, char* buffers) {
   const int64_t chunks = Chunks();
   const int count = static_cast<int>(std::min<int64_t>(nvme_count_, chunks));
@@ -379,7 +382,7 @@ absl::Status HostOptimizerSlice::UpdateFromNvme(absl::Span<const Segment> segmen
     for (const Segment& s : segments) {
       const int64_t lo = std::max(s.begin, c0), hi = std::min(s.begin + s.count, c0 + n);
       if (lo >= hi) continue;
-      Apply(s, lo, hi - lo, master + (lo - c0), g + lo, m == nullptr ? nullptr : m + (lo - c0),
+      Apply(s, lo, hi - lo, master + (lo - c0), g, m == nullptr ? nullptr : m + (lo - c0),
             v == nullptr ? nullptr : v + (lo - c0), params);
     }
     if (dtype_ == DType::kF32) std::memcpy(params + c0 * 4, master, n * 4);

@@ -885,16 +885,15 @@ absl::Status ShardedOptimizer::Speculate(int g) {
   // Buffers here, on the caller's thread (Note [Overlapped update]); the
   // shared ones once, for the largest host part.
   if (host_widened_.empty() && host_nvme_buffers_.empty()) {
-    int64_t largest = 0, nvme = 0;
+    int64_t widened = 0, nvme = 0;
     for (const Group& other : groups_) {
       if (other.host == nullptr) continue;
-      largest = std::max(largest, other.host->numel());
+      widened = std::max(widened, other.host->widened_bytes());
       nvme = std::max(nvme, other.host->nvme_buffers_bytes());
     }
-    if (mixed()) {
-      MW_ASSIGN_OR_RETURN(host_widened_,
-                          device_.AllocatePinned(largest * 4, MemoryCategory::kWorkspace,
-                                                 "optimizer.host_grad_f32"));
+    if (widened > 0) {
+      MW_ASSIGN_OR_RETURN(host_widened_, device_.AllocatePinned(widened, MemoryCategory::kWorkspace,
+                                                                "optimizer.host_grad_f32"));
     }
     if (nvme > 0) {
       MW_ASSIGN_OR_RETURN(
@@ -1404,10 +1403,10 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
     // Per offloaded group, indexed by group, its refreshed parameters (held
     // until every group has updated); one f32 widening buffer, shared.
     w.host_scratch.resize(groups_.size());
-    int64_t largest = 0, on_nvme = 0, grads = 0;
+    int64_t widened = 0, on_nvme = 0, grads = 0;
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].host == nullptr) continue;
-      largest = std::max(largest, groups_[g].host->numel());
+      widened = std::max(widened, groups_[g].host->widened_bytes());
       grads = std::max(grads, groups_[g].host->grad_buffer_bytes());
       if (groups_[g].param_slot >= 0) {
         // Written to the file before the next group updates: shared.
@@ -1419,10 +1418,10 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
           device_.AllocatePinned(groups_[g].host->params_bytes(), MemoryCategory::kWorkspace,
                                  absl::StrCat(layout_.groups[g].name, ".host_scratch")));
     }
-    if (mixed() && largest > 0) {
-      MW_ASSIGN_OR_RETURN(w.host_widened,
-                          device_.AllocatePinned(largest * 4, MemoryCategory::kWorkspace,
-                                                 "optimizer.host_grad_f32"));
+    if (widened > 0) {
+      MW_ASSIGN_OR_RETURN(
+          w.host_widened,
+          device_.AllocatePinned(widened, MemoryCategory::kWorkspace, "optimizer.host_grad_f32"));
     }
     if (grads > 0) {
       MW_ASSIGN_OR_RETURN(w.grad_buffer, device_.AllocatePinned(grads, MemoryCategory::kWorkspace,

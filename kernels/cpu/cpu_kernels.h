@@ -50,16 +50,18 @@ struct KernelTable {
   double (*sum_of_squares)(const void* x, DType dtype, size_t n);
   // Whether any x[i] is +-inf or nan.
   bool (*has_inf_or_nan)(const void* x, DType dtype, size_t n);
-  // One Adam/AdamW step over f32 master weights p, gradients g, moments m
-  // and v (all n long, updated in place). If p_low is not null, also writes
-  // p rounded to low_dtype into it in the same pass.
-  void (*adam)(const AdamConstants& constants, float* p, const float* g,
-               float* m, float* v, void* p_low, DType low_dtype, size_t n);
+  // One Adam/AdamW step over f32 master weights p, gradients g in g_dtype
+  // (each widened to f32 as it is read, exactly: a 16-bit gradient needs no
+  // f32 copy of its own), moments m and v (all n long; p, m and v updated in
+  // place). If p_low is not null, also writes p rounded to low_dtype into it
+  // in the same pass.
+  void (*adam)(const AdamConstants& constants, float* p, const void* g, DType g_dtype, float* m,
+               float* v, void* p_low, DType low_dtype, size_t n);
   // The same step out of place: reads p, m, v and writes the new values to
   // p_out, m_out, v_out (none overlapping), bit for bit what adam leaves
   // in place; for an update that must keep the current state (the
   // speculative update of offload/host_optimizer.h).
-  void (*adam_to)(const AdamConstants& constants, const float* p, const float* g,
+  void (*adam_to)(const AdamConstants& constants, const float* p, const void* g, DType g_dtype,
                   const float* m, const float* v, float* p_out, float* m_out, float* v_out,
                   void* p_low, DType low_dtype, size_t n);
   // One SGD step (see SgdElement); `momentum_buffer` is null when

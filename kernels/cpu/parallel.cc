@@ -62,23 +62,25 @@ void ForEachRange(size_t n, int threads, const Fn& fn) {
 
 }  // namespace
 
-void ParallelAdam(const KernelTable& k, const AdamConstants& c, float* p, const float* g,
-                  float* m, float* v, void* p_low, DType low_dtype, size_t n, int threads) {
-  const size_t low_size = DTypeSize(low_dtype);
+void ParallelAdam(const KernelTable& k, const AdamConstants& c, float* p, const void* g,
+                  DType g_dtype, float* m, float* v, void* p_low, DType low_dtype, size_t n,
+                  int threads) {
+  const size_t low_size = DTypeSize(low_dtype), g_size = DTypeSize(g_dtype);
   ForEachRange(n, threads, [&](size_t begin, size_t end) {
     void* low = p_low == nullptr ? nullptr : static_cast<char*>(p_low) + begin * low_size;
-    k.adam(c, p + begin, g + begin, m + begin, v + begin, low, low_dtype, end - begin);
+    k.adam(c, p + begin, static_cast<const char*>(g) + begin * g_size, g_dtype, m + begin,
+           v + begin, low, low_dtype, end - begin);
   });
 }
 
-void ParallelAdamTo(const KernelTable& k, const AdamConstants& c, const float* p, const float* g,
-                    const float* m, const float* v, float* p_out, float* m_out, float* v_out,
-                    void* p_low, DType low_dtype, size_t n, int threads) {
-  const size_t low_size = DTypeSize(low_dtype);
+void ParallelAdamTo(const KernelTable& k, const AdamConstants& c, const float* p, const void* g,
+                    DType g_dtype, const float* m, const float* v, float* p_out, float* m_out,
+                    float* v_out, void* p_low, DType low_dtype, size_t n, int threads) {
+  const size_t low_size = DTypeSize(low_dtype), g_size = DTypeSize(g_dtype);
   ForEachRange(n, threads, [&](size_t begin, size_t end) {
     void* low = p_low == nullptr ? nullptr : static_cast<char*>(p_low) + begin * low_size;
-    k.adam_to(c, p + begin, g + begin, m + begin, v + begin, p_out + begin, m_out + begin,
-              v_out + begin, low, low_dtype, end - begin);
+    k.adam_to(c, p + begin, static_cast<const char*>(g) + begin * g_size, g_dtype, m + begin,
+              v + begin, p_out + begin, m_out + begin, v_out + begin, low, low_dtype, end - begin);
   });
 }
 

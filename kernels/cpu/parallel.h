@@ -22,13 +22,14 @@ inline int CpuThreadsOr(int configured) { return configured > 0 ? configured : C
 
 // KernelTable::adam over `threads` threads (chunks of whole cache lines).
 void ParallelAdam(const KernelTable& kernels, const AdamConstants& constants, float* p,
-                  const float* g, float* m, float* v, void* p_low, DType low_dtype, size_t n,
-                  int threads);
+                  const void* g, DType g_dtype, float* m, float* v, void* p_low, DType low_dtype,
+                  size_t n, int threads);
 
 // KernelTable::adam_to over `threads` threads, chunked as ParallelAdam.
 void ParallelAdamTo(const KernelTable& kernels, const AdamConstants& constants, const float* p,
-                    const float* g, const float* m, const float* v, float* p_out, float* m_out,
-                    float* v_out, void* p_low, DType low_dtype, size_t n, int threads);
+                    const void* g, DType g_dtype, const float* m, const float* v, float* p_out,
+                    float* m_out, float* v_out, void* p_low, DType low_dtype, size_t n,
+                    int threads);
 
 }  // namespace cpu
 }  // namespace kernels

@@ -393,7 +393,7 @@ TEST_CASE("Adam and AdamW match a double evaluation and agree across ISAs bit fo
       ForEachIsa([&](Isa, const KernelTable& k) {
         std::vector<float> p = p0, m = m0, v = v0;
         std::vector<uint16_t> low(n);
-        k.adam(c, p.data(), g.data(), m.data(), v.data(), low.data(), DType::kBF16, n);
+        k.adam(c, p.data(), g.data(), DType::kF32, m.data(), v.data(), low.data(), DType::kBF16, n);
         for (size_t i = 0; i < n; ++i) {
           REQUIRE(FloatBits(p[i]) == FloatBits(sp[i]));
           REQUIRE(FloatBits(m[i]) == FloatBits(sm[i]));
@@ -403,18 +403,71 @@ TEST_CASE("Adam and AdamW match a double evaluation and agree across ISAs bit fo
         // Out of place: the same values in the outputs, the inputs kept.
         std::vector<float> po(n), mo(n), vo(n);
         std::vector<uint16_t> low_to(n);
-        k.adam_to(c, p0.data(), g.data(), m0.data(), v0.data(), po.data(), mo.data(), vo.data(),
-                  low_to.data(), DType::kBF16, n);
+        k.adam_to(c, p0.data(), g.data(), DType::kF32, m0.data(), v0.data(), po.data(), mo.data(),
+                  vo.data(), low_to.data(), DType::kBF16, n);
         CHECK(std::memcmp(po.data(), p.data(), n * 4) == 0);
         CHECK(std::memcmp(mo.data(), m.data(), n * 4) == 0);
         CHECK(std::memcmp(vo.data(), v.data(), n * 4) == 0);
         CHECK(low_to == low);
         // Without the low-precision copy, and on a ragged length.
         p = p0, m = m0, v = v0;
-        k.adam(c, p.data(), g.data(), m.data(), v.data(), nullptr, DType::kF32, n - 3);
+        k.adam(c, p.data(), g.data(), DType::kF32, m.data(), v.data(), nullptr, DType::kF32, n - 3);
         for (size_t i = 0; i < n - 3; ++i) REQUIRE(FloatBits(p[i]) == FloatBits(sp[i]));
         for (size_t i = n - 3; i < n; ++i) REQUIRE(FloatBits(p[i]) == FloatBits(p0[i]));
       });
+    }
+  }
+}
+
+TEST_CASE("Adam reads 16-bit gradients as their f32 widening, bit for bit, on every ISA",
+          "[adam]") {
+  AdamParams params;
+  params.adamw = true;
+  params.weight_decay = 0.1f;
+  params.step = 5;
+  params.grad_scale = 1.0f / 512.0f;
+  const AdamConstants c = MakeAdamConstants(params);
+  const size_t n = 4099;
+  const std::vector<float> p0 = RandomFloats(n, 51), g = RandomFloats(n, 52, 0.1f),
+                           m0 = RandomFloats(n, 53, 0.01f);
+  std::vector<float> v0 = RandomFloats(n, 54, 0.01f);
+  for (float& x : v0) x = x * x;
+  for (DType g_dtype : {DType::kBF16, DType::kF16}) {
+    INFO("gradients " << DTypeName(g_dtype));
+    // The gradients rounded to g_dtype, and their exact f32 widening.
+    std::vector<uint16_t> g16(n);
+    std::vector<float> widened(n);
+    for (size_t i = 0; i < n; ++i) {
+      g16[i] = g_dtype == DType::kBF16 ? F32ToBf16(g[i]) : F32ToF16(g[i]);
+      widened[i] = g_dtype == DType::kBF16 ? Bf16ToF32(g16[i]) : F16ToF32(g16[i]);
+    }
+    std::vector<float> sp = p0, sm = m0, sv = v0;
+    for (size_t i = 0; i < n; ++i) AdamElement(c, sp[i], widened[i], sm[i], sv[i]);
+    ForEachIsa([&](Isa, const KernelTable& k) {
+      std::vector<float> p = p0, m = m0, v = v0;
+      std::vector<uint16_t> low(n);
+      k.adam(c, p.data(), g16.data(), g_dtype, m.data(), v.data(), low.data(), DType::kBF16, n);
+      CHECK(std::memcmp(p.data(), sp.data(), n * 4) == 0);
+      CHECK(std::memcmp(m.data(), sm.data(), n * 4) == 0);
+      CHECK(std::memcmp(v.data(), sv.data(), n * 4) == 0);
+      for (size_t i = 0; i < n; ++i) REQUIRE(low[i] == F32ToBf16(sp[i]));
+      std::vector<float> po(n), mo(n), vo(n);
+      k.adam_to(c, p0.data(), g16.data(), g_dtype, m0.data(), v0.data(), po.data(), mo.data(),
+                vo.data(), nullptr, DType::kF32, n);
+      CHECK(std::memcmp(po.data(), sp.data(), n * 4) == 0);
+      CHECK(std::memcmp(mo.data(), sm.data(), n * 4) == 0);
+      CHECK(std::memcmp(vo.data(), sv.data(), n * 4) == 0);
+    });
+    // On several threads: each thread's range starts at its own gradient.
+    for (int threads : {2, 3}) {
+      std::vector<float> p = p0, m = m0, v = v0;
+      ParallelAdam(Kernels(), c, p.data(), g16.data(), g_dtype, m.data(), v.data(), nullptr,
+                   DType::kF32, n, threads);
+      CHECK(std::memcmp(p.data(), sp.data(), n * 4) == 0);
+      std::vector<float> po(n), mo(n), vo(n);
+      ParallelAdamTo(Kernels(), c, p0.data(), g16.data(), g_dtype, m0.data(), v0.data(), po.data(),
+                     mo.data(), vo.data(), nullptr, DType::kF32, n, threads);
+      CHECK(std::memcmp(po.data(), sp.data(), n * 4) == 0);
     }
   }
 }
@@ -471,21 +524,22 @@ TEST_CASE("Adam on several threads equals one thread bit for bit", "[adam][paral
     for (float& x : v0) x = x * x;
     std::vector<float> p1 = p0, m1 = m0, v1 = v0;
     std::vector<uint16_t> low1(n);
-    Kernels().adam(c, p1.data(), g.data(), m1.data(), v1.data(), low1.data(), DType::kBF16, n);
+    Kernels().adam(c, p1.data(), g.data(), DType::kF32, m1.data(), v1.data(), low1.data(),
+                   DType::kBF16, n);
     for (int threads : {2, 3, 8}) {
       INFO("threads " << threads);
       std::vector<float> p = p0, m = m0, v = v0;
       std::vector<uint16_t> low(n);
-      ParallelAdam(Kernels(), c, p.data(), g.data(), m.data(), v.data(), low.data(), DType::kBF16,
-                   n, threads);
+      ParallelAdam(Kernels(), c, p.data(), g.data(), DType::kF32, m.data(), v.data(), low.data(),
+                   DType::kBF16, n, threads);
       REQUIRE(std::memcmp(p.data(), p1.data(), n * 4) == 0);
       REQUIRE(std::memcmp(m.data(), m1.data(), n * 4) == 0);
       REQUIRE(std::memcmp(v.data(), v1.data(), n * 4) == 0);
       REQUIRE(low == low1);
       std::vector<float> po(n), mo(n), vo(n);
       std::vector<uint16_t> low_to(n);
-      ParallelAdamTo(Kernels(), c, p0.data(), g.data(), m0.data(), v0.data(), po.data(),
-                     mo.data(), vo.data(), low_to.data(), DType::kBF16, n, threads);
+      ParallelAdamTo(Kernels(), c, p0.data(), g.data(), DType::kF32, m0.data(), v0.data(),
+                     po.data(), mo.data(), vo.data(), low_to.data(), DType::kBF16, n, threads);
       REQUIRE(std::memcmp(po.data(), p1.data(), n * 4) == 0);
       REQUIRE(std::memcmp(mo.data(), m1.data(), n * 4) == 0);
       REQUIRE(std::memcmp(vo.data(), v1.data(), n * 4) == 0);

@@ -928,12 +928,13 @@ TEST_CASE("optimizer offload moves the optimizer-state bytes to the pinned pool"
       }
       if (ratio == 1.0f) CHECK(device == 0);
       // Host scratch: one group's at a time (the refreshed bf16 parameters
-      // and the f32 gradients of its host part), never the whole model's;
-      // streamed gradients land through pinned pieces of the reduction.
+      // of its host part; Adam reads its bf16 gradients where they landed,
+      // with no f32 copy), never the whole model's; streamed gradients land
+      // through pinned pieces of the reduction.
       int64_t scratch = 0;
       for (const FlatGroup& g : run.opt->layout().groups) {
         const int64_t k = std::llround(double(ratio) * g.shard_numel);
-        scratch = std::max(scratch, 6 * k);
+        scratch = std::max(scratch, 2 * k);
         if (ratio == 1.0f && stage >= 2) {
           const int64_t piece = std::min(options.zero.reduce_bucket_size / n, g.shard_numel);
           scratch = std::max(scratch, 4 * piece);
