@@ -213,7 +213,7 @@ absl::Status SgdUpdate(Device& device, Stream& stream, const SgdParams& params, 
   }
   return Dispatch(
       device, stream,
-      [=] { cpu::Kernels().sgd(params, p, g, momentum_buffer, p_low, low_dtype, n); },
+      [=] { cpu::Kernels().sgd(params, p, g, DType::kF32, momentum_buffer, p_low, low_dtype, n); },
       [&] {
         return MW_CUDA_CALL(cuda::Sgd(params, p, g, momentum_buffer, p_low, low_dtype, n,
                                       CudaStreamOf(stream)),

@@ -225,13 +225,7 @@ int64_t HostOptimizerSlice::grad_buffer_bytes() const {
   return grad_slot_ < 0 ? 0 : store_->rounded_bytes(grad_slot_) + NvmeStore::kAlignment;
 }
 
-int64_t HostOptimizerSlice::scratch_bytes() const { return params_bytes() + widened_bytes(); }
-
-int64_t HostOptimizerSlice::widened_bytes() const {
-  return rule_ == Rule::kSgd && dtype_ != DType::kF32 ? numel_ * 4 : 0;
-}
-
-int64_t HostOptimizerSlice::params_bytes() const { return numel_ * DTypeSize(dtype_); }
+int64_t HostOptimizerSlice::scratch_bytes() const { return numel_ * DTypeSize(dtype_); }
 
 int64_t HostOptimizerSlice::nvme_buffers_bytes() const {
   if (store_ == nullptr) return 0;
@@ -248,12 +242,8 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
   // The staged gradients stay staged until Commit: a failed update (an NVMe
   // write) can be retried from them.
   const bool wide = dtype_ == DType::kF32;
-  // Scratch: the refreshed parameters, then the f32 gradients SGD needs in
-  // 16-bit runs (Adam reads the 16-bit ones as they are).
+  // Scratch: the refreshed parameters.
   char* params = static_cast<char*>(scratch);
-  float* grads32 = widened_bytes() == 0 || scratch == nullptr ? nullptr
-                   : args.widened != nullptr                  ? args.widened
-                                             : reinterpret_cast<float*>(params + params_bytes());
   pending_ = params;
   // NVMe: the committed state streams in through bounded buffers; the new
   // one goes to the spare copy.
@@ -287,11 +277,8 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
     return absl::OkStatus();
   }
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
-  Gradients g{static_cast<const char*>(staged), dtype_};
-  if (grads32 != nullptr) {
-    cpu.cast(staged, dtype_, grads32, DType::kF32, numel_);
-    g = {reinterpret_cast<const char*>(grads32), DType::kF32};
-  }
+  // The kernels read the gradients in the parameter dtype, widening each.
+  const char* g = static_cast<const char*>(staged);
   if (store_ != nullptr) return UpdateFromNvme(args.segments, g, params, buffers.second);
   float *master, *first, *second;
   if (speculative_) {
@@ -319,8 +306,9 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
       float* m = first == nullptr ? nullptr : first + i;
       if (rule_ == Rule::kAdam && speculative_) {
         kernels::cpu::ParallelAdamTo(cpu, kernels::MakeAdamConstants(s.adam), current(0) + i,
-                                     g.At(i), g.dtype, current(1) + i, current(2) + i, master + i,
-                                     m, second + i, low, dtype_, n, threads_);
+                                     g + i * DTypeSize(dtype_), dtype_, current(1) + i,
+                                     current(2) + i, master + i, m, second + i, low, dtype_, n,
+                                     threads_);
         continue;
       }
       for (int k = 0; copy && k < states_; ++k) {
@@ -338,19 +326,20 @@ int64_t HostOptimizerSlice::ChunkIoBytes(int64_t c) const {
   return (states_ * ChunkElements(c) * 4 + a - 1) / a * a;
 }
 
-void HostOptimizerSlice::Apply(const Segment& s, int64_t i, int64_t n, float* master, Gradients g,
+void HostOptimizerSlice::Apply(const Segment& s, int64_t i, int64_t n, float* master, const char* g,
                                float* m, float* v, char* params) const {
   const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
-  char* low = dtype_ == DType::kF32 ? nullptr : params + i * DTypeSize(dtype_);
+  const size_t size = DTypeSize(dtype_);
+  char* low = dtype_ == DType::kF32 ? nullptr : params + i * size;
   if (rule_ == Rule::kAdam) {
-    kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(s.adam), master, g.At(i), g.dtype, m,
-                               v, low, dtype_, n, threads_);
+    kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(s.adam), master, g + i * size,
+                               dtype_, m, v, low, dtype_, n, threads_);
   } else {
-    cpu.sgd(s.sgd, master, reinterpret_cast<const float*>(g.At(i)), m, low, dtype_, n);
+    cpu.sgd(s.sgd, master, g + i * size, dtype_, m, low, dtype_, n);
   }
 }
 
-absl::Status HostOptimizerSlice::UpdateFromNvme(absl::Span<const Segment> segments, Gradients g,
+absl::Status HostOptimizerSlice::UpdateFromNvme(absl::Span<const Segment> segments, const char* g,
                                                 char* params, char* buffers) {
   const int64_t chunks = Chunks();
   const int count = static_cast<int>(std::min<int64_t>(nvme_count_, chunks));

@@ -111,23 +111,17 @@ class HostOptimizerSlice final : public StateTier {
   // run it) into the landing buffer: gradients stream to the host as soon
   // as they are final, while the caller goes on.
   absl::Status StageGradients(Stream& stream, const void* grads);
-  // Pinned scratch bytes one Update needs: the refreshed parameters (held
-  // until Commit) and widened_bytes().
+  // Pinned scratch bytes one Update needs: the refreshed parameters, held
+  // until Commit (the update reads 16-bit gradients where they landed,
+  // widening each as it goes: no f32 copy of them).
   int64_t scratch_bytes() const override;
-  // The refreshed parameters' part of it (what an Update given
-  // UpdateArgs::widened needs).
-  int64_t params_bytes() const;
-  // The gradients widened to f32, for SGD in 16-bit runs (UpdateArgs::widened
-  // or the end of the scratch); 0 otherwise: Adam reads 16-bit gradients as
-  // they are, widening each as it goes.
-  int64_t widened_bytes() const;
   // NVMe tier: the pinned bytes its chunk buffers take (0 otherwise).
   int64_t nvme_buffers_bytes() const;
   // The NVMe tier updates into the file's spare copy, a speculative slice
   // into its own.
   bool two_phase() const override { return store_ != nullptr || speculative_; }
   // Phase one of a step from the staged gradients: waits for `stream`,
-  // widens them (SGD), computes the new master weights and moments (pinned: in
+  // computes the new master weights and moments (pinned: in
   // place; NVMe: into the file's spare copy) and the refreshed parameters.
   // `args.segments` give the hyperparameters (adam or sgd, by the slice's
   // rule) of each run of elements; `args.scratch`: scratch_bytes() of
@@ -196,20 +190,14 @@ class HostOptimizerSlice final : public StateTier {
   int64_t ChunkOffset(int64_t c) const { return c * states_ * chunk_ * 4; }
   int64_t ChunkIoBytes(int64_t c) const;
   int64_t BufferBytes() const { return ChunkIoBytes(0); }
-  // The gradients an update reads: all numel_ of them, in `dtype` (the
-  // parameter dtype, or f32 widened for SGD).
-  struct Gradients {
-    const char* data;
-    DType dtype;
-    const void* At(int64_t i) const { return data + i * DTypeSize(dtype); }
-  };
   // Segment s's update of elements [i, i + n) whose state is at `master`
-  // and the moments `m`, `v` (null where the rule keeps none), in place;
-  // the refreshed 16-bit parameters go to `params` + i.
-  void Apply(const Segment& s, int64_t i, int64_t n, float* master, Gradients g, float* m, float* v,
-             char* params) const;
+  // and the moments `m`, `v` (null where the rule keeps none), in place,
+  // from the gradients `g` (all numel_, in the parameter dtype); the
+  // refreshed 16-bit parameters go to `params` + i.
+  void Apply(const Segment& s, int64_t i, int64_t n, float* master, const char* g, float* m,
+             float* v, char* params) const;
   // The NVMe update through `buffers` (nvme_count_ x BufferBytes()).
-  absl::Status UpdateFromNvme(absl::Span<const Segment> segments, Gradients g, char* params,
+  absl::Status UpdateFromNvme(absl::Span<const Segment> segments, const char* g, char* params,
                               char* buffers);
 
   Device& device_;

@@ -884,16 +884,10 @@ absl::Status ShardedOptimizer::Speculate(int g) {
   const FlatGroup& flat = layout_.groups[g];
   // Buffers here, on the caller's thread (Note [Overlapped update]); the
   // shared ones once, for the largest host part.
-  if (host_widened_.empty() && host_nvme_buffers_.empty()) {
-    int64_t widened = 0, nvme = 0;
+  if (host_nvme_buffers_.empty()) {
+    int64_t nvme = 0;
     for (const Group& other : groups_) {
-      if (other.host == nullptr) continue;
-      widened = std::max(widened, other.host->widened_bytes());
-      nvme = std::max(nvme, other.host->nvme_buffers_bytes());
-    }
-    if (widened > 0) {
-      MW_ASSIGN_OR_RETURN(host_widened_, device_.AllocatePinned(widened, MemoryCategory::kWorkspace,
-                                                                "optimizer.host_grad_f32"));
+      if (other.host != nullptr) nvme = std::max(nvme, other.host->nvme_buffers_bytes());
     }
     if (nvme > 0) {
       MW_ASSIGN_OR_RETURN(
@@ -901,9 +895,10 @@ absl::Status ShardedOptimizer::Speculate(int g) {
           device_.AllocatePinned(nvme, MemoryCategory::kWorkspace, "optimizer.nvme_buffers"));
     }
   }
-  MW_ASSIGN_OR_RETURN(group.host_params,
-                      device_.AllocatePinned(group.host->params_bytes(), MemoryCategory::kWorkspace,
-                                             absl::StrCat(flat.name, ".host_params")));
+  MW_ASSIGN_OR_RETURN(
+      group.host_params,
+      device_.AllocatePinned(group.host->scratch_bytes(), MemoryCategory::kWorkspace,
+                             absl::StrCat(flat.name, ".host_params")));
   if (group.staged_event == nullptr) {
     MW_ASSIGN_OR_RETURN(group.staged_event, device_.CreateEvent());
   }
@@ -917,7 +912,6 @@ absl::Status ShardedOptimizer::Speculate(int g) {
   StateTier::UpdateArgs args;
   args.segments = group.speculated_segments;
   args.scratch = group.host_params.data();
-  args.widened = static_cast<float*>(host_widened_.data());
   args.nvme_buffers = host_nvme_buffers_.data();
   HostOptimizerSlice* host = group.host.get();
   Event* staged = group.staged_event.get();
@@ -1326,15 +1320,12 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       // Overlapped: its buffers were allocated as it was handed over (Step()
       // hands over any part not handed over in backward).
       args.scratch = group.host_params.data();
-      args.widened = static_cast<float*>(host_widened_.data());
       args.nvme_buffers = host_nvme_buffers_.data();
     } else if (group.param_slot >= 0) {
       args.scratch = NvmeStore::AlignUp(workspace.param_scratch.data());
-      args.widened = static_cast<float*>(workspace.host_widened.data());
     } else if (group.host != nullptr) {
       args.scratch = two_phase ? workspace.host_scratch[g].data()
                                : workspace.host_scratch.front().data();
-      args.widened = two_phase ? static_cast<float*>(workspace.host_widened.data()) : nullptr;
     }
     for (const Tier& t : TiersOf(flat, group)) {
       args.grads = device_.holds_bytes()
@@ -1401,12 +1392,11 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
   if (overlaps_update()) return w;  // each host part has its own (Speculate)
   if (two_phase) {
     // Per offloaded group, indexed by group, its refreshed parameters (held
-    // until every group has updated); one f32 widening buffer, shared.
+    // until every group has updated).
     w.host_scratch.resize(groups_.size());
-    int64_t widened = 0, on_nvme = 0, grads = 0;
+    int64_t on_nvme = 0, grads = 0;
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].host == nullptr) continue;
-      widened = std::max(widened, groups_[g].host->widened_bytes());
       grads = std::max(grads, groups_[g].host->grad_buffer_bytes());
       if (groups_[g].param_slot >= 0) {
         // Written to the file before the next group updates: shared.
@@ -1415,13 +1405,8 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
       }
       MW_ASSIGN_OR_RETURN(
           w.host_scratch[g],
-          device_.AllocatePinned(groups_[g].host->params_bytes(), MemoryCategory::kWorkspace,
+          device_.AllocatePinned(groups_[g].host->scratch_bytes(), MemoryCategory::kWorkspace,
                                  absl::StrCat(layout_.groups[g].name, ".host_scratch")));
-    }
-    if (widened > 0) {
-      MW_ASSIGN_OR_RETURN(
-          w.host_widened,
-          device_.AllocatePinned(widened, MemoryCategory::kWorkspace, "optimizer.host_grad_f32"));
     }
     if (grads > 0) {
       MW_ASSIGN_OR_RETURN(w.grad_buffer, device_.AllocatePinned(grads, MemoryCategory::kWorkspace,

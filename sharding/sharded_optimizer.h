@@ -565,9 +565,8 @@ class ShardedOptimizer {
     DeviceBuffer widened;  // mixed precision: a group's device part in f32
     // Offload: one shared pinned scratch (pinned tier), or one per group,
     // indexed by group, for its refreshed parameters (NVMe tier,
-    // two-phase) with one shared f32 widening buffer (16-bit runs).
+    // two-phase).
     std::vector<DeviceBuffer> host_scratch;
-    DeviceBuffer host_widened;
     // Parameters on NVMe: one scratch for the refreshed shard, aligned
     // for the file (written before the next group updates), and one buffer
     // the gradients (on NVMe too) are read into.
@@ -637,12 +636,11 @@ class ShardedOptimizer {
   std::vector<PageRead> page_reads_;
   int next_page_ = 0;
   // Overlapped update: the update thread, the stream its work is ordered
-  // on, and the pinned f32 buffer the updates widen 16-bit gradients into
-  // (sized for the largest host part; one update runs at a time).
+  // on, and the NVMe tier's chunk buffers (sized for the largest host part;
+  // one update runs at a time).
   std::unique_ptr<UpdateWorker> worker_;
   std::unique_ptr<Stream> update_stream_;
-  DeviceBuffer host_widened_;
-  DeviceBuffer host_nvme_buffers_;  // the NVMe tier's chunk buffers
+  DeviceBuffer host_nvme_buffers_;
 
   LossScaler scaler_;
   int64_t steps_applied_ = 0;

@@ -56,11 +56,6 @@ class StateTier {
     // Pinned scratch of scratch_bytes(), untouched by the caller until
     // Commit (null on meta or when scratch_bytes() is 0).
     void* scratch = nullptr;
-    // Host tier, set: pinned scratch of HostOptimizerSlice::widened_bytes()
-    // for the widened 16-bit gradients (SGD), needed only during Update (so
-    // tiers that update in turn can share one); `scratch` then needs only
-    // the refreshed parameters (HostOptimizerSlice::params_bytes()).
-    float* widened = nullptr;
     // Host tier on NVMe, set: pinned memory of
     // HostOptimizerSlice::nvme_buffers_bytes() the state streams through,
     // so that the update allocates nothing (an update on another thread).

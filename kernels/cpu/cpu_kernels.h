@@ -64,10 +64,11 @@ struct KernelTable {
   void (*adam_to)(const AdamConstants& constants, const float* p, const void* g, DType g_dtype,
                   const float* m, const float* v, float* p_out, float* m_out, float* v_out,
                   void* p_low, DType low_dtype, size_t n);
-  // One SGD step (see SgdElement); `momentum_buffer` is null when
-  // params.momentum is 0. p_low as for adam.
-  void (*sgd)(const SgdParams& params, float* p, const float* g, float* momentum_buffer,
-              void* p_low, DType low_dtype, size_t n);
+  // One SGD step (see SgdElement); gradients in g_dtype, widened as adam's
+  // are; `momentum_buffer` is null when params.momentum is 0. p_low as for
+  // adam.
+  void (*sgd)(const SgdParams& params, float* p, const void* g, DType g_dtype,
+              float* momentum_buffer, void* p_low, DType low_dtype, size_t n);
 };
 
 // REQUIRES: IsaSupported(isa).

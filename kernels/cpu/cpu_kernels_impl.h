@@ -295,33 +295,50 @@ void AdamTo(const AdamConstants& c, const float* p, const void* g, DType g_dtype
   }
 }
 
-template <DType Low, bool kCopy, bool kMomentum>
-void SgdT(const SgdParams c, float* __restrict p, const float* __restrict g,
-          float* __restrict buf, void* p_low, size_t n) {
+template <DType G, DType Low, bool kCopy, bool kMomentum>
+void SgdT(const SgdParams c, float* __restrict p, const void* g_in, float* __restrict buf,
+          void* p_low, size_t n) {
+  const auto* __restrict g = static_cast<const T<G>*>(g_in);
   auto* __restrict low = static_cast<T<Low>*>(p_low);
   for (size_t i = 0; i < n; ++i) {
     float pi = p[i];
-    SgdElement(c, pi, g[i], kMomentum ? &buf[i] : nullptr);
+    SgdElement(c, pi, Storage<G>::Load(g[i]), kMomentum ? &buf[i] : nullptr);
     p[i] = pi;
     if (kCopy) low[i] = Storage<Low>::Store(pi);
   }
 }
 
-template <bool kMomentum>
-void SgdDispatch(const SgdParams& c, float* p, const float* g, float* buf, void* p_low,
+template <DType G, bool kMomentum>
+void SgdDispatch(const SgdParams& c, float* p, const void* g, float* buf, void* p_low,
                  DType low_dtype, size_t n) {
-  if (p_low == nullptr) return SgdT<DType::kF32, false, kMomentum>(c, p, g, buf, nullptr, n);
+  if (p_low == nullptr) return SgdT<G, DType::kF32, false, kMomentum>(c, p, g, buf, nullptr, n);
   switch (low_dtype) {
-    case DType::kF32: return SgdT<DType::kF32, true, kMomentum>(c, p, g, buf, p_low, n);
-    case DType::kBF16: return SgdT<DType::kBF16, true, kMomentum>(c, p, g, buf, p_low, n);
-    case DType::kF16: return SgdT<DType::kF16, true, kMomentum>(c, p, g, buf, p_low, n);
+    case DType::kF32:
+      return SgdT<G, DType::kF32, true, kMomentum>(c, p, g, buf, p_low, n);
+    case DType::kBF16:
+      return SgdT<G, DType::kBF16, true, kMomentum>(c, p, g, buf, p_low, n);
+    case DType::kF16:
+      return SgdT<G, DType::kF16, true, kMomentum>(c, p, g, buf, p_low, n);
   }
 }
 
-void Sgd(const SgdParams& c, float* p, const float* g, float* buf, void* p_low, DType low_dtype,
-         size_t n) {
-  if (buf != nullptr) return SgdDispatch<true>(c, p, g, buf, p_low, low_dtype, n);
-  SgdDispatch<false>(c, p, g, nullptr, p_low, low_dtype, n);
+template <DType G>
+void SgdFrom(const SgdParams& c, float* p, const void* g, float* buf, void* p_low, DType low_dtype,
+             size_t n) {
+  if (buf != nullptr) return SgdDispatch<G, true>(c, p, g, buf, p_low, low_dtype, n);
+  SgdDispatch<G, false>(c, p, g, nullptr, p_low, low_dtype, n);
+}
+
+void Sgd(const SgdParams& c, float* p, const void* g, DType g_dtype, float* buf, void* p_low,
+         DType low_dtype, size_t n) {
+  switch (g_dtype) {
+    case DType::kF32:
+      return SgdFrom<DType::kF32>(c, p, g, buf, p_low, low_dtype, n);
+    case DType::kBF16:
+      return SgdFrom<DType::kBF16>(c, p, g, buf, p_low, low_dtype, n);
+    case DType::kF16:
+      return SgdFrom<DType::kF16>(c, p, g, buf, p_low, low_dtype, n);
+  }
 }
 
 }  // namespace

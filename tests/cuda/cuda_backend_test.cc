@@ -242,7 +242,8 @@ TEST_CASE("CUDA SGD with momentum equals the CPU SGD bit for bit", "[cuda][kerne
                              static_cast<const float*>(dg.data()), static_cast<float*>(db.data()),
                              nullptr, DType::kF32, n).ok());
   std::vector<float> p = p0, b = b0;
-  kernels::cpu::Kernels().sgd(params, p.data(), g.data(), b.data(), nullptr, DType::kF32, n);
+  kernels::cpu::Kernels().sgd(params, p.data(), g.data(), DType::kF32, b.data(), nullptr,
+                              DType::kF32, n);
   const std::vector<float> gp = Download<float>(gpu, dp, n), gb = Download<float>(gpu, db, n);
   CHECK(std::memcmp(gp.data(), p.data(), n * 4) == 0);
   CHECK(std::memcmp(gb.data(), b.data(), n * 4) == 0);

@@ -484,7 +484,7 @@ TEST_CASE("SGD with momentum matches PyTorch's update rule on every ISA", "[sgd]
     std::vector<float> p = p0, buf(n, 0.0f);
     std::vector<uint16_t> low(n);
     // Two steps: the first makes buf = d exactly, as PyTorch's clone.
-    k.sgd(params, p.data(), g.data(), buf.data(), low.data(), DType::kF16, n);
+    k.sgd(params, p.data(), g.data(), DType::kF32, buf.data(), low.data(), DType::kF16, n);
     for (size_t i = 0; i < n; ++i) {
       const float d = g[i] * 0.5f + 0.01f * p0[i];
       REQUIRE(buf[i] == d);
@@ -492,7 +492,7 @@ TEST_CASE("SGD with momentum matches PyTorch's update rule on every ISA", "[sgd]
       REQUIRE(low[i] == F32ToF16(p[i]));
     }
     const std::vector<float> p1 = p, buf1 = buf;
-    k.sgd(params, p.data(), g.data(), buf.data(), nullptr, DType::kF32, n);
+    k.sgd(params, p.data(), g.data(), DType::kF32, buf.data(), nullptr, DType::kF32, n);
     for (size_t i = 0; i < n; ++i) {
       const float d = g[i] * 0.5f + 0.01f * p1[i];
       const float b = 0.9f * buf1[i] + d;
@@ -503,9 +503,20 @@ TEST_CASE("SGD with momentum matches PyTorch's update rule on every ISA", "[sgd]
     SgdParams plain = params;
     plain.momentum = 0.0f;
     p = p0;
-    k.sgd(plain, p.data(), g.data(), nullptr, nullptr, DType::kF32, n);
+    k.sgd(plain, p.data(), g.data(), DType::kF32, nullptr, nullptr, DType::kF32, n);
     for (size_t i = 0; i < n; ++i) {
       REQUIRE(FloatBits(p[i]) == FloatBits(p0[i] - 0.1f * (g[i] * 0.5f + 0.01f * p0[i])));
+    }
+    // bf16 gradients, read as their f32 widening.
+    std::vector<uint16_t> g16(n);
+    for (size_t i = 0; i < n; ++i) g16[i] = F32ToBf16(g[i]);
+    p = p0;
+    std::fill(buf.begin(), buf.end(), 0.0f);
+    k.sgd(params, p.data(), g16.data(), DType::kBF16, buf.data(), nullptr, DType::kF32, n);
+    for (size_t i = 0; i < n; ++i) {
+      const float d = Bf16ToF32(g16[i]) * 0.5f + 0.01f * p0[i];
+      REQUIRE(buf[i] == d);
+      REQUIRE(FloatBits(p[i]) == FloatBits(p0[i] - 0.1f * d));
     }
   });
 }

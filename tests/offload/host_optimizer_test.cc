@@ -103,17 +103,15 @@ TEST_CASE("a host slice updates bit for bit like the device update", "[offload]"
       }
       // Master, two moments (or master and momentum) and the gradients'
       // landing buffer in the pinned pool; the caller's scratch holds the
-      // refreshed parameters and, for SGD in 16-bit runs, the widened
-      // gradients (Adam reads the 16-bit ones where they landed).
+      // refreshed parameters only (the update reads 16-bit gradients where
+      // they landed, with no f32 copy).
       const AllocatorStats pinned = d.pinned_allocator()->stats();
       const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kOptimizerState)].current ==
             (adam ? 3 : 2) * kN * 4);
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kGradient)].current == kN * size);
       CHECK(pinned.by_category[static_cast<int>(MemoryCategory::kWorkspace)].current == 0);
-      CHECK(slice->scratch_bytes() ==
-            (dtype == DType::kF32 ? kN * 4 : kN * size + (adam ? 0 : kN * 4)));
-      CHECK(slice->widened_bytes() == (dtype == DType::kF32 || adam ? 0 : kN * 4));
+      CHECK(slice->scratch_bytes() == kN * size);
       // A second update without new gradients is refused.
       const StateTier::Segment all{0, kN, ap, sp};
       StateTier::UpdateArgs args;
@@ -297,11 +295,10 @@ TEST_CASE("the NVMe tier streams its state through bounded buffers, bit for bit 
         const int states = adam ? 3 : 2;
         CHECK(store->slot_bytes(0) ==
               4 * states * 1024 * 4 + (states * 904 * 4 + 4095) / 4096 * 4096);
-        // Pinned memory: the caller's scratch (the refreshed parameters, and
-        // for SGD in bf16 the gradients widened to f32) and at most `count`
-        // chunk buffers (plus alignment), whatever the slice's size.
-        const int64_t scratch = numel * static_cast<int64_t>(DTypeSize(dtype)) +
-                                (dtype == DType::kF32 || adam ? 0 : numel * 4);
+        // Pinned memory: the caller's scratch (the refreshed parameters) and
+        // at most `count` chunk buffers (plus alignment), whatever the
+        // slice's size.
+        const int64_t scratch = numel * static_cast<int64_t>(DTypeSize(dtype));
         CHECK(nvme.workspace_peak ==
               scratch + std::min(count, 5) * states * 1024 * 4 + NvmeStore::kAlignment);
         // The gradients in the file too (a scratch slot after the state's):
