@@ -93,9 +93,9 @@ absl::Status RunDemo(const DemoOptions& options) {
   kernels::AdamParams adam;
   adam.lr = 1e-2f;
   MW_RETURN_IF_ERROR(kernels::AdamUpdate(
-      *device, *stream, adam, static_cast<float*>(master.data()),
-      static_cast<const float*>(grad_shard.data()), static_cast<float*>(exp_avg.data()),
-      static_cast<float*>(exp_avg_sq.data()), send_shard.data(), DType::kBF16, shard));
+      *device, *stream, adam, static_cast<float*>(master.data()), grad_shard.data(), DType::kF32,
+      static_cast<float*>(exp_avg.data()), static_cast<float*>(exp_avg_sq.data()),
+      send_shard.data(), DType::kBF16, shard));
   MW_RETURN_IF_ERROR(comm.AllGather(send_shard.data(), params.data(), shard, DType::kBF16, *stream));
   MW_RETURN_IF_ERROR(stream->Synchronize());
 

@@ -185,27 +185,27 @@ absl::StatusOr<bool> HasInfOrNan(Device& device, Stream& stream, const void* x,
   return false;
 }
 
-absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params,
-                        float* p, const float* g, float* m, float* v, void* p_low,
+absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params, float* p,
+                        const void* g, DType g_dtype, float* m, float* v, void* p_low,
                         DType low_dtype, size_t n) {
   MW_RETURN_IF_ERROR(ValidateAdamParams(params));
   const AdamConstants constants = MakeAdamConstants(params);
   return Dispatch(
       device, stream,
       [=] {
-        cpu::ParallelAdam(cpu::Kernels(), constants, p, g, DType::kF32, m, v, p_low, low_dtype, n,
+        cpu::ParallelAdam(cpu::Kernels(), constants, p, g, g_dtype, m, v, p_low, low_dtype, n,
                           cpu::CpuThreads());
       },
       [&] {
         return MW_CUDA_CALL(
-            cuda::Adam(constants, p, g, m, v, p_low, low_dtype, n, CudaStreamOf(stream)),
+            cuda::Adam(constants, p, g, g_dtype, m, v, p_low, low_dtype, n, CudaStreamOf(stream)),
             "AdamUpdate");
       });
 }
 
 absl::Status SgdUpdate(Device& device, Stream& stream, const SgdParams& params, float* p,
-                       const float* g, float* momentum_buffer, void* p_low, DType low_dtype,
-                       size_t n) {
+                       const void* g, DType g_dtype, float* momentum_buffer, void* p_low,
+                       DType low_dtype, size_t n) {
   MW_RETURN_IF_ERROR(ValidateSgdParams(params));
   if ((params.momentum > 0.0f) != (momentum_buffer != nullptr) && device.holds_bytes()) {
     return absl::InvalidArgumentError(
@@ -213,9 +213,9 @@ absl::Status SgdUpdate(Device& device, Stream& stream, const SgdParams& params, 
   }
   return Dispatch(
       device, stream,
-      [=] { cpu::Kernels().sgd(params, p, g, DType::kF32, momentum_buffer, p_low, low_dtype, n); },
+      [=] { cpu::Kernels().sgd(params, p, g, g_dtype, momentum_buffer, p_low, low_dtype, n); },
       [&] {
-        return MW_CUDA_CALL(cuda::Sgd(params, p, g, momentum_buffer, p_low, low_dtype, n,
+        return MW_CUDA_CALL(cuda::Sgd(params, p, g, g_dtype, momentum_buffer, p_low, low_dtype, n,
                                       CudaStreamOf(stream)),
                             "SgdUpdate");
       });

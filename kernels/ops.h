@@ -80,17 +80,18 @@ class GradientScan {
   DeviceBuffer workspace_;  // cuda: sums, partials and flags
 };
 
-// Adam/AdamW step; see KernelTable::adam. On host it runs on
-// MEMWALL_CPU_THREADS threads (cpu/parallel.h). kInvalidArgument names the
-// field of `params` that is out of range.
-absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params,
-                        float* p, const float* g, float* m, float* v, void* p_low,
+// Adam/AdamW step; see KernelTable::adam (gradients `g` in `g_dtype`,
+// widened as they are read). On host it runs on MEMWALL_CPU_THREADS threads
+// (cpu/parallel.h). kInvalidArgument names the field of `params` that is out
+// of range.
+absl::Status AdamUpdate(Device& device, Stream& stream, const AdamParams& params, float* p,
+                        const void* g, DType g_dtype, float* m, float* v, void* p_low,
                         DType low_dtype, size_t n);
 
 // SGD step; see KernelTable::sgd. kInvalidArgument names the bad field.
 absl::Status SgdUpdate(Device& device, Stream& stream, const SgdParams& params, float* p,
-                       const float* g, float* momentum_buffer, void* p_low, DType low_dtype,
-                       size_t n);
+                       const void* g, DType g_dtype, float* momentum_buffer, void* p_low,
+                       DType low_dtype, size_t n);
 
 // Checks the ranges of Adam's hyper-parameters (lr >= 0, 0 <= beta < 1,
 // eps > 0, weight_decay >= 0, step >= 1, finite grad_scale).

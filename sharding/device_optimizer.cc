@@ -54,27 +54,24 @@ T* Offset(T* base, int64_t i, size_t size = sizeof(T)) {
 
 absl::Status DeviceOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) {
   MW_RETURN_IF_ERROR(Validate(rule_, args.segments));
-  const void* grads = args.grads;
-  if (dtype_ != DType::kF32) {
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, stream, grads, dtype_, args.device_scratch,
-                                     DType::kF32, numel_));
-    grads = args.device_scratch;
-  }
-  // 16-bit runs refresh the parameter copy in the same pass.
+  // The kernels read the gradients in the parameter dtype, widening each
+  // (no f32 copy of 16-bit ones), and 16-bit runs refresh the parameter copy
+  // in the same pass.
   void* low = dtype_ != DType::kF32 ? args.params : nullptr;
   auto* first = static_cast<float*>(first_.data());
   auto* second = static_cast<float*>(second_.data());
-  const auto* g = static_cast<const float*>(grads);
+  const size_t size = DTypeSize(dtype_);
   for (const Segment& s : args.segments) {
-    void* low_at = Offset(low, s.begin, DTypeSize(dtype_));
+    void* low_at = Offset(low, s.begin, size);
+    const void* g = Offset(args.grads, s.begin, size);
     if (rule_ == Rule::kAdam) {
-      MW_RETURN_IF_ERROR(kernels::AdamUpdate(device_, stream, s.adam, Offset(master_, s.begin),
-                                             Offset(g, s.begin), Offset(first, s.begin),
+      MW_RETURN_IF_ERROR(kernels::AdamUpdate(device_, stream, s.adam, Offset(master_, s.begin), g,
+                                             dtype_, Offset(first, s.begin),
                                              Offset(second, s.begin), low_at, dtype_, s.count));
     } else {
-      MW_RETURN_IF_ERROR(kernels::SgdUpdate(device_, stream, s.sgd, Offset(master_, s.begin),
-                                            Offset(g, s.begin), Offset(first, s.begin), low_at,
-                                            dtype_, s.count));
+      MW_RETURN_IF_ERROR(kernels::SgdUpdate(device_, stream, s.sgd, Offset(master_, s.begin), g,
+                                            dtype_, Offset(first, s.begin), low_at, dtype_,
+                                            s.count));
     }
   }
   return absl::OkStatus();

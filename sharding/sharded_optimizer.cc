@@ -1300,7 +1300,6 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   MW_ASSIGN_OR_RETURN(UpdateWorkspace workspace, AllocateUpdateWorkspace(two_phase));
   bool redone = false;
   StateTier::UpdateArgs args;
-  args.device_scratch = workspace.widened.data();
   const std::vector<StateTier::Segment> hyper = StepHyperparameters(grad_scale);
   // Gradients on NVMe (with the parameters there) are read into this.
   args.grad_buffer = NvmeStore::AlignUp(workspace.grad_buffer.data());
@@ -1378,17 +1377,6 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
 absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpdateWorkspace(
     bool two_phase) {
   UpdateWorkspace w;
-  // The device part's gradients widened to f32, one group at a time.
-  if (mixed()) {
-    int64_t largest = 0;
-    for (const FlatGroup& flat : layout_.groups) {
-      largest = std::max(largest, update_numel(flat) - host_numel(flat));
-    }
-    if (largest > 0) {
-      MW_ASSIGN_OR_RETURN(w.widened, device_.Allocate(largest * 4, MemoryCategory::kWorkspace,
-                                                      "optimizer.grad_f32"));
-    }
-  }
   if (overlaps_update()) return w;  // each host part has its own (Speculate)
   if (two_phase) {
     // Per offloaded group, indexed by group, its refreshed parameters (held

@@ -562,7 +562,6 @@ class ShardedOptimizer {
   // unscaling, averaging and clipping the gradients.
   absl::Status UpdateGroups(float grad_scale);
   struct UpdateWorkspace {
-    DeviceBuffer widened;  // mixed precision: a group's device part in f32
     // Offload: one shared pinned scratch (pinned tier), or one per group,
     // indexed by group, for its refreshed parameters (NVMe tier,
     // two-phase).

@@ -64,8 +64,6 @@ class StateTier {
     // HostOptimizerSlice::grad_buffer_bytes(), kAlignment-aligned, they
     // are read into.
     void* grad_buffer = nullptr;
-    // Device scratch for numel() f32 gradients (device tier, 16-bit runs).
-    void* device_scratch = nullptr;
   };
 
   // kInvalidArgument for the first segment whose hyperparameters `rule`

@@ -115,13 +115,13 @@ __global__ void HasInfOrNanKernel(const T<D>* x, size_t n, int* flag) {
   }
 }
 
-template <DType Low, bool kCopy>
-__global__ void AdamKernel(AdamConstants c, float* p, const float* g, float* m,
+template <DType G, DType Low, bool kCopy>
+__global__ void AdamKernel(AdamConstants c, float* p, const T<G>* g, float* m,
                            float* v, T<Low>* low, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
     float pi = p[i], mi = m[i], vi = v[i];
-    AdamElement(c, pi, g[i], mi, vi);
+    AdamElement(c, pi, Storage<G>::Load(g[i]), mi, vi);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -129,13 +129,13 @@ __global__ void AdamKernel(AdamConstants c, float* p, const float* g, float* m,
   }
 }
 
-template <DType Low, bool kCopy>
-__global__ void SgdKernel(SgdParams c, float* p, const float* g, float* buf, T<Low>* low,
+template <DType G, DType Low, bool kCopy>
+__global__ void SgdKernel(SgdParams c, float* p, const T<G>* g, float* buf, T<Low>* low,
                           size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
     float pi = p[i];
-    SgdElement(c, pi, g[i], buf != nullptr ? &buf[i] : nullptr);
+    SgdElement(c, pi, Storage<G>::Load(g[i]), buf != nullptr ? &buf[i] : nullptr);
     p[i] = pi;
     if (kCopy) low[i] = Storage<Low>::Store(pi);
   }
@@ -274,52 +274,74 @@ cudaError_t HasInfOrNan(const void* x, DType dtype, size_t n, int* flag,
   return cudaGetLastError();
 }
 
-cudaError_t Adam(const AdamConstants& c, float* p, const float* g, float* m,
-                 float* v, void* p_low, DType low_dtype, size_t n,
-                 cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
+template <DType G>
+void LaunchAdam(const AdamConstants& c, float* p, const void* g_in, float* m, float* v,
+                void* p_low, DType low_dtype, size_t n, cudaStream_t stream) {
+  const auto* g = static_cast<const T<G>*>(g_in);
   if (p_low == nullptr) {
-    AdamKernel<DType::kF32, false><<<Blocks(n), kThreads, 0, stream>>>(
+    AdamKernel<G, DType::kF32, false><<<Blocks(n), kThreads, 0, stream>>>(
         c, p, g, m, v, nullptr, n);
-  } else {
-    switch (low_dtype) {
-      case DType::kF32:
-        AdamKernel<DType::kF32, true><<<Blocks(n), kThreads, 0, stream>>>(
-            c, p, g, m, v, static_cast<float*>(p_low), n);
-        break;
-      case DType::kBF16:
-        AdamKernel<DType::kBF16, true><<<Blocks(n), kThreads, 0, stream>>>(
-            c, p, g, m, v, static_cast<uint16_t*>(p_low), n);
-        break;
-      case DType::kF16:
-        AdamKernel<DType::kF16, true><<<Blocks(n), kThreads, 0, stream>>>(
-            c, p, g, m, v, static_cast<uint16_t*>(p_low), n);
-        break;
-    }
+    return;
+  }
+  switch (low_dtype) {
+    case DType::kF32:
+      AdamKernel<G, DType::kF32, true><<<Blocks(n), kThreads, 0, stream>>>(
+          c, p, g, m, v, static_cast<float*>(p_low), n);
+      break;
+    case DType::kBF16:
+      AdamKernel<G, DType::kBF16, true><<<Blocks(n), kThreads, 0, stream>>>(
+          c, p, g, m, v, static_cast<uint16_t*>(p_low), n);
+      break;
+    case DType::kF16:
+      AdamKernel<G, DType::kF16, true><<<Blocks(n), kThreads, 0, stream>>>(
+          c, p, g, m, v, static_cast<uint16_t*>(p_low), n);
+      break;
+  }
+}
+
+cudaError_t Adam(const AdamConstants& c, float* p, const void* g, DType g_dtype, float* m,
+                 float* v, void* p_low, DType low_dtype, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (g_dtype) {
+    case DType::kF32: LaunchAdam<DType::kF32>(c, p, g, m, v, p_low, low_dtype, n, stream); break;
+    case DType::kBF16: LaunchAdam<DType::kBF16>(c, p, g, m, v, p_low, low_dtype, n, stream); break;
+    case DType::kF16: LaunchAdam<DType::kF16>(c, p, g, m, v, p_low, low_dtype, n, stream); break;
   }
   return cudaGetLastError();
 }
 
-cudaError_t Sgd(const SgdParams& c, float* p, const float* g, float* buf, void* p_low,
-                DType low_dtype, size_t n, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
+template <DType G>
+void LaunchSgd(const SgdParams& c, float* p, const void* g_in, float* buf, void* p_low,
+               DType low_dtype, size_t n, cudaStream_t stream) {
+  const auto* g = static_cast<const T<G>*>(g_in);
   if (p_low == nullptr) {
-    SgdKernel<DType::kF32, false><<<Blocks(n), kThreads, 0, stream>>>(c, p, g, buf, nullptr, n);
-  } else {
-    switch (low_dtype) {
-      case DType::kF32:
-        SgdKernel<DType::kF32, true><<<Blocks(n), kThreads, 0, stream>>>(
-            c, p, g, buf, static_cast<float*>(p_low), n);
-        break;
-      case DType::kBF16:
-        SgdKernel<DType::kBF16, true><<<Blocks(n), kThreads, 0, stream>>>(
-            c, p, g, buf, static_cast<uint16_t*>(p_low), n);
-        break;
-      case DType::kF16:
-        SgdKernel<DType::kF16, true><<<Blocks(n), kThreads, 0, stream>>>(
-            c, p, g, buf, static_cast<uint16_t*>(p_low), n);
-        break;
-    }
+    SgdKernel<G, DType::kF32, false><<<Blocks(n), kThreads, 0, stream>>>(c, p, g, buf, nullptr,
+                                                                         n);
+    return;
+  }
+  switch (low_dtype) {
+    case DType::kF32:
+      SgdKernel<G, DType::kF32, true><<<Blocks(n), kThreads, 0, stream>>>(
+          c, p, g, buf, static_cast<float*>(p_low), n);
+      break;
+    case DType::kBF16:
+      SgdKernel<G, DType::kBF16, true><<<Blocks(n), kThreads, 0, stream>>>(
+          c, p, g, buf, static_cast<uint16_t*>(p_low), n);
+      break;
+    case DType::kF16:
+      SgdKernel<G, DType::kF16, true><<<Blocks(n), kThreads, 0, stream>>>(
+          c, p, g, buf, static_cast<uint16_t*>(p_low), n);
+      break;
+  }
+}
+
+cudaError_t Sgd(const SgdParams& c, float* p, const void* g, DType g_dtype, float* buf,
+                void* p_low, DType low_dtype, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (g_dtype) {
+    case DType::kF32: LaunchSgd<DType::kF32>(c, p, g, buf, p_low, low_dtype, n, stream); break;
+    case DType::kBF16: LaunchSgd<DType::kBF16>(c, p, g, buf, p_low, low_dtype, n, stream); break;
+    case DType::kF16: LaunchSgd<DType::kF16>(c, p, g, buf, p_low, low_dtype, n, stream); break;
   }
   return cudaGetLastError();
 }

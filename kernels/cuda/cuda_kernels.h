@@ -36,13 +36,13 @@ cudaError_t SumOfSquares(const void* x, DType dtype, size_t n, double* partials,
 cudaError_t HasInfOrNan(const void* x, DType dtype, size_t n, int* flag,
                         cudaStream_t stream);
 // As KernelTable::adam.
-cudaError_t Adam(const AdamConstants& constants, float* p, const float* g, float* m,
-                 float* v, void* p_low, DType low_dtype, size_t n,
-                 cudaStream_t stream);
+cudaError_t Adam(const AdamConstants& constants, float* p, const void* g, DType g_dtype, float* m,
+                 float* v, void* p_low, DType low_dtype, size_t n, cudaStream_t stream);
 
 // As KernelTable::sgd.
-cudaError_t Sgd(const SgdParams& params, float* p, const float* g, float* momentum_buffer,
-                void* p_low, DType low_dtype, size_t n, cudaStream_t stream);
+cudaError_t Sgd(const SgdParams& params, float* p, const void* g, DType g_dtype,
+                float* momentum_buffer, void* p_low, DType low_dtype, size_t n,
+                cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace kernels

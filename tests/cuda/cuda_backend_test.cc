@@ -213,8 +213,9 @@ TEST_CASE("CUDA Adam equals the CPU Adam bit for bit", "[cuda][kernels][adam]") 
                dm = Upload(gpu, m0.data(), n * 4, "m"), dv = Upload(gpu, v0.data(), n * 4, "v");
   auto dlow = gpu.device->Allocate(n * 2, MemoryCategory::kParameter, "low").value();
   REQUIRE(kernels::AdamUpdate(*gpu.device, *gpu.stream, params, static_cast<float*>(dp.data()),
-                              static_cast<const float*>(dg.data()), static_cast<float*>(dm.data()),
-                              static_cast<float*>(dv.data()), dlow.data(), DType::kBF16, n).ok());
+                              dg.data(), DType::kF32, static_cast<float*>(dm.data()),
+                              static_cast<float*>(dv.data()), dlow.data(), DType::kBF16, n)
+              .ok());
   std::vector<float> p = p0, m = m0, v = v0;
   std::vector<uint16_t> low(n);
   cpu.adam(kernels::MakeAdamConstants(params), p.data(), g.data(), DType::kF32, m.data(), v.data(),
@@ -225,6 +226,18 @@ TEST_CASE("CUDA Adam equals the CPU Adam bit for bit", "[cuda][kernels][adam]") 
   CHECK(std::memcmp(gm.data(), m.data(), n * 4) == 0);
   CHECK(std::memcmp(gv.data(), v.data(), n * 4) == 0);
   CHECK(Download<uint16_t>(gpu, dlow, n) == low);
+  // bf16 gradients, read by both as they are.
+  std::vector<uint16_t> g16(n);
+  for (size_t i = 0; i < n; ++i) g16[i] = F32ToBf16(g[i]);
+  DeviceBuffer dg16 = Upload(gpu, g16.data(), n * 2, "g16");
+  REQUIRE(kernels::AdamUpdate(*gpu.device, *gpu.stream, params, static_cast<float*>(dp.data()),
+                              dg16.data(), DType::kBF16, static_cast<float*>(dm.data()),
+                              static_cast<float*>(dv.data()), nullptr, DType::kF32, n)
+              .ok());
+  cpu.adam(kernels::MakeAdamConstants(params), p.data(), g16.data(), DType::kBF16, m.data(),
+           v.data(), nullptr, DType::kF32, n);
+  CHECK(Download<float>(gpu, dp, n) == p);
+  CHECK(Download<float>(gpu, dv, n) == v);
 }
 
 TEST_CASE("CUDA SGD with momentum equals the CPU SGD bit for bit", "[cuda][kernels][sgd]") {
@@ -239,8 +252,9 @@ TEST_CASE("CUDA SGD with momentum equals the CPU SGD bit for bit", "[cuda][kerne
   DeviceBuffer dp = Upload(gpu, p0.data(), n * 4, "p"), dg = Upload(gpu, g.data(), n * 4, "g"),
                db = Upload(gpu, b0.data(), n * 4, "buf");
   REQUIRE(kernels::SgdUpdate(*gpu.device, *gpu.stream, params, static_cast<float*>(dp.data()),
-                             static_cast<const float*>(dg.data()), static_cast<float*>(db.data()),
-                             nullptr, DType::kF32, n).ok());
+                             dg.data(), DType::kF32, static_cast<float*>(db.data()), nullptr,
+                             DType::kF32, n)
+              .ok());
   std::vector<float> p = p0, b = b0;
   kernels::cpu::Kernels().sgd(params, p.data(), g.data(), DType::kF32, b.data(), nullptr,
                               DType::kF32, n);

@@ -28,9 +28,10 @@ TEST_CASE("host ops run the selected CPU kernels on device buffers", "[ops]") {
   CHECK_FALSE(HasInfOrNan(*device, *stream, g.data(), DType::kF32, n).value());
   AdamParams params;
   params.lr = 0.01f;
-  REQUIRE(AdamUpdate(*device, *stream, params, static_cast<float*>(p.data()),
-                     static_cast<const float*>(g.data()), static_cast<float*>(m.data()),
-                     static_cast<float*>(v.data()), low.data(), DType::kBF16, n).ok());
+  REQUIRE(AdamUpdate(*device, *stream, params, static_cast<float*>(p.data()), g.data(), DType::kF32,
+                     static_cast<float*>(m.data()), static_cast<float*>(v.data()), low.data(),
+                     DType::kBF16, n)
+              .ok());
   // Step 1 of Adam moves every weight by lr * g / (|g| + eps) ~= lr.
   float want = 1.0f, wm = 0.0f, wv = 0.0f;
   AdamElement(MakeAdamConstants(params), want, 0.5f, wm, wv);
@@ -63,8 +64,8 @@ TEST_CASE("Adam parameters are validated by name", "[ops]") {
   params.lr = -1.0f;
   auto device = CreateDevice({Backend::kMeta, 0, kGiB}).value();
   auto stream = device->CreateStream().value();
-  status = AdamUpdate(*device, *stream, params, nullptr, nullptr, nullptr, nullptr, nullptr,
-                      DType::kF32, 10);
+  status = AdamUpdate(*device, *stream, params, nullptr, nullptr, DType::kF32, nullptr, nullptr,
+                      nullptr, DType::kF32, 10);
   CHECK(status.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(status.message()), Catch::Contains("adam lr"));
 }
@@ -78,8 +79,9 @@ TEST_CASE("meta ops compute nothing and touch no bytes", "[ops][meta]") {
   CHECK(Fill(*device, *stream, huge.data(), DType::kF32, n, 1.0f).ok());
   CHECK(SumOfSquares(*device, *stream, huge.data(), DType::kF32, n).value() == 0.0);
   CHECK_FALSE(HasInfOrNan(*device, *stream, huge.data(), DType::kF32, n).value());
-  CHECK(AdamUpdate(*device, *stream, AdamParams(), nullptr, nullptr, nullptr, nullptr, nullptr,
-                   DType::kF32, n).ok());
+  CHECK(AdamUpdate(*device, *stream, AdamParams(), nullptr, nullptr, DType::kF32, nullptr, nullptr,
+                   nullptr, DType::kF32, n)
+            .ok());
 }
 
 }  // namespace

@@ -75,12 +75,13 @@ TEST_CASE("a host slice updates bit for bit like the device update", "[offload]"
         ap.step = step;
         void* low = dtype == DType::kF32 ? nullptr : device_params.data();
         if (adam) {
-          REQUIRE(kernels::AdamUpdate(d, *s.stream, ap, master.data_as<float>(), wide.data_as<float>(),
-                                      m.data_as<float>(), v.data_as<float>(), low, dtype, kN)
+          REQUIRE(kernels::AdamUpdate(d, *s.stream, ap, master.data_as<float>(), wide.data(),
+                                      DType::kF32, m.data_as<float>(), v.data_as<float>(), low,
+                                      dtype, kN)
                       .ok());
         } else {
-          REQUIRE(kernels::SgdUpdate(d, *s.stream, sp, master.data_as<float>(), wide.data_as<float>(),
-                                     m.data_as<float>(), low, dtype, kN)
+          REQUIRE(kernels::SgdUpdate(d, *s.stream, sp, master.data_as<float>(), wide.data(),
+                                     DType::kF32, m.data_as<float>(), low, dtype, kN)
                       .ok());
         }
         REQUIRE(slice->StageGradients(*s.stream, g.data()).ok());

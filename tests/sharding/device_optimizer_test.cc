@@ -123,7 +123,6 @@ TEST_CASE("host and device tiers end bit for bit alike through StateTier", "[sta
     REQUIRE(device->CopyAsync(grads.data(), g.data(), kN * size, *stream).ok());
     auto device_params = device->Allocate(kN * size, MemoryCategory::kParameter, "dp").value();
     auto host_params = device->Allocate(kN * size, MemoryCategory::kParameter, "hp").value();
-    auto wide = device->Allocate(kN * 4, MemoryCategory::kWorkspace, "wide").value();
     std::unique_ptr<StateTier> tiers[2];
     tiers[0] = DeviceOptimizerSlice::Create(*device, *stream, StateTier::Rule::kAdam, true, dtype,
                                             kN, "dev", dtype == DType::kF32
@@ -154,7 +153,6 @@ TEST_CASE("host and device tiers end bit for bit alike through StateTier", "[sta
         args.grads = grads.data();
         args.params = params[t];
         args.scratch = scratch.data();
-        args.device_scratch = wide.data();
         REQUIRE(tier.Update(*stream, args).ok());
         REQUIRE(tier.Commit(*stream, params[t]).ok());
       }
