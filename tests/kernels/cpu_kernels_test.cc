@@ -355,6 +355,18 @@ AdamRef AdamDouble(const AdamParams& a, double p, double g, double m, double v) 
   return {p - delta, m, v, delta};
 }
 
+// Random Adam inputs: weights, gradients, moments (v >= 0, the square of a
+// value of size `v_root`), from seeds seed .. seed + 3.
+struct AdamInputs {
+  std::vector<float> p, g, m, v;
+};
+AdamInputs RandomAdamInputs(size_t n, uint32_t seed, float v_root) {
+  AdamInputs in{RandomFloats(n, seed), RandomFloats(n, seed + 1, 0.1f),
+                RandomFloats(n, seed + 2, 0.01f), RandomFloats(n, seed + 3, v_root)};
+  for (float& x : in.v) x = x * x;
+  return in;
+}
+
 TEST_CASE("Adam and AdamW match a double evaluation and agree across ISAs bit for bit",
           "[adam]") {
   AdamParams adam;
@@ -373,10 +385,8 @@ TEST_CASE("Adam and AdamW match a double evaluation and agree across ISAs bit fo
       INFO("adamw " << params.adamw << " step " << step << " grad_scale " << params.grad_scale);
       const AdamConstants c = MakeAdamConstants(params);
       const size_t n = 4099;
-      const std::vector<float> p0 = RandomFloats(n, 11), g = RandomFloats(n, 12, 0.1f),
-                               m0 = RandomFloats(n, 13, 0.01f);
-      std::vector<float> v0 = RandomFloats(n, 14, 0.001f);
-      for (float& x : v0) x = x * x;
+      const AdamInputs in = RandomAdamInputs(n, 11, 0.001f);
+      const std::vector<float>&p0 = in.p, &g = in.g, &m0 = in.m, &v0 = in.v;
 
       // The scalar formula, one element at a time.
       std::vector<float> sp = p0, sm = m0, sv = v0;
@@ -428,10 +438,8 @@ TEST_CASE("Adam reads 16-bit gradients as their f32 widening, bit for bit, on ev
   params.grad_scale = 1.0f / 512.0f;
   const AdamConstants c = MakeAdamConstants(params);
   const size_t n = 4099;
-  const std::vector<float> p0 = RandomFloats(n, 51), g = RandomFloats(n, 52, 0.1f),
-                           m0 = RandomFloats(n, 53, 0.01f);
-  std::vector<float> v0 = RandomFloats(n, 54, 0.01f);
-  for (float& x : v0) x = x * x;
+  const AdamInputs in = RandomAdamInputs(n, 51, 0.01f);
+  const std::vector<float>&p0 = in.p, &g = in.g, &m0 = in.m, &v0 = in.v;
   for (DType g_dtype : {DType::kBF16, DType::kF16}) {
     INFO("gradients " << DTypeName(g_dtype));
     // The gradients rounded to g_dtype, and their exact f32 widening.
@@ -529,10 +537,8 @@ TEST_CASE("Adam on several threads equals one thread bit for bit", "[adam][paral
   const AdamConstants c = MakeAdamConstants(params);
   for (size_t n : {size_t{100}, size_t{4099}, size_t{1 << 18} + 7}) {
     INFO("n " << n);
-    const std::vector<float> p0 = RandomFloats(n, 31), g = RandomFloats(n, 32, 0.1f),
-                             m0 = RandomFloats(n, 33, 0.01f);
-    std::vector<float> v0 = RandomFloats(n, 34, 0.01f);
-    for (float& x : v0) x = x * x;
+    const AdamInputs in = RandomAdamInputs(n, 31, 0.01f);
+    const std::vector<float>&p0 = in.p, &g = in.g, &m0 = in.m, &v0 = in.v;
     std::vector<float> p1 = p0, m1 = m0, v1 = v0;
     std::vector<uint16_t> low1(n);
     Kernels().adam(c, p1.data(), g.data(), DType::kF32, m1.data(), v1.data(), low1.data(),
