@@ -159,9 +159,6 @@ bool HasInfOrNan(const void* x, DType dtype, size_t n) {
   return false;
 }
 
-// The constants come by value: a reference could alias the arrays, which
-// would force a reload per element and block vectorisation. Gradients of
-// any dtype are widened to f32 (exactly) as they are read.
 // The update streams its arrays from memory (an offloaded group's state is
 // far larger than the caches), and the hardware prefetchers alone leave it
 // short of the bandwidth: each block of kAdamBlock elements first asks for
@@ -176,6 +173,9 @@ inline void PrefetchBlock(const E* at) {
   for (size_t k = 0; k < kAdamBlock * sizeof(E); k += 64) __builtin_prefetch(bytes + k, kForWrite);
 }
 
+// The constants come by value: a reference could alias the arrays, which
+// would force a reload per element and block vectorisation. Gradients of
+// any dtype are widened to f32 (exactly) as they are read.
 template <DType G, DType Low, bool kCopy>
 inline void AdamRun(const AdamConstants c, float* __restrict p, const T<G>* __restrict g,
                     float* __restrict m, float* __restrict v, T<Low>* __restrict low, size_t n) {
