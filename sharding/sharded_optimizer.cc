@@ -883,8 +883,8 @@ absl::Status ShardedOptimizer::Speculate(int g) {
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
   // Buffers here, on the caller's thread (Note [Overlapped update]); the
-  // shared ones once, for the largest host part.
-  if (host_nvme_buffers_.empty()) {
+  // NVMe tier's shared chunk buffers once, for the largest host part.
+  if (nvme_ != nullptr && host_nvme_buffers_.empty()) {
     int64_t nvme = 0;
     for (const Group& other : groups_) {
       if (other.host != nullptr) nvme = std::max(nvme, other.host->nvme_buffers_bytes());
