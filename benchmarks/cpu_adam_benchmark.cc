@@ -4,18 +4,20 @@
 //
 // For 2^14 and 2^16 (up to 1.9 MiB of p, g, m, v and the bf16 copy: in a
 // core's L2 on the machines this runs on), 2^18, 2^24 and 2^26 parameters
-// (--sizes: their log2) on 1 and 2 threads:
-// the fused AdamW step (f32 p, g, m, v: 28 bytes per parameter; +2 with the
-// bf16 copy), STREAM triad (a = b + s c; 12 bytes per element counted, 16
-// with the write-allocate of a), and the "Adam pattern": the same 4 reads
-// and 3 in-place writes as Adam with one add each, as a plain loop and with
-// the kernel's software prefetch, the faster of the two being the honest
-// roofline for an in-place optimizer step (sizes are multiples of 64). Best of R runs. These arrays
-// are staggered by a few cache lines each; the "pool" rows run the same two kernels on the layout
-// an offloaded group really has: one pinned-pool buffer per array, allocated in
-// HostOptimizerSlice's order (gradient, master, exp_avg, exp_avg_sq) from a host device's pinned
-// pool. Last, for each pool size, a bf16 run's update: gradients in bf16 widened into an f32 buffer
-// and then updated, against the update reading the bf16 gradients itself.
+// (--sizes: their log2, 6 to 30) on 1 and 2 threads: the fused AdamW step
+// (f32 p, g, m, v: 28 bytes per parameter; +2 with the bf16 copy), STREAM
+// triad (a = b + s c; 12 bytes per element counted, 16 with the
+// write-allocate of a), and the "Adam pattern": the same 4 reads and 3
+// in-place writes as Adam with one add each, as a plain loop and with the
+// kernel's software prefetch, the faster of the two being the honest
+// roofline for an in-place optimizer step. Best of R runs. These arrays are
+// staggered by a few cache lines each; from 2^18 on, the "pool" rows run
+// the same two kernels on the layout an offloaded group really has: one
+// pinned-pool buffer per array, allocated in HostOptimizerSlice's order
+// (gradient, master, exp_avg, exp_avg_sq) from a host device's pinned pool.
+// Last, for each pool size, a bf16 run's update: gradients in bf16 widened
+// into an f32 buffer and then updated, against the update reading the bf16
+// gradients itself.
 #include <omp.h>
 
 #include <algorithm>
@@ -55,9 +57,10 @@ int Main(int argc, char** argv) {
       for (const char* at = argv[i + 1]; *at != '\0';) {
         char* end;
         const long log2 = std::strtol(at, &end, 10);
-        if (end == at || log2 < 1 || log2 > 30) {
+        // At least one 64-element block (the prefetched pattern's unit).
+        if (end == at || log2 < 6 || log2 > 30) {
           std::fprintf(stderr,
-                       "cpu_adam_benchmark: --sizes: expected log2 sizes 1-30 separated by commas, "
+                       "cpu_adam_benchmark: --sizes: expected log2 sizes 6-30 separated by commas, "
                        "got '%s'\n",
                        argv[i + 1]);
           return 2;
@@ -85,8 +88,9 @@ int Main(int argc, char** argv) {
   options.pinned_capacity_bytes =
       40 * int64_t(*std::max_element(sizes.begin(), sizes.end())) + 64 * kMiB;
   const std::unique_ptr<Device> device = CreateDevice(options).value();
+  // One row: Adam, Adam with the bf16 copy, the triad (where a, b, cc are
+  // given) and the pattern, on these arrays.
   auto row = [&](const char* layout, size_t n, int threads, float* p, float* g, float* m, float* v,
-                 float* pattern_p, float* pattern_g, float* pattern_m, float* pattern_v,
                  const float* b, const float* cc, float* a, uint16_t* low) {
     const int r = n <= (size_t{1} << 16)   ? repeats * 200
                   : n <= (size_t{1} << 18) ? repeats * 20
@@ -109,10 +113,10 @@ int Main(int argc, char** argv) {
     const double plain_pattern = Best(r, [&] {
 #pragma omp parallel for num_threads(threads) schedule(static)
       for (size_t i = 0; i < n; ++i) {
-        const float gi = pattern_g[i];
-        pattern_p[i] += gi;
-        pattern_m[i] += gi;
-        pattern_v[i] += gi;
+        const float gi = g[i];
+        p[i] += gi;
+        m[i] += gi;
+        v[i] += gi;
       }
     });
     const double prefetched_pattern = Best(r, [&] {
@@ -122,17 +126,17 @@ int Main(int argc, char** argv) {
         const size_t begin = b * 64;
         if (begin + 512 + 64 <= n) {
           for (size_t k = 0; k < 64; k += 16) {
-            __builtin_prefetch(pattern_p + begin + 512 + k, 1);
-            __builtin_prefetch(pattern_g + begin + 512 + k, 0);
-            __builtin_prefetch(pattern_m + begin + 512 + k, 1);
-            __builtin_prefetch(pattern_v + begin + 512 + k, 1);
+            __builtin_prefetch(p + begin + 512 + k, 1);
+            __builtin_prefetch(g + begin + 512 + k, 0);
+            __builtin_prefetch(m + begin + 512 + k, 1);
+            __builtin_prefetch(v + begin + 512 + k, 1);
           }
         }
         for (size_t i = begin; i < begin + 64; ++i) {
-          const float gi = pattern_g[i];
-          pattern_p[i] += gi;
-          pattern_m[i] += gi;
-          pattern_v[i] += gi;
+          const float gi = g[i];
+          p[i] += gi;
+          m[i] += gi;
+          v[i] += gi;
         }
       }
     });
@@ -160,7 +164,7 @@ int Main(int argc, char** argv) {
           *a = array(4, 0.0f), *b = array(5, 1.0f), *cc = array(6, 2.0f);
     std::vector<uint16_t> low(n);
     for (int threads : {1, 2}) {
-      row("staggered", n, threads, p, g, m, v, p, g, m, v, b, cc, a, low.data());
+      row("staggered", n, threads, p, g, m, v, b, cc, a, low.data());
     }
     if (n < (size_t{1} << 18)) continue;
     std::vector<DeviceBuffer> pool;
@@ -176,8 +180,7 @@ int Main(int argc, char** argv) {
       std::fill(pp[k], pp[k] + n, k == 0 ? 1e-3f : k == 1 ? 0.5f : 0.0f);
     }
     for (int threads : {1, 2}) {
-      row("pool", n, threads, pp[1], pp[0], pp[2], pp[3], pp[1], pp[0], pp[2], pp[3], nullptr,
-          nullptr, nullptr, low.data());
+      row("pool", n, threads, pp[1], pp[0], pp[2], pp[3], nullptr, nullptr, nullptr, low.data());
     }
     // A bf16 run's group: its gradients landed in bf16. Widened first into
     // an f32 buffer (one thread), then updated (HostOptimizerSlice before
