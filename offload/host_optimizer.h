@@ -121,14 +121,15 @@ class HostOptimizerSlice final : public StateTier {
   // into its own.
   bool two_phase() const override { return store_ != nullptr || speculative_; }
   // Phase one of a step from the staged gradients: waits for `stream`,
-  // computes the new master weights and moments (pinned: in
-  // place; NVMe: into the file's spare copy) and the refreshed parameters.
+  // computes the new master weights and moments (pinned: in place; NVMe:
+  // into the file's spare copy) and the refreshed parameters.
   // `args.segments` give the hyperparameters (adam or sgd, by the slice's
   // rule) of each run of elements; `args.scratch`: scratch_bytes() of
   // pinned memory (null on meta), left alone by the caller until Commit;
-  // the other fields are the device tier's. kFailedPrecondition if no gradients were staged since
-  // the last commit; kInvalidArgument for bad settings in a segment (before anything changes). The
-  // staged gradients stay until Commit, so a failed Update may be retried.
+  // the other fields are the device tier's. kFailedPrecondition if no
+  // gradients were staged since the last commit; kInvalidArgument for bad
+  // settings in a segment (before anything changes). The staged gradients
+  // stay until Commit, so a failed Update may be retried.
   absl::Status Update(Stream& stream, const UpdateArgs& args) override;
   // Phase two: makes the update current and writes the refreshed
   // parameters, in the parameter dtype, to `params` (device or pinned

@@ -246,6 +246,9 @@ inline void AdamToRun(const AdamConstants c, const float* __restrict p, const T<
   }
 }
 
+// Its block loop repeats AdamT's on purpose: driven through one shared
+// function taking the prefetch and the block as lambdas, the bf16 update
+// measured 0.81-0.89x (cpu_adam_benchmark at 2^24 and 2^26; RESULTS).
 template <DType G, DType Low, bool kCopy>
 void AdamToT(const AdamConstants c, const float* __restrict p, const void* g_in,
              const float* __restrict m, const float* __restrict v, float* __restrict p_out,
