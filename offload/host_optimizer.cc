@@ -194,13 +194,17 @@ absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void*
   landed_ += count;
   if (landed_ < numel_) return absl::OkStatus();
   // Complete: scanned now (the step's check reads the last one), written
-  // out, and the buffer goes.
+  // out, and the buffer goes. Unsynced: the update reads them back within
+  // the step, and the sync that ends the step's update reports a write
+  // the disk failed later.
   if (device_.holds_bytes()) {
     const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
     landed_scan_.nonfinite = cpu.has_inf_or_nan(base, dtype_, numel_);
     landed_scan_.squares = cpu.sum_of_squares(base, dtype_, numel_);
   }
-  MW_RETURN_IF_ERROR(store_->Write(grad_slot_, base));
+  NvmeStore::Pending write =
+      store_->WritePart(grad_slot_, 0, store_->rounded_bytes(grad_slot_), base);
+  MW_RETURN_IF_ERROR(store_->Wait(write));
   landing_ = {};
   landed_ = 0;
   return absl::OkStatus();
@@ -227,9 +231,8 @@ int64_t HostOptimizerSlice::grad_buffer_bytes() const {
 
 int64_t HostOptimizerSlice::scratch_bytes() const { return numel_ * DTypeSize(dtype_); }
 
-int64_t HostOptimizerSlice::nvme_buffers_bytes() const {
-  if (store_ == nullptr) return 0;
-  return std::min<int64_t>(nvme_count_, Chunks()) * BufferBytes() + NvmeStore::kAlignment;
+int HostOptimizerSlice::nvme_buffer_count() const {
+  return store_ == nullptr ? 0 : static_cast<int>(std::min<int64_t>(nvme_count_, Chunks()));
 }
 
 absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) {
@@ -245,14 +248,12 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
   // Scratch: the refreshed parameters.
   char* params = static_cast<char*>(scratch);
   pending_ = params;
-  // NVMe: the committed state streams in through bounded buffers; the new
-  // one goes to the spare copy.
+  // NVMe: the committed state streams in through bounded buffers (the
+  // caller's stream, or buffers of this update's own); the new one goes to
+  // the spare copy.
   std::pair<DeviceBuffer, char*> buffers;
-  if (store_ != nullptr && args.nvme_buffers != nullptr) {
-    buffers.second = NvmeStore::AlignUp(args.nvme_buffers);
-  } else if (store_ != nullptr) {
-    const int64_t count = std::min<int64_t>(nvme_count_, Chunks());
-    MW_ASSIGN_OR_RETURN(buffers, Aligned(count * BufferBytes(), ".nvme_buffers"));
+  if (store_ != nullptr && args.nvme_stream == nullptr) {
+    MW_ASSIGN_OR_RETURN(buffers, Aligned(nvme_buffer_count() * BufferBytes(), ".nvme_buffers"));
   }
   MW_RETURN_IF_ERROR(stream.Synchronize());  // the staged gradients have landed
   // Gradients on NVMe: read back whole (on meta the store counts it).
@@ -265,21 +266,18 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
     staged = args.grad_buffer;
     MW_RETURN_IF_ERROR(store_->Read(grad_slot_, staged));
   }
-  if (!device_.holds_bytes()) {
-    // Meta: accounting only; the NVMe tier's virtual store counts the
-    // chunks' transfers as a real update makes them.
-    for (int64_t c = 0; store_ != nullptr && c < Chunks(); ++c) {
-      NvmeStore::Pending read = store_->ReadPart(slot_, ChunkOffset(c), ChunkIoBytes(c), nullptr);
-      NvmeStore::Pending write = store_->WritePart(slot_, ChunkOffset(c), ChunkIoBytes(c), nullptr);
-      MW_RETURN_IF_ERROR(store_->Wait(read));
-      MW_RETURN_IF_ERROR(store_->Wait(write));
-    }
-    return absl::OkStatus();
-  }
-  const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
   // The kernels read the gradients in the parameter dtype, widening each.
   const char* g = static_cast<const char*>(staged);
-  if (store_ != nullptr) return UpdateFromNvme(args.segments, g, params, buffers.second);
+  if (store_ != nullptr) {
+    if (args.nvme_stream != nullptr)
+      return UpdateFromNvme(args.segments, g, params, *args.nvme_stream);
+    NvmeChunkStream own(*store_, buffers.second, nvme_buffer_count(), BufferBytes());
+    QueueChunks(own);
+    MW_RETURN_IF_ERROR(UpdateFromNvme(args.segments, g, params, own));
+    return own.Finish();
+  }
+  if (!device_.holds_bytes()) return absl::OkStatus();  // meta: accounting only
+  const kernels::cpu::KernelTable& cpu = kernels::cpu::Kernels();
   float *master, *first, *second;
   if (speculative_) {
     // The new state goes to the spare copy, the current one stays (Adam
@@ -339,52 +337,36 @@ void HostOptimizerSlice::Apply(const Segment& s, int64_t i, int64_t n, float* ma
   }
 }
 
+void HostOptimizerSlice::QueueChunks(NvmeChunkStream& stream) const {
+  for (int64_t c = 0; c < Chunks(); ++c) stream.Add(slot_, ChunkOffset(c), ChunkIoBytes(c));
+}
+
 absl::Status HostOptimizerSlice::UpdateFromNvme(absl::Span<const Segment> segments, const char* g,
-                                                char* params, char* buffers) {
-  const int64_t chunks = Chunks();
-  const int count = static_cast<int>(std::min<int64_t>(nvme_count_, chunks));
-  const int64_t stride = BufferBytes();
-  std::vector<NvmeStore::Pending> reads(count), writes(count);
-  // Reads run up to count - 2 chunks ahead of the update and one write
-  // behind it, so that a buffer is reused only after its write has had a
-  // chunk's update to finish.
-  const int64_t ahead = std::max(count - 2, 0);
-  absl::Status status = absl::OkStatus();
-  int64_t next = 0;
-  for (int64_t c = 0; c < chunks && status.ok(); ++c) {
-    for (; status.ok() && next < chunks && next <= c + ahead; ++next) {
-      const int b = static_cast<int>(next % count);
-      status = store_->Wait(writes[b]);  // the buffer's previous chunk is on disk
-      if (status.ok()) {
-        reads[b] =
-            store_->ReadPart(slot_, ChunkOffset(next), ChunkIoBytes(next), buffers + b * stride);
+                                                char* params, NvmeChunkStream& stream) {
+  for (int64_t c = 0; c < Chunks(); ++c) {
+    if (stream.next_slot() != slot_) {
+      return absl::FailedPreconditionError(absl::StrCat("offloaded optimizer states of '", owner_,
+                                                        "': chunk ", c, " of ", Chunks(),
+                                                        " is not next in the NVMe chunk stream"));
+    }
+    MW_ASSIGN_OR_RETURN(char* buffer, stream.Next());
+    if (device_.holds_bytes()) {
+      const int64_t c0 = c * chunk_, n = ChunkElements(c);
+      // The chunk holds its master weights, then each moment, n apiece.
+      float* master = reinterpret_cast<float*>(buffer);
+      float* m = states_ >= 2 ? master + n : nullptr;
+      float* v = states_ == 3 ? master + 2 * n : nullptr;
+      for (const Segment& s : segments) {
+        const int64_t lo = std::max(s.begin, c0), hi = std::min(s.begin + s.count, c0 + n);
+        if (lo >= hi) continue;
+        Apply(s, lo, hi - lo, master + (lo - c0), g, m == nullptr ? nullptr : m + (lo - c0),
+              v == nullptr ? nullptr : v + (lo - c0), params);
       }
+      if (dtype_ == DType::kF32) std::memcpy(params + c0 * 4, master, n * 4);
     }
-    const int b = static_cast<int>(c % count);
-    if (status.ok()) status = store_->Wait(reads[b]);
-    if (!status.ok()) break;
-    const int64_t c0 = c * chunk_, n = ChunkElements(c);
-    // The chunk holds its master weights, then each moment, n apiece.
-    float* master = reinterpret_cast<float*>(buffers + b * stride);
-    float* m = states_ >= 2 ? master + n : nullptr;
-    float* v = states_ == 3 ? master + 2 * n : nullptr;
-    for (const Segment& s : segments) {
-      const int64_t lo = std::max(s.begin, c0), hi = std::min(s.begin + s.count, c0 + n);
-      if (lo >= hi) continue;
-      Apply(s, lo, hi - lo, master + (lo - c0), g, m == nullptr ? nullptr : m + (lo - c0),
-            v == nullptr ? nullptr : v + (lo - c0), params);
-    }
-    if (dtype_ == DType::kF32) std::memcpy(params + c0 * 4, master, n * 4);
-    writes[b] = store_->WritePart(slot_, ChunkOffset(c), ChunkIoBytes(c), master);
+    stream.Write();
   }
-  // Nothing may still use the buffers when they go, whatever failed.
-  for (NvmeStore::Pending& p : writes) {
-    const absl::Status w = store_->Wait(p);
-    if (status.ok()) status = w;
-  }
-  for (NvmeStore::Pending& p : reads) (void)store_->Wait(p);
-  MW_RETURN_IF_ERROR(status);
-  return store_->FinishWrite(slot_);
+  return absl::OkStatus();
 }
 
 absl::Status HostOptimizerSlice::Commit(Stream& stream, void* params) {

@@ -15,8 +15,13 @@
 // the slot is laid out in chunks (each chunk's master weights, then its
 // moments, contiguous), and Update reads chunks ahead into nvme_buffer_count
 // buffers while it updates the current one and writes the previous one
-// behind, through the store's asynchronous engine. On NVMe a caller updates every slice, then commits every slice; if
-// an Update fails it commits none. The pinned tier updates in place, and
+// behind, through the store's asynchronous engine (offload/nvme_chunk_stream.h).
+// A caller that updates several slices of one store may queue all their
+// chunks on one stream first (QueueChunks, UpdateArgs::nvme_stream): the
+// reads then run ahead into the next slice and the writes finish behind
+// while it updates, and one NvmeChunkStream::Finish syncs them all. On NVMe
+// a caller updates every slice, then commits every slice; if an Update
+// fails it commits none. The pinned tier updates in place, and
 // once its scratch exists nothing in Update can fail: a caller updates and
 // commits each slice in turn through one scratch buffer sized for the
 // largest, allocated before the first update (the refreshed parameters of
@@ -41,6 +46,7 @@
 #include "absl/types/span.h"
 #include "kernels/elementwise.h"
 #include "kernels/ops.h"
+#include "offload/nvme_chunk_stream.h"
 #include "offload/nvme_store.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -115,8 +121,15 @@ class HostOptimizerSlice final : public StateTier {
   // until Commit (the update reads 16-bit gradients where they landed,
   // widening each as it goes: no f32 copy of them).
   int64_t scratch_bytes() const override;
-  // NVMe tier: the pinned bytes its chunk buffers take (0 otherwise).
-  int64_t nvme_buffers_bytes() const;
+  // NVMe tier: the pinned buffers an update of this slice alone streams
+  // the state through, and the bytes each holds (a chunk: whole 4 KiB
+  // blocks); 0 otherwise.
+  int nvme_buffer_count() const;
+  int64_t nvme_buffer_stride() const { return store_ == nullptr ? 0 : BufferBytes(); }
+  // NVMe tier: queues this slice's chunks, in the order its Update takes
+  // them, on `stream` (over the slice's store), for an Update given
+  // UpdateArgs::nvme_stream.
+  void QueueChunks(NvmeChunkStream& stream) const;
   // The NVMe tier updates into the file's spare copy, a speculative slice
   // into its own.
   bool two_phase() const override { return store_ != nullptr || speculative_; }
@@ -125,11 +138,17 @@ class HostOptimizerSlice final : public StateTier {
   // into the file's spare copy) and the refreshed parameters.
   // `args.segments` give the hyperparameters (adam or sgd, by the slice's
   // rule) of each run of elements; `args.scratch`: scratch_bytes() of
-  // pinned memory (null on meta), left alone by the caller until Commit;
-  // the other fields are the device tier's. kFailedPrecondition if no
-  // gradients were staged since the last commit; kInvalidArgument for bad
-  // settings in a segment (before anything changes). The staged gradients
-  // stay until Commit, so a failed Update may be retried.
+  // pinned memory (null on meta), left alone by the caller until Commit.
+  // On NVMe the state streams through `args.nvme_stream` (this slice's
+  // chunks queued next, by QueueChunks), the update returning with its
+  // last writes under way and the caller's NvmeChunkStream::Finish due
+  // before Commit; without one, through buffers of its own
+  // (nvme_buffer_count() x nvme_buffer_stride() pinned bytes), the file
+  // synced before it returns. The other fields are the device tier's.
+  // kFailedPrecondition if no gradients were staged since the last commit,
+  // or if the stream's next chunk is not this slice's; kInvalidArgument for
+  // bad settings in a segment (before anything changes). The staged
+  // gradients stay until Commit, so a failed Update may be retried.
   absl::Status Update(Stream& stream, const UpdateArgs& args) override;
   // Phase two: makes the update current and writes the refreshed
   // parameters, in the parameter dtype, to `params` (device or pinned
@@ -197,9 +216,10 @@ class HostOptimizerSlice final : public StateTier {
   // refreshed 16-bit parameters go to `params` + i.
   void Apply(const Segment& s, int64_t i, int64_t n, float* master, const char* g, float* m,
              float* v, char* params) const;
-  // The NVMe update through `buffers` (nvme_count_ x BufferBytes()).
+  // The NVMe update of this slice's chunks, next in `stream`; on meta it
+  // only takes and writes them (the store counts the transfers).
   absl::Status UpdateFromNvme(absl::Span<const Segment> segments, const char* g, char* params,
-                              char* buffers);
+                              NvmeChunkStream& stream);
 
   Device& device_;
   const Rule rule_;

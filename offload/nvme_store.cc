@@ -118,9 +118,10 @@ absl::Status NvmeStore::Wait(Pending& pending) {
   return status;
 }
 
-absl::Status NvmeStore::FinishWrite(int slot) {
+absl::Status NvmeStore::FinishWrites(absl::Span<const int> slots) {
+  ++syncs_;
   if (fd_ >= 0 && ::fdatasync(fd_) != 0) return Errno(errno, path_, "sync failed");
-  slots_[slot].pending = true;
+  for (int slot : slots) slots_[slot].pending = true;
   return absl::OkStatus();
 }
 

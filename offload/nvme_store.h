@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "offload/aio_config.h"
 #include "offload/aio_engine.h"
 
@@ -56,6 +57,9 @@ class NvmeStore {
   // counts what a real one would move).
   int64_t bytes_read() const { return bytes_read_; }
   int64_t bytes_written() const { return bytes_written_; }
+  // Syncs of the file so far (FinishWrite, FinishWrites; a virtual store
+  // counts the ones a real one would make).
+  int64_t syncs() const { return syncs_; }
   // Whether the file is open with O_DIRECT.
   bool direct() const { return direct_; }
 
@@ -88,7 +92,9 @@ class NvmeStore {
   absl::Status Wait(Pending& pending);
   // Syncs what was written of `slot`'s spare copy and makes it the one
   // Commit makes current.
-  absl::Status FinishWrite(int slot);
+  absl::Status FinishWrite(int slot) { return FinishWrites({slot}); }
+  // The same for several slots, with one sync of the file for all.
+  absl::Status FinishWrites(absl::Span<const int> slots);
 
   // Reads the committed copy of `slot` into `dst` (kAlignment-aligned, at
   // least the slot's rounded size).
@@ -130,6 +136,7 @@ class NvmeStore {
   int64_t size_ = 0;
   int64_t fail_after_ = -1;
   int64_t bytes_read_ = 0, bytes_written_ = 0;
+  int64_t syncs_ = 0;
   Observer observer_;
   std::vector<Slot> slots_;
 };

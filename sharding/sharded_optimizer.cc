@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
+#include "offload/nvme_chunk_stream.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
 #include "sharding/lr_schedule.h"
@@ -879,21 +880,38 @@ void ShardedOptimizer::set_profiler(MemoryProfiler* profiler) {
   });
 }
 
+ShardedOptimizer::ChunkBuffers ShardedOptimizer::NvmeChunkBuffers() const {
+  // As many as the group with the most chunks streams through alone, each
+  // the size of the largest chunk.
+  ChunkBuffers b;
+  for (const Group& group : groups_) {
+    if (group.host == nullptr) continue;
+    b.count = std::max(b.count, group.host->nvme_buffer_count());
+    b.stride = std::max(b.stride, group.host->nvme_buffer_stride());
+  }
+  return b;
+}
+
+std::unique_ptr<NvmeChunkStream> ShardedOptimizer::AloneChunkStream(
+    const HostOptimizerSlice& host) {
+  const ChunkBuffers b = NvmeChunkBuffers();
+  if (b.count == 0) return nullptr;
+  auto chunks = std::make_unique<NvmeChunkStream>(
+      *nvme_, NvmeStore::AlignUp(host_nvme_buffers_.data()), b.count, b.stride);
+  host.QueueChunks(*chunks);
+  return chunks;
+}
+
 absl::Status ShardedOptimizer::Speculate(int g) {
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
   // Buffers here, on the caller's thread (Note [Overlapped update]); the
-  // NVMe tier's shared chunk buffers once, for the largest host part.
-  if (nvme_ != nullptr && host_nvme_buffers_.empty()) {
-    int64_t nvme = 0;
-    for (const Group& other : groups_) {
-      if (other.host != nullptr) nvme = std::max(nvme, other.host->nvme_buffers_bytes());
-    }
-    if (nvme > 0) {
-      MW_ASSIGN_OR_RETURN(
-          host_nvme_buffers_,
-          device_.AllocatePinned(nvme, MemoryCategory::kWorkspace, "optimizer.nvme_buffers"));
-    }
+  // NVMe tier's shared chunk buffers once.
+  const ChunkBuffers chunk_buffers = NvmeChunkBuffers();
+  if (chunk_buffers.count > 0 && host_nvme_buffers_.empty()) {
+    MW_ASSIGN_OR_RETURN(host_nvme_buffers_,
+                        device_.AllocatePinned(chunk_buffers.bytes(), MemoryCategory::kWorkspace,
+                                               "optimizer.nvme_buffers"));
   }
   MW_ASSIGN_OR_RETURN(
       group.host_params,
@@ -912,15 +930,18 @@ absl::Status ShardedOptimizer::Speculate(int g) {
   StateTier::UpdateArgs args;
   args.segments = group.speculated_segments;
   args.scratch = group.host_params.data();
-  args.nvme_buffers = host_nvme_buffers_.data();
+  // One group at a time on the update thread: each streams alone.
+  std::shared_ptr<NvmeChunkStream> chunks = AloneChunkStream(*group.host);
+  args.nvme_stream = chunks.get();
   HostOptimizerSlice* host = group.host.get();
   Event* staged = group.staged_event.get();
   Stream* stream = update_stream_.get();
   MemoryProfiler* profiler = profiler_;
-  worker_->Enqueue([host, staged, stream, args, profiler, name = flat.name] {
+  worker_->Enqueue([host, staged, stream, args, profiler, chunks, name = flat.name] {
     MW_RETURN_IF_ERROR(staged->Synchronize());
     ScopedActivity activity(profiler, kCpuUpdateTrack, absl::StrCat("update ", name));
-    return host->Update(*stream, args);
+    MW_RETURN_IF_ERROR(host->Update(*stream, args));
+    return chunks != nullptr ? chunks->Finish() : absl::OkStatus();
   });
   return absl::OkStatus();
 }
@@ -1304,6 +1325,18 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   // Gradients on NVMe (with the parameters there) are read into this.
   args.grad_buffer = NvmeStore::AlignUp(workspace.grad_buffer.data());
   std::vector<StateTier::Segment> segments;
+  // The NVMe tier at the step: every group's chunks in one stream, so that
+  // reads run ahead into the next group and writes finish behind.
+  std::unique_ptr<NvmeChunkStream> chunks;
+  if (!workspace.nvme_buffers.empty()) {
+    const ChunkBuffers b = NvmeChunkBuffers();
+    chunks = std::make_unique<NvmeChunkStream>(
+        *nvme_, NvmeStore::AlignUp(workspace.nvme_buffers.data()), b.count, b.stride);
+    for (const Group& group : groups_) {
+      if (group.host != nullptr) group.host->QueueChunks(*chunks);
+    }
+    args.nvme_stream = chunks.get();
+  }
   // Tiers that update without touching their current state (NVMe) commit
   // after every group has updated; the others at once (Note [State tiers]).
   std::vector<std::pair<StateTier*, void*>> uncommitted;
@@ -1319,7 +1352,6 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       // Overlapped: its buffers were allocated as it was handed over (Step()
       // hands over any part not handed over in backward).
       args.scratch = group.host_params.data();
-      args.nvme_buffers = host_nvme_buffers_.data();
     } else if (group.param_slot >= 0) {
       args.scratch = NvmeStore::AlignUp(workspace.param_scratch.data());
     } else if (group.host != nullptr) {
@@ -1340,7 +1372,11 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
         if (!SameSegments(segments, group.speculated_segments)) {
           ScopedActivity activity(profiler_, kCpuUpdateTrack,
                                   absl::StrCat("update ", flat.name, " (again)"));
+          const std::unique_ptr<NvmeChunkStream> again = AloneChunkStream(*group.host);
+          args.nvme_stream = again.get();
           MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
+          if (again != nullptr) MW_RETURN_IF_ERROR(again->Finish());
+          args.nvme_stream = nullptr;
           redone = true;
         }
         uncommitted.push_back({t.tier, args.params});
@@ -1354,8 +1390,11 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       }
       if (group.param_slot >= 0) {
         // The refreshed shard goes to its spare copy now (the scratch is
-        // the next group's); the tier's commit then copies nothing.
-        MW_RETURN_IF_ERROR(param_store_->Write(group.param_slot, args.scratch));
+        // the next group's), synced with the others after the last group;
+        // the tier's commit then copies nothing.
+        NvmeStore::Pending write = param_store_->WritePart(
+            group.param_slot, 0, param_store_->rounded_bytes(group.param_slot), args.scratch);
+        MW_RETURN_IF_ERROR(param_store_->Wait(write));
         written_shards.push_back(group.param_slot);
         uncommitted.push_back({t.tier, nullptr});
       } else if (t.tier->two_phase()) {
@@ -1365,6 +1404,8 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       }
     }
   }
+  if (chunks != nullptr) MW_RETURN_IF_ERROR(chunks->Finish());
+  if (!written_shards.empty()) MW_RETURN_IF_ERROR(param_store_->FinishWrites(written_shards));
   for (const auto& [tier, params] : uncommitted) {
     MW_RETURN_IF_ERROR(tier->Commit(*comm_stream_, params));
   }
@@ -1404,6 +1445,11 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
       MW_ASSIGN_OR_RETURN(w.param_scratch, device_.AllocatePinned(on_nvme + NvmeStore::kAlignment,
                                                                   MemoryCategory::kWorkspace,
                                                                   "optimizer.param_scratch"));
+    }
+    if (const ChunkBuffers b = NvmeChunkBuffers(); b.count > 0) {
+      MW_ASSIGN_OR_RETURN(
+          w.nvme_buffers,
+          device_.AllocatePinned(b.bytes(), MemoryCategory::kWorkspace, "optimizer.nvme_buffers"));
     }
     return w;
   }

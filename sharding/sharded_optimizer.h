@@ -74,7 +74,10 @@
 // offload_nvme_path the offloaded states live in a file there instead
 // (offload/nvme_store.h); a step then updates every group's file copy
 // before it makes any current, so a failed write fails Step() with the
-// weights, states and parameters all as they were. At stages 2-3 the
+// weights, states and parameters all as they were. The groups' chunks
+// stream through one set of pinned buffers in one pipeline
+// (offload/nvme_chunk_stream.h: reads run ahead into the next group,
+// writes finish behind), and the file is synced once, before the commits. At stages 2-3 the
 // reduced gradients stay too and Step() may simply be called again; stage 1
 // reduces inside Step(), so its caller reruns the micro-batches.
 //
@@ -87,16 +90,20 @@
 // assumes no clipping and no overflow and writes the new state into the
 // slice's spare copy (offload/host_optimizer.h: in pinned memory, or the
 // NVMe tier's second copy on disk, the state streaming through its chunk
-// buffers while backward runs), leaving the current state alone. Step() then waits for the thread,
-// checks the gradients as always, and: on an overflow drops every speculative update (the step is
-// skipped, nothing changed); when clipping applies (its factor is known only now), or a group's
-// hyperparameters differ from those it was updated with, updates that group again from the
-// untouched current state with the step's real ones; otherwise only commits. The element math and
-// its inputs are those of the non-overlapped step, so the results are bit for bit the same in every
-// case; only steps that clip pay the update twice. Every buffer is allocated on the caller's thread
-// (the refreshed parameters of a group as it is handed over, held until Step() commits; one f32
-// widening buffer and one set of NVMe chunk buffers, shared), so what a run holds does not depend
-// on the thread's timing and a dry run books exactly the same.
+// buffers while backward runs), leaving the current state alone. Step()
+// then waits for the thread, checks the gradients as always, and: on an
+// overflow drops every speculative update (the step is skipped, nothing
+// changed); when clipping applies (its factor is known only now), or a
+// group's hyperparameters differ from those it was updated with, updates
+// that group again from the untouched current state with the step's real
+// ones; otherwise only commits. The element math and its inputs are those
+// of the non-overlapped step, so the results are bit for bit the same in
+// every case; only steps that clip pay the update twice. Every buffer is
+// allocated on the caller's thread (the refreshed parameters of a group as
+// it is handed over, held until Step() commits; one set of NVMe chunk
+// buffers, shared, each group streaming through them alone), so what a run
+// holds does not depend on the thread's timing and a dry run books exactly
+// the same.
 //
 // Parameter paging (zero_optimization.offload_param, stage 3 with
 // offload_optimizer_ratio 1): the rank's parameter shards live in the
@@ -571,8 +578,23 @@ class ShardedOptimizer {
     // the gradients (on NVMe too) are read into.
     DeviceBuffer param_scratch;
     DeviceBuffer grad_buffer;
+    // NVMe tier at the step: the chunk buffers (NvmeChunkBuffers()) every
+    // group's state streams through, in one stream.
+    DeviceBuffer nvme_buffers;
   };
   absl::StatusOr<UpdateWorkspace> AllocateUpdateWorkspace(bool two_phase);
+  // The NVMe tier's chunk buffers (offload/nvme_chunk_stream.h): how many,
+  // of how many bytes each, and the pinned bytes they take aligned; none
+  // without the tier.
+  struct ChunkBuffers {
+    int count = 0;
+    int64_t stride = 0;
+    int64_t bytes() const { return count * stride + NvmeStore::kAlignment; }
+  };
+  ChunkBuffers NvmeChunkBuffers() const;
+  // Overlapped update: a stream of `host`'s chunks alone through
+  // host_nvme_buffers_ (null without the NVMe tier).
+  std::unique_ptr<NvmeChunkStream> AloneChunkStream(const HostOptimizerSlice& host);
   // Overlapped update: whether this optimizer overlaps it; hands group
   // g's host update to the update thread (buffers allocated here); waits
   // for every handed-over update (their first error).

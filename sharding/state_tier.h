@@ -29,6 +29,8 @@
 
 namespace memwall {
 
+class NvmeChunkStream;  // offload/nvme_chunk_stream.h
+
 class StateTier {
  public:
   // Which update rule a tier applies.
@@ -56,10 +58,12 @@ class StateTier {
     // Pinned scratch of scratch_bytes(), untouched by the caller until
     // Commit (null on meta or when scratch_bytes() is 0).
     void* scratch = nullptr;
-    // Host tier on NVMe, set: pinned memory of
-    // HostOptimizerSlice::nvme_buffers_bytes() the state streams through,
-    // so that the update allocates nothing (an update on another thread).
-    void* nvme_buffers = nullptr;
+    // Host tier on NVMe, set: the stream its chunks were queued on next
+    // (HostOptimizerSlice::QueueChunks), which may hold other slices' chunks
+    // before and after them, and which the caller finishes before any
+    // Commit; so the update allocates no buffers (an update on another
+    // thread). Unset: the tier streams through buffers of its own.
+    NvmeChunkStream* nvme_stream = nullptr;
     // Host tier with its gradients on NVMe: pinned memory of
     // HostOptimizerSlice::grad_buffer_bytes(), kAlignment-aligned, they
     // are read into.

@@ -40,10 +40,10 @@ struct Strategy {
 // One step's books on `backend`: the device's (returned), the pinned
 // pool's, the collectives' calls and bytes (creation included), and the
 // step's host synchronisations and kernel launches, and the bytes it moved
-// to and from the NVMe files.
+// to and from the NVMe files and their syncs.
 AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
                     std::vector<CollectiveStats>* traffic, int64_t* syncs, int64_t* launches,
-                    int64_t* nvme_moved) {
+                    int64_t* nvme_moved, int64_t* nvme_syncs) {
   DeviceOptions o{backend, 0, 256 * kMiB};
   o.pinned_capacity_bytes = 256 * kMiB;
   auto device = CreateDevice(o).value();
@@ -100,17 +100,19 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
   }
   const int64_t syncs_before = device->host_synchronizations();
   const int64_t launches_before = device->launches();
-  const auto moved = [&] {
-    int64_t bytes = 0;
+  const auto moved = [&](bool file_syncs) {
+    int64_t n = 0;
     for (const NvmeStore* store :
          {trainer->optimizer().nvme_store(), trainer->optimizer().param_store()}) {
-      if (store != nullptr) bytes += store->bytes_read() + store->bytes_written();
+      if (store == nullptr) continue;
+      n += file_syncs ? store->syncs() : store->bytes_read() + store->bytes_written();
     }
-    return bytes;
+    return n;
   };
-  const int64_t moved_before = moved();
+  const int64_t moved_before = moved(false), syncs_before_step = moved(true);
   REQUIRE(trainer->TrainStep(batches).ok());
-  *nvme_moved = moved() - moved_before;
+  *nvme_moved = moved(false) - moved_before;
+  *nvme_syncs = moved(true) - syncs_before_step;
   *syncs = device->host_synchronizations() - syncs_before;
   *launches = device->launches() - launches_before;
   traffic->clear();
@@ -152,6 +154,8 @@ TEST_CASE("a meta step allocates, communicates and synchronises exactly as the h
        true},
       {"stage 3, bf16, NVMe 0.5, overlap", 3, true, 0.5f, false, "none", true, "gpt-tiny:layers=4",
        false, true},
+      {"stage 2, bf16, NVMe, overlap step", 2, true, 1.0f, false, "none", true, "gpt-tiny:layers=4",
+       true, true},
       // Parameters on NVMe too: page buffers, the shared scratch, and the
       // shards read for each gather (prefetched ones with overlap).
       {"stage 3, bf16, NVMe params + states, sqrt", 3, true, 1.0f, true, "sqrt", false,
@@ -184,14 +188,15 @@ TEST_CASE("a meta step allocates, communicates and synchronises exactly as the h
     AllocatorStats host_pinned, meta_pinned;
     std::vector<CollectiveStats> host_traffic, meta_traffic;
     int64_t host_syncs = 0, meta_syncs = 0, host_launches = 0, meta_launches = 0;
-    int64_t host_moved = 0, meta_moved = 0;
+    int64_t host_moved = 0, meta_moved = 0, host_file_syncs = 0, meta_file_syncs = 0;
     const AllocatorStats host = Step(Backend::kHost, s, &host_pinned, &host_traffic, &host_syncs,
-                                     &host_launches, &host_moved);
+                                     &host_launches, &host_moved, &host_file_syncs);
     const AllocatorStats meta = Step(Backend::kMeta, s, &meta_pinned, &meta_traffic, &meta_syncs,
-                                     &meta_launches, &meta_moved);
-    // The NVMe files: the same bytes read and written.
+                                     &meta_launches, &meta_moved, &meta_file_syncs);
+    // The NVMe files: the same bytes read and written, the same syncs.
     CHECK((host_moved > 0) == s.nvme);
     CHECK(meta_moved == host_moved);
+    CHECK(meta_file_syncs == host_file_syncs);
     // The same host synchronisations and kernel launches: a dry run counts
     // a real run's (meta counts a reduction's repeated pieces unrun).
     CHECK(host_syncs > 0);

@@ -182,6 +182,34 @@ TEST_CASE("gradients accumulate into the landing buffer piece by piece", "[offlo
 namespace memwall {
 namespace {
 
+// A slice's initial master weights, and step `step`'s gradients (f32).
+std::vector<float> InitialMaster(int64_t numel) {
+  std::vector<float> initial(numel);
+  for (int64_t i = 0; i < numel; ++i) initial[i] = 0.5f * std::sin(0.37f * i + 1);
+  return initial;
+}
+std::vector<float> StepGradients(int64_t numel, int step) {
+  std::vector<float> g(numel);
+  for (int64_t i = 0; i < numel; ++i) g[i] = 0.1f * std::cos(0.11f * i + step);
+  return g;
+}
+
+// Step `step`'s hyperparameters: two segments, the second with weight
+// decay, split mid-chunk.
+std::vector<StateTier::Segment> StepSegments(int64_t numel, int step) {
+  kernels::AdamParams ap;
+  ap.lr = 1e-2f;
+  ap.adamw = true;
+  ap.step = step;
+  kernels::SgdParams sp;
+  sp.lr = 0.05f;
+  sp.momentum = 0.9f;
+  kernels::AdamParams decayed = ap;
+  decayed.weight_decay = 0.1f;
+  const int64_t split = numel / 3;
+  return {{0, split, ap, sp}, {split, numel - split, decayed, sp}};
+}
+
 // A slice's state and refreshed parameters after `steps` updates of
 // `numel` elements (two hyperparameter segments), pinned or on NVMe.
 struct Ended {
@@ -198,21 +226,13 @@ Ended RunSlice(DType dtype, bool adam, int64_t numel, const HostOptimizerSlice::
   auto slice = HostOptimizerSlice::Create(d, adam ? StateTier::Rule::kAdam : StateTier::Rule::kSgd,
                                           true, dtype, numel, "g0", options)
                    .value();
-  std::vector<float> initial(numel);
-  for (int64_t i = 0; i < numel; ++i) initial[i] = 0.5f * std::sin(0.37f * i + 1);
+  const std::vector<float> initial = InitialMaster(numel);
   REQUIRE(slice->WriteState(0, 0, numel, initial.data()).ok());
   const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
   auto params = Tensor::Empty(d, dtype, {numel}, MemoryCategory::kParameter, "p").value();
-  kernels::AdamParams ap;
-  ap.lr = 1e-2f;
-  ap.adamw = true;
-  kernels::SgdParams sp;
-  sp.lr = 0.05f;
-  sp.momentum = 0.9f;
   Ended out;
   for (int step = 1; step <= steps; ++step) {
-    std::vector<float> g32(numel);
-    for (int64_t i = 0; i < numel; ++i) g32[i] = 0.1f * std::cos(0.11f * i + step);
+    const std::vector<float> g32 = StepGradients(numel, step);
     auto wide = Tensor::FromHost(d, g32, {numel}, MemoryCategory::kGradient, "g").value();
     auto g = Tensor::Empty(d, dtype, {numel}, MemoryCategory::kGradient, "g").value();
     REQUIRE(kernels::Cast(d, *s.stream, wide.data(), DType::kF32, g.data(), dtype, numel).ok());
@@ -235,12 +255,7 @@ Ended RunSlice(DType dtype, bool adam, int64_t numel, const HostOptimizerSlice::
     }
     DeviceBuffer scratch =
         d.AllocatePinned(slice->scratch_bytes(), MemoryCategory::kWorkspace, "scratch").value();
-    ap.step = step;
-    // Two segments, the second with weight decay, split mid-chunk.
-    kernels::AdamParams decayed = ap;
-    decayed.weight_decay = 0.1f;
-    const int64_t split = numel / 3;
-    const StateTier::Segment segments[] = {{0, split, ap, sp}, {split, numel - split, decayed, sp}};
+    const std::vector<StateTier::Segment> segments = StepSegments(numel, step);
     StateTier::UpdateArgs args;
     args.segments = segments;
     args.scratch = scratch.data();
@@ -319,6 +334,109 @@ TEST_CASE("the NVMe tier streams its state through bounded buffers, bit for bit 
               3 * ((numel * static_cast<int64_t>(DTypeSize(dtype)) + 4095) / 4096 * 4096));
       }
     }
+  }
+}
+
+TEST_CASE("slices sharing one chunk stream update as each alone, with one sync per step",
+          "[offload][nvme][stream]") {
+  // Two slices of one file, 5 and 3 chunks of 1024 elements (the last ones
+  // partial), through 3 buffers: the reads run ahead from the first slice
+  // into the second.
+  const int64_t sizes[] = {5000, 2100};
+  Setup s = MakeHost(64 * kMiB);
+  Device& d = *s.device;
+  auto store = NvmeStore::Open(TempDir(), "shared.bin").value();
+  HostOptimizerSlice::Options options;
+  options.store = store.get();
+  options.nvme_buffer_bytes = 12288;
+  options.nvme_buffer_count = 3;
+  std::vector<std::unique_ptr<HostOptimizerSlice>> slices;
+  std::vector<Tensor> params;
+  for (int k = 0; k < 2; ++k) {
+    slices.push_back(HostOptimizerSlice::Create(d, StateTier::Rule::kAdam, true, DType::kBF16,
+                                                sizes[k], k == 0 ? "a" : "b", options)
+                         .value());
+    const std::vector<float> initial = InitialMaster(sizes[k]);
+    REQUIRE(slices[k]->WriteState(0, 0, sizes[k], initial.data()).ok());
+    params.push_back(
+        Tensor::Empty(d, DType::kBF16, {sizes[k]}, MemoryCategory::kParameter, "p").value());
+  }
+  CHECK(slices[0]->nvme_buffer_count() == 3);
+  CHECK(slices[1]->nvme_buffer_count() == 3);
+  CHECK(slices[0]->nvme_buffer_stride() == 12288);
+  DeviceBuffer buffers =
+      d.AllocatePinned(3 * 12288 + NvmeStore::kAlignment, MemoryCategory::kWorkspace, "buffers")
+          .value();
+  for (int step = 1; step <= 2; ++step) {
+    INFO("step " << step);
+    std::vector<DeviceBuffer> scratch;
+    std::vector<std::vector<StateTier::Segment>> segments;
+    for (int k = 0; k < 2; ++k) {
+      auto wide = Tensor::FromHost(d, StepGradients(sizes[k], step), {sizes[k]},
+                                   MemoryCategory::kGradient, "g")
+                      .value();
+      auto g = Tensor::Empty(d, DType::kBF16, {sizes[k]}, MemoryCategory::kGradient, "g").value();
+      REQUIRE(
+          kernels::Cast(d, *s.stream, wide.data(), DType::kF32, g.data(), DType::kBF16, sizes[k])
+              .ok());
+      REQUIRE(slices[k]->StageGradients(*s.stream, g.data()).ok());
+      REQUIRE(s.stream->Synchronize().ok());
+      scratch.push_back(
+          d.AllocatePinned(slices[k]->scratch_bytes(), MemoryCategory::kWorkspace, "scratch")
+              .value());
+      segments.push_back(StepSegments(sizes[k], step));
+    }
+    if (step == 1) {
+      // A stream with only the second slice queued: the first's update
+      // refuses it, and nothing changes.
+      NvmeChunkStream wrong(*store, NvmeStore::AlignUp(buffers.data()), 3, 12288);
+      slices[1]->QueueChunks(wrong);
+      StateTier::UpdateArgs args;
+      args.segments = segments[0];
+      args.scratch = scratch[0].data();
+      args.nvme_stream = &wrong;
+      const absl::Status refused = slices[0]->Update(*s.stream, args);
+      CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+      CHECK(refused.message() ==
+            "offloaded optimizer states of 'a': chunk 0 of 5 is not next in the NVMe chunk "
+            "stream");
+    }
+    const int64_t syncs = store->syncs(), read = store->bytes_read();
+    NvmeChunkStream stream(*store, NvmeStore::AlignUp(buffers.data()), 3, 12288);
+    for (int k = 0; k < 2; ++k) slices[k]->QueueChunks(stream);
+    for (int k = 0; k < 2; ++k) {
+      StateTier::UpdateArgs args;
+      args.segments = segments[k];
+      args.scratch = scratch[k].data();
+      args.nvme_stream = &stream;
+      REQUIRE(slices[k]->Update(*s.stream, args).ok());
+      if (k == 0) {
+        // The first slice's 5 chunks and, read ahead, the second's first.
+        CHECK(store->bytes_read() - read == 6 * 12288);
+      }
+    }
+    // The writes are not synced yet: nothing to commit.
+    const absl::Status early = slices[0]->Commit(*s.stream, params[0].data());
+    CHECK(early.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(early.message() ==
+          "NVMe store " + store->path() + ": slot 0 has no written copy to commit");
+    REQUIRE(stream.Finish().ok());
+    CHECK(store->syncs() - syncs == 1);
+    for (int k = 0; k < 2; ++k) REQUIRE(slices[k]->Commit(*s.stream, params[k].data()).ok());
+  }
+  // Each slice updated alone for two steps: the same state and
+  // parameters, bit for bit.
+  for (int k = 0; k < 2; ++k) {
+    INFO("slice " << k);
+    Ended got;
+    for (int j = 0; j < 3; ++j) {
+      std::vector<float>& state = j == 0 ? got.master : (j == 1 ? got.first : got.second);
+      state.resize(sizes[k]);
+      REQUIRE(slices[k]->ReadState(j, 0, sizes[k], state.data()).ok());
+    }
+    got.params.assign(static_cast<char*>(params[k].data()),
+                      static_cast<char*>(params[k].data()) + sizes[k] * 2);
+    CheckSameEnd(got, RunSlice(DType::kBF16, true, sizes[k], HostOptimizerSlice::Options(), 2));
   }
 }
 

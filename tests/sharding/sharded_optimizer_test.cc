@@ -1028,7 +1028,12 @@ TEST_CASE("the NVMe tier trains bit for bit, and a failed write leaves the state
               .by_category[static_cast<int>(MemoryCategory::kOptimizerState)]
               .current == 0);
     CHECK(nvme.opt->nvme_store()->size() >= 2 * 12 * nvme.opt->layout().padded_numel / ranks);
-    for (int k = 0; k < 2; ++k) REQUIRE(TrainStep(*nvme.opt, k).applied);
+    for (int k = 0; k < 2; ++k) {
+      // Every group's state streams through one pipeline: one sync a step.
+      const int64_t syncs = nvme.opt->nvme_store()->syncs();
+      REQUIRE(TrainStep(*nvme.opt, k).applied);
+      CHECK(nvme.opt->nvme_store()->syncs() - syncs == 1);
+    }
     const std::vector<float> before = Finish(*nvme.opt);
     // The third step's writes fail: Step reports it, nothing moved.
     MicroBatches(*nvme.opt, 2);
@@ -1111,11 +1116,16 @@ TEST_CASE("parameters on NVMe train bit for bit like pinned ones; a failed write
           CHECK(pages == buffers * largest + 4096);
           for (int k = 0; k < 2; ++k) {
             const int64_t read = store->bytes_read(), written = store->bytes_written();
+            const int64_t syncs = store->syncs(), state_syncs = nvme.opt->nvme_store()->syncs();
             REQUIRE(TrainStep(*nvme.opt, k).applied);
             // Without prefetch each micro-batch gathers every group twice
             // (forward, backward): 2 x 2 reads; the step writes each once.
             if (!overlap) CHECK(store->bytes_read() - read == 4 * on_disk);
             CHECK(store->bytes_written() - written == on_disk);
+            // Each file synced once per step, after its last write (the
+            // gradients' and states' file too), not once per group.
+            CHECK(store->syncs() - syncs == 1);
+            CHECK(nvme.opt->nvme_store()->syncs() - state_syncs == 1);
           }
           if (max_in_cpu == 0) {
             // Reads ahead: the order known (steps have run), gathering a
