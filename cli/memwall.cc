@@ -1,10 +1,12 @@
-// The `memwall` command: train, launch, demo.
+// The `memwall` command: train, profile, plan, export, launch, demo,
+// tune-aio.
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -21,6 +23,8 @@
 #include "cli/profile.h"
 #include "cli/train.h"
 #include "engine/checkpoint.h"
+#include "nlohmann/json.hpp"
+#include "offload/aio_tune.h"
 #include "runtime/device.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/units.h"
@@ -100,6 +104,10 @@ ABSL_FLAG(int64_t, lora_rank, 0,
           "the base model frozen (0: full fine-tuning).");
 ABSL_FLAG(std::string, lora_targets, "q_proj,v_proj",
           "plan --model hf:PATH: the linear layers (attribute names) --lora_rank adapts.");
+ABSL_FLAG(std::string, dir, "", "tune-aio: a directory on the file system to measure.");
+ABSL_FLAG(std::string, bytes, "512MiB", "tune-aio: the bytes of the measured slot.");
+ABSL_FLAG(int, buffer_count, 4, "tune-aio: the buffers chunks stream through.");
+ABSL_FLAG(int, repeats, 2, "tune-aio: runs of each measurement (the best counts).");
 ABSL_FLAG(std::string, hardware, "",
           "plan: the step-time model's hardware (plan prints the predicted step time; --auto ranks by it): v100-32gb, a100-40gb, a100-80gb, "
           "h100-80gb, h200, or this-machine (measured now; plans the host backend, with no CUDA "
@@ -219,6 +227,18 @@ usage:
       One ZeRO-style optimizer step on tagged device memory, checked against
       a single-process update, with each rank's memory by category.
 
+  memwall tune-aio --dir DIR [--bytes SIZE] [--buffer_count K] [--repeats R]
+                   [--out FILE]
+      Measures the NVMe tier on the file system of DIR (a file there, then
+      removed) under DeepSpeed "aio" settings from 128 KiB to 4 MiB blocks,
+      queue depths 1 to 32, one and two threads: a slot of SIZE (default
+      512MiB) written, read, and updated as a training step does (chunks
+      of block x depth x threads bytes through K buffers, default 4: each
+      read, then written back), best of R runs (default 2). Prints MB/s
+      per setting and the fastest update's settings as a config's "aio"
+      block, written to FILE too if given (merge it into the training
+      config; what DeepSpeed's ds_nvme_tune does for its engine).
+
   memwall --help      this text and every flag
 
 Flags may be written with dashes or underscores (--device-memory or
@@ -266,6 +286,7 @@ const std::map<std::string, std::set<std::string>>& FlagsOf() {
         "json", "auto", "hardware", "out", "attention", "lora_rank", "lora_targets"}},
       {"export", {"checkpoint", "out", "dtype", "force"}},
       {"demo", {"backend", "device_memory", "params"}},
+      {"tune-aio", {"dir", "bytes", "buffer_count", "repeats", "out"}},
       {"launch", {"ranks"}},
   };
   return *flags;
@@ -385,6 +406,62 @@ int Demo() {
   options.parameters = static_cast<int64_t>(params);
   const absl::Status status = memwall::RunDemo(options);
   return status.ok() ? 0 : FailRanks(status);
+}
+
+// `memwall tune-aio`: the sweep, a line per setting, the fastest update's
+// settings as an "aio" block.
+int TuneAio() {
+  const std::string dir = absl::GetFlag(FLAGS_dir);
+  if (dir.empty())
+    return Usage("tune-aio: expected --dir DIR (a directory on the disk to measure)");
+  const absl::StatusOr<int64_t> bytes = memwall::ParseBytes(absl::GetFlag(FLAGS_bytes), "--bytes");
+  if (!bytes.ok()) return Fail(bytes.status());
+  const int buffers = absl::GetFlag(FLAGS_buffer_count);
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  const std::vector<memwall::AioConfig> sweep = memwall::AioSweep(*bytes, buffers);
+  if (buffers < 1 || repeats < 1 || sweep.empty()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        buffers < 1 ? "--buffer_count: expected at least 1"
+                    : (repeats < 1 ? "--repeats: expected at least 1"
+                                   : "--bytes: expected room for the buffers of at least one "
+                                     "setting (4 x 128 KiB)"),
+        ", got ", buffers < 1 ? buffers : (repeats < 1 ? repeats : *bytes))));
+  }
+  std::printf("memwall tune-aio: %s, a slot of %s through %d buffers, best of %d\n", dir.c_str(),
+              memwall::FormatBytes(*bytes).c_str(), buffers, repeats);
+  std::printf("%10s %6s %8s %10s %10s %10s %12s\n", "block", "depth", "threads", "chunk",
+              "write MB/s", "read MB/s", "update MB/s");
+  const memwall::AioConfig* best = nullptr;
+  double best_mbps = 0;
+  for (const memwall::AioConfig& aio : sweep) {
+    const absl::StatusOr<memwall::AioThroughput> t =
+        memwall::MeasureAio(dir, aio, buffers, *bytes, repeats);
+    if (!t.ok()) return Fail(t.status());
+    std::printf("%10s %6d %8d %10s %10.0f %10.0f %12.0f%s\n",
+                memwall::FormatBytes(aio.block_size).c_str(), aio.queue_depth, aio.thread_count,
+                memwall::FormatBytes(memwall::AioChunkBytes(aio)).c_str(), t->write_mbps,
+                t->read_mbps, t->update_mbps, t->direct ? "" : "  (buffered: no O_DIRECT)");
+    std::fflush(stdout);
+    if (t->update_mbps > best_mbps) {
+      best_mbps = t->update_mbps;
+      best = &aio;
+    }
+  }
+  const nlohmann::ordered_json block = {{"aio",
+                                         {{"block_size", best->block_size},
+                                          {"queue_depth", best->queue_depth},
+                                          {"thread_count", best->thread_count},
+                                          {"single_submit", best->single_submit},
+                                          {"overlap_events", best->overlap_events}}}};
+  std::printf("fastest update: %.0f MB/s with\n%s\n", best_mbps, block.dump(2).c_str());
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return 0;
+  std::ofstream file(out);
+  file << block.dump(2) << "\n";
+  file.close();
+  if (!file) return Fail(absl::PermissionDeniedError(absl::StrCat("--out: cannot write ", out)));
+  std::printf("written to %s\n", out.c_str());
+  return 0;
 }
 
 // The flags `train` and `profile` share, into either's options.
@@ -523,7 +600,8 @@ int main(int argc, char** argv) {
   for (const std::string& name : GivenFlags(args)) Given().insert(name);
   if (FlagsOf().count(command) == 0) {
     return Usage(absl::StrCat("unknown command '", command,
-                              "' (expected train, profile, plan, export, launch or demo)"));
+                              "' (expected train, profile, plan, export, launch, demo or "
+                              "tune-aio)"));
   }
   if (absl::Status applies = CheckFlagsApply(command); !applies.ok()) {
     return Usage(std::string(applies.message()));
@@ -537,6 +615,7 @@ int main(int argc, char** argv) {
   }
   if (command == "train") return Train();
   if (command == "demo") return Demo();
+  if (command == "tune-aio") return TuneAio();
   if (command == "profile") return Profile();
   if (command == "plan") return Plan();
   return Export();
