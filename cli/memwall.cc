@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -412,20 +413,27 @@ int Demo() {
 // settings as an "aio" block.
 int TuneAio() {
   const std::string dir = absl::GetFlag(FLAGS_dir);
-  if (dir.empty())
+  if (dir.empty()) {
     return Usage("tune-aio: expected --dir DIR (a directory on the disk to measure)");
+  }
   const absl::StatusOr<int64_t> bytes = memwall::ParseBytes(absl::GetFlag(FLAGS_bytes), "--bytes");
   if (!bytes.ok()) return Fail(bytes.status());
   const int buffers = absl::GetFlag(FLAGS_buffer_count);
   const int repeats = absl::GetFlag(FLAGS_repeats);
+  const std::pair<const char*, int> counts[] = {{"--buffer_count", buffers},
+                                                {"--repeats", repeats}};
+  for (const auto& [flag, value] : counts) {
+    if (value < 1) {
+      return Fail(
+          absl::InvalidArgumentError(absl::StrCat(flag, ": expected at least 1, got ", value)));
+    }
+  }
   const std::vector<memwall::AioConfig> sweep = memwall::AioSweep(*bytes, buffers);
-  if (buffers < 1 || repeats < 1 || sweep.empty()) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        buffers < 1 ? "--buffer_count: expected at least 1"
-                    : (repeats < 1 ? "--repeats: expected at least 1"
-                                   : "--bytes: expected room for the buffers of at least one "
-                                     "setting (4 x 128 KiB)"),
-        ", got ", buffers < 1 ? buffers : (repeats < 1 ? repeats : *bytes))));
+  if (sweep.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--bytes: expected a multiple of 128 KiB (the smallest setting's chunk), at "
+                     "least ",
+                     buffers, " of them, got ", *bytes)));
   }
   std::printf("memwall tune-aio: %s, a slot of %s through %d buffers, best of %d\n", dir.c_str(),
               memwall::FormatBytes(*bytes).c_str(), buffers, repeats);

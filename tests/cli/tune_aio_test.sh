@@ -61,9 +61,14 @@ check "missing directory" "$out" \
 [ $rc -eq 1 ] && pass || fail "missing directory: exit status $rc, expected 1"
 out=$("$memwall" tune-aio --dir "$tmp" --bytes 256KiB 2>&1)
 check "too small" "$out" \
-  "--bytes: expected room for the buffers of at least one setting (4 x 128 KiB), got 262144"
+  "--bytes: expected a multiple of 128 KiB (the smallest setting's chunk), at least 4 of them, got 262144"
+out=$("$memwall" tune-aio --dir "$tmp" --bytes 1000000 --buffer_count 2 2>&1)
+check "not a multiple" "$out" \
+  "--bytes: expected a multiple of 128 KiB (the smallest setting's chunk), at least 2 of them, got 1000000"
 out=$("$memwall" tune-aio --dir "$tmp" --buffer_count 0 2>&1)
 check "no buffers" "$out" "--buffer_count: expected at least 1, got 0"
+out=$("$memwall" tune-aio --dir "$tmp" --repeats 0 2>&1)
+check "no runs" "$out" "--repeats: expected at least 1, got 0"
 out=$("$memwall" tune-aio --dir "$tmp" --bytes 8Mb 2>&1)
 check "bad size" "$out" "--bytes: expected a byte size such as 256MiB, 32GiB or 32GB, got '8Mb'"
 out=$("$memwall" tune-aio --dir "$tmp" --params 5 2>&1)
