@@ -283,7 +283,7 @@ check "plan --out without --auto" "$out" "--out applies to 'plan' with --auto"
 [ ! -e "$tmp/never.json" ] && pass || fail "plan --out without --auto wrote a file"
 out=$("$memwall" trian 2>&1)
 check "unknown command" "$(first "$out")" \
-  "memwall: unknown command 'trian' (expected train, profile, plan, export, launch or demo)"
+  "memwall: unknown command 'trian' (expected train, profile, plan, export, launch, demo or tune-aio)"
 out=$("$memwall" train gpt-tiny 2>&1)
 check "stray argument" "$(first "$out")" "memwall: unexpected argument 'gpt-tiny' after 'train' (flags start with --)"
 
