@@ -39,7 +39,8 @@ struct Hardware {
 // (the host backend's "device"): an OpenBLAS SGEMM's FLOP/s, memcpy
 // bandwidth for device memory, the host link and the interconnect (ranks
 // share memory), the cost of one host-backend kernel on a tiny tensor, the
-// CPU Adam kernel, and a 64 MiB O_DIRECT write and read in $TMPDIR.
+// CPU Adam kernel, and the NVMe tier's update pattern on 64 MiB in $TMPDIR
+// (chunks read, then written back, as a step streams them).
 // kNotFound lists them.
 absl::StatusOr<Hardware> HardwarePreset(const std::string& name);
 std::vector<std::string> HardwarePresets();
