@@ -202,9 +202,7 @@ absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void*
     landed_scan_.nonfinite = cpu.has_inf_or_nan(base, dtype_, numel_);
     landed_scan_.squares = cpu.sum_of_squares(base, dtype_, numel_);
   }
-  NvmeStore::Pending write =
-      store_->WritePart(grad_slot_, 0, store_->rounded_bytes(grad_slot_), base);
-  MW_RETURN_IF_ERROR(store_->Wait(write));
+  MW_RETURN_IF_ERROR(store_->WriteUnsynced(grad_slot_, base));
   landing_ = {};
   landed_ = 0;
   return absl::OkStatus();
@@ -269,8 +267,9 @@ absl::Status HostOptimizerSlice::Update(Stream& stream, const UpdateArgs& args) 
   // The kernels read the gradients in the parameter dtype, widening each.
   const char* g = static_cast<const char*>(staged);
   if (store_ != nullptr) {
-    if (args.nvme_stream != nullptr)
+    if (args.nvme_stream != nullptr) {
       return UpdateFromNvme(args.segments, g, params, *args.nvme_stream);
+    }
     NvmeChunkStream own(*store_, buffers.second, nvme_buffer_count(), BufferBytes());
     QueueChunks(own);
     MW_RETURN_IF_ERROR(UpdateFromNvme(args.segments, g, params, own));

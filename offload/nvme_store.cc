@@ -131,9 +131,13 @@ absl::Status NvmeStore::Read(int slot, void* dst) {
 }
 
 absl::Status NvmeStore::Write(int slot, const void* src) {
-  Pending write = WritePart(slot, 0, slots_[slot].rounded, src);
-  MW_RETURN_IF_ERROR(Wait(write));
+  MW_RETURN_IF_ERROR(WriteUnsynced(slot, src));
   return FinishWrite(slot);
+}
+
+absl::Status NvmeStore::WriteUnsynced(int slot, const void* src) {
+  Pending write = WritePart(slot, 0, slots_[slot].rounded, src);
+  return Wait(write);
 }
 
 absl::Status NvmeStore::Commit(int slot) {

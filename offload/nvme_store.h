@@ -104,6 +104,9 @@ class NvmeStore {
   // write, kInternal otherwise) name the file and leave the committed copy
   // as it was.
   absl::Status Write(int slot, const void* src);
+  // The same without the sync: the copy is whole once FinishWrite(s) has
+  // synced it (several slots written in a step, synced once).
+  absl::Status WriteUnsynced(int slot, const void* src);
   // Makes the last successful Write (or FinishWrite) of `slot` the
   // committed copy. kFailedPrecondition if there is none.
   absl::Status Commit(int slot);

@@ -397,6 +397,13 @@ absl::Status ShardedOptimizer::Finalize() {
       return fail(s);
     }
   }
+  // The NVMe tier's chunk buffers: as many as the group with the most
+  // chunks streams through alone, each the size of the largest chunk.
+  for (const Group& group : groups) {
+    if (group.host == nullptr) continue;
+    chunk_buffers_.count = std::max(chunk_buffers_.count, group.host->nvme_buffer_count());
+    chunk_buffers_.stride = std::max(chunk_buffers_.stride, group.host->nvme_buffer_stride());
+  }
   if (largest_on_nvme > 0) {
     // The page buffers: each holds the largest shard on NVMe (within
     // buffer_size), whole blocks for O_DIRECT.
@@ -880,24 +887,12 @@ void ShardedOptimizer::set_profiler(MemoryProfiler* profiler) {
   });
 }
 
-ShardedOptimizer::ChunkBuffers ShardedOptimizer::NvmeChunkBuffers() const {
-  // As many as the group with the most chunks streams through alone, each
-  // the size of the largest chunk.
-  ChunkBuffers b;
-  for (const Group& group : groups_) {
-    if (group.host == nullptr) continue;
-    b.count = std::max(b.count, group.host->nvme_buffer_count());
-    b.stride = std::max(b.stride, group.host->nvme_buffer_stride());
-  }
-  return b;
-}
-
 std::unique_ptr<NvmeChunkStream> ShardedOptimizer::AloneChunkStream(
     const HostOptimizerSlice& host) {
-  const ChunkBuffers b = NvmeChunkBuffers();
-  if (b.count == 0) return nullptr;
-  auto chunks = std::make_unique<NvmeChunkStream>(
-      *nvme_, NvmeStore::AlignUp(host_nvme_buffers_.data()), b.count, b.stride);
+  if (chunk_buffers_.count == 0) return nullptr;
+  auto chunks =
+      std::make_unique<NvmeChunkStream>(*nvme_, NvmeStore::AlignUp(host_nvme_buffers_.data()),
+                                        chunk_buffers_.count, chunk_buffers_.stride);
   host.QueueChunks(*chunks);
   return chunks;
 }
@@ -907,10 +902,9 @@ absl::Status ShardedOptimizer::Speculate(int g) {
   const FlatGroup& flat = layout_.groups[g];
   // Buffers here, on the caller's thread (Note [Overlapped update]); the
   // NVMe tier's shared chunk buffers once.
-  const ChunkBuffers chunk_buffers = NvmeChunkBuffers();
-  if (chunk_buffers.count > 0 && host_nvme_buffers_.empty()) {
+  if (chunk_buffers_.count > 0 && host_nvme_buffers_.empty()) {
     MW_ASSIGN_OR_RETURN(host_nvme_buffers_,
-                        device_.AllocatePinned(chunk_buffers.bytes(), MemoryCategory::kWorkspace,
+                        device_.AllocatePinned(chunk_buffers_.bytes(), MemoryCategory::kWorkspace,
                                                "optimizer.nvme_buffers"));
   }
   MW_ASSIGN_OR_RETURN(
@@ -1329,9 +1323,9 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   // reads run ahead into the next group and writes finish behind.
   std::unique_ptr<NvmeChunkStream> chunks;
   if (!workspace.nvme_buffers.empty()) {
-    const ChunkBuffers b = NvmeChunkBuffers();
-    chunks = std::make_unique<NvmeChunkStream>(
-        *nvme_, NvmeStore::AlignUp(workspace.nvme_buffers.data()), b.count, b.stride);
+    chunks =
+        std::make_unique<NvmeChunkStream>(*nvme_, NvmeStore::AlignUp(workspace.nvme_buffers.data()),
+                                          chunk_buffers_.count, chunk_buffers_.stride);
     for (const Group& group : groups_) {
       if (group.host != nullptr) group.host->QueueChunks(*chunks);
     }
@@ -1392,9 +1386,7 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
         // The refreshed shard goes to its spare copy now (the scratch is
         // the next group's), synced with the others after the last group;
         // the tier's commit then copies nothing.
-        NvmeStore::Pending write = param_store_->WritePart(
-            group.param_slot, 0, param_store_->rounded_bytes(group.param_slot), args.scratch);
-        MW_RETURN_IF_ERROR(param_store_->Wait(write));
+        MW_RETURN_IF_ERROR(param_store_->WriteUnsynced(group.param_slot, args.scratch));
         written_shards.push_back(group.param_slot);
         uncommitted.push_back({t.tier, nullptr});
       } else if (t.tier->two_phase()) {
@@ -1446,10 +1438,10 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
                                                                   MemoryCategory::kWorkspace,
                                                                   "optimizer.param_scratch"));
     }
-    if (const ChunkBuffers b = NvmeChunkBuffers(); b.count > 0) {
-      MW_ASSIGN_OR_RETURN(
-          w.nvme_buffers,
-          device_.AllocatePinned(b.bytes(), MemoryCategory::kWorkspace, "optimizer.nvme_buffers"));
+    if (chunk_buffers_.count > 0) {
+      MW_ASSIGN_OR_RETURN(w.nvme_buffers,
+                          device_.AllocatePinned(chunk_buffers_.bytes(), MemoryCategory::kWorkspace,
+                                                 "optimizer.nvme_buffers"));
     }
     return w;
   }

@@ -578,20 +578,18 @@ class ShardedOptimizer {
     // the gradients (on NVMe too) are read into.
     DeviceBuffer param_scratch;
     DeviceBuffer grad_buffer;
-    // NVMe tier at the step: the chunk buffers (NvmeChunkBuffers()) every
+    // NVMe tier at the step: the chunk buffers (chunk_buffers_) every
     // group's state streams through, in one stream.
     DeviceBuffer nvme_buffers;
   };
   absl::StatusOr<UpdateWorkspace> AllocateUpdateWorkspace(bool two_phase);
   // The NVMe tier's chunk buffers (offload/nvme_chunk_stream.h): how many,
-  // of how many bytes each, and the pinned bytes they take aligned; none
-  // without the tier.
+  // of how many bytes each, and the pinned bytes they take aligned.
   struct ChunkBuffers {
     int count = 0;
     int64_t stride = 0;
     int64_t bytes() const { return count * stride + NvmeStore::kAlignment; }
   };
-  ChunkBuffers NvmeChunkBuffers() const;
   // Overlapped update: a stream of `host`'s chunks alone through
   // host_nvme_buffers_ (null without the NVMe tier).
   std::unique_ptr<NvmeChunkStream> AloneChunkStream(const HostOptimizerSlice& host);
@@ -662,6 +660,8 @@ class ShardedOptimizer {
   std::unique_ptr<UpdateWorker> worker_;
   std::unique_ptr<Stream> update_stream_;
   DeviceBuffer host_nvme_buffers_;
+  // Set with the groups; none without the NVMe tier.
+  ChunkBuffers chunk_buffers_;
 
   LossScaler scaler_;
   int64_t steps_applied_ = 0;
