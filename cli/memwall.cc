@@ -6,7 +6,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -71,7 +70,8 @@ ABSL_FLAG(int64_t, save_every, 0, "train: with --save, also save every this many
 ABSL_FLAG(int, keep_checkpoints, 3, "train: with --save, keep the newest this many checkpoints.");
 ABSL_FLAG(std::string, checkpoint, "", "export: a checkpoint directory (or a --save directory).");
 ABSL_FLAG(std::string, dtype, "f32", "export: f32 or bf16.");
-ABSL_FLAG(bool, force, false, "export: replace an existing --out file.");
+ABSL_FLAG(bool, force, false,
+          "export, plan --auto, tune-aio: replace an existing --out file (never a checkpoint's).");
 ABSL_FLAG(std::string, resume, "",
           "train: resume from the newest complete checkpoint in this directory (any number of "
           "ranks and any ZeRO stage may have saved it); --steps is the step to train up to.");
@@ -185,7 +185,7 @@ usage:
 
   memwall plan [--model M] [--gpus N] [--device_memory SIZE] [--host_memory SIZE]
                [--nvme SIZE] [--config FILE] [--batch N] [--seq N] [--json]
-               [--auto [--hardware H] [--out FILE]]
+               [--auto [--hardware H] [--out FILE [--force]]]
                [--attention K] [--lora_rank R [--lora_targets T,...]]
       Dry-runs one whole training step of M (any spec profile takes, or
       gpt:params=80e9, gpt:layers=48,hidden=6400,heads=50; or a PyTorch
@@ -205,7 +205,8 @@ usage:
       above 1, every micro-batch dividing that global batch, with the
       accumulation that keeps it), predicts each one's step time on a
       hardware profile, and prints the fastest that fits as a config file
-      (written to --out FILE if given). With --nvme, a GPT candidate with
+      (written to --out FILE if given: an existing FILE only with --force,
+      a checkpoint's file never). With --nvme, a GPT candidate with
       its parameters on NVMe that does not fit is tried with its block
       operators and its tied embedding and LM head in 2, 4 or 8 tiles (the
       fewest that fit); tiles are the model's, so the plan then names the
@@ -218,7 +219,8 @@ usage:
       Writes the master weights of the newest complete checkpoint under DIR
       (or DIR itself) as one safetensors file, a tensor per parameter by
       name, reading one parameter at a time (default dtype f32). FILE must
-      not be inside the checkpoint, nor exist unless --force.
+      not be inside a checkpoint (this or another), nor exist unless
+      --force.
 
   memwall launch [--ranks K] -- COMMAND [ARGS...]
       Runs COMMAND as K MPI ranks on this machine (mpirun with the settings
@@ -229,7 +231,7 @@ usage:
       a single-process update, with each rank's memory by category.
 
   memwall tune-aio --dir DIR [--bytes SIZE] [--buffer_count K] [--repeats R]
-                   [--out FILE]
+                   [--out FILE [--force]]
       Measures the NVMe tier on the file system of DIR (a file there, then
       removed) under DeepSpeed "aio" settings from 128 KiB to 4 MiB blocks,
       queue depths 1 to 32, one and two threads: a slot of SIZE (default
@@ -238,7 +240,9 @@ usage:
       read, then written back), best of R runs (default 2). Prints MB/s
       per setting and the fastest update's settings as a config's "aio"
       block, written to FILE too if given (merge it into the training
-      config; what DeepSpeed's ds_nvme_tune does for its engine).
+      config; what DeepSpeed's ds_nvme_tune does for its engine); FILE is
+      checked first: an existing one only with --force, a checkpoint's
+      file never.
 
   memwall --help      this text and every flag
 
@@ -284,10 +288,10 @@ const std::map<std::string, std::set<std::string>>& FlagsOf() {
         "image", "simulate_ranks", "collective_timeout", "out"}},
       {"plan",
        {"device_memory", "model", "config", "batch", "seq", "image", "gpus", "host_memory", "nvme",
-        "json", "auto", "hardware", "out", "attention", "lora_rank", "lora_targets"}},
+        "json", "auto", "hardware", "out", "force", "attention", "lora_rank", "lora_targets"}},
       {"export", {"checkpoint", "out", "dtype", "force"}},
       {"demo", {"backend", "device_memory", "params"}},
-      {"tune-aio", {"dir", "bytes", "buffer_count", "repeats", "out"}},
+      {"tune-aio", {"dir", "bytes", "buffer_count", "repeats", "out", "force"}},
       {"launch", {"ranks"}},
   };
   return *flags;
@@ -381,6 +385,7 @@ int Plan() {
   // This machine's "device" is the host backend's: no CUDA runtime to allow for.
   if (options.hardware == "this-machine") options.runtime_allowance = 0;
   options.out_path = absl::GetFlag(FLAGS_out);
+  options.overwrite_out = absl::GetFlag(FLAGS_force);
   options.attention = absl::GetFlag(FLAGS_attention);
   options.lora_rank = absl::GetFlag(FLAGS_lora_rank);
   options.lora_targets = absl::GetFlag(FLAGS_lora_targets);
@@ -428,6 +433,13 @@ int TuneAio() {
           absl::InvalidArgumentError(absl::StrCat(flag, ": expected at least 1, got ", value)));
     }
   }
+  // --out is checked before the sweep (minutes), and written at its end.
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (!out.empty()) {
+    if (auto s = memwall::CheckOutputFile("--out", out, absl::GetFlag(FLAGS_force)); !s.ok()) {
+      return Fail(s);
+    }
+  }
   const std::vector<memwall::AioConfig> sweep = memwall::AioSweep(*bytes, buffers);
   if (sweep.empty()) {
     return Fail(absl::InvalidArgumentError(
@@ -462,12 +474,12 @@ int TuneAio() {
                                           {"single_submit", best->single_submit},
                                           {"overlap_events", best->overlap_events}}}};
   std::printf("fastest update: %.0f MB/s with\n%s\n", best_mbps, block.dump(2).c_str());
-  const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) return 0;
-  std::ofstream file(out);
-  file << block.dump(2) << "\n";
-  file.close();
-  if (!file) return Fail(absl::PermissionDeniedError(absl::StrCat("--out: cannot write ", out)));
+  if (auto s = memwall::WriteOutputFile("--out", out, block.dump(2) + "\n",
+                                        absl::GetFlag(FLAGS_force));
+      !s.ok()) {
+    return Fail(s);
+  }
   std::printf("written to %s\n", out.c_str());
   return 0;
 }

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "cli/session.h"
 #include "engine/auto_strategy.h"
+#include "engine/checkpoint.h"
 #include "models/spec.h"
 #include "models/traced.h"
 #include "nlohmann/json.hpp"
@@ -68,13 +68,7 @@ namespace {
 // The chosen config goes to --out (only where a candidate fits).
 absl::Status WriteChosen(const PlanOptions& options, const std::string& json) {
   if (options.out_path.empty()) return absl::OkStatus();
-  std::ofstream file(options.out_path);
-  file << json << "\n";
-  if (!file) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("--out ", options.out_path, ": cannot write the chosen config"));
-  }
-  return absl::OkStatus();
+  return WriteOutputFile("--out", options.out_path, json + "\n", options.overwrite_out);
 }
 
 absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config& config) {
@@ -334,6 +328,10 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
 
 absl::Status RunPlan(const PlanOptions& options) {
   PlanProgress progress(stderr, "memwall plan");
+  // --out is checked before planning, which can take minutes.
+  if (!options.out_path.empty()) {
+    MW_RETURN_IF_ERROR(CheckOutputFile("--out", options.out_path, options.overwrite_out));
+  }
   PlanOptions with_progress = options;
   with_progress.progress = &progress;
   MW_ASSIGN_OR_RETURN(const std::string report, PlanReport(with_progress));

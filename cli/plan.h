@@ -53,6 +53,9 @@ struct PlanOptions {
   bool auto_strategy = false;
   std::string hardware;
   std::string out_path;
+  // Whether an existing `out_path` is replaced (--force); a checkpoint's
+  // file never is (engine/checkpoint.h CheckOutputFile).
+  bool overwrite_out = false;
   // Set: progress reports of the planning (RunPlan: on stderr after a
   // second).
   PlanProgress* progress = nullptr;

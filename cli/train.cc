@@ -59,16 +59,6 @@ std::string PlanCommand(const TrainOptions& options, int ranks, int64_t micro) {
                       " --auto");
 }
 
-// Whether `resume` (a --resume argument: a --save directory or one of its
-// step-* checkpoints) is the --save directory `save`.
-bool SameCheckpointDirectory(const std::string& resume, const std::string& save) {
-  if (resume.empty()) return false;
-  std::error_code ec;
-  const std::filesystem::path r = std::filesystem::weakly_canonical(resume, ec);
-  const std::filesystem::path s = std::filesystem::weakly_canonical(save, ec);
-  return r == s || r.parent_path() == s;
-}
-
 void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engine,
                  const ByteCorpus& corpus) {
   const Config& config = engine.config();
@@ -265,7 +255,7 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
   const int64_t ran = options.steps - first_step;
   if (!options.save_dir.empty() &&
       (ran > 0 || first_step == 0 ||
-       !SameCheckpointDirectory(options.resume_dir, options.save_dir))) {
+       !IsCheckpointIn(options.resume_dir, options.save_dir))) {
     MW_RETURN_IF_ERROR(Save(options, engine));
   }
   if (world.rank() == 0 && ran > 0) {
@@ -306,6 +296,10 @@ absl::Status RunTrain(const TrainOptions& given) {
   if (options.save_every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--save_every: expected >= 0, got ", options.save_every));
+  }
+  if (options.keep_checkpoints < 1) {  // checked now, not at the first save hours later
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keep_checkpoints: expected >= 1, got ", options.keep_checkpoints));
   }
   MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(options.model));
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
@@ -362,7 +356,7 @@ absl::Status RunTrain(const TrainOptions& given) {
   }
   if (!options.save_dir.empty()) {
     MW_RETURN_IF_ERROR(engine->OpenSaveDirectory(
-        options.save_dir, SameCheckpointDirectory(options.resume_dir, options.save_dir)));
+        options.save_dir, IsCheckpointIn(options.resume_dir, options.save_dir)));
   }
   return TrainLoop(options, gpt, *engine, *world, corpus);
 }

@@ -221,27 +221,29 @@ constexpr char kLockFile[] = ".memwall.lock";
 
 // This rank's part of SaveDirectory::Open: the probe, and on rank 0 the
 // lock and the look for another run's checkpoints. Sets *lock_fd.
-absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resuming, int* lock_fd) {
+absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resuming,
+                                  const SaveDirectory::Names& names, int* lock_fd) {
+  const std::string what = absl::StrCat(names.save, " ", dir);
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
-    return absl::FailedPreconditionError(absl::StrCat("--save ", dir, ": not a directory"));
+    return absl::FailedPreconditionError(absl::StrCat(what, ": not a directory"));
   }
   if (rank == 0) {
     fs::create_directories(dir, ec);
     if (ec) {
       return absl::PermissionDeniedError(
-          absl::StrCat("--save ", dir, ": cannot create the directory: ", ec.message()));
+          absl::StrCat(what, ": cannot create the directory: ", ec.message()));
     }
   }
   if (!fs::is_directory(dir, ec)) {
-    return absl::FailedPreconditionError(absl::StrCat("--save ", dir, ": not a directory"));
+    return absl::FailedPreconditionError(absl::StrCat(what, ": not a directory"));
   }
   const std::string probe =
       (fs::path(dir) / absl::StrCat(".probe-rank", rank, "-pid", ::getpid())).string();
   uLong crc = crc32(0L, Z_NULL, 0);
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) {
-    return absl::PermissionDeniedError(absl::StrCat("--save ", dir, ": rank ", rank,
+    return absl::PermissionDeniedError(absl::StrCat(what, ": rank ", rank,
                                                     " cannot create a file there: ",
                                                     std::strerror(errno)));
   }
@@ -252,7 +254,7 @@ absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resumin
   ::unlink(probe.c_str());
   if (!wrote.ok()) {
     return absl::PermissionDeniedError(
-        absl::StrCat("--save ", dir, ": rank ", rank, " cannot write there: ", wrote.message()));
+        absl::StrCat(what, ": rank ", rank, " cannot write there: ", wrote.message()));
   }
   if (rank != 0) return absl::OkStatus();
   const std::string lock = (fs::path(dir) / kLockFile).string();
@@ -266,7 +268,7 @@ absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resumin
     ::close(held);
     if (error != EWOULDBLOCK) return Errno(lock, "flock");
     return absl::FailedPreconditionError(absl::StrCat(
-        "--save ", dir, ": another run saves there (it holds ", lock,
+        what, ": another run saves there (it holds ", lock,
         owner.empty() ? "" : absl::StrCat(", process ", absl::StripAsciiWhitespace(owner)),
         "); save elsewhere, or stop that run"));
   }
@@ -277,13 +279,15 @@ absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resumin
   }
   *lock_fd = held;
   if (resuming) return absl::OkStatus();
-  const std::vector<Found> found = StepDirs(dir);
+  std::vector<Found> found = StepDirs(dir);
+  found.erase(std::remove_if(found.begin(), found.end(), [](const Found& f) { return !f.complete; }),
+              found.end());
   if (!found.empty()) {
     ::close(held);
     *lock_fd = -1;
     return absl::FailedPreconditionError(absl::StrCat(
-        "--save ", dir, ": holds ", found.size(), " checkpoint(s) of another run (the newest ",
-        found.back().path, "); continue that run with --resume ", dir,
+        what, ": holds ", found.size(), " checkpoint(s) of another run (the newest ",
+        found.back().path, "); continue that run with ", names.resume, " ", dir,
         ", or save this one elsewhere"));
   }
   return absl::OkStatus();
@@ -293,16 +297,19 @@ absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resumin
 
 absl::StatusOr<std::unique_ptr<SaveDirectory>> SaveDirectory::Open(ShardedOptimizer& opt,
                                                                   const std::string& dir,
-                                                                  bool resuming_from_it) {
+                                                                  bool resuming_from_it,
+                                                                  const Names& names) {
   Communicator& comm = opt.communicator();
   const int rank = comm.rank();
   // Rank 0 creates the directory before the others probe it.
   int lock_fd = -1;
-  absl::Status mine = rank == 0 ? PrepareSaveDirectory(dir, 0, resuming_from_it, &lock_fd)
+  absl::Status mine = rank == 0 ? PrepareSaveDirectory(dir, 0, resuming_from_it, names, &lock_fd)
                                 : absl::OkStatus();
   MW_ASSIGN_OR_RETURN(const std::vector<int64_t> first,
                       AllGatherInts(opt, {static_cast<int64_t>(mine.code())}));
-  if (rank != 0 && first[0] == 0) mine = PrepareSaveDirectory(dir, rank, resuming_from_it, &lock_fd);
+  if (rank != 0 && first[0] == 0) {
+    mine = PrepareSaveDirectory(dir, rank, resuming_from_it, names, &lock_fd);
+  }
   std::unique_ptr<SaveDirectory> held(new SaveDirectory(dir, lock_fd));  // unlocks on error
   MW_ASSIGN_OR_RETURN(const std::vector<int64_t> codes,
                       AllGatherInts(opt, {static_cast<int64_t>(mine.code())}));
@@ -311,7 +318,7 @@ absl::StatusOr<std::unique_ptr<SaveDirectory>> SaveDirectory::Open(ShardedOptimi
     const int64_t code = r == 0 ? first[0] : codes[r];
     if (code != 0) {
       return absl::Status(static_cast<absl::StatusCode>(code),
-                          absl::StrCat("--save ", dir, ": rank ", r, " cannot use it (",
+                          absl::StrCat(names.save, " ", dir, ": rank ", r, " cannot use it (",
                                        absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
                                        ", named in that rank's error)"));
     }
@@ -405,9 +412,21 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
   const std::vector<std::string> states = StateNames(opt);
   const std::string out = StepDir(dir, steps);
   std::error_code ec;
+  // A save that fails removes the step directory it made (or found
+  // incomplete: a crash's leftover), so that no empty step-* is left to
+  // block a later --resume or a fresh save; a complete checkpoint found
+  // there (this step saved before) is never removed.
+  const bool was_complete = fs::exists(fs::path(out) / kManifest, ec);
+  const auto discard = [&](absl::Status failed) {
+    if (rank == 0 && !was_complete) fs::remove_all(out, ec);
+    return failed;
+  };
   if (rank == 0) {
     fs::create_directories(out, ec);
-    if (ec) return absl::InternalError(absl::StrCat("checkpoint ", out, ": create: ", ec.message()));
+    if (ec) {
+      return discard(
+          absl::InternalError(absl::StrCat("checkpoint ", out, ": create: ", ec.message())));
+    }
   }
   MW_RETURN_IF_ERROR(comm.Barrier());
 
@@ -463,23 +482,88 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
   MW_ASSIGN_OR_RETURN(const std::vector<int64_t> files,
                       AllGatherInts(opt, {written.ok() ? 1 : 0, 8 + int64_t(text.size()) + offset,
                                               static_cast<int64_t>(crc)}));
-  MW_RETURN_IF_ERROR(written);
+  if (!written.ok()) return discard(written);
   for (int r = 0; r < world; ++r) {
     if (files[3 * r] == 0) {
-      return absl::InternalError(absl::StrCat("checkpoint ", out, ": rank ", r,
-                                              " could not write its file; the previous "
-                                              "checkpoint stays the newest"));
+      return discard(absl::InternalError(absl::StrCat("checkpoint ", out, ": rank ", r,
+                                                      " could not write its file; the previous "
+                                                      "checkpoint stays the newest")));
     }
   }
+  // Rank 0 commits (the manifest) and prunes; every rank learns whether
+  // that worked, so none waits for a rank that returned.
+  absl::Status committed;
   if (rank == 0) {
     const json manifest = Manifest(opt, steps, model, params, owner, files);
-    MW_RETURN_IF_ERROR(SyncPath(out, /*directory=*/true));  // the rank files' renames
-    MW_RETURN_IF_ERROR(WriteFileAtomically((fs::path(out) / kManifest).string(), manifest.dump(1)));
-    MW_RETURN_IF_ERROR(SyncPath(out, /*directory=*/true));
-    MW_RETURN_IF_ERROR(Prune(dir, out, steps, keep));
+    committed = SyncPath(out, /*directory=*/true);  // the rank files' renames
+    if (committed.ok()) {
+      committed = WriteFileAtomically((fs::path(out) / kManifest).string(), manifest.dump(1));
+    }
+    if (committed.ok()) committed = SyncPath(out, /*directory=*/true);
+    if (!committed.ok()) return discard(committed);
+    committed = Prune(dir, out, steps, keep);
   }
-  MW_RETURN_IF_ERROR(comm.Barrier());
+  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> commit,
+                      AllGatherInts(opt, {static_cast<int64_t>(committed.code())}));
+  MW_RETURN_IF_ERROR(committed);
+  if (commit[0] != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(commit[0]),
+                        absl::StrCat("checkpoint ", out, ": rank 0 could not commit it (",
+                                     absl::StatusCodeToString(
+                                         static_cast<absl::StatusCode>(commit[0])),
+                                     ", named in that rank's error)"));
+  }
   return out;
+}
+
+bool IsCheckpointIn(const std::string& checkpoint, const std::string& dir) {
+  if (checkpoint.empty()) return false;
+  std::error_code ec;
+  const fs::path c = fs::weakly_canonical(checkpoint, ec);
+  const fs::path d = fs::weakly_canonical(dir, ec);
+  return c == d || c.parent_path() == d;
+}
+
+absl::Status CheckOutputFile(const std::string& flag, const std::string& out, bool overwrite) {
+  std::error_code ec;
+  const fs::path target = fs::weakly_canonical(out, ec);
+  if (target.filename() == kLockFile) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " ", out, ": is the lock of a directory of checkpoints; write it elsewhere"));
+  }
+  for (fs::path up = target.parent_path(); !up.empty(); up = up.parent_path()) {
+    const bool step = absl::StartsWith(up.filename().string(), "step-") &&
+                      fs::exists(up.parent_path() / kLockFile, ec);
+    // A checkpoint is a manifest beside rank 0's file (rank 0 writes the
+    // largest parameter): a lone manifest.json is some other program's.
+    const bool checkpoint =
+        fs::exists(up / kManifest, ec) && fs::exists(up / RankFile(0), ec);
+    if (step || checkpoint) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " ", out, ": is inside the checkpoint ",
+                                                     up.string(), "; write it elsewhere"));
+    }
+    if (up == up.root_path()) break;
+  }
+  if (fs::is_directory(target, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", out, ": is a directory; expected a file name"));
+  }
+  if (fs::exists(target, ec) && !overwrite) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(flag, " ", out, ": exists; pass --force to replace it"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteOutputFile(const std::string& flag, const std::string& out,
+                             const std::string& text, bool overwrite) {
+  MW_RETURN_IF_ERROR(CheckOutputFile(flag, out, overwrite));
+  const absl::Status written = WriteFileAtomically(out, text);
+  if (!written.ok()) {
+    return absl::Status(written.code(), absl::StrCat(flag, " ", out, ": cannot write it (",
+                                                     written.message(), ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> FindCheckpoint(const std::string& dir) {
@@ -836,20 +920,7 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
                                                    "; expected f32 or bf16"));
   }
   MW_ASSIGN_OR_RETURN(const std::string at, VerifyCheckpoint(path));
-  // The output must not replace a file of the checkpoint it reads (or
-  // anything inside it), nor, unless asked to, any existing file.
-  std::error_code ec;
-  const fs::path checkpoint = fs::weakly_canonical(at, ec);
-  const fs::path target = fs::weakly_canonical(out, ec);
-  const std::string inside = checkpoint.string() + "/";
-  if (target == checkpoint || absl::StartsWith(target.string(), inside)) {
-    return absl::InvalidArgumentError(absl::StrCat("export: --out ", out, " is inside the checkpoint ",
-                                                   at, " it reads; write it elsewhere"));
-  }
-  if (fs::exists(out, ec) && !overwrite) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("export: --out ", out, " exists; pass --force to replace it"));
-  }
+  MW_RETURN_IF_ERROR(CheckOutputFile("export: --out", out, overwrite));
   MW_ASSIGN_OR_RETURN(const Loaded loaded, ReadVerified(at));
   const size_t size = DTypeSize(dtype);
   json header = json::object();

@@ -78,15 +78,24 @@ class SaveDirectory {
   // file); takes an exclusive lock that rank 0 holds until this object is
   // destroyed (`<dir>/.memwall.lock`, flock), so two runs never save into
   // one directory; and, unless `resuming_from_it` (this run resumed from a
-  // checkpoint in `dir`), refuses a directory already holding checkpoints
-  // (step-*): they are another run's, and its pruning and a later --resume
-  // would mix the two runs. Errors name the directory (and the rank):
+  // checkpoint in `dir`, or saved there before), refuses a directory
+  // already holding complete checkpoints (step-* with a manifest): they are
+  // another run's, and its pruning and a later --resume would mix the two
+  // runs. Incomplete step-* directories (a crash's or a full disk's
+  // leftovers) are no checkpoints and do not count. Errors name the directory (and the rank):
   // kFailedPrecondition for a directory in use or holding another run's
   // checkpoints, kPermissionDenied or kInternal for one that cannot be
   // created or written.
+  // `names` are how the caller's user names the directory and the way to
+  // resume from it ("--save", "--resume" on the command line).
+  struct Names {
+    std::string save = "--save";
+    std::string resume = "--resume";
+  };
   static absl::StatusOr<std::unique_ptr<SaveDirectory>> Open(ShardedOptimizer& opt,
                                                             const std::string& dir,
-                                                            bool resuming_from_it);
+                                                            bool resuming_from_it,
+                                                            const Names& names);
   ~SaveDirectory();
   SaveDirectory(const SaveDirectory&) = delete;
   SaveDirectory& operator=(const SaveDirectory&) = delete;
@@ -98,6 +107,24 @@ class SaveDirectory {
   std::string path_;
   int lock_fd_;  // rank 0: the locked file; others: -1
 };
+
+// Whether `checkpoint` (a directory of checkpoints, or one step-*
+// checkpoint in it, as --resume takes) names the directory of checkpoints
+// `dir`; compared after resolving both paths.
+bool IsCheckpointIn(const std::string& checkpoint, const std::string& dir);
+
+// Whether a command may write its output file `out` (named `flag` in
+// errors). A checkpoint is never overwritten, whatever `overwrite` says:
+// kInvalidArgument for an `out` inside a checkpoint (below a directory
+// holding manifest.json and rank-00000.safetensors, or below a step-*
+// directory of a directory saved into: one holding .memwall.lock) or naming a save directory's lock file (.memwall.lock), and
+// for an existing directory; kAlreadyExists for an existing file unless
+// `overwrite`.
+absl::Status CheckOutputFile(const std::string& flag, const std::string& out, bool overwrite);
+// CheckOutputFile, then writes `text` to `out` atomically (a temporary
+// name, fsync, rename): afterwards `out` is whole, or as it was.
+absl::Status WriteOutputFile(const std::string& flag, const std::string& out,
+                             const std::string& text, bool overwrite);
 
 // Fault injection (tests): in this process, checkpoint file writes fail
 // (EIO) once `after_bytes` more bytes have been written; -1 cancels.
@@ -135,9 +162,9 @@ absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& 
 // (see FindCheckpoint) as one safetensors file `out` with a tensor per
 // parameter, by name, in `dtype` (f32, or bf16 rounded to nearest even),
 // reading one parameter at a time; written under a temporary name and
-// renamed, so `out` is whole or absent. Refuses (kInvalidArgument) an
-// `out` inside the checkpoint it reads and (kAlreadyExists) an existing
-// `out` unless `overwrite`. Returns the checkpoint exported.
+// renamed, so `out` is whole or absent. `out` is checked as
+// CheckOutputFile("export: --out", out, overwrite) checks it (never inside
+// a checkpoint, this or another). Returns the checkpoint exported.
 absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
                                              DType dtype, bool overwrite = false);
 

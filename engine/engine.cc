@@ -295,12 +295,27 @@ int64_t Engine::steps() const {
 }
 
 absl::StatusOr<std::string> Engine::SaveCheckpoint(const std::string& dir, int keep) {
+  if (keep < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint keep: expected >= 1, got ", keep));
+  }
+  if (dir.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options_.save_names.save, ": expected a directory, got ''"));
+  }
+  if (save_directory_ == nullptr || !IsCheckpointIn(save_directory_->path(), dir)) {
+    const bool own = IsCheckpointIn(loaded_from_, dir) ||
+                     std::any_of(saved_into_.begin(), saved_into_.end(),
+                                 [&](const std::string& d) { return IsCheckpointIn(d, dir); });
+    MW_RETURN_IF_ERROR(OpenSaveDirectory(dir, own));
+    if (!own) saved_into_.push_back(dir);  // it held no checkpoints: ours from now on
+  }
   return memwall::SaveCheckpoint(*optimizer_, steps(), dir, keep, options_.model_description);
 }
 
 absl::StatusOr<LoadedCheckpoint> Engine::LoadCheckpoint(const std::string& path) {
   MW_ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
                       memwall::LoadCheckpoint(*optimizer_, path, options_.model_description));
+  loaded_from_ = path;
   if (trainer_ != nullptr) {
     trainer_->set_steps(loaded.steps);
   } else {
@@ -311,7 +326,8 @@ absl::StatusOr<LoadedCheckpoint> Engine::LoadCheckpoint(const std::string& path)
 
 absl::Status Engine::OpenSaveDirectory(const std::string& dir, bool resuming_from_it) {
   save_directory_.reset();  // a directory held before is let go first
-  MW_ASSIGN_OR_RETURN(save_directory_, SaveDirectory::Open(*optimizer_, dir, resuming_from_it));
+  MW_ASSIGN_OR_RETURN(save_directory_, SaveDirectory::Open(*optimizer_, dir, resuming_from_it,
+                                                           options_.save_names));
   return absl::OkStatus();
 }
 

@@ -97,6 +97,9 @@ struct EngineOptions {
   // How the caller shows the full plan, quoted by out-of-memory advice
   // ("...; the config and full plan: <plan_command>"); empty: not quoted.
   std::string plan_command;
+  // How errors about a checkpoint directory name the caller's argument for
+  // it and the way to resume ("--save", "--resume" on the command line).
+  SaveDirectory::Names save_names;
 };
 
 // The pinned pool for `flag` bytes: the flag when > 0; else, when `config`
@@ -168,7 +171,12 @@ class Engine {
 
   // Training checkpoints (engine/checkpoint.h), of either kind of model;
   // loading also restores steps() (and passes over damaged checkpoints to
-  // the newest intact one, saying so).
+  // the newest intact one, saying so). Saving into a directory this engine
+  // does not hold yet opens it first (OpenSaveDirectory: locked, and
+  // refused if it holds another run's checkpoints, unless this engine
+  // loaded from it or saved there before), so no caller can prune or
+  // overwrite another run's checkpoints. `keep` < 1 is refused before
+  // anything is written (kInvalidArgument).
   absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int keep);
   absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path);
   // Checks `dir` before the first step and holds it for this engine's
@@ -227,6 +235,10 @@ class Engine {
   ShardedOptimizer* optimizer_ = nullptr;
   std::optional<Device::StreamGuard> compute_stream_;  // optimizer_'s stream, current
   std::unique_ptr<SaveDirectory> save_directory_;
+  // The checkpoint path last loaded, and the directories saved into: the
+  // directories whose checkpoints are this run's own.
+  std::string loaded_from_;
+  std::vector<std::string> saved_into_;
 };
 
 }  // namespace memwall

@@ -124,6 +124,7 @@ class PyEngine {
     options.simulate_ranks = simulate_ranks;
     options.seed = seed;
     options.oom_advice = false;  // the auto strategy needs memwall's own layers
+    options.save_names = {"save_checkpoint", "load_checkpoint"};
     std::vector<ParameterGroup> parameter_groups;
     for (const auto& [name, parameters] : groups) {
       ParameterGroup group{name, {}};

@@ -36,6 +36,7 @@ micro-batches, so losses are not divided by the accumulation count.
 import copy
 import json
 import os
+import weakref
 
 import torch
 
@@ -58,6 +59,19 @@ def _config_text(config):
             return f.read()
     raise TypeError("config: expected a dict, a JSON string or a path, got %s"
                     % type(config).__name__)
+
+
+def _weak(method):
+    """A hook that calls `method` while its optimizer lives. The hooks on
+    the model and its parameters must not keep a ZeroOptimizer alive once
+    its user drops it: its engine holds the model states' memory and the
+    lock of the directory it saves checkpoints into."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args, **kwargs):
+        bound = ref()
+        return None if bound is None else bound(*args, **kwargs)
+    return call
 
 
 def _group_defaults(config):
@@ -323,11 +337,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
             p.data = self._holders[id(p)].expand(self._shape[id(p)])
 
     def _install_hooks(self, model):
+        on_gradient, gather, release = (_weak(self._on_gradient), _weak(self._forward_gather),
+                                        _weak(self._forward_release))
         for _, p in self._named():
             if p.requires_grad:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
-        self._hooks.append(model.register_forward_pre_hook(self._enter_saving))
-        self._hooks.append(model.register_forward_hook(self._exit_saving, always_call=True))
+                self._hooks.append(p.register_post_accumulate_grad_hook(on_gradient))
+        self._hooks.append(model.register_forward_pre_hook(_weak(self._enter_saving)))
+        self._hooks.append(model.register_forward_hook(_weak(self._exit_saving), always_call=True))
         if self._stage != 3:
             return
         for module in model.modules():
@@ -338,9 +354,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if not groups:
                 continue
             self._hooks.append(module.register_forward_pre_hook(
-                lambda m, args, groups=groups: self._forward_gather(groups)))
+                lambda m, args, groups=groups: gather(groups)))
             self._hooks.append(module.register_forward_hook(
-                lambda m, args, out, groups=groups: self._forward_release(groups),
+                lambda m, args, out, groups=groups: release(groups),
                 always_call=True))
 
     # -- stage 3 ------------------------------------------------------------
@@ -495,12 +511,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._parameter_storage = {p.data.untyped_storage().data_ptr() for _, p in self._named()}
         self._parameter_storage.update(self._released)
         blocks = block_ids(self._model)
+        enter, leave = _weak(self._enter_module), _weak(self._exit_module)
         for name, module in self._model.named_modules():
             block = id(module) in blocks
             self._profile_hooks.append(module.register_forward_pre_hook(
-                lambda m, args, name=name, block=block: self._enter_module(name, block)))
+                lambda m, args, name=name, block=block: enter(name, block)))
             self._profile_hooks.append(module.register_forward_hook(
-                lambda m, args, out, block=block: self._exit_module(block), always_call=True))
+                lambda m, args, out, block=block: leave(block), always_call=True))
 
     def _stop_profile(self):
         for hook in self._profile_hooks:
@@ -699,7 +716,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         `memwall train --save`, loadable at any world size and stage, read
         by `memwall export`) under `directory`; collective. Returns its
         path. The param_groups' hyperparameters are not in it: a schedule
-        sets them again."""
+        sets them again. As `memwall train --save` does, the first save
+        into a directory locks it against other runs and refuses one that
+        holds another run's checkpoints (unless this optimizer loaded from
+        it), so pruning to the newest `keep` never deletes them."""
         return self._engine.save_checkpoint(str(directory), keep)
 
     def load_checkpoint(self, path):

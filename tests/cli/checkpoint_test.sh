@@ -213,13 +213,63 @@ ckpt=$tmp/four/step-00000006
 before=$(cksum < "$ckpt/rank-00000.safetensors")
 out=$("$memwall" export --checkpoint "$tmp/four" --out "$ckpt/rank-00000.safetensors" 2>&1)
 check "export into the checkpoint" "$out" \
-  "export: --out $ckpt/rank-00000.safetensors is inside the checkpoint $ckpt it reads; write it elsewhere"
+  "export: --out $ckpt/rank-00000.safetensors: is inside the checkpoint $ckpt; write it elsewhere"
 [ "$(cksum < "$ckpt/rank-00000.safetensors")" = "$before" ] && pass || fail "export changed a checkpoint file"
 out=$("$memwall" export --checkpoint "$tmp/four" --out "$tmp/model.safetensors" 2>&1)
 check "export over an existing file" "$out" \
-  "export: --out $tmp/model.safetensors exists; pass --force to replace it"
+  "export: --out $tmp/model.safetensors: exists; pass --force to replace it"
 out=$("$memwall" export --checkpoint "$tmp/four" --out "$tmp/model.safetensors" --force 2>&1)
 check "export --force" "$out" "exported $ckpt to $tmp/model.safetensors (f32)"
+
+# No --out ever replaces a checkpoint's file or a save directory's lock,
+# --force or not, and an existing file only with --force; the file is
+# checked before the work (tune-aio's sweep takes minutes), which never
+# starts.
+other=$tmp/init/step-00000000
+cksums() { cat "$ckpt"/* "$other"/* "$tmp/four/.memwall.lock" | cksum; }
+before=$(cksums)
+out=$("$memwall" export --checkpoint "$tmp/four" --out "$other/rank-00000.safetensors" --force 2>&1)
+check "export --force over another checkpoint's file" "$out" \
+  "export: --out $other/rank-00000.safetensors: is inside the checkpoint $other; write it elsewhere"
+out=$("$memwall" export --checkpoint "$tmp/four" --out "$tmp/four/.memwall.lock" --force 2>&1)
+check "export --force over a save directory's lock" "$out" \
+  "export: --out $tmp/four/.memwall.lock: is the lock of a directory of checkpoints; write it elsewhere"
+out=$("$memwall" tune-aio --dir "$tmp" --out "$ckpt/manifest.json" 2>&1)
+check "tune-aio --out a manifest" "$out" \
+  "--out $ckpt/manifest.json: is inside the checkpoint $ckpt; write it elsewhere"
+grep -q "update MB/s" <<<"$out" && fail "tune-aio measured before refusing its --out" || pass
+out=$("$memwall" plan --model gpt-tiny --auto --out "$other/rank-00000.safetensors" --force 2>&1)
+check "plan --auto --out a rank file" "$out" \
+  "--out $other/rank-00000.safetensors: is inside the checkpoint $other; write it elsewhere"
+[ "$(cksums)" = "$before" ] && pass || fail "an --out changed a checkpoint file or a lock"
+echo "a user's notes" > "$tmp/notes.json"
+out=$("$memwall" plan --model gpt-tiny --auto --out "$tmp/notes.json" 2>&1)
+check "plan --auto --out an existing file" "$out" \
+  "--out $tmp/notes.json: exists; pass --force to replace it"
+[ "$(cat "$tmp/notes.json")" = "a user's notes" ] && pass || fail "plan replaced a file without --force"
+out=$("$memwall" plan --model gpt-tiny --auto --out "$tmp/notes.json" --force 2>&1)
+check "plan --auto --out --force" "$out" "written to $tmp/notes.json"
+grep -q '"zero_optimization"' "$tmp/notes.json" && pass || fail "plan --force did not write the config"
+
+# --keep_checkpoints is checked before the first step, not at the first save.
+out=$("$memwall" train --steps 5 --save "$tmp/keep0" --keep_checkpoints 0 2>&1)
+check "--keep_checkpoints 0" "$out" "--keep_checkpoints: expected >= 1, got 0"
+grep -q "step 1/5" <<<"$out" && fail "a run with --keep_checkpoints 0 trained before failing" || pass
+
+# A save the file system refuses (here a file-size limit: EFBIG, as ENOSPC
+# would be) leaves no empty step-* behind: a fresh run may save there, and
+# one resuming from it is told there is no checkpoint. The limit (4 MiB)
+# leaves room for MPI's own files; the 12-block model's 7 MiB does not fit.
+out=$(trap '' XFSZ; ulimit -f 4096; "$memwall" train --model gpt-tiny:layers=12 --steps 1 \
+  --save "$tmp/full" 2>&1)
+check "a save past the file-size limit fails" "$out" \
+  "checkpoint $tmp/full/step-00000001/rank-00000.safetensors.tmp: write: File too large"
+[ -z "$(ls "$tmp/full")" ] && pass || fail "the failed save left: $(ls "$tmp/full")"
+out=$("$memwall" train --model gpt-tiny:layers=12 --steps 1 --resume "$tmp/full" 2>&1)
+check "resume after the failed save" "$out" \
+  "checkpoint $tmp/full: no complete checkpoint (a step-* directory with manifest.json)"
+out=$("$memwall" train --model gpt-tiny:layers=12 --steps 1 --save "$tmp/full" 2>&1)
+check "a fresh save after the failed one" "$out" "saved $tmp/full/step-00000001"
 
 # A damaged newest checkpoint gives way to the newest intact one, named.
 "$memwall" train --steps 4 --save "$tmp/two-ck" --save_every 2 > /dev/null 2>&1
