@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -559,9 +560,15 @@ int Export() {
 
 // Replaces this process with mpirun starting `command` on K ranks.
 int Launch(const std::vector<char*>& command) {
+  // Every rank starts on this machine: beyond a few per core they only
+  // share the cores, and at tens of thousands mpirun fails without a word.
+  constexpr int kMaxRanks = 1024;
   const int ranks = absl::GetFlag(FLAGS_ranks);
-  if (ranks < 1) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--ranks: expected >= 1, got ", ranks)));
+  if (ranks < 1 || ranks > kMaxRanks) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--ranks: expected 1 to ", kMaxRanks, " (every rank starts on this machine, which has ",
+        std::thread::hardware_concurrency(), " cores; a dry run of more GPUs is memwall plan "
+        "--gpus N or train --backend meta --simulate_ranks N), got ", ranks)));
   }
   if (command.empty()) return Usage("launch: no command after --ranks (memwall launch --ranks K -- COMMAND)");
   // Shared memory without single-copy (containers often lack the ptrace

@@ -68,6 +68,7 @@ absl::Status RunProfile(const ProfileOptions& given) {
                            options.simulate_ranks, *world);
   engine_options.oom_dir = options.out_dir;
   engine_options.oom_advice = false;
+  engine_options.schedule_description = absl::StrCat("--steps ", options.steps);
   MW_ASSIGN_OR_RETURN(
       std::unique_ptr<Engine> engine,
       Engine::Create(engine_options, config,

@@ -318,6 +318,18 @@ absl::Status RunTrain(const TrainOptions& given) {
           ? "built-in synthetic corpus"
           : absl::StrCat(options.data_path, ", ",
                          std::filesystem::file_size(options.data_path, no_size), " bytes");
+  // What the ranks' loop does between steps: ranks that differ here would
+  // meet in different collectives.
+  engine_options.schedule_description =
+      absl::StrCat("--steps ", options.steps, " --log_every ", options.log_every);
+  if (!options.save_dir.empty()) {
+    absl::StrAppend(&engine_options.schedule_description, " --save ", options.save_dir,
+                    " --save_every ", options.save_every, " --keep_checkpoints ",
+                    options.keep_checkpoints);
+  }
+  if (!options.resume_dir.empty()) {
+    absl::StrAppend(&engine_options.schedule_description, " --resume ", options.resume_dir);
+  }
   // The keys that change the model's parameters or what trains; tiles and
   // frozen blocks only when set, so checkpoints without them keep matching.
   engine_options.model_description =

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/auto_strategy.h"
 #include "engine/checkpoint.h"
@@ -196,23 +197,35 @@ absl::Status Engine::AgreeOnRun(const EngineOptions& options, uint32_t model_crc
   // every rank is what makes them agree.
   const char* const kWhat[] = {
       "config", "seed",
-      caller_owned ? "model (its parameters' names, shapes or initial values)" : "model",
-      "data"};
-  const std::array<int64_t, 5> mine = {Crc(ConfigToJson(config_)),
-                                       Crc(absl::StrCat(options.seed)), model_crc,
-                                       Crc(options.data_description), 0};
+      caller_owned ? "model (its parameters' names, shapes or initial values)" : "model", "data",
+      "schedule"};
+  const std::array<int64_t, 5> mine = {
+      Crc(ConfigToJson(config_)), Crc(absl::StrCat(options.seed)), model_crc,
+      Crc(options.data_description), Crc(options.schedule_description)};
+  // This rank's value of each, where it can be shown.
+  const std::string value[] = {
+      "", absl::StrCat(options.seed),
+      caller_owned ? "" : absl::StrCat("'", options.model_description, "'"),
+      options.data_description.empty() ? "" : absl::StrCat("'", options.data_description, "'"),
+      options.schedule_description.empty() ? ""
+                                           : absl::StrCat("'", options.schedule_description, "'")};
   std::array<int64_t, 5> min, max;
   MW_RETURN_IF_ERROR(world_->MinMaxOverRanks(mine, min, max));
-  std::vector<std::string> differ;
-  for (int i = 0; i < 4; ++i) {
-    if (min[i] != max[i]) differ.push_back(kWhat[i]);
+  std::vector<std::string> differ, shown;
+  for (int i = 0; i < 5; ++i) {
+    if (min[i] == max[i]) continue;
+    differ.push_back(kWhat[i]);
+    if (!value[i].empty()) {
+      shown.push_back(absl::StrCat(i == 2 ? "model" : kWhat[i], " ", value[i]));
+    }
   }
   if (differ.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "the ranks disagree on the run's ", absl::StrJoin(differ, ", "),
-      ": every rank must start with the same config, model, seed and data (rank ",
-      world_->rank(), " of ", world_->world_size(), " has seed ", options.seed, ", model '",
-      options.model_description, "', data '", options.data_description, "')"));
+      ": every rank must start with the same config, model, seed, data and schedule",
+      shown.empty() ? ""
+                    : absl::StrCat(" (rank ", world_->rank(), " of ", world_->world_size(),
+                                   " has ", absl::StrJoin(shown, ", "), ")")));
 }
 
 DryRunOptions Engine::DryRunOptionsFor() const {
@@ -284,10 +297,59 @@ absl::StatusOr<ShardedOptimizer::StepResult> Engine::Step() {
     return absl::FailedPreconditionError(
         "Step: this engine drives its layers' steps; call TrainStep(micro_batches)");
   }
+  if (absl::Status agreed = AgreeOnHyperparameters(); !agreed.ok()) {
+    MW_RETURN_IF_ERROR(optimizer_->AbortStep());
+    return agreed;
+  }
   absl::StatusOr<ShardedOptimizer::StepResult> result = optimizer_->Step();
   if (!result.ok()) return Explain(result.status());
   ++caller_steps_;
   return result;
+}
+
+namespace {
+
+// The CRC-32 of hyperparameter groups [first, last).
+int64_t HyperCrc(const ShardedOptimizer& opt, int first, int last) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (int g = first; g < last; ++g) {
+    const Hyperparameters& h = opt.hyperparameters(g);
+    const float values[] = {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum};
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(values), sizeof values);
+  }
+  return static_cast<int64_t>(crc);
+}
+
+}  // namespace
+
+absl::Status Engine::AgreeOnHyperparameters() {
+  if (world_->world_size() == 1) return absl::OkStatus();
+  // The world's host all-reduce must not run beside the optimizer's
+  // collectives still in flight (MPI matches collectives in call order).
+  MW_RETURN_IF_ERROR(optimizer_->WaitForCommunication());
+  const int groups = optimizer_->num_hyper_groups();  // the same on every rank: the model agreed
+  std::array<int64_t, 5> min, max;
+  MW_RETURN_IF_ERROR(world_->MinMaxOverRanks({HyperCrc(*optimizer_, 0, groups), 0, 0, 0, 0}, min, max));
+  if (min[0] == max[0]) return absl::OkStatus();
+  // Which group differs: halve the range that does (a round per halving).
+  int first = 0, last = groups;
+  while (last - first > 1) {
+    const int mid = (first + last) / 2;
+    MW_RETURN_IF_ERROR(
+        world_->MinMaxOverRanks({HyperCrc(*optimizer_, first, mid), 0, 0, 0, 0}, min, max));
+    if (min[0] != max[0]) {
+      last = mid;
+    } else {
+      first = mid;
+    }
+  }
+  const Hyperparameters& h = optimizer_->hyperparameters(first);
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "step: the ranks' param_groups[%d] differ (rank %d of %d has lr %g, betas (%g, %g), eps %g, "
+      "weight_decay %g, momentum %g); every rank must set the same hyperparameters, or each "
+      "would update its shard with its own; nothing was updated",
+      first, world_->rank(), world_->world_size(), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
+      h.momentum));
 }
 
 int64_t Engine::steps() const {

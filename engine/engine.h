@@ -94,6 +94,10 @@ struct EngineOptions {
   // What the run trains on ("corpus.txt, 1048576 bytes"), for the ranks'
   // agreement check; empty: not compared.
   std::string data_description;
+  // How the caller's loop runs where ranks must agree on it, or they would
+  // meet in different collectives (train: its --steps, --log_every,
+  // --save_every, ...); compared like the data; empty: not compared.
+  std::string schedule_description;
   // How the caller shows the full plan, quoted by out-of-memory advice
   // ("...; the config and full plan: <plan_command>"); empty: not quoted.
   std::string plan_command;
@@ -164,7 +168,11 @@ class Engine {
   // micro-batches (Trainer::TrainStep). Errors pass through Explain().
   absl::StatusOr<Trainer::StepReport> TrainStep(absl::Span<const Batch> micro_batches);
   // Caller-owned models: the optimizer step after the caller's forward and
-  // backward (ShardedOptimizer::Step). Errors pass through Explain().
+  // backward (ShardedOptimizer::Step). Errors pass through Explain(). Ranks
+  // whose hyperparameter groups differ get kInvalidArgument naming the
+  // group, with nothing updated and the step's gradients dropped
+  // (AbortStep): each would otherwise update its shard with its own values.
+  // Collective.
   absl::StatusOr<ShardedOptimizer::StepResult> Step();
   // Training steps taken (skipped ones included): the data position.
   int64_t steps() const;
@@ -196,12 +204,17 @@ class Engine {
   // The MPI world and the communicator; then (config_ resolved) the
   // device and its profiler.
   absl::Status StartRanks(const EngineOptions& options);
-  // Every rank must run the same config, seed, model and data: compared
+  // Every rank must run the same config, seed, model, data and schedule: compared
   // once at the start through CRC-32s (`model_crc` stands for the model;
   // for caller-owned ones, `caller_owned`, it covers their parameters'
   // names, shapes and values), and the error names what differs. One
   // agreement round over MPI.
   absl::Status AgreeOnRun(const EngineOptions& options, uint32_t model_crc, bool caller_owned);
+  // Caller-owned models, before each step: every rank's hyperparameter
+  // groups must hold the same values (a caller sets them on each rank);
+  // kInvalidArgument naming the first group that differs and this rank's
+  // values. One MPI agreement round, and a few more to find the group.
+  absl::Status AgreeOnHyperparameters();
   absl::Status StartDevice(const EngineOptions& options);
   absl::Status ResolveAuto(const EngineOptions& options);
   // On cuda with the optimizer offloaded and neither cpu_threads nor

@@ -626,6 +626,11 @@ absl::Status ShardedOptimizer::OrderAfterCaller() {
   return comm_stream_->Wait(*events_.caller);
 }
 
+absl::Status ShardedOptimizer::WaitForCommunication() {
+  MW_RETURN_IF_ERROR(OrderAfterCaller());
+  return comm_stream_->Synchronize();
+}
+
 absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
   // The gathered buffer may reuse a block the caller's queued work still
   // reads: the gather waits for that work.

@@ -310,6 +310,11 @@ class ShardedOptimizer {
   // One optimizer step; see the class comment. kFailedPrecondition if a
   // group's gradients are still acquired or parameters still gathered.
   absl::StatusOr<StepResult> Step();
+  // Waits until every collective queued so far (reductions, gathers,
+  // prefetches: all run on the communication stream) has run, so that a
+  // caller may run a collective of its own on the MPI world without
+  // interleaving with them. Returns their errors.
+  absl::Status WaitForCommunication();
 
   // Marks phases for `profiler` (not owned; null to stop): "gather <group>"
   // (stage 3), "reduce <group>" (stages 2-3), and in Step() "reduce",

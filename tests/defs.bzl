@@ -43,6 +43,8 @@ def mpi_test(name, srcs, ranks, deps = [], tags = [], need_gpu = False, **kwargs
             args = [str(r), "$(location :%s)" % binary],
             data = [":" + binary],
             tags = tags + ["mpi"],
-            size = "small",
+            # 300 s: several ranks on a 2-core machine, maybe beside another
+            # busy process, need headroom that "small" (60 s) lacks.
+            size = "medium",
             target_compatible_with = compatible,
         )

@@ -341,6 +341,20 @@ out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/bad.json" 2>&1)
 rc=$?
 check "bad config on 2 ranks" "$out" "zero_optimization.stage: expected an integer 0..3, got 9"
 [ $rc -ne 0 ] && pass || fail "a 2-rank job with a bad config exited with status 0"
+# Ranks started with different loops are refused at the start, naming the
+# flags, before any step (their collectives would not match); a launch of
+# more ranks than one machine can hold is refused, not left to mpirun.
+out=$("$mpirun_sh" 2 bash -c 'exec "$0" train --steps $((4 + OMPI_COMM_WORLD_RANK)) --log_every 2' \
+  "$memwall" 2>&1)
+check "ranks with different --steps" "$out" \
+  "the ranks disagree on the run's schedule: every rank must start with the same config, model, seed, data and schedule (rank 0 of 2 has schedule '--steps 4 --log_every 2')"
+grep -qE "MPI_ERR|step 1/" <<<"$out" && fail "ranks with different --steps started training" || pass
+out=$("$mpirun_sh" 2 bash -c 'exec "$0" train --steps 4 --log_every $((1 + OMPI_COMM_WORLD_RANK))' \
+  "$memwall" 2>&1)
+check "ranks with different --log_every" "$out" \
+  "the ranks disagree on the run's schedule" "has schedule '--steps 4 --log_every 1')"
+out=$("$memwall" launch --ranks 100000 -- true 2>&1)
+check "launch --ranks 100000" "$out" "--ranks: expected 1 to 1024 (every rank starts on this machine"
 echo '{"bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 4,
        "zero_optimization": {"stage": 2}}' > "$tmp/bf16.json"
 out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/bf16.json" --steps 30 --log_every 30 2>&1)

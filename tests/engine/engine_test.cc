@@ -455,13 +455,26 @@ TEST_CASE("ranks that disagree on the run are refused, naming what differs", "[e
     return;
   }
   CHECK(seeds.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(seeds.status().message()),
-             Catch::StartsWith("the ranks disagree on the run's seed: every rank must start with "
-                               "the same config, model, seed and data (rank "));
+  CHECK(std::string(seeds.status().message()) ==
+        absl::StrCat("the ranks disagree on the run's seed: every rank must start with the same "
+                     "config, model, seed, data and schedule (rank ", rank, " of ", ranks,
+                     " has seed ", rank == ranks - 1 ? 8 : 7, ")"));
   CHECK(values.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(values.status().message()),
-             Catch::StartsWith("the ranks disagree on the run's model (its parameters' names, "
-                               "shapes or initial values), data: every rank"));
+  // A caller's model is named by what differs, not by a description it
+  // never had.
+  CHECK(std::string(values.status().message()) ==
+        absl::StrCat("the ranks disagree on the run's model (its parameters' names, shapes or "
+                     "initial values), data: every rank must start with the same config, model, "
+                     "seed, data and schedule (rank ", rank, " of ", ranks, " has data '",
+                     rank == 0 ? "a" : "b", ".txt, 10 bytes')"));
+  // A loop whose steps differ would meet the others in other collectives.
+  o.data_description = "a.txt, 10 bytes";
+  o.schedule_description = rank == 0 ? "--steps 5" : "--steps 6";
+  auto schedules = Engine::Create(o, ConfigFor(2, false, 1), CallerGroups());
+  CHECK(std::string(schedules.status().message()) ==
+        absl::StrCat("the ranks disagree on the run's schedule: every rank must start with the "
+                     "same config, model, seed, data and schedule (rank ", rank, " of ", ranks,
+                     " has schedule '--steps ", rank == 0 ? 5 : 6, "')"));
 }
 
 TEST_CASE("the CPU update's threads are the machine's cores shared by its ranks",
