@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <new>
 #include <set>
 #include <string>
 #include <thread>
@@ -615,8 +616,9 @@ std::vector<std::string> DashesToUnderscores(int argc, char** argv) {
   return args;
 }
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
+namespace {
+
+int Main(int argc, char** argv) {
   std::vector<std::string> args = DashesToUnderscores(argc, argv);
   std::vector<char*> pointers;
   for (std::string& a : args) pointers.push_back(a.data());
@@ -646,4 +648,21 @@ int main(int argc, char** argv) {
   if (command == "profile") return Profile();
   if (command == "plan") return Plan();
   return Export();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  // What memwall allocates on the host is sized from the input before it is
+  // touched; should the host still run out (another process took the
+  // memory), the user gets a message, and the other ranks end, rather
+  // than an abort with "terminate called".
+  try {
+    return Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    return FailRanks(absl::ResourceExhaustedError(absl::StrCat(
+        "out of host memory (std::bad_alloc) in 'memwall", argc > 1 ? " " : "",
+        argc > 1 ? argv[1] : "", "'")));
+  }
 }

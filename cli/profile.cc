@@ -24,24 +24,28 @@ namespace {
 // every model here (no values on meta). Out of memory is explained.
 absl::StatusOr<std::vector<Batch>> SyntheticBatches(Engine& engine, int count) {
   Device& device = engine.device();
-  const std::vector<int64_t>& in_shape = engine.input_shape();
-  const std::vector<int64_t>& out_shape = engine.target_shape();
-  std::vector<float> input_values, target_values;
-  if (device.holds_bytes()) {
-    for (int64_t i = 0; i < NumElements(in_shape); ++i) input_values.push_back(float(i % 97));
-    for (int64_t i = 0; i < NumElements(out_shape); ++i) target_values.push_back(float(i % 89));
-  }
+  // Each tensor is allocated on the device (whose capacity is checked,
+  // with an out-of-memory report) before any host memory of its size is
+  // touched: a huge --batch fails there, not in the host's allocator.
+  auto make = [&](const std::vector<int64_t>& shape, int modulus,
+                  const char* owner) -> absl::StatusOr<Tensor> {
+    absl::StatusOr<Tensor> tensor =
+        Tensor::Empty(device, DType::kF32, shape, MemoryCategory::kOther, owner);
+    MW_RETURN_IF_ERROR(engine.Explain(tensor.status()));
+    if (!device.holds_bytes()) return tensor;
+    std::vector<float> values(NumElements(shape));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = float(i % modulus);
+    MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
+    MW_RETURN_IF_ERROR(
+        device.CopyAsync(tensor->data(), values.data(), values.size() * sizeof(float), *stream));
+    MW_RETURN_IF_ERROR(stream->Synchronize());
+    return tensor;
+  };
   std::vector<Batch> batches;
   for (int u = 0; u < count; ++u) {
-    absl::StatusOr<Tensor> input = Tensor::FromHost(device, input_values, in_shape,
-                                                    MemoryCategory::kOther, "data.input");
-    MW_RETURN_IF_ERROR(engine.Explain(input.status()));
-    absl::StatusOr<Tensor> target = Tensor::FromHost(device, target_values, out_shape,
-                                                     MemoryCategory::kOther, "data.target");
-    MW_RETURN_IF_ERROR(engine.Explain(target.status()));
     Batch b;
-    b.input = std::move(input).value();
-    b.target = std::move(target).value();
+    MW_ASSIGN_OR_RETURN(b.input, make(engine.input_shape(), 97, "data.input"));
+    MW_ASSIGN_OR_RETURN(b.target, make(engine.target_shape(), 89, "data.target"));
     batches.push_back(std::move(b));
   }
   return batches;

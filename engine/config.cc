@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
+#include "runtime/text_file.h"
 
 namespace memwall {
 namespace {
@@ -27,7 +26,7 @@ using Json = nlohmann::json;
 constexpr int kMaxConfigDepth = 32;
 // Config files larger than this are refused before parsing (bytes; a
 // DeepSpeed config is a few KiB).
-constexpr std::streamsize kMaxConfigBytes = std::streamsize{16} << 20;
+constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 
 std::string Show(const Json& value) {
   std::string text = value.dump();
@@ -625,18 +624,7 @@ std::string ConfigToJson(const Config& c) {
 }
 
 absl::StatusOr<Config> LoadConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("config file ", path, ": cannot be opened"));
-  }
-  // A bounded read: /dev/zero or a mistaken multi-gigabyte file ends here.
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), kMaxConfigBytes + 1);
-  text.resize(in.gcount());
-  if (static_cast<std::streamsize>(text.size()) > kMaxConfigBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config file ", path, ": larger than ", kMaxConfigBytes >> 20, " MiB; expected a config"));
-  }
+  MW_ASSIGN_OR_RETURN(const std::string text, ReadTextFile("config file", path, kMaxConfigBytes, "a config"));
   absl::StatusOr<Config> config = ParseConfig(text);
   if (!config.ok()) {
     return absl::Status(config.status().code(),

@@ -1,7 +1,13 @@
 #include "models/corpus.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
@@ -24,28 +30,46 @@ absl::StatusOr<ByteCorpus> ByteCorpus::FromFile(const std::string& path, int64_t
         absl::StrCat("data file ", path, ": not a regular file; expected a text file"));
   }
   const uintmax_t size = std::filesystem::file_size(path, ec);
-  std::ifstream in(path, std::ios::binary);
-  if (ec || !in) return absl::NotFoundError(absl::StrCat("data file ", path, ": cannot be opened"));
-  std::string bytes(size, '\0');
-  if (!in.read(bytes.data(), static_cast<std::streamsize>(size))) {
-    return absl::DataLossError(absl::StrCat("data file ", path, ": read failed"));
-  }
-  if (static_cast<int64_t>(bytes.size()) < min_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": ", bytes.size(),
+  if (ec) return absl::NotFoundError(absl::StrCat("data file ", path, ": cannot be opened"));
+  if (static_cast<int64_t>(size) < min_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": ", size,
                                                    " bytes; expected at least ", min_bytes,
                                                    " (one sequence plus its next byte)"));
   }
-  // Checked now rather than when training reaches the byte, steps later.
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    const int64_t token = static_cast<uint8_t>(bytes[i]);
-    if (token >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data file ", path, ": byte ", token, " at offset ", i,
-          " is outside the model's vocabulary of ", vocab, " tokens (byte-level: ids 0..",
-          vocab - 1, ")"));
-    }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("data file ", path, ": cannot be opened"));
+  void* mapped = size > 0 ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
+  const int mmap_errno = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (mapped == MAP_FAILED) {
+    return absl::NotFoundError(absl::StrCat("data file ", path,
+                                            ": cannot be mapped: ", std::strerror(mmap_errno)));
   }
-  return ByteCorpus(std::move(bytes));
+  std::shared_ptr<const void> storage(mapped, [size](const void* p) {
+    if (p != nullptr) ::munmap(const_cast<void*>(p), size);
+  });
+  const std::string_view bytes(static_cast<const char*>(mapped), size);
+  // Checked now rather than when training reaches the byte, steps later
+  // (every byte is a token of a 256-token vocabulary). Chunk by chunk,
+  // each dropped from the process after it is read, so the check's
+  // resident memory stays one chunk.
+  constexpr size_t kScanChunk = size_t{64} << 20;  // bytes; a multiple of the page size
+  for (size_t begin = 0; vocab < 256 && begin < bytes.size(); begin += kScanChunk) {
+    const size_t end = std::min(bytes.size(), begin + kScanChunk);
+    for (size_t i = begin; i < end; ++i) {
+      const int64_t token = static_cast<uint8_t>(bytes[i]);
+      if (token >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data file ", path, ": byte ", token, " at offset ", i,
+            " is outside the model's vocabulary of ", vocab, " tokens (byte-level: ids 0..",
+            vocab - 1, ")"));
+      }
+    }
+    ::madvise(static_cast<char*>(mapped) + begin, end - begin, MADV_DONTNEED);
+  }
+  // Batches read windows anywhere in the file.
+  ::madvise(mapped, size, MADV_RANDOM);
+  return ByteCorpus(std::move(storage), bytes);
 }
 
 ByteCorpus ByteCorpus::Synthetic(int64_t bytes, uint64_t seed) {
@@ -73,7 +97,8 @@ ByteCorpus ByteCorpus::Synthetic(int64_t bytes, uint64_t seed) {
     absl::StrAppend(&text, subject, " ", verb, " ", object, end, "\n");
   }
   text.resize(bytes);
-  return ByteCorpus(std::move(text));
+  auto storage = std::make_shared<const std::string>(std::move(text));
+  return ByteCorpus(storage, *storage);
 }
 
 absl::StatusOr<Batch> ByteCorpus::MakeBatch(Device& device, int rank, int64_t sequences,

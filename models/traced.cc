@@ -1,17 +1,20 @@
 #include "models/traced.h"
 
 #include <cmath>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
+#include "runtime/text_file.h"
 
 namespace memwall {
 namespace {
+
+// Descriptions larger than this are refused before parsing (bytes; a
+// 70B model's is about 100 KiB, one of 100,000 layers about 100 MiB).
+constexpr int64_t kMaxTracedBytes = int64_t{256} << 20;
 
 using json = nlohmann::json;
 
@@ -245,11 +248,10 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
 }
 
 absl::StatusOr<TracedModel> LoadTracedModel(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("traced model ", path, ": cannot read it"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseTracedModel(text.str(), path);
+  MW_ASSIGN_OR_RETURN(const std::string text,
+                      ReadTextFile("traced model", path, kMaxTracedBytes,
+                                   "a description memwall.trace.describe wrote"));
+  return ParseTracedModel(text, path);
 }
 
 int64_t TracedParameters(const TracedModel& model) {

@@ -341,6 +341,31 @@ out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/bad.json" 2>&1)
 rc=$?
 check "bad config on 2 ranks" "$out" "zero_optimization.stage: expected an integer 0..3, got 9"
 [ $rc -ne 0 ] && pass || fail "a 2-rank job with a bad config exited with status 0"
+# Input sized beyond the host's memory is an error, never an abort: a data
+# file is mapped, not read (a 3 GB file trains with 1 GiB of data memory:
+# RLIMIT_DATA counts what the process allocates, not a read-only file
+# mapping); a traced description or config is read up to a bound; a batch
+# is allocated on the device, whose capacity is checked, before the host
+# fills it.
+truncate -s 3G "$tmp/big.txt"
+out=$(ulimit -d 1048576; "$memwall" train --data "$tmp/big.txt" --steps 2 2>&1)
+rc=$?
+check "a 3 GB data file in 1 GiB" "$out" "data: $tmp/big.txt" "summary: 2 steps (0 skipped)"
+[ $rc -eq 0 ] && pass || fail "train --data on a 3 GB file exited with $rc"
+rm -f "$tmp/big.txt"
+out=$("$memwall" plan --model traced:/dev/zero 2>&1)
+rc=$?
+check "traced:/dev/zero" "$out" \
+  "memwall: INVALID_ARGUMENT: traced model /dev/zero: larger than 256.00 MiB; expected a description memwall.trace.describe wrote"
+[ $rc -eq 1 ] && pass || fail "plan --model traced:/dev/zero exited with $rc"
+out=$("$memwall" profile --backend host --batch 10000000 2>&1)
+rc=$?
+check "profile --batch 10000000 on host" "$out" \
+  "memwall: RESOURCE_EXHAUSTED: out of memory on host:0: cannot allocate 2.38 GiB (2560000000 bytes) of other for 'data.input': the request alone exceeds the capacity"
+[ $rc -eq 1 ] && pass || fail "profile --batch 10000000 exited with $rc"
+out=$("$memwall" train --config "$tmp" 2>&1)
+check "--config a directory" "$out" "config file $tmp: is a directory; expected a file"
+
 # Ranks started with different loops are refused at the start, naming the
 # flags, before any step (their collectives would not match); a launch of
 # more ranks than one machine can hold is refused, not left to mpirun.

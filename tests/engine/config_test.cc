@@ -483,7 +483,7 @@ TEST_CASE("repeated keys, deep nesting and huge files are refused by name", "[co
   auto zeros = LoadConfig("/dev/zero");
   CHECK(zeros.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(zeros.status().message()) ==
-        "config file /dev/zero: larger than 16 MiB; expected a config");
+        "config file /dev/zero: larger than 16.00 MiB; expected a config");
 }
 
 TEST_CASE("integers are read exactly, up to INT64_MAX and no further", "[config]") {
