@@ -16,6 +16,16 @@ namespace {
 // 70B model's is about 100 KiB, one of 100,000 layers about 100 MiB).
 constexpr int64_t kMaxTracedBytes = int64_t{256} << 20;
 
+// A parameter may hold at most 2^48 elements (16 bytes of Adam states each:
+// 4 PiB), and a figure at most 2^50 bytes (1 PiB) fixed and per sample:
+// beyond them the engine's 64-bit byte counts would overflow, and no
+// traced model comes near.
+constexpr int64_t kMaxParameterElements = int64_t{1} << 48;
+constexpr double kMaxFigureBytes = double(int64_t{1} << 50);
+// Byte figures at a micro-batch saturate here (bytes): a dry run then
+// reports "fits: no" instead of wrapping around to a small number.
+constexpr int64_t kSaturatedBytes = int64_t{1} << 62;
+
 using json = nlohmann::json;
 
 // Errors name the description and the field.
@@ -40,11 +50,18 @@ absl::StatusOr<TracedFigure> Figure(const json& stage, const char* key, const st
     return Bad(source, field, absl::StrCat("finite, per sample >= 0, >= 0 at micro-batch 1; got ",
                                            v.dump()));
   }
+  const bool flops = std::string(key) == "forward_flops";
+  if (!flops && (std::abs(f.fixed) > kMaxFigureBytes || std::abs(f.per_sample) > kMaxFigureBytes)) {
+    return Bad(source, field, absl::StrCat("at most 2^50 bytes (1 PiB) fixed and per sample; got ",
+                                           v.dump()));
+  }
   return f;
 }
 
 int64_t Bytes(const TracedFigure& f, int64_t batch) {
-  return static_cast<int64_t>(std::llround(std::max(0.0, f.At(batch))));
+  const double bytes = std::max(0.0, f.At(batch));
+  return bytes >= double(kSaturatedBytes) ? kSaturatedBytes
+                                          : static_cast<int64_t>(std::llround(bytes));
 }
 
 // One unit of a traced model at a given micro-batch size. Its output is one
@@ -203,12 +220,20 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
         return Bad(source, where + ".parameters", "objects with a name and a shape");
       }
       d.name = p["name"].get<std::string>();
+      const std::string shape_field = absl::StrCat(where, ".parameters '", d.name, "'.shape");
+      int64_t elements = 1;
       for (const json& x : p["shape"]) {
         if (!x.is_number_integer() || x.get<int64_t>() < 1) {
-          return Bad(source, absl::StrCat(where, ".parameters '", d.name, "'.shape"),
+          return Bad(source, shape_field,
                      absl::StrCat("positive integers, got ", p["shape"].dump()));
         }
-        d.shape.push_back(x.get<int64_t>());
+        const int64_t extent = x.get<int64_t>();
+        if (extent > kMaxParameterElements / elements) {
+          return Bad(source, shape_field,
+                     absl::StrCat("at most 2^48 elements in all; got ", p["shape"].dump()));
+        }
+        elements *= extent;
+        d.shape.push_back(extent);
       }
       d.trainable = p.value("trainable", true);
       d.group = p.value("group", "");

@@ -87,6 +87,20 @@ TEST_CASE("a traced model refuses another dtype and names it", "[traced]") {
         "sections); trace the model in the config's dtype");
 }
 
+TEST_CASE("a figure past 64-bit bytes at a large micro-batch does not fit", "[traced]") {
+  std::string d = Description(false, true);
+  d.replace(d.find(R"("kept": [0, 100])"), 16, R"("kept": [0, 1e15])");
+  auto model = std::make_shared<const TracedModel>(ParseTracedModel(d, "toy").value());
+  // 1e15 bytes a sample x 2^20 samples: 1e21 bytes saturate at 2^62.
+  Model m = TracedModelFactory(model)(int64_t{1} << 20).value();
+  RecomputationPlan keep{"none", {}};
+  for (int l = 0; l < 3; ++l) keep.segments.push_back({l, l + 1, SegmentMode::kKeep});
+  const absl::Status s =
+      DryRunStep(std::move(m), ParseConfig("{}").value(), 0, 1, int64_t{1} << 40, &keep).status();
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("cannot allocate 4294967296.00 GiB (4611686018427387904 bytes) of activation for 'embed'"));
+}
+
 TEST_CASE("a bad description names its field", "[traced]") {
   auto message = [](const std::string& text) {
     return std::string(ParseTracedModel(text, "m.json").status().message());
@@ -99,6 +113,18 @@ TEST_CASE("a bad description names its field", "[traced]") {
   std::string d = Description(false, true);
   CHECK(message(std::string(d).replace(d.find("\"kept\": [0, 100]"), 16, "\"kept\": [0]")) ==
         "traced model m.json: stages[0].kept: expected [fixed, per sample] numbers, got [0]");
+  // Figures beyond 64-bit byte counts are refused, not wrapped to a small
+  // number that would plan "fits: yes".
+  std::string huge = Description(false, true);
+  huge.replace(huge.find(R"("kept": [0, 100])"), 16, R"("kept": [1e19, 1e19])");
+  CHECK(message(huge) ==
+        "traced model m.json: stages[0].kept: expected at most 2^50 bytes (1 PiB) fixed and per "
+        "sample; got [1e+19,1e+19]");
+  std::string wide = Description(false, true);
+  wide.replace(wide.find(R"("shape": [16, 8])"), 16, R"("shape": [4294967296, 4294967296])");
+  CHECK(message(wide) ==
+        "traced model m.json: stages[1].parameters 'w'.shape: expected at most 2^48 elements in "
+        "all; got [4294967296,4294967296]");
   CHECK(message(std::string(d).replace(d.find("embed.weight"), 12, "embed.bias")) ==
         "traced model m.json: stages 'head'.shared: expected parameters of other stages; no "
         "stage declares 'embed.bias'");
