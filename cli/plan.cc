@@ -1,17 +1,23 @@
 #include "cli/plan.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "cli/session.h"
 #include "engine/auto_strategy.h"
 #include "engine/checkpoint.h"
@@ -164,6 +170,40 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
+// The error of a failed `python -m memwall.hf` (std::system's status `rc`,
+// what it printed `log`): memwall.hf's own message for a config it refuses
+// (exit 2), advice to install the Python front end where Python could not
+// import it, and otherwise the exit code (or signal) and the last line.
+absl::Status TraceFailure(const std::string& model, const std::string& python, int rc,
+                          const std::string& log) {
+  std::string last;
+  for (absl::string_view line : absl::StrSplit(log, '\n', absl::SkipWhitespace())) {
+    last = std::string(absl::StripAsciiWhitespace(line));
+  }
+  const std::string how =
+      rc == -1 ? "could not be started"
+      : WIFSIGNALED(rc) ? absl::StrCat("was killed by signal ", WTERMSIG(rc))
+                        : absl::StrCat("exited with ", WEXITSTATUS(rc));
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 127) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--model ", model, ": ", python, " was not found; tracing a Hugging Face model needs "
+        "the Python front end with torch and transformers: run tools/python_env.sh and set "
+        "MEMWALL_PYTHON=.venv/bin/python"));
+  }
+  if (absl::StrContains(last, "No module named")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--model ", model, ": ", python, " -m memwall.hf ", how, " (", last,
+        "); tracing a Hugging Face model needs the Python front end with torch and "
+        "transformers: run tools/python_env.sh and set MEMWALL_PYTHON=.venv/bin/python"));
+  }
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 2 && absl::StartsWith(last, "memwall.hf: ")) {
+    return absl::InvalidArgumentError(absl::StrCat("--model ", model, ": ", last.substr(12)));
+  }
+  return absl::InternalError(absl::StrCat("--model ", model, ": tracing it with ", python,
+                                          " -m memwall.hf ", how,
+                                          last.empty() ? "" : absl::StrCat(": ", last)));
+}
+
 // Traces "hf:PATH" with the Python front end into a description file and
 // loads it.
 absl::StatusOr<TracedModel> TraceHuggingFace(const PlanOptions& options, const Config& config) {
@@ -175,23 +215,29 @@ absl::StatusOr<TracedModel> TraceHuggingFace(const PlanOptions& options, const C
   if (fd < 0) return absl::InternalError("plan: cannot make a temporary file in /tmp");
   close(fd);
   const std::string out = tmpl;
+  // What the tracer says goes to a file of its own: its last line is the
+  // error, and a failure quotes it.
+  const std::string said = out + ".log";
   const std::string command = absl::StrCat(
       ShellQuote(python), " -m memwall.hf ", ShellQuote(path), " --seq ", options.seq,
       " --image ", options.image == 224 ? 0 : options.image, " --batch ",
       std::max<int64_t>(1, config.train_micro_batch_size_per_gpu), " --dtype ",
       DTypeName(config.param_dtype()), " --attention ", ShellQuote(options.attention),
       " --lora-rank ", options.lora_rank, " --lora-targets ", ShellQuote(options.lora_targets),
-      " --out ", ShellQuote(out), " 1>&2");
+      " --out ", ShellQuote(out), " > ", ShellQuote(said), " 2>&1");
   ScopedProgressStage stage(options.progress, absl::StrCat("tracing ", path, " with ", python));
   const int rc = std::system(command.c_str());
+  std::string log;
+  {
+    std::ifstream in(said);
+    log.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::remove(said.c_str());
   if (rc != 0) {
     std::remove(out.c_str());
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--model ", options.model, ": tracing it with ", python,
-        " -m memwall.hf failed (exit ", rc, "; its message is above). It needs the Python "
-        "front end with torch and transformers: run tools/python_env.sh and set "
-        "MEMWALL_PYTHON=.venv/bin/python"));
+    return TraceFailure(options.model, python, rc, log);
   }
+  std::fputs(log.c_str(), stderr);  // transformers' warnings, say
   absl::StatusOr<TracedModel> model = LoadTracedModel(out);
   std::remove(out.c_str());
   return model;

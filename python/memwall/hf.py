@@ -22,7 +22,7 @@ import torch
 
 import memwall.trace as tracing
 
-__all__ = ["LoraLinear", "build", "describe", "inputs_for", "lora"]
+__all__ = ["LoraLinear", "build", "describe", "inputs_for", "learned_positions", "lora"]
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -56,19 +56,44 @@ def build(source, dtype="f32"):
     """The model a Hugging Face config describes (a config.json path, a
     directory with one, a dict or a PretrainedConfig), built on meta in
     `dtype`: the class its "architectures" names, else the causal-LM auto
-    class."""
+    class. A config transformers cannot build a model from (hidden_size 0,
+    say) raises ValueError naming the config and transformers' error."""
     import transformers
     config = _config(source)
     arch = (getattr(config, "architectures", None) or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None
-    with torch.device("meta"):
-        if cls is not None:
-            model = cls(config)
-        else:
-            model = transformers.AutoModelForCausalLM.from_config(config)
+    try:
+        with torch.device("meta"):
+            if cls is not None:
+                model = cls(config)
+            else:
+                model = transformers.AutoModelForCausalLM.from_config(config)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError("%s: transformers cannot build %s from this config (%s: %s)"
+                         % (_name(source), cls.__name__ if cls else "a causal LM",
+                            type(e).__name__, e)) from e
     if dtype not in _DTYPES:
         raise ValueError("dtype: expected f32, bf16 or f16, got %r" % (dtype,))
     return model.to(_DTYPES[dtype])
+
+
+def _name(source):
+    """How errors name a config given as a path, a dict or an object."""
+    if isinstance(source, (str, os.PathLike)):
+        return os.fspath(source)
+    return "config"
+
+
+def learned_positions(model):
+    """How many positions `model`'s learned position embedding holds (GPT-2's
+    wpe, BERT's position_embeddings, OPT's embed_positions less its offset):
+    the longest sequence it can run. None for a model without one (rotary
+    embeddings have no table and run at any length)."""
+    for name, module in model.named_modules():
+        leaf = name.rpartition(".")[2]
+        if isinstance(module, torch.nn.Embedding) and ("pos" in leaf or leaf == "wpe"):
+            return module.num_embeddings - getattr(module, "offset", 0)
+    return None
 
 
 def inputs_for(model, seq=None, image=None):
@@ -93,6 +118,13 @@ def inputs_for(model, seq=None, image=None):
         getattr(config, "n_positions", None)
     if not length:
         raise ValueError("seq: the config gives no maximum length; pass one")
+    limit = learned_positions(model)
+    if limit is not None and length > limit:
+        # On meta an embedding index past the table raises nothing: the plan
+        # would describe a model that fails at its first real step.
+        raise ValueError("seq %d: %s learns %d positions (its position embedding's rows); "
+                         "expected a sequence of at most %d"
+                         % (length, type(model).__name__, limit, limit))
     with_labels = any(s in type(model).__name__ for s in ("ForCausalLM", "LMHeadModel",
                                                            "ForMaskedLM"))
 
@@ -101,23 +133,38 @@ def inputs_for(model, seq=None, image=None):
         out = {"input_ids": ids}
         if with_labels:
             out["labels"] = ids
-        if "use_cache" in model.forward.__code__.co_varnames:
-            out["use_cache"] = False
+        # use_cache stays the config's, as a training loop leaves it: with
+        # use_cache=False and no attention mask transformers 5 reads the
+        # position ids' values (its packed-sequence check), which a meta
+        # tensor has not.
         return out
     return make
 
 
+def _linear_features(module):
+    """(in, out) of a linear layer: torch's nn.Linear, or transformers'
+    Conv1D (GPT-2's c_attn, c_proj, c_fc: weight [in, out]); None for any
+    other module."""
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+        return module.weight.shape[0], module.nf
+    return None
+
+
 class LoraLinear(torch.nn.Module):
-    """A frozen linear layer plus a trainable low-rank update (Hu et al.
-    2021): y = base(x) + (alpha / rank) * B(A(x)), A [rank, in] and
-    B [out, rank] (B starts at zero, so training starts from the base)."""
+    """A frozen linear layer (nn.Linear or transformers' Conv1D) plus a
+    trainable low-rank update (Hu et al. 2021): y = base(x) + (alpha /
+    rank) * B(A(x)), A [rank, in] and B [out, rank] (B starts at zero, so
+    training starts from the base)."""
 
     def __init__(self, base, rank, alpha):
         super().__init__()
         self.base_layer = base
-        self.lora_A = torch.nn.Linear(base.in_features, rank, bias=False,
+        features_in, features_out = _linear_features(base)
+        self.lora_A = torch.nn.Linear(features_in, rank, bias=False,
                                       device=base.weight.device, dtype=base.weight.dtype)
-        self.lora_B = torch.nn.Linear(rank, base.out_features, bias=False,
+        self.lora_B = torch.nn.Linear(rank, features_out, bias=False,
                                       device=base.weight.device, dtype=base.weight.dtype)
         if base.weight.device.type != "meta":
             torch.nn.init.zeros_(self.lora_B.weight)
@@ -128,9 +175,10 @@ class LoraLinear(torch.nn.Module):
 
 
 def lora(model, rank=8, targets=("q_proj", "v_proj"), alpha=None):
-    """Freezes `model` and wraps each nn.Linear whose attribute name is in
-    `targets` in a LoraLinear of `rank` (alpha: default 2 x rank). Returns
-    the model; raises ValueError if no target matches."""
+    """Freezes `model` and wraps each linear layer (nn.Linear, or
+    transformers' Conv1D as GPT-2 has) whose attribute name is in `targets`
+    in a LoraLinear of `rank` (alpha: default 2 x rank), as peft does.
+    Returns the model; raises ValueError if no target matches."""
     if rank < 1:
         raise ValueError("lora rank: expected >= 1, got %d" % rank)
     for p in model.parameters():
@@ -138,11 +186,11 @@ def lora(model, rank=8, targets=("q_proj", "v_proj"), alpha=None):
     wrapped = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if name in targets and isinstance(child, torch.nn.Linear):
+            if name in targets and _linear_features(child) is not None:
                 setattr(module, name, LoraLinear(child, rank, alpha or 2 * rank))
                 wrapped += 1
     if not wrapped:
-        raise ValueError("lora targets %s: no nn.Linear of the model has those names"
+        raise ValueError("lora targets %s: no linear layer of the model has those names"
                          % ", ".join(targets))
     return model
 

@@ -50,8 +50,31 @@ def test_lora_on_llama_2_7b_has_peft_s_published_counts():
     model = hf.lora(hf.build(LLAMA_2_7B, "bf16"), rank=8, targets=("q_proj", "v_proj"))
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 4_194_304
     assert sum(p.numel() for p in model.parameters()) == 6_742_609_920
-    with pytest.raises(ValueError, match="lora targets nope: no nn.Linear of the model"):
+    with pytest.raises(ValueError) as error:
         hf.lora(hf.build(LLAMA_2_7B, "bf16"), targets=("nope",))
+    assert str(error.value) == "lora targets nope: no linear layer of the model has those names"
+
+
+def test_lora_on_gpt2_s_conv1d_has_peft_s_published_counts():
+    # GPT-2's attention is a transformers Conv1D; peft's
+    # print_trainable_parameters for gpt2, r=8 on c_attn: "trainable params:
+    # 294,912 || all params: 124,734,720".
+    model = hf.lora(hf.build(os.path.join(CONFIGS, "gpt2.json")), rank=8, targets=("c_attn",))
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 294_912
+    assert sum(p.numel() for p in model.parameters()) == 124_734_720
+    # On the CPU the adapted model starts as the base model (B is zero) and
+    # its adapters get gradients.
+    config = transformers.GPT2Config(vocab_size=96, n_positions=16, n_embd=32, n_layer=2,
+                                     n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    base = transformers.GPT2LMHeadModel(config)
+    torch.manual_seed(0)
+    adapted = hf.lora(transformers.GPT2LMHeadModel(config), rank=4, targets=("c_attn",))
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    out = adapted(ids, labels=ids)
+    assert torch.equal(out.logits, base(ids).logits)
+    out.loss.backward()
+    assert adapted.transformer.h[0].attn.c_attn.lora_B.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("kernel,op", [
@@ -180,8 +203,61 @@ def test_the_cli_plans_a_hugging_face_config(tmp_path):
             % described) in other.stderr
     bad = subprocess.run([cli, "plan", "--model", "hf:%s/none" % tmp_path], env=env,
                          capture_output=True, text=True)
-    assert bad.returncode != 0
-    assert "no such config.json" in bad.stderr and "tracing it with" in bad.stderr
+    assert bad.returncode == 1
+    assert bad.stderr.splitlines()[-1] == (
+        "memwall: INVALID_ARGUMENT: --model hf:%s/none: %s/none: no such config.json (expected a "
+        "config file or a directory holding config.json)" % (tmp_path, tmp_path))
+
+
+def test_a_sequence_past_learned_positions_is_refused(tmp_path):
+    """GPT-2 and BERT learn a table of positions: a longer sequence cannot
+    run, so it is not planned (on meta the lookup past the table raises
+    nothing); rotary models (Llama) have no table."""
+    for name, cls, limit in [("gpt2", "GPT2LMHeadModel", 1024), ("bert-large", "BertForMaskedLM", 512)]:
+        model = hf.build(os.path.join(ROOT, "configs", "hf", "%s.json" % name))
+        assert hf.learned_positions(model) == limit
+        hf.inputs_for(model, limit)  # the longest it runs
+        with pytest.raises(ValueError) as error:
+            hf.inputs_for(model, limit + 1)
+        assert str(error.value) == (
+            "seq %d: %s learns %d positions (its position embedding's rows); expected a sequence "
+            "of at most %d" % (limit + 1, cls, limit, limit))
+    llama = hf.build({**LLAMA_2_7B, "num_hidden_layers": 1})
+    assert hf.learned_positions(llama) is None
+    cli = os.path.join(ROOT, "bazel-bin", "cli", "memwall")
+    env = {**os.environ, "MEMWALL_PYTHON": sys.executable}
+    out = subprocess.run([cli, "plan", "--model", "hf:configs/hf/gpt2.json", "--seq", "4096"],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1] == (
+        "memwall: INVALID_ARGUMENT: --model hf:configs/hf/gpt2.json: seq 4096: GPT2LMHeadModel "
+        "learns 1024 positions (its position embedding's rows); expected a sequence of at most "
+        "1024")
+
+
+def test_a_failed_trace_says_why(tmp_path):
+    """The tracer's own error, not a wait status: a config transformers
+    cannot build, and a Python without the front end."""
+    cli = os.path.join(ROOT, "bazel-bin", "cli", "memwall")
+    zero = tmp_path / "zero.json"
+    zero.write_text(json.dumps({**LLAMA_2_7B, "hidden_size": 0}))
+    env = {**os.environ, "MEMWALL_PYTHON": sys.executable}
+    out = subprocess.run([cli, "plan", "--model", "hf:%s" % zero, "--seq", "16"], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 1
+    # transformers' own words follow its exception's name.
+    assert out.stderr.splitlines()[-1].startswith(
+        "memwall: INVALID_ARGUMENT: --model hf:%s: %s: transformers cannot build "
+        "LlamaForCausalLM from this config (ZeroDivisionError: " % (zero, zero))
+    bare = subprocess.run([cli, "plan", "--model", "hf:%s" % zero],
+                          env={**os.environ, "MEMWALL_PYTHON": "/usr/bin/python3"},
+                          capture_output=True, text=True)
+    assert bare.stderr.splitlines()[-1] == (
+        "memwall: FAILED_PRECONDITION: --model hf:%s: /usr/bin/python3 -m memwall.hf exited with 1 "
+        "(/usr/bin/python3: Error while finding module specification for 'memwall.hf' "
+        "(ModuleNotFoundError: No module named 'memwall')); tracing a Hugging Face model needs "
+        "the Python front end with torch and transformers: run tools/python_env.sh and set "
+        "MEMWALL_PYTHON=.venv/bin/python" % zero)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
