@@ -16,6 +16,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,7 @@
 #include "cli/profile.h"
 #include "cli/train.h"
 #include "engine/checkpoint.h"
+#include "engine/version.h"
 #include "nlohmann/json.hpp"
 #include "offload/aio_tune.h"
 #include "runtime/device.h"
@@ -246,7 +248,9 @@ usage:
       checked first: an existing one only with --force, a checkpoint's
       file never.
 
-  memwall --help      this text and every flag
+  memwall --help              this text
+  memwall COMMAND --help      that command's text and its flags
+  memwall --version           the version and how this binary was built
 
 Flags may be written with dashes or underscores (--device-memory or
 --device_memory).
@@ -332,7 +336,7 @@ absl::Status CheckFlagsApply(const std::string& command) {
     for (const auto& [other, flags] : FlagsOf()) {
       if (flags.count(name) > 0) users.push_back(other);
     }
-    if (users.empty()) continue;  // absl's own (--help...) or unknown: absl has spoken
+    if (users.empty()) continue;  // absl's own (--flagfile...)
     return absl::InvalidArgumentError(absl::StrCat("--", name, " does not apply to '", command,
                                                    "' (it is read by ",
                                                    absl::StrJoin(users, ", "), ")"));
@@ -618,15 +622,128 @@ std::vector<std::string> DashesToUnderscores(int argc, char** argv) {
 
 namespace {
 
+// The flags absl reads itself, let through to it (--help and --version
+// memwall answers before absl sees them).
+bool AbslFlag(const std::string& name) {
+  static const std::set<std::string> kAbsl = {"flagfile", "fromenv", "tryfromenv", "undefok"};
+  return kAbsl.count(name) > 0;
+}
+
+// The edit distance between two flag names (for "did you mean").
+size_t Distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// kInvalidArgument for a flag no command reads (with the nearest that one
+// does, if any is close) or a flag given twice: absl would end the first
+// with exit 1 and its own text, and silently keep the last of the second.
+absl::Status CheckFlagNames(const std::vector<std::string>& given) {
+  std::set<std::string> known, seen;
+  for (const auto& [command, flags] : FlagsOf()) known.insert(flags.begin(), flags.end());
+  for (const std::string& name : given) {
+    if (AbslFlag(name)) continue;
+    if (known.count(name) == 0) {
+      std::string nearest;
+      size_t best = 3;  // at most two edits away
+      for (const std::string& k : known) {
+        const size_t d = Distance(name, k);
+        if (d < best) best = d, nearest = k;
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown flag --", name, nearest.empty() ? "" : absl::StrCat(" (did you mean --", nearest, "?)")));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " given twice; give it once"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The section of the usage text for `command` ("  memwall train ..." up to
+// the blank line after it).
+std::string CommandUsage(const std::string& command) {
+  const std::string usage = kUsage;
+  const size_t begin = usage.find(absl::StrCat("\n  memwall ", command, " "));
+  if (begin == std::string::npos) return usage;
+  const size_t end = usage.find("\n\n", begin + 1);
+  return usage.substr(begin + 1, end == std::string::npos ? std::string::npos : end - begin - 1);
+}
+
+// `memwall [COMMAND] --help`: on stdout, exit 0. A command's help has its
+// section of the usage and the flags it reads, with their defaults.
+int Help(const std::string& command) {
+  if (FlagsOf().count(command) == 0) {
+    std::printf("memwall: %s\n", kUsage);
+    return 0;
+  }
+  std::printf("%s\n\nflags of '%s':\n", CommandUsage(command).c_str(), command.c_str());
+  for (const std::string& name : FlagsOf().at(command)) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    std::printf("  --%s (default: %s)\n      %s\n", name.c_str(),
+                flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue().c_str(),
+                flag->Help().c_str());
+  }
+  return 0;
+}
+
+int Version() {
+#ifdef MEMWALL_HAS_CUDA
+  const char* cuda = "with the cuda backend (CUDA toolkit, NCCL, cuBLAS)";
+#else
+  const char* cuda = "without the cuda backend (--config=nocuda)";
+#endif
+#ifdef NDEBUG
+  const char* mode = "optimized";
+#else
+  const char* mode = "debug";
+#endif
+  std::printf("memwall %s, %s build %s\n", memwall::kVersion, mode, cuda);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::vector<std::string> args = DashesToUnderscores(argc, argv);
+  // --help and --version are answered here (absl's exit 1, and print a
+  // build mode rather than a version); then flag names are checked
+  // before absl parses them.
+  const std::vector<std::string> given = GivenFlags(args);
+  std::string first;  // the command, if one is named
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i].rfind("-", 0) != 0) {
+      first = args[i];
+      break;
+    }
+  }
+  for (const std::string& name : given) {
+    if (name == "help" || name == "helpfull" || name == "helpshort") return Help(first);
+    if (name == "version") return Version();
+  }
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "-h") return Help(first);
+  }
+  if (absl::Status names = CheckFlagNames(given); !names.ok()) {
+    return Usage(std::string(names.message()));
+  }
   std::vector<char*> pointers;
   for (std::string& a : args) pointers.push_back(a.data());
   const std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
   if (positional.size() < 2) return Usage("no command given");
   const std::string command = positional[1];
-  for (const std::string& name : GivenFlags(args)) Given().insert(name);
+  for (const std::string& name : given) Given().insert(name);
   if (FlagsOf().count(command) == 0) {
     return Usage(absl::StrCat("unknown command '", command,
                               "' (expected train, profile, plan, export, launch, demo or "

@@ -236,6 +236,11 @@ absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resumin
     }
   }
   if (!fs::is_directory(dir, ec)) {
+    if (rank != 0 && !fs::exists(dir, ec)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": rank ", rank, " does not see the directory rank 0 made there: every rank "
+          "must save to one directory they all see (a shared file system, the same path)"));
+    }
     return absl::FailedPreconditionError(absl::StrCat(what, ": not a directory"));
   }
   const std::string probe =

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -245,6 +247,18 @@ absl::Status ReadFp16(const Json& value, Config& out) {
   MW_RETURN_IF_ERROR(r.Int32("hysteresis", 1, INT32_MAX, s.hysteresis));
   MW_RETURN_IF_ERROR(
       r.Float("min_loss_scale", 0, 1e30, true, "a number > 0", s.min_loss_scale));
+  // A scale whose reciprocal is not a finite f32 cannot be divided out of
+  // the gradients: every step would overflow.
+  for (const auto& [key, value, zero_ok] :
+       {std::tuple<const char*, float, bool>{"loss_scale", s.static_scale, true},
+        {"min_loss_scale", s.min_loss_scale, false}}) {
+    if (!(zero_ok && value == 0) && value < std::numeric_limits<float>::min()) {
+      return r.Error(key,
+                     absl::StrCat(zero_ok ? "0 (dynamic) or " : "",
+                                  "a number >= 1.17549435e-38 (whose reciprocal is a finite f32)"),
+                     *r.Find(key));
+    }
+  }
   return r.Finish();
 }
 

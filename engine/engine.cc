@@ -176,16 +176,25 @@ int Engine::cpu_update_threads() const {
 }
 
 absl::Status Engine::BudgetCpuUpdate(const EngineOptions& options) {
-  if (options.backend != Backend::kCuda || config_.zero.offload_optimizer_ratio <= 0 ||
-      config_.zero.offload_cpu_threads > 0 || kernels::cpu::CpuThreadsFromEnvironment()) {
-    return absl::OkStatus();
-  }
-  MW_ASSIGN_OR_RETURN(const int ranks, world_->RanksOnThisNode());
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cores = ::sched_getaffinity(0, sizeof(set), &set) == 0
                         ? CPU_COUNT(&set)
                         : static_cast<int>(std::thread::hardware_concurrency());
+  // The update is bound by memory bandwidth: threads past the cores only
+  // share them, and each costs a stack (thousands fail to start under a
+  // memory limit, which the OpenMP runtime reports by aborting).
+  if (options.backend != Backend::kMeta && config_.zero.offload_cpu_threads > cores) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.offload_optimizer.cpu_threads: expected at most this process's ",
+        cores, " cores (0: the cores shared by the ranks on the machine), got ",
+        config_.zero.offload_cpu_threads));
+  }
+  if (options.backend != Backend::kCuda || config_.zero.offload_optimizer_ratio <= 0 ||
+      config_.zero.offload_cpu_threads > 0 || kernels::cpu::CpuThreadsFromEnvironment()) {
+    return absl::OkStatus();
+  }
+  MW_ASSIGN_OR_RETURN(const int ranks, world_->RanksOnThisNode());
   config_.zero.offload_cpu_threads = CpuUpdateThreadBudget(cores, ranks);
   return absl::OkStatus();
 }

@@ -183,6 +183,14 @@ check "--save a file" "$out" "--save $tmp/a-file: not a directory"
 grep -q "step 1/5" <<<"$out" && fail "a run with a bad --save trained before failing" || pass
 out=$("$memwall" train --steps 5 --save /proc/memwall-cannot 2>&1)
 check "--save unwritable" "$out" "--save /proc/memwall-cannot: cannot create the directory"
+# Ranks that do not see one directory (a path relative to working
+# directories that differ, or a disk of each node's own) are told so.
+mkdir -p "$tmp/cwd0" "$tmp/cwd1"
+out=$("$mpirun_sh" 2 bash -c 'cd "$1/cwd$OMPI_COMM_WORLD_RANK" && exec "$0" train --steps 2 --save b' \
+  "$(realpath "$memwall")" "$tmp" 2>&1)
+check "ranks that do not share --save" "$out" \
+  "--save b: rank 1 does not see the directory rank 0 made there: every rank must save to one directory they all see (a shared file system, the same path)"
+grep -q "step 1/2" <<<"$out" && fail "ranks that do not share --save trained" || pass
 # A new run into a directory holding another run's checkpoints is refused;
 # the run that resumes from it may save there.
 out=$("$memwall" train --steps 8 --save "$tmp/four" 2>&1)

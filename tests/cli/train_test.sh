@@ -286,6 +286,35 @@ check "unknown command" "$(first "$out")" \
   "memwall: unknown command 'trian' (expected train, profile, plan, export, launch, demo or tune-aio)"
 out=$("$memwall" train gpt-tiny 2>&1)
 check "stray argument" "$(first "$out")" "memwall: unexpected argument 'gpt-tiny' after 'train' (flags start with --)"
+# Unknown flags and flags given twice are bad usage (exit 2), named; help
+# and version answer on stdout with exit 0, a command's help with its own
+# text and flags only.
+out=$("$memwall" train --stpes 3 2>&1)
+rc=$?
+check "a misspelt flag" "$(first "$out")" "memwall: unknown flag --stpes (did you mean --steps?)"
+[ $rc -eq 2 ] && pass || fail "an unknown flag exited with $rc, expected 2"
+out=$("$memwall" train --frobnicate 2>&1)
+check "an unknown flag" "$(first "$out")" "memwall: unknown flag --frobnicate"
+grep -q "did you mean" <<<"$(first "$out")" && fail "a far-off flag got a suggestion" || pass
+out=$("$memwall" train --steps 3 --steps=4 2>&1)
+rc=$?
+check "a flag twice" "$(first "$out")" "memwall: --steps given twice; give it once"
+[ $rc -eq 2 ] && pass || fail "a flag given twice exited with $rc, expected 2"
+out=$("$memwall" --help 2>/dev/null)
+rc=$?
+check "--help" "$out" "memwall train [--model gpt-tiny]" "memwall tune-aio --dir DIR"
+[ $rc -eq 0 ] && pass || fail "--help exited with $rc, expected 0"
+out=$("$memwall" train --help 2>/dev/null)
+rc=$?
+check "train --help" "$out" "memwall train [--model gpt-tiny]" "flags of 'train':" \
+  "  --keep_checkpoints (default: 3)"
+grep -qE "memwall (plan|export|tune-aio) " <<<"$out" && fail "train --help printed other commands" || pass
+[ $rc -eq 0 ] && pass || fail "train --help exited with $rc, expected 0"
+out=$("$memwall" --version 2>/dev/null)
+rc=$?
+grep -qE "^memwall [0-9]+\.[0-9]+\.[0-9]+, optimized build with(out)? the cuda backend" <<<"$out" && pass ||
+  fail "--version printed: $out"
+[ $rc -eq 0 ] && pass || fail "--version exited with $rc, expected 0"
 
 # Huge micro-batches are errors, not crashes: the device's room is checked
 # before host memory of that size is touched, and counts never wrap.

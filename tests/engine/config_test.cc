@@ -78,6 +78,15 @@ TEST_CASE("defaults follow DeepSpeed", "[config]") {
 TEST_CASE("bad configs name the key path and what was expected", "[config]") {
   CHECK(Error(R"({"zero_optimization": {"stage": 4}})") ==
         "zero_optimization.stage: expected an integer 0..3, got 4");
+  // A loss scale whose reciprocal overflows f32 is refused when read, not
+  // at the first step.
+  CHECK(Error(R"({"fp16": {"enabled": true, "loss_scale": 1e-45}})") ==
+        "fp16.loss_scale: expected 0 (dynamic) or a number >= 1.17549435e-38 (whose reciprocal "
+        "is a finite f32), got 1e-45");
+  CHECK(Error(R"({"fp16": {"enabled": true, "min_loss_scale": 1e-40}})") ==
+        "fp16.min_loss_scale: expected a number >= 1.17549435e-38 (whose reciprocal is a finite "
+        "f32), got 1e-40");
+  CHECK(ParseConfig(R"({"fp16": {"enabled": true, "loss_scale": 1.2e-38}})").ok());
   CHECK(Error(R"({"zero_optimization": {"stage": "best"}})") ==
         "zero_optimization.stage: expected an integer 0..3 or \"auto\", got \"best\"");
   auto automatic = ParseConfig(R"({"zero_optimization": {"stage": "auto"}})");

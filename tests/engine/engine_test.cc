@@ -7,6 +7,8 @@
 // stage never reaches training; out-of-memory errors say what would fit.
 #include "engine/engine.h"
 
+#include <sched.h>
+
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -493,10 +495,23 @@ TEST_CASE("the CPU update's threads are the machine's cores shared by its ranks"
   REQUIRE(engine.ok());
   CHECK((*engine)->cpu_update_threads() == 1);
   CHECK((*engine)->config().zero.offload_cpu_threads == 0);
-  config.zero.offload_cpu_threads = 3;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(0, sizeof(set), &set) == 0);
+  const int cores = CPU_COUNT(&set);
+  config.zero.offload_cpu_threads = cores;
   engine = Engine::Create(Options(), config, model);
   REQUIRE(engine.ok());
-  CHECK((*engine)->cpu_update_threads() == 3);
+  CHECK((*engine)->cpu_update_threads() == cores);
+  // More threads than cores only share them (and thousands abort the OpenMP
+  // runtime under a memory limit): refused, naming the key.
+  config.zero.offload_cpu_threads = 1024;
+  engine = Engine::Create(Options(), config, model);
+  CHECK(engine.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(engine.status().message()) ==
+        absl::StrCat("zero_optimization.offload_optimizer.cpu_threads: expected at most this "
+                     "process's ", cores, " cores (0: the cores shared by the ranks on the "
+                     "machine), got 1024"));
 }
 
 TEST_CASE("stage auto resolves for a layer model, and out of memory says what fits",

@@ -30,3 +30,11 @@ def test_an_uncaught_exception_on_one_rank_ends_every_rank():
     # it sometimes fails to print while the job is being killed.)
     assert done.returncode != 0
     assert "ValueError: deliberate failure on rank 1" in done.stdout + done.stderr
+
+
+def test_the_command_and_the_package_carry_one_version():
+    done = subprocess.run([MEMWALL, "--version"], capture_output=True, text=True)
+    assert done.returncode == 0
+    with open(os.path.join(ROOT, "python", "pyproject.toml")) as f:
+        package = re.search(r'^version = "([^"]+)"$', f.read(), re.M).group(1)
+    assert done.stdout.startswith("memwall %s, " % package)
