@@ -145,6 +145,12 @@ class Profile:
         self._live = {}  # storage key -> [owner, bytes, references]
 
     def __enter__(self):
+        # The reports' directory is made now: a path that cannot hold them
+        # fails here, not after the training it was to profile.
+        where = os.path.join(self.directory, "rank%d" % self._opt._engine.rank)
+        if os.path.exists(self.directory) and not os.path.isdir(self.directory):
+            raise NotADirectoryError("profile directory %s: not a directory" % self.directory)
+        os.makedirs(where, exist_ok=True)
         self._opt._start_profile(self)
         self.active = True
         return self
@@ -222,6 +228,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "memwall.torch runs CPU tensors on the host backend; got parameters on %s and "
                 "backend %r (CUDA tensors on the cuda backend are not supported yet)"
                 % (", ".join(sorted(devices)), backend))
+        for name, p in model.named_parameters():
+            if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise ValueError(
+                    "parameter '%s' is %s; memwall keeps f32 master weights and computes in f32 "
+                    "or the config's bf16/fp16: convert the model first (model.float())"
+                    % (name, p.dtype))
         text = _config_text(config)
         parsed = json.loads(text)
         if params is None:

@@ -137,3 +137,28 @@ def test_a_stage3_parameter_read_outside_its_module():
         "gathers a module's parameters only around that module's own forward, and this one was "
         "read outside it (a parent reading child.weight?); call it through its module")
     del opt
+
+
+def test_a_float64_model_is_refused_at_construction():
+    model = mlp().double()
+    with pytest.raises(ValueError) as error:
+        mt.ZeroOptimizer(model, None, {})
+    assert str(error.value) == (
+        "parameter '0.weight' is torch.float64; memwall keeps f32 master weights and computes in "
+        "f32 or the config's bf16/fp16: convert the model first (model.float())")
+    assert model[0].weight.dtype == torch.float64  # untouched
+
+
+def test_a_profile_directory_that_is_a_file_fails_on_entering(tmp_path):
+    model = mlp()
+    opt = mt.ZeroOptimizer(model, None, {})
+    path = tmp_path / "a-file"
+    path.write_text("x")
+    with pytest.raises(NotADirectoryError) as error:
+        with mt.profile(opt, path):
+            raise AssertionError("the block ran")
+    assert str(error.value) == "profile directory %s: not a directory" % path
+    with mt.profile(opt, tmp_path / "reports"):  # a good one still profiles
+        opt.backward(model(torch.ones(2, 4)).sum())
+        opt.step()
+    assert (tmp_path / "reports" / "rank0" / "profile.json").is_file()
