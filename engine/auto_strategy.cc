@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -297,14 +298,35 @@ std::string OutOfMemoryAdvice(const DryRunOptions& options, const Config& config
   if (!hw.ok()) return "";
   const absl::StatusOr<AutoResult> found = AutoStrategy(options, config, *hw);
   if (!found.ok()) return "";
-  if (found->best < 0) {
-    return absl::StrCat(" No configuration memwall can run fits ",
-                        FormatBytes(options.device_bytes), " per device");
+  if (found->best >= 0) {
+    const Candidate& best = found->candidates[found->best];
+    return absl::StrCat(" The auto strategy fits it with ", best.name, " (",
+                        FormatBytes(best.plan.device_needed), " of ",
+                        FormatBytes(options.device_bytes), ")");
   }
-  const Candidate& best = found->candidates[found->best];
-  return absl::StrCat(" The auto strategy fits it with ", best.name, " (",
-                      FormatBytes(best.plan.device_needed), " of ",
-                      FormatBytes(options.device_bytes), ")");
+  // Nothing fits this micro-batch: smaller ones, with the accumulation
+  // that keeps the global batch (and so the training), largest first (the
+  // fewest passes). One search per divisor until one fits.
+  const int64_t micro = options.batch > 0 ? options.batch : config.train_micro_batch_size_per_gpu;
+  const int64_t global = micro * config.gradient_accumulation_steps;
+  for (int64_t m = micro - 1; m >= 1; --m) {
+    if (global % m != 0 || global / m > std::numeric_limits<int>::max()) continue;
+    DryRunOptions at = options;
+    at.batch = m;
+    Config smaller = config;
+    smaller.train_micro_batch_size_per_gpu = m;
+    smaller.gradient_accumulation_steps = static_cast<int>(global / m);
+    const absl::StatusOr<AutoResult> fits = AutoStrategy(at, smaller, *hw);
+    if (!fits.ok() || fits->best < 0) continue;
+    const Candidate& best = fits->candidates[fits->best];
+    return absl::StrCat(" The auto strategy fits it at micro-batch ", m, " x ", global / m,
+                        " accumulation steps (the same ", global, " samples a step) with ",
+                        best.name, " (", FormatBytes(best.plan.device_needed), " of ",
+                        FormatBytes(options.device_bytes), ")");
+  }
+  return absl::StrCat(" No configuration memwall can run fits ", FormatBytes(options.device_bytes),
+                      " per device, at any micro-batch that divides the ", global,
+                      " samples a step");
 }
 
 }  // namespace memwall

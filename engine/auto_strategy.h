@@ -103,9 +103,13 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
                                         const Hardware& hw, bool vary_micro_batch = false);
 
 // For an out-of-memory error of a run under `config`: " The auto strategy
-// fits it with <candidate> (<need> of <device>)" or " No configuration
-// memwall can run fits <device> per device", searched on the preset that
-// matches options.device_bytes. Empty if the search itself fails.
+// fits it with <candidate> (<need> of <device>)"; when nothing fits its
+// micro-batch, the largest smaller one that divides the step's samples
+// (micro-batch x accumulation) and fits, with the accumulation that keeps
+// them (" ... fits it at micro-batch M x K accumulation steps ..."); else
+// " No configuration memwall can run fits <device> per device, at any
+// micro-batch ...". Searched on the preset that matches
+// options.device_bytes. Empty if the search itself fails.
 std::string OutOfMemoryAdvice(const DryRunOptions& options, const Config& config);
 
 }  // namespace memwall

@@ -93,6 +93,16 @@ check "out of memory" "$out" "RESOURCE_EXHAUSTED: out of memory on meta:0" \
   "It happened during step 0 > micro-batch 0 > forward > block" \
   "The auto strategy fits it with stage " "--auto" \
   "Memory reports of this moment: $tmp/oom/rank0/profile.{txt,json,html}"
+# A micro-batch nothing fits is advised the largest smaller one that keeps
+# the step's samples, and that advice trains.
+echo '{"train_micro_batch_size_per_gpu": 2000}' > "$tmp/mb2000.json"
+out=$("$memwall" train --config "$tmp/mb2000.json" --steps 1 --out "$tmp/oom-mb" 2>&1)
+check "out of memory at micro-batch 2000" "$out" \
+  "The auto strategy fits it at micro-batch 400 x 5 accumulation steps (the same 2000 samples a step) with stage 0, recomputation optimal"
+echo '{"train_micro_batch_size_per_gpu": 400, "gradient_accumulation_steps": 5,
+       "activation_checkpointing": {"planner": "optimal"}}' > "$tmp/mb400.json"
+out=$("$memwall" train --config "$tmp/mb400.json" --steps 1 2>&1)
+check "the advised micro-batch trains" "$out" "summary: 1 steps (0 skipped)"
 if [ -s "$tmp/oom/rank0/profile.json" ] && [ -s "$tmp/oom/rank0/profile.html" ]; then
   passed=$((passed + 1))
 else
