@@ -50,13 +50,19 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const std::string& di
     fd = ::open(path.c_str(), flags, 0600);
   }
   if (fd < 0) return Errno(errno, path, "cannot create the file");
+  // The name goes at once; the open descriptor keeps the file until the
+  // store closes it or the process ends, however it ends (Ctrl-C, a
+  // timeout's kill, a crash), so no run leaves gigabytes behind.
+  if (::unlink(path.c_str()) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return Errno(error, path, "cannot unlink the file (it would outlive the run)");
+  }
   return std::unique_ptr<NvmeStore>(new NvmeStore(path, fd, direct, std::move(engine)));
 }
 
 NvmeStore::~NvmeStore() {
-  if (fd_ < 0) return;  // virtual
-  ::close(fd_);
-  ::unlink(path_.c_str());
+  if (fd_ >= 0) ::close(fd_);  // virtual stores have none
 }
 
 absl::StatusOr<int> NvmeStore::AddSlot(int64_t bytes) { return Add(bytes, 2); }

@@ -37,9 +37,12 @@ class NvmeStore {
     return reinterpret_cast<char*>((at + kAlignment - 1) / kAlignment * kAlignment);
   }
 
-  // Creates `directory`/`file_name`. Errors name the path: kNotFound for a
-  // missing directory, kPermissionDenied, kAlreadyExists, or kInternal with
-  // the system's reason.
+  // Creates `directory`/`file_name` and removes its name at once: the file
+  // lives on this store's descriptor only, so it goes when the store does
+  // or the process ends in any way (Ctrl-C, kill -9), never left behind.
+  // Errors name the path: kNotFound for a missing directory,
+  // kPermissionDenied, kAlreadyExists (the name is in use right now), or
+  // kInternal with the system's reason.
   // Bad `aio` settings: kInvalidArgument naming the key.
   static absl::StatusOr<std::unique_ptr<NvmeStore>> Open(const std::string& directory,
                                                          const std::string& file_name,

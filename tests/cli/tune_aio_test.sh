@@ -43,6 +43,21 @@ PY
 check "the choice printed" "$out" "fastest update: " "\"block_size\": $block," "written to $tmp/aio.json"
 # The measurement's file is gone.
 ls "$tmp"/memwall-aio-*.bin > /dev/null 2>&1 && fail "a memwall-aio file is left in $tmp" || pass
+# Interrupted mid-sweep (Ctrl-C), or killed, it leaves no file behind: the
+# measured file never has a name past its creation.
+mkdir -p "$tmp/interrupted"
+for signal in INT KILL; do
+  "$memwall" tune-aio --dir "$tmp/interrupted" --bytes 64MiB --repeats 8 > "$tmp/sweep.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do  # until the sweep is under way: its first row
+    grep -q "^ *128.00 KiB" "$tmp/sweep.log" && break
+    sleep 0.1
+  done
+  kill -"$signal" "$pid"
+  wait "$pid" 2>/dev/null
+  [ -z "$(ls -A "$tmp/interrupted")" ] && pass ||
+    fail "tune-aio ended by SIG$signal left: $(ls -A "$tmp/interrupted")"
+done
 # memwall reads the block as a config (a plan with the NVMe tier using it).
 cat > "$tmp/nvme.json" <<JSON
 {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "$tmp"}},

@@ -67,8 +67,10 @@ TEST_CASE("slots round-trip and a failed write keeps the committed copy", "[nvme
   REQUIRE((*store)->Read(a, back.data).ok());
   CHECK(std::memcmp(back.data, newer.data, 8192) == 0);
 
-  // The file goes with the store.
+  // The file has no name while the store lives (so a run ended by Ctrl-C
+  // or kill -9 leaves nothing), and goes with the store.
   const std::string path = (*store)->path();
+  CHECK_FALSE(std::ifstream(path).good());
   store->reset();
   CHECK_FALSE(std::ifstream(path).good());
 }
@@ -84,12 +86,34 @@ TEST_CASE("bad paths are named", "[nvme][errors]") {
   CHECK(not_dir.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(not_dir.status().message() ==
         "NVMe store " + file + ": expected a directory (nvme_path)");
+  // A name in the directory right now is not taken over.
+  const std::string taken = TempDir() + "/taken.bin";
+  std::ofstream(taken) << "someone's";
+  const auto clash = NvmeStore::Open(TempDir(), "taken.bin");
+  CHECK(clash.status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(clash.status().message() == "NVMe store " + taken + ": cannot create the file: File exists");
+  std::ifstream kept(taken);
+  std::string text;
+  std::getline(kept, text);
+  CHECK(text == "someone's");
+}
+
+TEST_CASE("two stores of one name are two files, neither in the directory", "[nvme]") {
   auto first = NvmeStore::Open(TempDir(), "twice.bin");
+  auto second = NvmeStore::Open(TempDir(), "twice.bin");
   REQUIRE(first.ok());
-  const auto second = NvmeStore::Open(TempDir(), "twice.bin");
-  CHECK(second.status().code() == absl::StatusCode::kAlreadyExists);
-  CHECK(second.status().message() == "NVMe store " + TempDir() +
-                                         "/twice.bin: cannot create the file: File exists");
+  REQUIRE(second.ok());
+  const int a = (*first)->AddSlot(4096).value(), b = (*second)->AddSlot(4096).value();
+  Buffer x(4096, 'x'), y(4096, 'y'), back(4096, 0);
+  REQUIRE((*first)->Write(a, x.data).ok());
+  REQUIRE((*first)->Commit(a).ok());
+  REQUIRE((*second)->Write(b, y.data).ok());
+  REQUIRE((*second)->Commit(b).ok());
+  REQUIRE((*first)->Read(a, back.data).ok());
+  CHECK(std::memcmp(back.data, x.data, 4096) == 0);
+  REQUIRE((*second)->Read(b, back.data).ok());
+  CHECK(std::memcmp(back.data, y.data, 4096) == 0);
+  CHECK_FALSE(std::ifstream(TempDir() + "/twice.bin").good());
 }
 
 }  // namespace
