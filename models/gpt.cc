@@ -534,6 +534,17 @@ class TransformerBlock final : public Layer {
     const float scale = 1.0f / std::sqrt(float(d));
     Device& dev = ctx.device();
     Stream& st = ctx.stream();
+    // A dry run computes nothing: the per-sequence, per-head products
+    // (which allocate nothing) are counted, one launch each, not called,
+    // so its cost does not grow with the batch (a plan at micro-batch 1e8
+    // made 8e8 empty calls).
+    const int64_t products = batch * c_.heads;
+    if (!dev.holds_bytes()) {
+      dev.CountLaunch(products);
+      MW_RETURN_IF_ERROR(kernels::CausalSoftmaxForward(dev, st, probs, products, s));
+      dev.CountLaunch(products);
+      return absl::OkStatus();
+    }
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t head = 0; head < c_.heads; ++head) {
         const float* q = qkv + b * s * ld + head * d;
@@ -541,7 +552,7 @@ class TransformerBlock final : public Layer {
                                          0.0f, probs + (b * c_.heads + head) * s * s, s));
       }
     }
-    MW_RETURN_IF_ERROR(kernels::CausalSoftmaxForward(dev, st, probs, batch * c_.heads, s));
+    MW_RETURN_IF_ERROR(kernels::CausalSoftmaxForward(dev, st, probs, products, s));
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t head = 0; head < c_.heads; ++head) {
         const float* v = qkv + b * s * ld + head * d + 2 * h;
@@ -561,6 +572,10 @@ class TransformerBlock final : public Layer {
     Stream& st = ctx.stream();
     MW_ASSIGN_OR_RETURN(Tensor dp_t, ctx.Workspace({s, s}));
     float* dp = F(dp_t);
+    if (!dev.holds_bytes()) {  // counted as in Attention: 4 products and a softmax a head
+      dev.CountLaunch(5 * batch * c_.heads);
+      return absl::OkStatus();
+    }
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t head = 0; head < c_.heads; ++head) {
         const float* q = qkv + b * s * ld + head * d;

@@ -190,7 +190,25 @@ absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void*
     kernels::cpu::Kernels().accumulate(incoming.data(), dtype, landing, dtype_, count);
   }
   staged_ = true;
+  return Landed(count);
+}
+
+absl::Status HostOptimizerSlice::SkipGradients(int64_t begin, int64_t count) {
+  if (device_.holds_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gradients of '", owner_, "': skipped on ", device_.name(),
+        ", which holds values (only a dry run counts pieces unrun)"));
+  }
+  if (begin < 0 || count < 0 || begin + count > numel_) {
+    return absl::OutOfRangeError(absl::StrCat("gradients of '", owner_, "': elements [", begin,
+                                              ", ", begin + count, ") of ", numel_));
+  }
+  return Landed(count);
+}
+
+absl::Status HostOptimizerSlice::Landed(int64_t count) {
   if (grad_slot_ < 0) return absl::OkStatus();
+  char* base = landing_.second;
   landed_ += count;
   if (landed_ < numel_) return absl::OkStatus();
   // Complete: scanned now (the step's check reads the last one), written

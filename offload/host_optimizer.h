@@ -163,6 +163,13 @@ class HostOptimizerSlice final : public StateTier {
   // added. kOutOfRange if the range is not within numel().
   absl::Status AccumulateGradients(Stream& stream, const void* grads, DType dtype, bool first,
                                    int64_t begin, int64_t count);
+  // A dry run's AccumulateGradients of elements [begin, begin + count)
+  // whose pieces it counts rather than runs (each would do what the one
+  // before it did): books them as landed, and on NVMe writes the landing
+  // buffer out when they complete it, as the last real piece would.
+  // kFailedPrecondition on a device that holds bytes; kOutOfRange as
+  // AccumulateGradients.
+  absl::Status SkipGradients(int64_t begin, int64_t count);
   // Whether the staged gradients hold an inf or nan, and their sum of
   // squares (each computed only if asked), as the CPU kernels scan the
   // landing buffer; with the gradients on NVMe, as they scanned it when the
@@ -246,6 +253,9 @@ class HostOptimizerSlice final : public StateTier {
   int grad_slot_ = -1;
   std::pair<DeviceBuffer, char*> landing_;
   int64_t landed_ = 0;
+  // `count` more elements landed; on NVMe, a complete landing buffer is
+  // scanned and written out.
+  absl::Status Landed(int64_t count);
   kernels::GradientScan::Result landed_scan_;
   const void* pending_ = nullptr;  // refreshed parameters (in the caller's scratch)
   bool staged_ = false;

@@ -29,6 +29,7 @@ MemoryProfiler::MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity
     reserved_ = s.reserved.current;
     allocated_ = s.allocated.current;
     for (const auto& [key, bytes] : owners) owners_[key.first][int(key.second)] = bytes;
+    for (OwnerNode& node : owners_) touched_.insert(&node);
     SnapshotPeakOwners();
     peak_.bytes = total_;
     peak_.by_category = current_;
@@ -52,6 +53,7 @@ void MemoryProfiler::Book(MemoryCategory category, absl::string_view owner, int6
   auto it = owners_.find(owner);
   if (it == owners_.end()) it = owners_.try_emplace(std::string(owner)).first;
   it->second[int(category)] += delta;
+  touched_.insert(&*it);
 }
 
 void MemoryProfiler::OnMemoryEvent(const MemoryEvent& e) {
@@ -170,9 +172,8 @@ CategoryBytes MemoryProfiler::category_peaks() const {
 }
 
 void MemoryProfiler::SnapshotPeakOwners() {
-  peak_owners_.clear();
-  peak_owners_.reserve(owners_.size());
-  for (const auto& [owner, bytes] : owners_) peak_owners_.push_back({&owner, bytes});
+  for (OwnerNode* node : touched_) peak_owners_[&node->first] = node->second;
+  touched_.clear();
 }
 
 PeakSnapshot MemoryProfiler::peak() const {

@@ -44,6 +44,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "runtime/allocator.h"
@@ -182,13 +184,17 @@ class MemoryProfiler : public MemoryListener {
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
   // Live bytes per owner and category. Nodes are never erased, so the peak
-  // can keep pointers to their names: a new peak copies (pointer, bytes)
-  // pairs, not strings, which keeps the hot path cheap.
+  // can keep pointers to their names and nodes.
+  using OwnerNode = std::pair<const std::string, CategoryBytes>;
   absl::node_hash_map<std::string, CategoryBytes> owners_ ABSL_GUARDED_BY(mu_);
   // The peak without its owners, and the owners' bytes at the peak; the
-  // snapshot's top owners are ranked when asked for.
+  // snapshot's top owners are ranked when asked for. A new peak updates
+  // only the owners booked since the last one (`touched_`): during a
+  // forward every allocation is a new peak, and copying every owner each
+  // time made a dry run quadratic in its layers.
   PeakSnapshot peak_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<const std::string*, CategoryBytes>> peak_owners_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const std::string*, CategoryBytes> peak_owners_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<OwnerNode*> touched_ ABSL_GUARDED_BY(mu_);
   std::vector<PhaseRecord> open_ ABSL_GUARDED_BY(mu_);
   std::vector<PhaseRecord> closed_ ABSL_GUARDED_BY(mu_);
   std::deque<TimelinePoint> ring_ ABSL_GUARDED_BY(mu_);

@@ -200,6 +200,9 @@ class Device {
   // real run's. (A host stream's Wait(event) blocks the host too, but on
   // cuda it does not, so it is not counted.) Thread-safe.
   int64_t host_synchronizations() const { return host_waits_.load(std::memory_order_relaxed); }
+  // Counts `n` host synchronisations a dry run does not perform (work it
+  // counts as repeats of work it ran once). Thread-safe.
+  void CountHostSynchronizations(int64_t n) { host_waits_.fetch_add(n, std::memory_order_relaxed); }
 
   // Kernels dispatched to this device so far (kernels/ counts each op it
   // enqueues, on every backend, meta included: a dry run knows how many

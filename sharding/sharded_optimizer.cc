@@ -835,7 +835,9 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
         [&](int64_t begin, int64_t count, const void* reduced) {
           return group.host->AccumulateGradients(*comm_stream_, reduced, config_.reduce_dtype,
                                                  first, begin, count);
-        }));
+        },
+        /*repeatable=*/true,
+        [&](int64_t begin, int64_t count) { return group.host->SkipGradients(begin, count); }));
     const bool last = group.reductions == config_.gradient_accumulation_steps;
     return last && overlaps_update() ? Speculate(g) : absl::OkStatus();
   }
@@ -1043,7 +1045,8 @@ absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* f
 
 absl::Status ShardedOptimizer::ReduceScatterPieces(
     const FlatGroup& flat, const void* full, ReduceBuffers& buffers,
-    const std::function<absl::Status(int64_t, int64_t, const void*)>& consume, bool repeatable) {
+    const std::function<absl::Status(int64_t, int64_t, const void*)>& consume, bool repeatable,
+    const std::function<absl::Status(int64_t, int64_t)>& skipped) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
   const int world = comm_.world_size();
   const int64_t shard = flat.shard_numel;
@@ -1051,22 +1054,27 @@ absl::Status ShardedOptimizer::ReduceScatterPieces(
   const auto [piece, pack] = PiecesOf(flat);
   const DeviceBuffer& packed = buffers.packed;
   const DeviceBuffer& out = buffers.out;
-  // Meta, with `consume` only launching device kernels: the full pieces
-  // are alike, so the first runs and the rest are counted (collective
-  // calls and bytes, kernel launches) without running, and a dry run's
-  // cost does not grow with the number of pieces. The stats are read only
-  // then: on host a communication thread may be counting.
+  // Meta, with a repeatable `consume`: the full pieces are alike, so the
+  // first runs and the rest are counted (collective calls and bytes,
+  // kernel launches, host synchronisations) without running, and a dry
+  // run's cost does not grow with the number of pieces (a large world
+  // makes pieces of a few hundred elements). The stats are read only then:
+  // on host a communication thread may be counting.
   const int64_t full_pieces = shard / piece;
   const bool repeat = repeatable && !device_.holds_bytes() && full_pieces > 1;
   const CollectiveStats before =
       repeat ? comm_.stats(Collective::kReduceScatter) : CollectiveStats{};
   const int64_t launches_before = device_.launches();
+  const int64_t syncs_before = device_.host_synchronizations();
   for (int64_t begin = 0; begin < shard; begin += piece) {
     if (repeat && begin == piece) {
       const CollectiveStats now = comm_.stats(Collective::kReduceScatter);
       const CollectiveStats delta{now.calls - before.calls, now.bytes - before.bytes};
       comm_.CountRepeats(Collective::kReduceScatter, delta, full_pieces - 1);
       device_.CountLaunch((device_.launches() - launches_before) * (full_pieces - 1));
+      device_.CountHostSynchronizations((device_.host_synchronizations() - syncs_before) *
+                                        (full_pieces - 1));
+      if (skipped) MW_RETURN_IF_ERROR(skipped(piece, (full_pieces - 1) * piece));
       begin = full_pieces * piece;
       if (begin >= shard) break;
     }

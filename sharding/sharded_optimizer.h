@@ -536,13 +536,17 @@ class ShardedOptimizer {
   // [begin, begin + count) of this rank's shard of the sum, in the
   // reduction dtype, in a device buffer the next piece reuses (what consume
   // enqueues on the communication stream reads it in time). Its buffers
-  // are `buffers`' (sized by SizeReduceBuffers first). `repeatable`: consume
-  // only launches device kernels, so on meta the full pieces after the
-  // first are counted, not run.
+  // are `buffers`' (sized by SizeReduceBuffers first). `repeatable`: each
+  // full piece's consume does what the first one's does (the same
+  // launches, host synchronisations and allocations, freed again), so on
+  // meta the full pieces after the first are counted, not run; `skipped`,
+  // if set, is then told the range they cover (what consume keeps count
+  // of besides).
   absl::Status ReduceScatterPieces(
       const FlatGroup& flat, const void* full, ReduceBuffers& buffers,
       const std::function<absl::Status(int64_t begin, int64_t count, const void* reduced)>& consume,
-      bool repeatable = false);
+      bool repeatable = false,
+      const std::function<absl::Status(int64_t begin, int64_t count)>& skipped = nullptr);
   // Stage 3: allocates group g's gathered buffer and enqueues its gather.
   absl::Status StartGather(int g, bool prefetch);
   // Stage 3: after a gather, starts the gathers the scheduler expects
