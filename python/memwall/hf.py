@@ -52,6 +52,21 @@ def _config(source):
     return _config(values)
 
 
+# Deeper configs are refused before tracing (layers): the deepest published
+# transformers have a few hundred layers, and a trace holds every layer's
+# modules in Python (100,000 layers took minutes and gigabytes).
+MAX_LAYERS = 4096
+
+
+def _depth(config):
+    """The layer count a config names, or None."""
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return key, value
+    return None
+
+
 def build(source, dtype="f32"):
     """The model a Hugging Face config describes (a config.json path, a
     directory with one, a dict or a PretrainedConfig), built on meta in
@@ -60,6 +75,10 @@ def build(source, dtype="f32"):
     say) raises ValueError naming the config and transformers' error."""
     import transformers
     config = _config(source)
+    depth = _depth(config)
+    if depth is not None and depth[1] > MAX_LAYERS:
+        raise ValueError("%s: %s %d; expected at most %d layers (the deepest published models "
+                         "have a few hundred)" % (_name(source), depth[0], depth[1], MAX_LAYERS))
     arch = (getattr(config, "architectures", None) or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None
     try:

@@ -235,6 +235,14 @@ def test_a_sequence_past_learned_positions_is_refused(tmp_path):
         "1024")
 
 
+def test_a_config_deeper_than_any_model_is_refused_before_tracing():
+    with pytest.raises(ValueError) as error:
+        hf.build({**LLAMA_2_7B, "num_hidden_layers": 100000})
+    assert str(error.value) == (
+        "config: num_hidden_layers 100000; expected at most 4096 layers (the deepest published "
+        "models have a few hundred)")
+
+
 def test_a_failed_trace_says_why(tmp_path):
     """The tracer's own error, not a wait status: a config transformers
     cannot build, and a Python without the front end."""
