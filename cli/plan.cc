@@ -107,6 +107,7 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
                                  {"nvme_used", c.plan.nvme_used},
                                  {"step_seconds", c.plan.fits ? c.step_seconds : 0.0}});
     }
+    j["parameters"] = result.candidates.empty() ? 0 : result.candidates[0].plan.parameters;
     j["fits"] = best != nullptr;
     if (best != nullptr) {
       j["chosen"] = best->name;
@@ -117,11 +118,13 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
     }
     return j.dump(2) + "\n";
   }
+  const int64_t parameters = result.candidates.empty() ? 0 : result.candidates[0].plan.parameters;
   std::string out = absl::StrFormat(
-      "memwall plan --auto: %s on %lld GPU%s of %s, host %s, NVMe %s; step times on %s\n",
-      options.model, static_cast<long long>(options.gpus), options.gpus == 1 ? "" : "s",
-      FormatBytes(options.device_bytes), FormatBytes(options.host_bytes),
-      FormatBytes(options.nvme_bytes), hw.name);
+      "memwall plan --auto: %s (%.2fB parameters) on %lld GPU%s of %s, host %s, NVMe %s; step "
+      "times on %s\n",
+      options.model, parameters / 1e9, static_cast<long long>(options.gpus),
+      options.gpus == 1 ? "" : "s", FormatBytes(options.device_bytes),
+      FormatBytes(options.host_bytes), FormatBytes(options.nvme_bytes), hw.name);
   out += TracedLine(options);
   absl::StrAppendFormat(&out,
                         "  (%.1f TFLOP/s sustained, interconnect %.1f GB/s, host link %.1f GB/s, "
@@ -133,17 +136,27 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
   for (const Candidate& c : result.candidates) width = std::max(width, int(c.name.size()));
   absl::StrAppendFormat(&out, "%-*s %12s %12s %10s\n", width, "candidate", "device need", "host",
                         "step s");
-  int64_t least = INT64_MAX;
+  const Candidate* smallest = nullptr;
   for (const Candidate& c : result.candidates) {
-    least = std::min(least, c.plan.device_needed);
+    if (smallest == nullptr || c.plan.device_needed < smallest->plan.device_needed) smallest = &c;
     absl::StrAppendFormat(&out, "%-*s %12s %12s %10s\n", width, c.name,
                           FormatBytes(c.plan.device_needed), FormatBytes(c.plan.host_peak),
                           c.plan.fits ? absl::StrFormat("%.3f", c.step_seconds) : "no fit");
   }
   if (best == nullptr) {
-    absl::StrAppendFormat(&out,
-                          "fits: no (no candidate fits; the smallest needs %s of device memory)\n",
-                          FormatBytes(least));
+    // What binds the candidate nearest the device's size: its device need
+    // may be under the device and its host memory or disk over.
+    absl::StrAppendFormat(
+        &out,
+        "fits: no (no candidate fits; the one needing the least device memory, %s, needs %s of "
+        "%s%s and overflows %s)\n",
+        smallest->name, FormatBytes(smallest->plan.device_needed),
+        FormatBytes(options.device_bytes),
+        options.runtime_allowance > 0
+            ? absl::StrCat(" (with the CUDA runtime's ", FormatBytes(options.runtime_allowance),
+                           " allowance)")
+            : "",
+        smallest->plan.fits_text.substr(4, smallest->plan.fits_text.size() - 5));
     return out;
   }
   absl::StrAppendFormat(&out, "chosen: %s, %.3f s per step predicted\n%s\n", best->name,

@@ -237,7 +237,7 @@ check "plan: bad gpus" "$out" "--gpus: expected 1..1048576, got 0"
 echo '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": "auto"}}' \
   > "$tmp/auto.json"
 out=$("$memwall" plan --model gpt3-13b --gpus 8 --config "$tmp/auto.json" --out "$tmp/chosen.json" 2>&1)
-check "plan: auto strategy" "$out" "memwall plan --auto: gpt3-13b on 8 GPUs" "chosen: stage " \
+check "plan: auto strategy" "$out" "memwall plan --auto: gpt3-13b (12.85B parameters) on 8 GPUs" "chosen: stage " \
   "written to $tmp/chosen.json" "fits: yes"
 out=$("$memwall" plan --model gpt3-13b --gpus 8 --config "$tmp/chosen.json" 2>&1)
 check "plan: the chosen config fits" "$out" "fits: yes"
@@ -274,7 +274,7 @@ check "plan: the tiled model with the chosen config fits" "$out" "fits: yes" \
 out=$("$memwall" plan --model gpt-tiny --device-memory 64MiB --auto --hardware this-machine 2>&1)
 check "plan: auto on this machine" "$out" "step times on this-machine" "TFLOP/s sustained" "fits: yes"
 out=$("$memwall" plan --model gpt3-175b --gpus 1 --device-memory 16GiB --host-memory 64GiB --auto 2>&1)
-check "plan: nothing fits" "$out" "fits: no (no candidate fits; the smallest needs"
+check "plan: nothing fits" "$out" "memwall plan --auto: gpt3-175b (174.60B parameters) on 1 GPU of 16.00 GiB" "fits: no (no candidate fits; the one needing the least device memory, stage 3, optimizer offload 1, parameter paging, recomputation optimal" "and overflows device memory by"
 
 # Bad usage names the problem first, in one line: flags a command does not
 # read, unknown commands, stray arguments.
