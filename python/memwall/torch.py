@@ -33,9 +33,12 @@ micro-batch's loss (times loss_scale, which backward() applies); step()
 averages over ranks and over the config's gradient_accumulation_steps
 micro-batches, so losses are not divided by the accumulation count.
 """
+import contextlib
 import copy
 import json
 import os
+import signal
+import warnings
 import weakref
 
 import torch
@@ -59,6 +62,14 @@ def _config_text(config):
             return f.read()
     raise TypeError("config: expected a dict, a JSON string or a path, got %s"
                     % type(config).__name__)
+
+
+# Signals whose Python handlers raise between two bytecodes (Ctrl-C's
+# KeyboardInterrupt, a timeout's SIGALRM handler, ...): held while the glue
+# and the engine change state together (ZeroOptimizer._atomic), delivered
+# right after. Faults (SIGSEGV, ...) are never held.
+_ASYNC_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGALRM, signal.SIGVTALRM,
+                  signal.SIGPROF, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP}
 
 
 def _weak(method):
@@ -274,6 +285,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._storage = {}  # stage 3: data_ptr of a gathered parameter -> param
         self._micro_batches = 0
         self._sent_hyperparameters = False  # this step's, to the engine
+        self._atomic_depth = 0  # nesting of _atomic sections
+        self._backward_open = False  # a backward's gradients arrive; not ended yet
         self._accumulation = int(parsed.get("gradient_accumulation_steps", 1))
         self._hooks = []
         self._saving = None
@@ -371,6 +384,65 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 lambda m, args, out, groups=groups: release(groups),
                 always_call=True))
 
+    # -- keeping the glue and the engine in step ------------------------------
+
+    @contextlib.contextmanager
+    def _atomic(self):
+        """A change of the glue's state and the engine's together. Signals
+        that raise in Python (Ctrl-C) are held until it ends, so none lands
+        between the two; any exception inside (the engine's, or a signal
+        raised by the code it calls) forgets the step on both sides
+        (_abort_step) before it propagates: a step retried afterwards runs
+        from the state before it, never from half of it."""
+        outermost = self._atomic_depth == 0
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
+        self._atomic_depth += 1
+        try:
+            yield
+        except BaseException:
+            if outermost:
+                self._abort_step()
+            raise
+        finally:
+            self._atomic_depth -= 1
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def _abort_step(self):
+        """Forgets the step in progress, here and in the engine: its
+        micro-batches' gradients, what stage 3 gathered, the counts."""
+        self._micro_batches = 0
+        self._sent_hyperparameters = False
+        self._backward_open = False
+        for g in self._groups:
+            g.acquired = False
+            g.pending = 0
+            g.forward_uses = 0
+            g.backward_gathered = False
+            for _, p in g.params:
+                p.grad = None  # autograd's, not yet handed to the engine
+            if g.gathered:  # the engine's abort drops what it gathered
+                self._release_views(g)
+                g.gathered = False
+        self._engine.abort_step()
+
+    def _check_backward_ended(self, where):
+        """A backward whose gradients began to arrive but that never ended
+        (an exception or Ctrl-C inside loss.backward()) left part of a
+        micro-batch's gradients: the step is forgotten (torch would go on
+        from the partial gradients). Returns whether it was."""
+        if torch._C._current_autograd_node() is not None:
+            return False
+        # A gradient autograd accumulated whose hook never ran (the backward
+        # ended before it) counts too: the next backward would add to it.
+        if not self._backward_open and all(p.grad is None for _, p in self._named()):
+            return False
+        with self._atomic():
+            self._abort_step()
+        warnings.warn("memwall: %s: the last backward did not finish (interrupted?); the "
+                      "step's gradients so far were dropped, and it starts again" % where,
+                      RuntimeWarning, stacklevel=3)
+        return True
+
     # -- stage 3 ------------------------------------------------------------
 
     def _gather(self, g):
@@ -391,19 +463,24 @@ class ZeroOptimizer(torch.optim.Optimizer):
         g.backward_gathered = False
 
     def _forward_gather(self, groups):
-        for g in groups:
-            self._gather(g)
-            g.forward_uses += 1
+        with self._atomic():
+            for g in groups:
+                self._gather(g)
+                g.forward_uses += 1
 
     def _forward_release(self, groups):
-        for g in groups:
-            g.forward_uses -= 1
-            if g.forward_uses == 0 and not g.backward_gathered:
-                self._release(g)
+        with self._atomic():
+            for g in groups:
+                if g.forward_uses == 0:  # a forward the step's abort forgot
+                    continue
+                g.forward_uses -= 1
+                if g.forward_uses == 0 and not g.backward_gathered:
+                    self._release(g)
 
     # -- saved tensors (stage 3 and profiling) --------------------------------
 
     def _enter_saving(self, module, args):
+        self._check_backward_ended("forward")
         # One pair of saved-tensor hooks serves stage 3 and the profiler:
         # nested pairs would hide the outer one.
         if self._stage != 3 and self._profile is None:
@@ -448,39 +525,52 @@ class ZeroOptimizer(torch.optim.Optimizer):
         p, offset, shape, stride = packed
         g = self._group_of[id(p)]
         if not g.gathered:
-            self._gather(g)
-            g.backward_gathered = True
-            # Released when its gradients are reduced, at the latest when
-            # backward ends (or, read outside backward, at the next step).
-            if torch._C._current_autograd_node() is not None:
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+            with self._atomic():
+                self._gather(g)
+                g.backward_gathered = True
+                # Released when its gradients are reduced, at the latest
+                # when backward ends (or, read outside backward, at the next
+                # step).
+                self._open_backward()
         return p.data.as_strided(shape, stride, offset)
 
+    def _open_backward(self):
+        """Inside a backward: its end (_end_backward) is queued once."""
+        if self._backward_open or torch._C._current_autograd_node() is None:
+            return
+        self._backward_open = True
+        torch.autograd.Variable._execution_engine.queue_callback(_weak(self._end_backward))
+
     def _end_backward(self):
-        for g in self._groups:
-            if g.backward_gathered and g.forward_uses == 0:
-                self._release(g)
+        with self._atomic():
+            self._backward_open = False
+            for g in self._groups:
+                if g.backward_gathered and g.forward_uses == 0:
+                    self._release(g)
 
     # -- gradients ----------------------------------------------------------
 
     def _on_gradient(self, p):
-        g = self._group_of[id(p)]
-        name = self._names[id(p)]
-        if not self._sent_hyperparameters:
-            # Before the first gradient of a step: an update overlapped
-            # with backward (offload_optimizer.overlap_step) then runs with
-            # the step's values, as a scheduler set them after the last step.
-            self._send_hyperparameters()
-            self._sent_hyperparameters = True
-        if not g.acquired:
-            self._engine.acquire_gradients(g.index)
-            g.acquired = True
-            g.pending = len(g.params)  # only trainable groups have gradients
-        self._view(self._engine.gradient(name), p).add_(p.grad.to(self._dtype))
-        p.grad = None
-        g.pending -= 1
-        if g.pending == 0:
-            self._reduce(g)
+        with self._atomic():
+            g = self._group_of[id(p)]
+            name = self._names[id(p)]
+            self._open_backward()
+            if not self._sent_hyperparameters:
+                # Before the first gradient of a step: an update overlapped
+                # with backward (offload_optimizer.overlap_step) then runs
+                # with the step's values, as a scheduler set them after the
+                # last step.
+                self._send_hyperparameters()
+                self._sent_hyperparameters = True
+            if not g.acquired:
+                self._engine.acquire_gradients(g.index)
+                g.acquired = True
+                g.pending = len(g.params)  # only trainable groups have gradients
+            self._view(self._engine.gradient(name), p).add_(p.grad.to(self._dtype))
+            p.grad = None
+            g.pending -= 1
+            if g.pending == 0:
+                self._reduce(g)
 
     def _reduce(self, g):
         self._engine.reduce_gradients(g.index)
@@ -502,11 +592,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def backward(self, loss):
         """loss.backward() with the engine's loss scale (fp16), counting the
         micro-batch for step()'s accumulation check."""
+        self._check_backward_ended("backward")
         self._micro_batches += 1
         if self._profile is not None:
             self._engine.begin_phase("backward")
         try:
             (loss * self._engine.loss_scale if self._engine.loss_scale != 1 else loss).backward()
+        except BaseException:
+            # Part of this micro-batch's gradients may have reached the
+            # engine: the step is forgotten, as it would be for a failure
+            # in the engine.
+            with self._atomic():
+                self._abort_step()
+            raise
         finally:
             if self._profile is not None:
                 self._engine.end_phase()
@@ -579,33 +677,36 @@ class ZeroOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_model()
-        if self._micro_batches not in (0, self._accumulation):
-            # Their gradients are dropped: the next step starts afresh.
-            count, self._micro_batches = self._micro_batches, 0
-            for g in self._groups:
-                g.acquired = False
-                g.forward_uses = 0
-                self._release(g)
-            self._engine.abort_step()
+        if self._check_backward_ended("step()"):
             raise memwall.Error(
-                "FAILED_PRECONDITION: step(): %d backward passes since the last step; the "
-                "config's gradient_accumulation_steps is %d" % (count, self._accumulation))
-        self._micro_batches = 0
-        self._sent_hyperparameters = False
-        for g in self._groups:
-            if g.acquired:
-                self._reduce(g)
-            if self._stage == 3:
-                g.forward_uses = 0
-                self._release(g)
-        self._send_hyperparameters()
-        if self._profile is not None:
-            self._engine.begin_phase("optimizer step")
-        try:
-            self.last_step = self._engine.step()
-        finally:
+                "FAILED_PRECONDITION: step(): the last backward did not finish (interrupted?); "
+                "this step's gradients were dropped: run its micro-batches again")
+        # One change of both sides: an exception (or Ctrl-C, held until the
+        # end) leaves the step undone and forgotten, never half done.
+        with self._atomic():
+            if self._micro_batches not in (0, self._accumulation):
+                # Their gradients are dropped (_atomic): the next step
+                # starts afresh.
+                raise memwall.Error(
+                    "FAILED_PRECONDITION: step(): %d backward passes since the last step; the "
+                    "config's gradient_accumulation_steps is %d"
+                    % (self._micro_batches, self._accumulation))
+            self._micro_batches = 0
+            self._sent_hyperparameters = False
+            for g in self._groups:
+                if g.acquired:
+                    self._reduce(g)
+                if self._stage == 3:
+                    g.forward_uses = 0
+                    self._release(g)
+            self._send_hyperparameters()
             if self._profile is not None:
-                self._engine.end_phase()
+                self._engine.begin_phase("optimizer step")
+            try:
+                self.last_step = self._engine.step()
+            finally:
+                if self._profile is not None:
+                    self._engine.end_phase()
         return loss
 
     # -- state ----------------------------------------------------------------
