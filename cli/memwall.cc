@@ -27,6 +27,7 @@
 #include "cli/train.h"
 #include "engine/checkpoint.h"
 #include "engine/version.h"
+#include "kernels/cpu/blas_core.h"
 #include "nlohmann/json.hpp"
 #include "offload/aio_tune.h"
 #include "runtime/device.h"
@@ -770,6 +771,10 @@ int Main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything else: OpenBLAS has read its settings already, and a
+  // better kernel set needs this process started again (Note in
+  // kernels/cpu/blas_core.h).
+  memwall::kernels::cpu::ChooseBlasCore(argv);
   absl::SetProgramUsageMessage(kUsage);
   // What memwall allocates on the host is sized from the input before it is
   // touched; should the host still run out (another process took the

@@ -17,6 +17,7 @@
 #include "engine/checkpoint.h"
 #include "engine/dry_run.h"
 #include "engine/engine.h"
+#include "kernels/cpu/blas_core.h"
 #include "models/corpus.h"
 #include "models/gpt.h"
 #include "models/spec.h"
@@ -95,6 +96,7 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
                    {"micro_batch", micro},
                    {"gradient_accumulation_steps", accumulation},
                    {"seq", gpt.seq}};
+    if (options.backend == Backend::kHost) record["blas"] = kernels::cpu::BlasDescription();
     if (!engine.auto_choice().empty()) record["auto_strategy"] = engine.auto_choice();
     if (!recomputation.empty()) record["recomputation"] = recomputation;
     if (offloaded) record["cpu_update_threads"] = engine.cpu_update_threads();
@@ -115,6 +117,9 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
               "tokens x %d ranks)\n",
               data.c_str(), static_cast<long long>(corpus.size()), static_cast<long long>(tokens),
               static_cast<long long>(micro), accumulation, static_cast<long long>(gpt.seq), ranks);
+  if (options.backend == Backend::kHost) {  // the host backend's GEMMs
+    std::printf("BLAS: %s\n", kernels::cpu::BlasDescription().c_str());
+  }
   if (!engine.auto_choice().empty()) {
     std::printf("auto strategy: %s\n", engine.auto_choice().c_str());
   }

@@ -25,6 +25,7 @@
 #include "cli/plan.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "kernels/cpu/blas_core.h"
 #include "models/traced.h"
 #include "profiler/report.h"
 #include "pybind11/pybind11.h"
@@ -285,6 +286,16 @@ PYBIND11_MODULE(_memwall, m) {
   m.doc() = "memwall's engine facade (engine/engine.h); use memwall.torch";
   memwall::error_type = PyErr_NewException("memwall.Error", PyExc_RuntimeError, nullptr);
   m.attr("Error") = py::handle(memwall::error_type);
+  m.def("blas_description", &memwall::kernels::cpu::BlasDescription,
+        "The OpenBLAS kernel set this process runs its GEMMs with, and how it was chosen.");
+  m.def(
+      "better_blas_core",
+      [] {
+        return memwall::kernels::cpu::BetterBlasCore(memwall::kernels::cpu::CpuFlags(),
+                                                     memwall::kernels::cpu::BlasCore());
+      },
+      "The OpenBLAS core this CPU runs better than the generic one OpenBLAS fell back to; "
+      "empty when OpenBLAS knows the CPU.");
   m.def("abort_ranks", &memwall::AbortRanks, py::arg("code") = 1,
         "Ends every rank of a multi-rank MPI job (no-op on one rank).");
   m.def("plan", &memwall::PlanTraced, py::arg("description"), py::arg("config"),

@@ -12,7 +12,9 @@ An exception that nobody catches ends every rank of a multi-rank job (after
 its traceback is printed), as an error in the memwall command does: the
 other ranks may be waiting in a collective this one will never join.
 """
+import os as _os
 import sys as _sys
+import warnings as _warnings
 
 try:
     import torch as _torch  # noqa: F401
@@ -20,6 +22,16 @@ except ImportError:
     pass
 
 from memwall._memwall import Engine, Error, Parameter, abort_ranks  # noqa: E402,F401
+from memwall._memwall import better_blas_core as _better_blas_core  # noqa: E402
+
+# OpenBLAS chose its kernels when the extension loaded; a process cannot
+# start again as the memwall command does (Note in kernels/cpu/blas_core.h),
+# so a CPU OpenBLAS does not know is named, with the setting that fixes it.
+if _better_blas_core() and "OPENBLAS_CORETYPE" not in _os.environ:
+    _warnings.warn(
+        "memwall: OpenBLAS does not know this CPU and runs its generic kernels (host "
+        "backend GEMMs several times slower); start Python with OPENBLAS_CORETYPE=%s"
+        % _better_blas_core(), RuntimeWarning, stacklevel=2)
 
 _previous_hook = _sys.excepthook
 

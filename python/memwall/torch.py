@@ -395,7 +395,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
         (_abort_step) before it propagates: a step retried afterwards runs
         from the state before it, never from half of it."""
         outermost = self._atomic_depth == 0
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
+        # A handler pending from before may raise as pthread_sigmask returns
+        # (Python runs pending handlers then): the mask is restored, and the
+        # section, which changed nothing yet, does not start.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            raise
         self._atomic_depth += 1
         try:
             yield
@@ -481,6 +489,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def _enter_saving(self, module, args):
         self._check_backward_ended("forward")
+        # A forward that a KeyboardInterrupt ended skipped the always_call
+        # hooks (torch runs them for Exceptions only): its saved-tensor
+        # hooks and its modules' counts are left over.
+        if self._saving is not None:
+            self._exit_saving(module, args, None)
+        if any(g.forward_uses for g in self._groups):
+            with self._atomic():
+                for g in self._groups:
+                    g.forward_uses = 0
+                    if not g.backward_gathered:
+                        self._release(g)
         # One pair of saved-tensor hooks serves stage 3 and the profiler:
         # nested pairs would hide the outer one.
         if self._stage != 3 and self._profile is None:
@@ -544,6 +563,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _end_backward(self):
         with self._atomic():
             self._backward_open = False
+            # A micro-batch counts when its backward has ended: one that an
+            # exception or Ctrl-C ended early is dropped, never counted.
+            self._micro_batches += 1
             for g in self._groups:
                 if g.backward_gathered and g.forward_uses == 0:
                     self._release(g)
@@ -590,10 +612,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return self._engine.loss_scale
 
     def backward(self, loss):
-        """loss.backward() with the engine's loss scale (fp16), counting the
-        micro-batch for step()'s accumulation check."""
+        """loss.backward() with the engine's loss scale (fp16). Each backward
+        that ends counts a micro-batch for step()'s accumulation check."""
         self._check_backward_ended("backward")
-        self._micro_batches += 1
         if self._profile is not None:
             self._engine.begin_phase("backward")
         try:

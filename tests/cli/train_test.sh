@@ -380,6 +380,21 @@ out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/bad.json" 2>&1)
 rc=$?
 check "bad config on 2 ranks" "$out" "zero_optimization.stage: expected an integer 0..3, got 9"
 [ $rc -ne 0 ] && pass || fail "a 2-rank job with a bad config exited with status 0"
+# The header names the BLAS kernel set in force and how it was chosen; on a
+# CPU OpenBLAS does not know (stood in for here: its detection taken as
+# the generic Prescott) memwall picks one from the CPU's instruction sets
+# and starts again with it, on every rank; a user's OPENBLAS_CORETYPE wins.
+out=$("$memwall" train --steps 1 --log_format json 2>&1)
+check "the BLAS core in the start record" "$out" '"blas":"OpenBLAS ' ', core '
+out=$(MEMWALL_BLAS_PRETEND_DETECTED=Prescott "$mpirun_sh" 2 "$memwall" train --steps 1 2>&1)
+check "a generic BLAS core replaced" "$out" \
+  "(chosen by memwall from the CPU's instruction sets: OpenBLAS's detection gave Prescott)" \
+  "summary: 1 steps (0 skipped)"
+grep -qE "^BLAS: OpenBLAS [0-9.]+, core (Cooperlake|SkylakeX|Haswell|Sandybridge) \(chosen" <<<"$out" && pass ||
+  fail "the chosen core is not one memwall picks: $(grep '^BLAS' <<<"$out")"
+out=$(OPENBLAS_CORETYPE=Haswell MEMWALL_BLAS_PRETEND_DETECTED=Prescott "$memwall" train --steps 1 2>&1)
+check "the user's OPENBLAS_CORETYPE" "$out" "core Haswell (OPENBLAS_CORETYPE=Haswell set by the user)"
+
 # Input sized beyond the host's memory is an error, never an abort: a data
 # file is mapped, not read (a 3 GB file trains with 1 GiB of data memory:
 # RLIMIT_DATA counts what the process allocates, not a read-only file
