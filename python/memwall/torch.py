@@ -489,32 +489,43 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def _enter_saving(self, module, args):
         self._check_backward_ended("forward")
-        # A forward that a KeyboardInterrupt ended skipped the always_call
-        # hooks (torch runs them for Exceptions only): its saved-tensor
-        # hooks and its modules' counts are left over.
-        if self._saving is not None:
-            self._exit_saving(module, args, None)
-        if any(g.forward_uses for g in self._groups):
-            with self._atomic():
+        # Pushing torch's saved-tensor hooks and remembering them is one
+        # change: an interrupt between the two would leave hooks pushed and
+        # forgotten, or remembered and never pushed (popping them then
+        # breaks torch's stack).
+        with self._atomic():
+            # A forward that a KeyboardInterrupt ended skipped the
+            # always_call hooks (torch runs them for Exceptions only): its
+            # saved-tensor hooks and its modules' counts are left over.
+            self._pop_saving()
+            if any(g.forward_uses for g in self._groups):
                 for g in self._groups:
                     g.forward_uses = 0
                     if not g.backward_gathered:
                         self._release(g)
-        # One pair of saved-tensor hooks serves stage 3 and the profiler:
-        # nested pairs would hide the outer one.
-        if self._stage != 3 and self._profile is None:
-            return
-        self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._saving.__enter__()
-        if self._profile is not None:
-            self._engine.begin_phase("forward")
+            # One pair of saved-tensor hooks serves stage 3 and the
+            # profiler: nested pairs would hide the outer one.
+            if self._stage != 3 and self._profile is None:
+                return
+            saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            saving.__enter__()
+            self._saving = saving
+            if self._profile is not None:
+                self._engine.begin_phase("forward")
 
     def _exit_saving(self, module, args, out):
-        if self._saving is not None:
-            if self._profile is not None:
-                self._engine.end_phase()
-            self._saving.__exit__(None, None, None)
-            self._saving = None
+        with self._atomic():
+            self._pop_saving()
+
+    def _pop_saving(self):
+        """Pops this optimizer's saved-tensor hooks, if pushed (and ends the
+        profile's forward phase with them). REQUIRES: inside _atomic."""
+        if self._saving is None:
+            return
+        saving, self._saving = self._saving, None
+        if self._profile is not None:
+            self._engine.end_phase()
+        saving.__exit__(None, None, None)
 
     def _pack(self, tensor):
         ptr = tensor.untyped_storage().data_ptr()
