@@ -263,7 +263,16 @@ class _Attention(torch.autograd.Function):
                             is_causal=is_causal, **kwargs)
         finally:
             _MUTED[0] -= 1
-        out = computed.clone()
+        if computed.dim() == 4:
+            # The GPU kernels write their output as [batch, L, heads, D] and
+            # return it transposed, so the transpose(1, 2).contiguous() that
+            # follows attention in transformers copies nothing.
+            b, h, length, d = computed.shape
+            out = torch.empty((b, length, h, d), dtype=computed.dtype,
+                              device=computed.device).transpose(1, 2)
+            out.copy_(computed)
+        else:
+            out = computed.clone()
         del computed
         batch, heads, length = q.shape[0], q.shape[-3] if q.dim() > 3 else 1, q.shape[-2]
         if kernel == "flash":

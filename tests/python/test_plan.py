@@ -99,6 +99,22 @@ def test_gpu_attention_kernels_save_what_torch_s_operators_save(kernel, op):
     assert ours == saved(op)
 
 
+@pytest.mark.parametrize("kernel", ["flash", "efficient"])
+def test_gpu_attention_output_is_laid_out_as_the_kernels_write_it(kernel):
+    """The GPU kernels write [batch, L, heads, D] and return it transposed
+    (torch's meta efficient-attention operator has those strides), so the
+    transpose(1, 2).contiguous() after attention in transformers copies
+    nothing (the trace kept one [batch x L, hidden] tensor a layer too many
+    before)."""
+    q = torch.empty(2, 4, 100, 64, device="meta", dtype=torch.bfloat16)
+    want = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, q, q, None, True, 0.0, True)[0].stride()
+    with tracing._KernelPatch(kernel):
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert out.stride() == want
+    assert out.transpose(1, 2).is_contiguous()
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_a_description_is_exact_at_a_third_micro_batch(kind):
     with torch.device("meta"):
