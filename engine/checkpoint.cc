@@ -166,6 +166,22 @@ absl::StatusOr<std::vector<int64_t>> AllGatherInts(ShardedOptimizer& opt,
   return all;
 }
 
+// Collective: `mine` on rank 0 (its part of a step only it does), shared:
+// every rank returns rank 0's failure (its own message there, elsewhere
+// "checkpoint <path>: rank 0 could not <what> (<code>, ...)"), so no rank
+// waits in a later collective for a rank 0 that returned.
+absl::Status RankZeroStatus(ShardedOptimizer& opt, const absl::Status& mine,
+                            const std::string& path, const char* what) {
+  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> codes,
+                      AllGatherInts(opt, {static_cast<int64_t>(mine.code())}));
+  MW_RETURN_IF_ERROR(mine);
+  if (codes[0] == 0) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(codes[0]);
+  return absl::Status(code, absl::StrCat("checkpoint ", path, ": rank 0 could not ", what, " (",
+                                         absl::StatusCodeToString(code),
+                                         ", named in that rank's error)"));
+}
+
 struct Found {
   int64_t step;
   std::string path;
@@ -426,14 +442,15 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
     if (rank == 0 && !was_complete) fs::remove_all(out, ec);
     return failed;
   };
+  absl::Status created;
   if (rank == 0) {
     fs::create_directories(out, ec);
     if (ec) {
-      return discard(
+      created = discard(
           absl::InternalError(absl::StrCat("checkpoint ", out, ": create: ", ec.message())));
     }
   }
-  MW_RETURN_IF_ERROR(comm.Barrier());
+  MW_RETURN_IF_ERROR(RankZeroStatus(opt, created, out, "create it"));
 
   // This rank's file: its parameters, group by group, state by state.
   const std::vector<int> owner = FileOwners(params, world);
@@ -505,19 +522,9 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
       committed = WriteFileAtomically((fs::path(out) / kManifest).string(), manifest.dump(1));
     }
     if (committed.ok()) committed = SyncPath(out, /*directory=*/true);
-    if (!committed.ok()) return discard(committed);
-    committed = Prune(dir, out, steps, keep);
+    committed = committed.ok() ? Prune(dir, out, steps, keep) : discard(committed);
   }
-  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> commit,
-                      AllGatherInts(opt, {static_cast<int64_t>(committed.code())}));
-  MW_RETURN_IF_ERROR(committed);
-  if (commit[0] != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(commit[0]),
-                        absl::StrCat("checkpoint ", out, ": rank 0 could not commit it (",
-                                     absl::StatusCodeToString(
-                                         static_cast<absl::StatusCode>(commit[0])),
-                                     ", named in that rank's error)"));
-  }
+  MW_RETURN_IF_ERROR(RankZeroStatus(opt, committed, out, "commit it"));
   return out;
 }
 

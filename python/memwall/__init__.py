@@ -27,11 +27,12 @@ from memwall._memwall import better_blas_core as _better_blas_core  # noqa: E402
 # OpenBLAS chose its kernels when the extension loaded; a process cannot
 # start again as the memwall command does (Note in kernels/cpu/blas_core.h),
 # so a CPU OpenBLAS does not know is named, with the setting that fixes it.
-if _better_blas_core() and "OPENBLAS_CORETYPE" not in _os.environ:
+_core = _better_blas_core()
+if _core and "OPENBLAS_CORETYPE" not in _os.environ:
     _warnings.warn(
         "memwall: OpenBLAS does not know this CPU and runs its generic kernels (host "
         "backend GEMMs several times slower); start Python with OPENBLAS_CORETYPE=%s"
-        % _better_blas_core(), RuntimeWarning, stacklevel=2)
+        % _core, RuntimeWarning, stacklevel=2)
 
 _previous_hook = _sys.excepthook
 

@@ -368,6 +368,34 @@ TEST_CASE("a save whose write fails on one rank fails everywhere and keeps the p
   }
 }
 
+TEST_CASE("a manifest rank 0 cannot write fails the save on every rank, leaving nothing",
+          "[checkpoint][fault]") {
+  const std::string dir = TempDir("manifest-fault");
+  Run run = Start({"", 2, true});
+  Step(run);
+  REQUIRE(SaveCheckpoint(*run.trainer, dir, 3).ok());
+  // Rank 0's writes fail right after its rank file: at the manifest.
+  const int64_t file = static_cast<int64_t>(
+      fs::file_size(dir + "/step-00000001/rank-00000.safetensors"));
+  Step(run);
+  if (World().rank() == 0) InjectCheckpointWriteFailure(file);
+  const absl::Status failed = SaveCheckpoint(*run.trainer, dir, 3).status();
+  InjectCheckpointWriteFailure(-1);
+  CHECK(failed.code() == absl::StatusCode::kInternal);
+  if (World().rank() == 0) {
+    CHECK_THAT(std::string(failed.message()),
+               Catch::Contains("manifest.json.tmp: write (injected failure)"));
+  } else {  // told, not left waiting for rank 0
+    CHECK(std::string(failed.message()) ==
+          absl::StrCat("checkpoint ", dir, "/step-00000002: rank 0 could not commit it (INTERNAL, "
+                       "named in that rank's error)"));
+  }
+  World().Barrier().IgnoreError();
+  CHECK_FALSE(fs::exists(dir + "/step-00000002"));
+  CHECK(FindCheckpoint(dir).value() == dir + "/step-00000001");
+  World().Barrier().IgnoreError();
+}
+
 TEST_CASE("a checkpoint of another optimizer is refused", "[checkpoint][errors]") {
   const std::string dir = TempDir("other-optimizer");
   Run adam = Start({"", 1, false});
