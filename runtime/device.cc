@@ -29,12 +29,26 @@ absl::StatusOr<Backend> ParseBackend(absl::string_view name) {
       absl::StrCat("backend: expected one of host, meta, cuda; got '", name, "'"));
 }
 
+namespace {
+
+// The calling thread's counts (Device::*_by_this_thread).
+thread_local int64_t thread_host_waits = 0;
+thread_local int64_t thread_launches = 0;
+
+void CountWait(std::atomic<int64_t>* device_waits, int64_t n) {
+  if (device_waits == nullptr) return;
+  device_waits->fetch_add(n, std::memory_order_relaxed);
+  thread_host_waits += n;
+}
+
+}  // namespace
+
 Stream::~Stream() {
   if (order_ != nullptr) order_->Unregister(id_);
 }
 
 absl::Status Stream::Synchronize() {
-  if (host_waits_ != nullptr) host_waits_->fetch_add(1, std::memory_order_relaxed);
+  CountWait(host_waits_, 1);
   MW_RETURN_IF_ERROR(SynchronizeImpl());
   if (order_ != nullptr) order_->OnStreamSynchronize(id_);
   return absl::OkStatus();
@@ -53,7 +67,7 @@ absl::Status Stream::Wait(const Event& event) {
 }
 
 absl::Status Event::Synchronize() {
-  if (host_waits_ != nullptr) host_waits_->fetch_add(1, std::memory_order_relaxed);
+  CountWait(host_waits_, 1);
   MW_RETURN_IF_ERROR(SynchronizeImpl());
   if (order_ != nullptr) order_->OnHostWait(mark_);
   return absl::OkStatus();
@@ -80,11 +94,21 @@ std::unique_ptr<Event> Device::Counted(std::unique_ptr<Event> event) {
 }
 
 absl::Status Device::Synchronize() {
-  host_waits_.fetch_add(1, std::memory_order_relaxed);
+  CountWait(&host_waits_, 1);
   MW_RETURN_IF_ERROR(SynchronizeImpl());
   order_->OnDeviceSynchronize();
   return absl::OkStatus();
 }
+
+void Device::CountHostSynchronizations(int64_t n) { CountWait(&host_waits_, n); }
+
+void Device::CountLaunch(int64_t n) {
+  launches_.fetch_add(n, std::memory_order_relaxed);
+  thread_launches += n;
+}
+
+int64_t Device::host_synchronizations_by_this_thread() { return thread_host_waits; }
+int64_t Device::launches_by_this_thread() { return thread_launches; }
 
 absl::StatusOr<DeviceBuffer> Device::AllocatePinned(size_t bytes, MemoryCategory category,
                                                      absl::string_view owner) {

@@ -202,13 +202,21 @@ class Device {
   int64_t host_synchronizations() const { return host_waits_.load(std::memory_order_relaxed); }
   // Counts `n` host synchronisations a dry run does not perform (work it
   // counts as repeats of work it ran once). Thread-safe.
-  void CountHostSynchronizations(int64_t n) { host_waits_.fetch_add(n, std::memory_order_relaxed); }
+  void CountHostSynchronizations(int64_t n);
 
   // Kernels dispatched to this device so far (kernels/ counts each op it
   // enqueues, on every backend, meta included: a dry run knows how many
   // launches a step makes, which the step-time model charges). Thread-safe.
-  void CountLaunch(int64_t n = 1) { launches_.fetch_add(n, std::memory_order_relaxed); }
+  void CountLaunch(int64_t n = 1);
   int64_t launches() const { return launches_.load(std::memory_order_relaxed); }
+
+  // The calling thread's share of the counts above, on every device it
+  // used: what a piece of work made, measured from before it to after it,
+  // whatever other threads (a communication thread, the CPU update
+  // thread) count meanwhile. A dry run that runs one of many alike pieces
+  // and counts the rest reads these.
+  static int64_t host_synchronizations_by_this_thread();
+  static int64_t launches_by_this_thread();
 
  protected:
   // `pinned_allocator` may be null (no pinned pool).

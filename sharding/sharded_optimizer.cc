@@ -1022,14 +1022,15 @@ absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* f
   const bool repeat = !device_.holds_bytes() && full_pieces > 1;
   // (Read only then: on host a communication thread may be counting.)
   const CollectiveStats before = repeat ? comm_.stats(Collective::kAllReduce) : CollectiveStats{};
-  const int64_t launches_before = device_.launches();
+  const int64_t launches_before = Device::launches_by_this_thread();
   for (int64_t begin = 0; begin < n; begin += piece) {
     if (repeat && begin == piece) {
       const CollectiveStats after = comm_.stats(Collective::kAllReduce);
       comm_.CountRepeats(Collective::kAllReduce,
                          CollectiveStats{after.calls - before.calls, after.bytes - before.bytes},
                          full_pieces - 1);
-      device_.CountLaunch((device_.launches() - launches_before) * (full_pieces - 1));
+      device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
+                          (full_pieces - 1));
       begin = full_pieces * piece;
       if (begin >= n) break;
     }
@@ -1064,16 +1065,19 @@ absl::Status ShardedOptimizer::ReduceScatterPieces(
   const bool repeat = repeatable && !device_.holds_bytes() && full_pieces > 1;
   const CollectiveStats before =
       repeat ? comm_.stats(Collective::kReduceScatter) : CollectiveStats{};
-  const int64_t launches_before = device_.launches();
-  const int64_t syncs_before = device_.host_synchronizations();
+  // The first piece's launches and synchronisations are this thread's:
+  // the CPU update thread (an overlapped step) synchronises meanwhile.
+  const int64_t launches_before = Device::launches_by_this_thread();
+  const int64_t syncs_before = Device::host_synchronizations_by_this_thread();
   for (int64_t begin = 0; begin < shard; begin += piece) {
     if (repeat && begin == piece) {
       const CollectiveStats now = comm_.stats(Collective::kReduceScatter);
       const CollectiveStats delta{now.calls - before.calls, now.bytes - before.bytes};
       comm_.CountRepeats(Collective::kReduceScatter, delta, full_pieces - 1);
-      device_.CountLaunch((device_.launches() - launches_before) * (full_pieces - 1));
-      device_.CountHostSynchronizations((device_.host_synchronizations() - syncs_before) *
-                                        (full_pieces - 1));
+      device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
+                          (full_pieces - 1));
+      device_.CountHostSynchronizations(
+          (Device::host_synchronizations_by_this_thread() - syncs_before) * (full_pieces - 1));
       if (skipped) MW_RETURN_IF_ERROR(skipped(piece, (full_pieces - 1) * piece));
       begin = full_pieces * piece;
       if (begin >= shard) break;

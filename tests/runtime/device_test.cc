@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -121,6 +122,33 @@ TEST_CASE("host synchronisations are counted per device, stream waits are not", 
     REQUIRE(async->Wait(*event).ok());
     CHECK(device->host_synchronizations() == 4);
     CHECK(other->host_synchronizations() == 0);
+  }
+}
+
+TEST_CASE("a thread's own synchronisations and launches are counted apart from other threads'",
+          "[stream][sync]") {
+  for (Backend backend : {Backend::kHost, Backend::kMeta}) {
+    auto device = CreateDevice({backend, 0, 4 * kMiB}).value();
+    auto stream = device->CreateStream().value();
+    const int64_t syncs = Device::host_synchronizations_by_this_thread();
+    const int64_t launches = Device::launches_by_this_thread();
+    REQUIRE(stream->Synchronize().ok());
+    device->CountLaunch(3);
+    // Another thread's waits and launches count on the device, not here.
+    std::thread other([&] {
+      REQUIRE(stream->Synchronize().ok());
+      REQUIRE(device->Synchronize().ok());
+      device->CountLaunch(5);
+      device->CountHostSynchronizations(7);
+      CHECK(Device::host_synchronizations_by_this_thread() == 9);
+      CHECK(Device::launches_by_this_thread() == 5);
+    });
+    other.join();
+    device->CountHostSynchronizations(2);
+    CHECK(device->host_synchronizations() == 1 + 9 + 2);
+    CHECK(device->launches() == 3 + 5);
+    CHECK(Device::host_synchronizations_by_this_thread() - syncs == 3);
+    CHECK(Device::launches_by_this_thread() - launches == 3);
   }
 }
 
