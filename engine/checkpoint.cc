@@ -351,8 +351,20 @@ SaveDirectory::~SaveDirectory() {
   if (lock_fd_ >= 0) ::close(lock_fd_);  // closing releases the flock
 }
 
+std::map<std::string, ParameterTile> TilesOf(const Trainer& trainer) {
+  std::map<std::string, ParameterTile> tiles;
+  for (const auto& layer : trainer.layers()) {
+    for (const ParameterDecl& decl : layer->Parameters()) {
+      if (decl.tile_of.empty()) continue;
+      tiles[absl::StrCat(layer->name(), ".", decl.name)] = {
+          absl::StrCat(layer->name(), ".", decl.tile_of), decl.whole_shape, decl.row, decl.column};
+    }
+  }
+  return tiles;
+}
+
 absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& dir, int keep) {
-  return SaveCheckpoint(trainer.optimizer(), trainer.steps(), dir, keep);
+  return SaveCheckpoint(trainer.optimizer(), trainer.steps(), dir, keep, "", TilesOf(trainer));
 }
 
 namespace {
@@ -361,8 +373,8 @@ namespace {
 // (`files`: landed, bytes, CRC-32 per rank) hold parameter p in
 // RankFile(owner[p]).
 json Manifest(ShardedOptimizer& opt, int64_t steps, const std::string& model,
-              const std::vector<Param>& params, const std::vector<int>& owner,
-              const std::vector<int64_t>& files) {
+              const std::map<std::string, ParameterTile>& tiles, const std::vector<Param>& params,
+              const std::vector<int>& owner, const std::vector<int64_t>& files) {
   const ShardedOptimizer::Progress progress = opt.progress();
   const ShardingOptions& config = opt.config();
   const FlatLayout& layout = opt.layout();
@@ -387,9 +399,16 @@ json Manifest(ShardedOptimizer& opt, int64_t steps, const std::string& model,
   json list = json::array();
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     for (int p : layout.groups[g].parameters) {
-      list.push_back({{"name", params[p].name},
-                      {"shape", params[p].shape},
-                      {"file", RankFile(owner[p])}});
+      json entry = {{"name", params[p].name},
+                    {"shape", params[p].shape},
+                    {"file", RankFile(owner[p])}};
+      if (const auto tile = tiles.find(params[p].name); tile != tiles.end()) {
+        entry["tile_of"] = {{"name", tile->second.whole},
+                            {"shape", tile->second.whole_shape},
+                            {"row", tile->second.row},
+                            {"column", tile->second.column}};
+      }
+      list.push_back(std::move(entry));
     }
   }
   manifest["parameters"] = list;
@@ -423,7 +442,8 @@ absl::Status Prune(const std::string& dir, const std::string& out, int64_t steps
 
 absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
                                            const std::string& dir, int keep,
-                                           const std::string& model) {
+                                           const std::string& model,
+                                           const std::map<std::string, ParameterTile>& tiles) {
   if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("checkpoint keep: expected >= 1, got ", keep));
   MW_RETURN_IF_ERROR(RequireValues(opt, dir, "save one"));
   Communicator& comm = opt.communicator();
@@ -516,7 +536,7 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
   // that worked, so none waits for a rank that returned.
   absl::Status committed;
   if (rank == 0) {
-    const json manifest = Manifest(opt, steps, model, params, owner, files);
+    const json manifest = Manifest(opt, steps, model, tiles, params, owner, files);
     committed = SyncPath(out, /*directory=*/true);  // the rank files' renames
     if (committed.ok()) {
       committed = WriteFileAtomically((fs::path(out) / kManifest).string(), manifest.dump(1));
@@ -681,9 +701,50 @@ struct Loaded {
   std::vector<std::string> states;
   // The saved parameters, in the manifest's order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameters;
+  // Those that are tiles of a model tensor (the manifest's "tile_of"),
+  // which together cover each such tensor exactly once.
+  std::map<std::string, ParameterTile> tiles;
   std::map<std::string, Tensor32> tensors;
   std::string manifest;
 };
+
+// Each tensor `loaded`'s tiles make is covered exactly once: its tiles
+// agree on its shape, do not overlap and hold all its elements, and it is
+// not also a parameter of its own.
+absl::Status CheckTileCover(const Loaded& loaded, const std::string& manifest_path) {
+  std::map<std::string, std::vector<std::string>> by_whole;
+  for (const auto& [name, tile] : loaded.tiles) by_whole[tile.whole].push_back(name);
+  std::map<std::string, std::vector<int64_t>> shapes(loaded.parameters.begin(),
+                                                      loaded.parameters.end());
+  for (const auto& [whole, names] : by_whole) {
+    const auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": the tiles of '",
+                                                     whole, "' (", absl::StrJoin(names, ", "),
+                                                     ") ", why));
+    };
+    if (shapes.count(whole) != 0) return bad("name a tensor that is also saved whole");
+    const std::vector<int64_t>& w = loaded.tiles.at(names[0]).whole_shape;
+    int64_t covered = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const ParameterTile& a = loaded.tiles.at(names[i]);
+      const std::vector<int64_t>& sa = shapes.at(names[i]);
+      if (a.whole_shape != w) return bad("disagree on its shape");
+      covered += sa[0] * sa[1];
+      for (size_t j = 0; j < i; ++j) {
+        const ParameterTile& b = loaded.tiles.at(names[j]);
+        const std::vector<int64_t>& sb = shapes.at(names[j]);
+        if (a.row < b.row + sb[0] && b.row < a.row + sa[0] && a.column < b.column + sb[1] &&
+            b.column < a.column + sa[1] && sa[0] * sa[1] > 0 && sb[0] * sb[1] > 0) {
+          return bad(absl::StrCat("overlap ('", names[j], "' and '", names[i], "')"));
+        }
+      }
+    }
+    if (covered != w[0] * w[1]) {
+      return bad(absl::StrCat("hold ", covered, " of its ", w[0] * w[1], " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Everything in the checkpoint at `at`, checked: the manifest's fields,
 // every file's size and CRC-32, every header, every tensor present.
@@ -757,7 +818,29 @@ absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
     MW_ASSIGN_OR_RETURN(const std::vector<int64_t> shape,
                         Field<std::vector<int64_t>>(parameters[i], where, "shape"));
     loaded.parameters.emplace_back(name, shape);
+    if (parameters[i].contains("tile_of")) {
+      const std::string at = where + " tile_of";
+      ParameterTile tile;
+      MW_ASSIGN_OR_RETURN(const json of, Field<json>(parameters[i], where, "tile_of"));
+      MW_ASSIGN_OR_RETURN(tile.whole, Field<std::string>(of, at, "name"));
+      MW_ASSIGN_OR_RETURN(tile.whole_shape, Field<std::vector<int64_t>>(of, at, "shape"));
+      MW_ASSIGN_OR_RETURN(tile.row, Field<int64_t>(of, at, "row"));
+      MW_ASSIGN_OR_RETURN(tile.column, Field<int64_t>(of, at, "column"));
+      const std::vector<int64_t>& w = tile.whole_shape;
+      if (shape.size() != 2 || w.size() != 2 || w[0] < 0 || w[1] < 0 ||
+          (w[1] > 0 && w[0] > std::numeric_limits<int64_t>::max() / w[1]) || tile.row < 0 ||
+          tile.column < 0 ||
+          shape[0] < 0 || shape[1] < 0 || tile.row > w[0] - shape[0] ||
+          tile.column > w[1] - shape[1]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "checkpoint ", at, ": a [", absl::StrJoin(shape, ", "), "] tile at row ", tile.row,
+            ", column ", tile.column, " does not lie inside '", tile.whole, "' [",
+            absl::StrJoin(w, ", "), "]"));
+      }
+      loaded.tiles[name] = std::move(tile);
+    }
   }
+  MW_RETURN_IF_ERROR(CheckTileCover(loaded, manifest_path));
   // Every file whole (size and CRC-32), every header sound.
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string where = absl::StrCat(manifest_path, " files[", i, "]");
@@ -935,17 +1018,40 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
   MW_RETURN_IF_ERROR(CheckOutputFile("export: --out", out, overwrite));
   MW_ASSIGN_OR_RETURN(const Loaded loaded, ReadVerified(at));
   const size_t size = DTypeSize(dtype);
+  // The model's tensors, in the manifest's order: a saved parameter, or a
+  // tensor its tiles make (in place of its first tile).
+  struct Exported {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<std::string> tiles;  // empty: the parameter `name` itself
+  };
+  std::vector<Exported> tensors;
+  std::map<std::string, size_t> whole_index;
+  const std::map<std::string, std::vector<int64_t>> saved_shapes(loaded.parameters.begin(),
+                                                                 loaded.parameters.end());
+  for (const auto& [name, shape] : loaded.parameters) {
+    const auto tile = loaded.tiles.find(name);
+    if (tile == loaded.tiles.end()) {
+      tensors.push_back({name, shape, {}});
+      continue;
+    }
+    const auto [it, first] = whole_index.emplace(tile->second.whole, tensors.size());
+    if (first) tensors.push_back({tile->second.whole, tile->second.whole_shape, {}});
+    tensors[it->second].tiles.push_back(name);
+  }
   json header = json::object();
   header["__metadata__"] = {{"format", "pt"},
                             {"memwall_checkpoint", at},
                             {"memwall_model", loaded.model},
                             {"step", std::to_string(loaded.trainer_steps)}};
   int64_t offset = 0;
-  for (const auto& [name, shape] : loaded.parameters) {
-    const int64_t bytes = size * loaded.tensors.at(name + "/master").numel;
-    header[name] = {{"dtype", dtype == DType::kF32 ? "F32" : "BF16"},
-                    {"shape", shape},
-                    {"data_offsets", {offset, offset + bytes}}};
+  for (const Exported& t : tensors) {
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    const int64_t bytes = static_cast<int64_t>(size) * numel;
+    header[t.name] = {{"dtype", dtype == DType::kF32 ? "F32" : "BF16"},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -957,24 +1063,43 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
   const uint64_t length = text.size();
   absl::Status written = WriteAll(fd, tmp, &length, 8, crc);
   if (written.ok()) written = WriteAll(fd, tmp, text.data(), text.size(), crc);
-  // One parameter in memory at a time.
+  // One tensor in memory at a time (a tiled one assembled from its tiles).
   std::map<std::string, std::ifstream> files;
-  for (size_t i = 0; i < loaded.parameters.size() && written.ok(); ++i) {
-    const Tensor32& t = loaded.tensors.at(loaded.parameters[i].first + "/master");
-    std::vector<float> values(t.numel);
+  const auto read = [&](const std::string& name, float* to) -> absl::Status {
+    const Tensor32& t = loaded.tensors.at(name + "/master");
     std::ifstream& in = files[t.file];
     if (!in.is_open()) in.open(t.file, std::ios::binary);
     in.seekg(t.offset);
-    if (!in.read(reinterpret_cast<char*>(values.data()), 4 * t.numel)) {
-      written = absl::DataLossError(absl::StrCat("checkpoint ", t.file, ": read failed"));
-      break;
+    if (!in.read(reinterpret_cast<char*>(to), 4 * t.numel)) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", t.file, ": read of '", name, "' failed"));
     }
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < tensors.size() && written.ok(); ++i) {
+    const Exported& t = tensors[i];
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    std::vector<float> values(numel);
+    if (t.tiles.empty()) {
+      written = read(t.name, values.data());
+    }
+    for (size_t k = 0; k < t.tiles.size() && written.ok(); ++k) {
+      const ParameterTile& tile = loaded.tiles.at(t.tiles[k]);
+      const std::vector<int64_t>& shape = saved_shapes.at(t.tiles[k]);
+      std::vector<float> block(shape[0] * shape[1]);
+      written = read(t.tiles[k], block.data());
+      for (int64_t r = 0; r < shape[0] && written.ok(); ++r) {
+        std::copy_n(block.begin() + r * shape[1], shape[1],
+                    values.begin() + (tile.row + r) * t.shape[1] + tile.column);
+      }
+    }
+    if (!written.ok()) break;
     if (dtype == DType::kF32) {
-      written = WriteAll(fd, tmp, values.data(), 4 * t.numel, crc);
+      written = WriteAll(fd, tmp, values.data(), 4 * numel, crc);
     } else {
-      std::vector<uint16_t> low(t.numel);
-      for (int64_t j = 0; j < t.numel; ++j) low[j] = F32ToBf16(values[j]);
-      written = WriteAll(fd, tmp, low.data(), 2 * t.numel, crc);
+      std::vector<uint16_t> low(numel);
+      for (int64_t j = 0; j < numel; ++j) low[j] = F32ToBf16(values[j]);
+      written = WriteAll(fd, tmp, low.data(), 2 * numel, crc);
     }
   }
   if (written.ok() && ::fsync(fd) != 0) written = Errno(tmp, "fsync");

@@ -45,8 +45,10 @@
 #ifndef MEMWALL_ENGINE_CHECKPOINT_H_
 #define MEMWALL_ENGINE_CHECKPOINT_H_
 
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -56,15 +58,31 @@
 
 namespace memwall {
 
+// A parameter that holds a block of one of the model's tensors
+// (engine/layer.h ParameterDecl::tile_of, with full names): rows
+// [row, row + shape[0]) and columns [column, column + shape[1]) of
+// `whole`, of shape `whole_shape` (2-D).
+struct ParameterTile {
+  std::string whole;
+  std::vector<int64_t> whole_shape;
+  int64_t row = 0;
+  int64_t column = 0;
+};
+// The tiles among `trainer`'s parameters, by full parameter name.
+std::map<std::string, ParameterTile> TilesOf(const Trainer& trainer);
+
 // Collective: saves `opt` (whatever model registered its parameters: the
 // engine's layers or a caller's own) after `steps` training steps into
 // `<dir>/step-<steps>` (creating `dir`), then keeps the newest `keep` (>= 1)
 // checkpoints. Returns the checkpoint's directory. Errors name the path.
 // `model` describes the model beyond its tensors' names and shapes (a
 // GPT's heads, say); a load given another description is refused.
-absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
-                                           const std::string& dir, int keep,
-                                           const std::string& model = "");
+// `tiles` names the saved parameters that are tiles of one of the model's
+// tensors (see ParameterTile); the manifest records them, so that export
+// writes the model's own tensors.
+absl::StatusOr<std::string> SaveCheckpoint(
+    ShardedOptimizer& opt, int64_t steps, const std::string& dir, int keep,
+    const std::string& model = "", const std::map<std::string, ParameterTile>& tiles = {});
 // The same for `trainer`'s optimizer after trainer.steps() steps.
 absl::StatusOr<std::string> SaveCheckpoint(Trainer& trainer, const std::string& dir, int keep);
 
@@ -160,8 +178,10 @@ absl::StatusOr<std::string> LoadCheckpoint(Trainer& trainer, const std::string& 
 
 // Not collective: writes the master weights of the checkpoint at `path`
 // (see FindCheckpoint) as one safetensors file `out` with a tensor per
-// parameter, by name, in `dtype` (f32, or bf16 rounded to nearest even),
-// reading one parameter at a time; written under a temporary name and
+// model tensor, by name, in `dtype` (f32, or bf16 rounded to nearest
+// even): a parameter, or the tensor a tiled parameter's tiles make
+// (ParameterTile: a tiled model exports what its untiled model does),
+// reading one tensor at a time; written under a temporary name and
 // renamed, so `out` is whole or absent. `out` is checked as
 // CheckOutputFile("export: --out", out, overwrite) checks it (never inside
 // a checkpoint, this or another). Returns the checkpoint exported.

@@ -380,7 +380,9 @@ absl::StatusOr<std::string> Engine::SaveCheckpoint(const std::string& dir, int k
     MW_RETURN_IF_ERROR(OpenSaveDirectory(dir, own));
     if (!own) saved_into_.push_back(dir);  // it held no checkpoints: ours from now on
   }
-  return memwall::SaveCheckpoint(*optimizer_, steps(), dir, keep, options_.model_description);
+  return memwall::SaveCheckpoint(
+      *optimizer_, steps(), dir, keep, options_.model_description,
+      trainer_ != nullptr ? TilesOf(*trainer_) : std::map<std::string, ParameterTile>());
 }
 
 absl::StatusOr<LoadedCheckpoint> Engine::LoadCheckpoint(const std::string& path) {

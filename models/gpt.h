@@ -36,9 +36,15 @@ struct GptConfig {
   // of the untiled weight), which gathering on use
   // (zero_optimization.stage3_gather_on_use) gathers, computes and
   // releases in turn, so the device holds one tile at a time; without, one
-  // parameter holds them all: the untiled operator, which the tiled one
-  // equals bit for bit (the same GEMMs in the same order, on the same
-  // values). tiles 1 is the plain operator.
+  // parameter holds them all, computed in the same blocks, which the tiled
+  // one equals bit for bit (the same GEMMs in the same order, on the same
+  // values). tiles 1 is the plain operator: a tiled model starts from its
+  // weights and, on host, computes its outputs bit for bit (each output
+  // element is the same dot product; cuBLAS may choose another algorithm
+  // for a narrower GEMM), but adds the input gradient in another order
+  // (by blocks), so training agrees with it to rounding, not bit for bit
+  // (tests/engine/trainer_test.cc gives the tolerance). A checkpoint records
+  // the tiles, and `memwall export` writes the plain model's tensors.
   int64_t tiles = 1;
   // The same for the token embedding, which the LM head shares (tied):
   // its vocabulary in `vocab_tiles` tiles of consecutive tokens

@@ -278,6 +278,44 @@ TEST_CASE("damaged, truncated, foreign and mismatched checkpoints are refused by
       absl::StatusCode::kNotFound, "rank-00000.safetensors: cannot open");
 }
 
+// A consistent manifest that says parameter `name` is a tile of `whole`
+// (of `whole_shape` rows by the parameter's columns, at `row`).
+std::function<void(const std::string&)> TileOf(const std::string& name, const std::string& whole,
+                                                int64_t whole_rows, int64_t row) {
+  return Restamped([=](nlohmann::json& m) {
+    for (nlohmann::json& p : m["parameters"]) {
+      if (p["name"] != name) continue;
+      p["tile_of"] = {{"name", whole},
+                      {"shape", {whole_rows, p["shape"][1].get<int64_t>()}},
+                      {"row", row},
+                      {"column", 0}};
+    }
+  });
+}
+
+TEST_CASE("a manifest's tiles that do not make their tensor exactly once are refused by name",
+          "[checkpoint][errors][tiles]") {
+  // fc0.weight is [16, 48], fc1.weight [48, 48].
+  ExpectRefused("tile-outside", TileOf("fc0.weight", "w", 16, 1),
+                absl::StatusCode::kInvalidArgument,
+                "parameters[0] tile_of: a [16, 48] tile at row 1, column 0 does not lie inside "
+                "'w' [16, 48]");
+  ExpectRefused("tile-short", TileOf("fc0.weight", "w", 32, 16),
+                absl::StatusCode::kInvalidArgument,
+                "the tiles of 'w' (fc0.weight) hold 768 of its 1536 elements");
+  ExpectRefused(
+      "tiles-overlap",
+      [](const std::string& at) {
+        TileOf("fc0.weight", "w", 64, 0)(at);
+        TileOf("fc1.weight", "w", 64, 8)(at);
+      },
+      absl::StatusCode::kInvalidArgument,
+      "the tiles of 'w' (fc0.weight, fc1.weight) overlap ('fc0.weight' and 'fc1.weight')");
+  ExpectRefused("tile-of-a-saved-tensor", TileOf("fc0.weight", "fc1.weight", 16, 0),
+                absl::StatusCode::kInvalidArgument,
+                "the tiles of 'fc1.weight' (fc0.weight) name a tensor that is also saved whole");
+}
+
 TEST_CASE("export writes the master weights as one safetensors file, f32 or bf16",
           "[checkpoint][export]") {
   const std::string dir = TempDir("export");

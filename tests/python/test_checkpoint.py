@@ -53,3 +53,53 @@ def test_memwall_export_reads_it(saved, tmp_path):
     assert sorted(tensors) == sorted(reference)
     for name, want in reference.items():
         assert torch.allclose(tensors[name], want, rtol=0, atol=2e-5), name
+
+
+def _memwall(*args, cwd=None):
+    binary = os.path.join(ROOT, "bazel-bin", "cli", "memwall")
+    done = subprocess.run([binary, *map(str, args)], capture_output=True, text=True,
+                          env=clean_env(), cwd=cwd)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_export_of_a_tiled_model_writes_the_models_own_tensors(tmp_path):
+    """A tiled model's checkpoint holds its tiles (`qkv_weight_tile0`,
+    `wte_tile2`); export writes the model's tensors, as the untiled model's
+    export names and shapes them, each the tiles' blocks put together."""
+    from safetensors.torch import load_file
+    tiled, untiled = "gpt-tiny:tiles=2,vocab_tiles=3", "gpt-tiny"
+    for name, model, steps in [("init", untiled, 0), ("tiled-init", tiled, 0),
+                               ("tiled", tiled, 2)]:
+        _memwall("train", "--model", model, "--steps", steps, "--save", tmp_path / name)
+        _memwall("export", "--checkpoint", tmp_path / name, "--out",
+                 tmp_path / (name + ".safetensors"))
+    want = load_file(str(tmp_path / "init.safetensors"))
+    assert "embed.wte" in want and "block0.qkv_weight" in want
+    # A tiled model starts where the untiled one does (its tiles are the
+    # untiled initialisation's blocks): the same tensors, bit for bit.
+    initial = load_file(str(tmp_path / "tiled-init.safetensors"))
+    assert sorted(initial) == sorted(want)
+    for name, tensor in want.items():
+        assert torch.equal(initial[name], tensor), name
+    # Trained: each tensor is its tiles' master weights, as saved.
+    trained = load_file(str(tmp_path / "tiled.safetensors"))
+    assert sorted(trained) == sorted(want)
+    saved = {}
+    for rank_file in sorted((tmp_path / "tiled" / "step-00000002").glob("rank-*.safetensors")):
+        saved.update({k[:-len("/master")]: v for k, v in load_file(str(rank_file)).items()
+                      if k.endswith("/master")})
+    assert "embed.wte_tile2" in saved and "embed.wte" not in saved
+    assert torch.equal(trained["embed.wte"], torch.cat(
+        [saved["embed.wte_tile%d" % t] for t in range(3)], dim=0))
+    for block in range(2):
+        for weight in ["qkv_weight", "attn_proj_weight", "fc_weight", "mlp_proj_weight"]:
+            name = "block%d.%s" % (block, weight)
+            assert name not in saved
+            whole = torch.cat([saved["%s_tile%d" % (name, t)] for t in range(2)], dim=1)
+            assert torch.equal(trained[name], whole), name
+    for name, tensor in trained.items():
+        if name in saved:
+            assert torch.equal(tensor, saved[name]), name
+    # And the training moved them.
+    assert not torch.equal(trained["block0.qkv_weight"], want["block0.qkv_weight"])
