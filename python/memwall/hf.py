@@ -152,10 +152,9 @@ def inputs_for(model, seq=None, image=None):
         out = {"input_ids": ids}
         if with_labels:
             out["labels"] = ids
-        # use_cache stays the config's, as a training loop leaves it: with
-        # use_cache=False and no attention mask transformers 5 reads the
-        # position ids' values (its packed-sequence check), which a meta
-        # tensor has not.
+        # use_cache stays the config's, as a training loop leaves it (a
+        # caller's inputs with use_cache=False trace too: memwall.trace
+        # answers transformers' packed-sequence check on meta).
         return out
     return make
 

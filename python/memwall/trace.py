@@ -56,6 +56,7 @@ attention themselves; the trace then says "none".
 Python numbers autograd keeps as 0-dim double tensors bypass saved-tensor
 hooks and are not counted (8 bytes each).
 """
+import sys
 import weakref
 
 import torch
@@ -345,6 +346,44 @@ class _KernelPatch:
         return False
 
 
+class _UnpackedPositions:
+    """transformers (5.x) checks the position ids for packed sequences
+    (several in one row) when a forward has no attention mask and no cache
+    (use_cache=False, as training sets): it reads their values, which meta
+    tensors have not. Positions the model made itself count 0, 1, 2, ... in
+    every row, one sequence, which is what the check answers for them (no
+    packing); the caller's own meta position ids are refused by name, since
+    only their values could say."""
+
+    def __init__(self, inputs):
+        self.given = isinstance(inputs, dict) and inputs.get("position_ids") is not None
+        self.module = sys.modules.get("transformers.masking_utils")
+
+    def __enter__(self):
+        module = self.module
+        if module is None or not hasattr(module, "find_packed_sequence_indices"):
+            return self
+        self.original = original = module.find_packed_sequence_indices
+        given = self.given
+
+        def find_packed_sequence_indices(position_ids):
+            if not position_ids.is_meta:
+                return original(position_ids)
+            if given:
+                raise ValueError(
+                    "position_ids: on meta with no attention mask and no cache, transformers "
+                    "asks their values whether sequences are packed; pass an attention_mask, "
+                    "or leave position_ids out (the model's own count 0, 1, 2, ...)")
+            return None
+        module.find_packed_sequence_indices = find_packed_sequence_indices
+        return self
+
+    def __exit__(self, *exc):
+        if hasattr(self, "original"):
+            self.module.find_packed_sequence_indices = self.original
+        return False
+
+
 def trace(model, inputs, loss=None, attention="math"):
     """Traces one training step of `model` on `inputs` (a dict of keyword
     arguments, or a tuple of positional ones). `loss(output)` makes the
@@ -518,7 +557,8 @@ def trace(model, inputs, loss=None, attention="math"):
         handles.append(module.register_forward_hook(leave, always_call=True))
     patch = _KernelPatch(attention)
     try:
-        with patch, _Watch(on_op), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with patch, _UnpackedPositions(inputs), _Watch(on_op), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
             if loss is not None:
                 value = loss(out)

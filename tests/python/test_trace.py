@@ -98,3 +98,25 @@ def test_a_meta_trace_predicts_a_real_cpu_step_unit_by_unit(kind, tmp_path):
         opt.backward(loss)
         opt.step()
     assert counted == {u.name: u.saved for u in meta.units if u.saved}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_use_cache_false_traces_on_meta_as_on_cpu(kind):
+    """Training's use_cache=False with no attention mask: transformers reads
+    the position ids' values (is this a packed batch?). On meta the model's
+    own positions are one sequence a row, as on CPU; the caller's own meta
+    position ids are refused by name."""
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.device("meta"):
+        meta_model = small(kind)
+    meta = tracing.trace(meta_model, {"input_ids": ids.to("meta"), "labels": ids.to("meta"),
+                                      "use_cache": False})
+    cpu = tracing.trace(small(kind), {"input_ids": ids, "labels": ids, "use_cache": False})
+    assert [(u.name, u.parameters, u.saved, u.output, u.forward_flops) for u in meta.units] == \
+        [(u.name, u.parameters, u.saved, u.output, u.forward_flops) for u in cpu.units]
+    assert sum(u.saved for u in meta.units) > 0
+    positions = torch.arange(16).expand(2, 16)
+    with pytest.raises(ValueError, match="position_ids: on meta with no attention mask and no "
+                       "cache, transformers asks their values whether sequences are packed"):
+        tracing.trace(meta_model, {"input_ids": ids.to("meta"), "labels": ids.to("meta"),
+                                   "use_cache": False, "position_ids": positions.to("meta")})
