@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/demo.h"
+#include "cli/max_params.h"
 #include "cli/plan.h"
 #include "cli/profile.h"
 #include "cli/train.h"
@@ -40,7 +41,7 @@ ABSL_FLAG(std::string, backend, "",
           "no bytes, any size). Default: meta for profile, host otherwise.");
 ABSL_FLAG(std::string, device_memory, "",
           "Device capacity per rank, e.g. 256MiB, 32GiB or 32GB (binary and decimal units); "
-          "default 256MiB, 32GiB for plan; with --backend cuda the GPU's free memory less 1 GiB "
+          "default 256MiB, 32GiB for plan and max-params; with --backend cuda the GPU's free memory less 1 GiB "
           "for the CUDA runtime.");
 ABSL_FLAG(std::string, pinned_memory, "0",
           "train, profile: pinned host memory per rank for offloaded optimizer states "
@@ -54,10 +55,12 @@ ABSL_FLAG(std::string, model, "gpt-tiny",
           "gpt3-6.7b, gpt3-13b, gpt3-175b; overrides after a colon: gpt2-124m:layers=2,seq=256 "
           "(keys vocab, seq, hidden, heads, layers; tiles=K computes each block weight in K "
           "tiles of columns, vocab_tiles=K the tied embedding and LM head in K tiles of the "
-          "vocabulary; frozen_blocks=N freezes the first N blocks), or gpt:params=N.");
+          "vocabulary; frozen_blocks=N freezes the first N blocks), or gpt:params=N. "
+          "max-params: the family, gpt (default) or gpt:seq=N,vocab=N,layers=N.");
 ABSL_FLAG(std::string, config, "",
           "train: a DeepSpeed-style JSON config file; empty uses the built-in ZeRO-2 config "
-          "(configs/gpt-tiny-zero2.json).");
+          "(configs/gpt-tiny-zero2.json). max-params: the precision, optimizer and micro-batch "
+          "to keep; empty: bf16 AdamW, micro-batch 1.");
 ABSL_FLAG(int64_t, steps, 100,
           "train, profile: optimizer steps to run (when not given: 100 for train, 1 for "
           "profile); train --steps 0 --save DIR saves the initial weights.");
@@ -76,7 +79,8 @@ ABSL_FLAG(int, keep_checkpoints, 3, "train: with --save, keep the newest this ma
 ABSL_FLAG(std::string, checkpoint, "", "export: a checkpoint directory (or a --save directory).");
 ABSL_FLAG(std::string, dtype, "f32", "export: f32 or bf16.");
 ABSL_FLAG(bool, force, false,
-          "export, plan --auto, tune-aio: replace an existing --out file (never a checkpoint's).");
+          "export, plan --auto, max-params, tune-aio: replace an existing --out file (never a "
+          "checkpoint's).");
 ABSL_FLAG(std::string, resume, "",
           "train: resume from the newest complete checkpoint in this directory (any number of "
           "ranks and any ZeRO stage may have saved it); --steps is the step to train up to.");
@@ -89,14 +93,20 @@ ABSL_FLAG(int, simulate_ranks, 1,
 ABSL_FLAG(int, ranks, 2, "launch: the number of MPI ranks (processes) to start.");
 ABSL_FLAG(std::string, out, "",
           "profile: the folder for the reports (default memwall-profile); train: where out of "
-          "memory writes them (default memwall-oom).");
-ABSL_FLAG(int64_t, batch, 0, "profile, plan: micro-batch size; 0 uses the config's.");
-ABSL_FLAG(int64_t, seq, 0, "profile, plan: sequence length of a transformer; 0 uses the model's.");
+          "memory writes them (default memwall-oom); plan --auto, max-params: where the chosen "
+          "config is written; export: the safetensors file; tune-aio: the aio block.");
+ABSL_FLAG(int64_t, batch, 0, "profile, plan, max-params: micro-batch size; 0 uses the config's.");
+ABSL_FLAG(int64_t, seq, 0,
+          "profile, plan, max-params: sequence length of a transformer; 0 uses the model's "
+          "(max-params: 1024).");
 ABSL_FLAG(int64_t, image, 224, "profile, plan: image size of a CNN (square inputs).");
-ABSL_FLAG(int64_t, gpus, 1, "plan: the data-parallel world N (the plan is rank 0's).");
-ABSL_FLAG(std::string, host_memory, "512GiB", "plan: pinned host memory per GPU.");
-ABSL_FLAG(std::string, nvme, "0", "plan: NVMe space per GPU (0: none).");
-ABSL_FLAG(bool, json, false, "plan: print the plan as JSON (schema memwall.plan/1).");
+ABSL_FLAG(int64_t, gpus, 1,
+          "plan, max-params: the data-parallel world N (the plan is rank 0's).");
+ABSL_FLAG(std::string, host_memory, "512GiB", "plan, max-params: pinned host memory per GPU.");
+ABSL_FLAG(std::string, nvme, "0", "plan, max-params: NVMe space per GPU (0: none).");
+ABSL_FLAG(bool, json, false,
+          "plan, max-params: print the report as JSON (schema memwall.plan/1, "
+          "memwall.max-params/1).");
 ABSL_FLAG(bool, auto, false,
           "plan: search stage, offload, paging, NVMe, recomputation and the micro-batch "
           "(keeping micro-batch x accumulation) for the fastest "
@@ -213,12 +223,30 @@ usage:
       (written to --out FILE if given: an existing FILE only with --force,
       a checkpoint's file never). With --nvme, a GPT candidate with
       its parameters on NVMe that does not fit is tried with its block
-      operators and its tied embedding and LM head in 2, 4 or 8 tiles (the
+      operators and its tied embedding and LM head in 2, 4, 8 or 16 tiles (the
       fewest that fit); tiles are the model's, so the plan then names the
       --model to run ("gpt2-1.5b:tiles=4,vocab_tiles=4"). Planning that
       takes more than a
       second reports on stderr, once a second, what it is doing (the
       candidate, and where in the dry-run step).
+
+  memwall max-params [--model gpt[:seq=N,vocab=N,layers=N]] [--gpus N]
+                     [--device_memory SIZE] [--host_memory SIZE] [--nvme SIZE]
+                     [--config FILE] [--batch N] [--seq N] [--json]
+                     [--out FILE [--force]]
+      The largest GPT that trains on N GPUs of SIZE with this host memory
+      and NVMe per GPU (GPT-3's shape rule: hidden = 128 x heads = 128 x
+      layers, seq 1024, unless the family fixes seq, vocab or layers), in
+      the config's precision and optimizer at its micro-batch (default:
+      bf16 AdamW, micro-batch 1). Sizes are searched by dry runs (as plan
+      makes them, with the CUDA runtime's 1 GiB allowance) under the most
+      memory-frugal strategy the budgets allow: stage 3 with recomputation,
+      offloading to host memory and NVMe, the block weights gathered on use
+      in up to 16 tiles, activation checkpoints in host memory; the largest
+      size is then given the first of these, fastest first, that fits it.
+      Prints the model (its --model, tiles included), the strategy, its
+      device, host and NVMe use, what stops the next size up, the config
+      (written to --out FILE if given) and the plan command that checks it.
 
   memwall export --checkpoint DIR --out FILE [--dtype f32|bf16] [--force]
       Writes the master weights of the newest complete checkpoint under DIR
@@ -296,6 +324,9 @@ const std::map<std::string, std::set<std::string>>& FlagsOf() {
       {"plan",
        {"device_memory", "model", "config", "batch", "seq", "image", "gpus", "host_memory", "nvme",
         "json", "auto", "hardware", "out", "force", "attention", "lora_rank", "lora_targets"}},
+      {"max-params",
+       {"device_memory", "model", "config", "batch", "seq", "gpus", "host_memory", "nvme", "json",
+        "out", "force"}},
       {"export", {"checkpoint", "out", "dtype", "force"}},
       {"demo", {"backend", "device_memory", "params"}},
       {"tune-aio", {"dir", "bytes", "buffer_count", "repeats", "out", "force"}},
@@ -397,6 +428,35 @@ int Plan() {
   options.lora_rank = absl::GetFlag(FLAGS_lora_rank);
   options.lora_targets = absl::GetFlag(FLAGS_lora_targets);
   const absl::Status status = memwall::RunPlan(options);
+  return status.ok() ? 0 : Fail(status);
+}
+
+// `memwall max-params`: the family's largest member that trains.
+int MaxParams() {
+  memwall::MaxParamsFlags flags;
+  auto device = MemoryFlag("32GiB");
+  if (!device.ok()) return Fail(device.status());
+  flags.device_bytes = *device;
+  auto host = memwall::ParseBytes(absl::GetFlag(FLAGS_host_memory), "--host_memory");
+  if (!host.ok()) return Fail(host.status());
+  flags.host_bytes = *host;
+  auto nvme = memwall::ParseBytes(absl::GetFlag(FLAGS_nvme), "--nvme");
+  if (!nvme.ok()) return Fail(nvme.status());
+  flags.nvme_bytes = *nvme;
+  flags.family = Given().count("model") > 0 ? absl::GetFlag(FLAGS_model) : "gpt";
+  flags.config_path = absl::GetFlag(FLAGS_config);
+  flags.gpus = absl::GetFlag(FLAGS_gpus);
+  flags.batch = absl::GetFlag(FLAGS_batch);
+  flags.seq = absl::GetFlag(FLAGS_seq);
+  flags.json = absl::GetFlag(FLAGS_json);
+  flags.out_path = absl::GetFlag(FLAGS_out);
+  flags.overwrite_out = absl::GetFlag(FLAGS_force);
+  const std::string device_text = absl::GetFlag(FLAGS_device_memory);
+  flags.machine_flags = absl::StrCat(
+      "--gpus ", flags.gpus, " --device_memory ", device_text.empty() ? "32GiB" : device_text,
+      " --host_memory ", absl::GetFlag(FLAGS_host_memory), " --nvme ", absl::GetFlag(FLAGS_nvme),
+      flags.batch > 0 ? absl::StrCat(" --batch ", flags.batch) : "");
+  const absl::Status status = memwall::RunMaxParams(flags);
   return status.ok() ? 0 : Fail(status);
 }
 
@@ -747,8 +807,8 @@ int Main(int argc, char** argv) {
   for (const std::string& name : given) Given().insert(name);
   if (FlagsOf().count(command) == 0) {
     return Usage(absl::StrCat("unknown command '", command,
-                              "' (expected train, profile, plan, export, launch, demo or "
-                              "tune-aio)"));
+                              "' (expected train, profile, plan, max-params, export, launch, "
+                              "demo or tune-aio)"));
   }
   if (absl::Status applies = CheckFlagsApply(command); !applies.ok()) {
     return Usage(std::string(applies.message()));
@@ -765,6 +825,7 @@ int Main(int argc, char** argv) {
   if (command == "tune-aio") return TuneAio();
   if (command == "profile") return Profile();
   if (command == "plan") return Plan();
+  if (command == "max-params") return MaxParams();
   return Export();
 }
 

@@ -120,11 +120,12 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
   }
   const int64_t parameters = result.candidates.empty() ? 0 : result.candidates[0].plan.parameters;
   std::string out = absl::StrFormat(
-      "memwall plan --auto: %s (%.2fB parameters) on %lld GPU%s of %s, host %s, NVMe %s; step "
-      "times on %s\n",
+      "memwall plan --auto: %s (%.2fB parameters) on %lld GPU%s of %s, host %s, NVMe %s; %s "
+      "weights (the config's precision); step times on %s\n",
       options.model, parameters / 1e9, static_cast<long long>(options.gpus),
       options.gpus == 1 ? "" : "s", FormatBytes(options.device_bytes),
-      FormatBytes(options.host_bytes), FormatBytes(options.nvme_bytes), hw.name);
+      FormatBytes(options.host_bytes), FormatBytes(options.nvme_bytes),
+      DTypeName(config.param_dtype()), hw.name);
   out += TracedLine(options);
   absl::StrAppendFormat(&out,
                         "  (%.1f TFLOP/s sustained, interconnect %.1f GB/s, host link %.1f GB/s, "

@@ -269,7 +269,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
       // for the device alone may fit in tiles (the fewest that fit; each
       // tile is gathered, computed and released in turn).
       if (c.nvme_params && !cand.plan.fits && options.tiled_model) {
-        for (int64_t tiles : {2, 4, 8}) {
+        for (int64_t tiles : {2, 4, 8, 16}) {
           absl::StatusOr<ModelFactory> tiled = options.tiled_model(tiles);
           if (!tiled.ok()) continue;  // the model's widths do not divide
           DryRunOptions with = at;

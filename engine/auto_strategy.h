@@ -92,8 +92,9 @@ double PredictStepSeconds(const DryRunResult& plan, const Config& config, const 
 // overlapped with backward), paging, recomputation, and flat-group
 // (bucket and prefetch) sizes of 5e6 and 5e7 elements; offload to NVMe
 // only when options.nvme_bytes > 0 (at stage 3 also with the parameters
-// and gradients there, the block weights gathered on use; the model's
-// tiles are its spec's, not searched); and, with `vary_micro_batch` and a
+// and gradients there, the block weights gathered on use, and, when that
+// does not fit and options.tiled_model is set, the model in 2, 4, 8 or 16
+// tiles: the fewest that fit); and, with `vary_micro_batch` and a
 // global batch per GPU (options.batch, else the config's micro-batch, times
 // its gradient_accumulation_steps) above 1, each of its divisors as the
 // micro-batch with the accumulation that keeps it (", micro-batch M x K"

@@ -274,7 +274,7 @@ check "plan: the tiled model with the chosen config fits" "$out" "fits: yes" \
 out=$("$memwall" plan --model gpt-tiny --device-memory 64MiB --auto --hardware this-machine 2>&1)
 check "plan: auto on this machine" "$out" "step times on this-machine" "TFLOP/s sustained" "fits: yes"
 out=$("$memwall" plan --model gpt3-175b --gpus 1 --device-memory 16GiB --host-memory 64GiB --auto 2>&1)
-check "plan: nothing fits" "$out" "memwall plan --auto: gpt3-175b (174.60B parameters) on 1 GPU of 16.00 GiB" "fits: no (no candidate fits; the one needing the least device memory, stage 3, optimizer offload 1, parameter paging, recomputation optimal" "and overflows device memory by"
+check "plan: nothing fits" "$out" "memwall plan --auto: gpt3-175b (174.60B parameters) on 1 GPU of 16.00 GiB, host 64.00 GiB, NVMe 0 B; f32 weights (the config's precision)" "fits: no (no candidate fits; the one needing the least device memory, stage 3, optimizer offload 1, parameter paging, recomputation optimal" "and overflows device memory by"
 
 # Bad usage names the problem first, in one line: flags a command does not
 # read, unknown commands, stray arguments.
@@ -293,7 +293,7 @@ check "plan --out without --auto" "$out" "--out applies to 'plan' with --auto"
 [ ! -e "$tmp/never.json" ] && pass || fail "plan --out without --auto wrote a file"
 out=$("$memwall" trian 2>&1)
 check "unknown command" "$(first "$out")" \
-  "memwall: unknown command 'trian' (expected train, profile, plan, export, launch, demo or tune-aio)"
+  "memwall: unknown command 'trian' (expected train, profile, plan, max-params, export, launch, demo or tune-aio)"
 out=$("$memwall" train gpt-tiny 2>&1)
 check "stray argument" "$(first "$out")" "memwall: unexpected argument 'gpt-tiny' after 'train' (flags start with --)"
 # Unknown flags and flags given twice are bad usage (exit 2), named; help
