@@ -280,7 +280,7 @@ check "plan: nothing fits" "$out" "memwall plan --auto: gpt3-175b (174.60B param
 # read, unknown commands, stray arguments.
 first() { head -1 <<<"$1"; }
 out=$("$memwall" train --batch 4 2>&1)
-check "train --batch" "$(first "$out")" "memwall: --batch does not apply to 'train' (it is read by plan, profile)"
+check "train --batch" "$(first "$out")" "memwall: --batch does not apply to 'train' (it is read by max-params, plan, profile)"
 out=$("$memwall" plan --steps 3 2>&1)
 check "plan --steps" "$(first "$out")" "memwall: --steps does not apply to 'plan' (it is read by profile, train)"
 out=$("$memwall" plan --backend host 2>&1)
