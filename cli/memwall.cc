@@ -56,7 +56,8 @@ ABSL_FLAG(std::string, model, "gpt-tiny",
           "(keys vocab, seq, hidden, heads, layers; tiles=K computes each block weight in K "
           "tiles of columns, vocab_tiles=K the tied embedding and LM head in K tiles of the "
           "vocabulary; frozen_blocks=N freezes the first N blocks), or gpt:params=N. "
-          "max-params: the family, gpt (default) or gpt:seq=N,vocab=N,layers=N.");
+          "max-params: the family, gpt (default), gpt:seq=N,vocab=N,layers=N, or hf:PATH "
+          "(scaled in depth).");
 ABSL_FLAG(std::string, config, "",
           "train: a DeepSpeed-style JSON config file; empty uses the built-in ZeRO-2 config "
           "(configs/gpt-tiny-zero2.json). max-params: the precision, optimizer and micro-batch "
@@ -230,7 +231,7 @@ usage:
       second reports on stderr, once a second, what it is doing (the
       candidate, and where in the dry-run step).
 
-  memwall max-params [--model gpt[:seq=N,vocab=N,layers=N]] [--gpus N]
+  memwall max-params [--model gpt[:seq=N,vocab=N,layers=N] | hf:PATH] [--gpus N]
                      [--device_memory SIZE] [--host_memory SIZE] [--nvme SIZE]
                      [--config FILE] [--batch N] [--seq N] [--json]
                      [--out FILE [--force]]
@@ -247,6 +248,10 @@ usage:
       Prints the model (its --model, tiles included), the strategy, its
       device, host and NVMe use, what stops the next size up, the config
       (written to --out FILE if given) and the plan command that checks it.
+      hf:PATH (a Hugging Face config.json, as plan takes it) is traced once
+      and scaled in depth: its middle block repeated (its first and last
+      kept), the config's width, sequence and vocabulary; the answer is
+      the number of layers (its num_hidden_layers or n_layer) to set.
 
   memwall export --checkpoint DIR --out FILE [--dtype f32|bf16] [--force]
       Writes the master weights of the newest complete checkpoint under DIR

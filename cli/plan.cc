@@ -218,8 +218,8 @@ absl::Status TraceFailure(const std::string& model, const std::string& python, i
                                           last.empty() ? "" : absl::StrCat(": ", last)));
 }
 
-// Traces "hf:PATH" with the Python front end into a description file and
-// loads it.
+}  // namespace
+
 absl::StatusOr<TracedModel> TraceHuggingFace(const PlanOptions& options, const Config& config) {
   const std::string path = options.model.substr(3);
   const char* python_env = std::getenv("MEMWALL_PYTHON");
@@ -256,8 +256,6 @@ absl::StatusOr<TracedModel> TraceHuggingFace(const PlanOptions& options, const C
   std::remove(out.c_str());
   return model;
 }
-
-}  // namespace
 
 nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const DryRunResult& r) {
   nlohmann::json collectives = nlohmann::json::object();

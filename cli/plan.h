@@ -73,6 +73,11 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options);
 // PlanReport, printed; progress on stderr when planning takes more than a
 // second.
 absl::Status RunPlan(const PlanOptions& options);
+// Traces options.model, "hf:PATH", with the Python front end
+// ($MEMWALL_PYTHON, else python3; `python -m memwall.hf`) in `config`'s
+// precision at its micro-batch, with options' seq, image, attention and
+// LoRA settings. Errors name --model and say what the tracer said.
+absl::StatusOr<TracedModel> TraceHuggingFace(const PlanOptions& options, const Config& config);
 // Sets options' traced_* fields from a traced model's description.
 void DescribeTraced(const TracedModel& model, PlanOptions& options);
 // One dry run's report as "memwall.plan/1" JSON.

@@ -1,9 +1,11 @@
 #include "models/traced.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
@@ -289,6 +291,128 @@ int64_t TracedParameters(const TracedModel& model) {
     }
   }
   return n;
+}
+
+namespace {
+
+// "model.layers.12" -> ("model.layers", 12); false for a name without a
+// numbered tail.
+bool SplitNumbered(const std::string& name, std::string* prefix, int64_t* index) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos || dot + 1 == name.size()) return false;
+  const std::string tail = name.substr(dot + 1);
+  if (tail.find_first_not_of("0123456789") != std::string::npos || tail.size() > 9) return false;
+  *prefix = name.substr(0, dot);
+  *index = std::stoll(tail);
+  return true;
+}
+
+bool SameFigure(const TracedFigure& a, const TracedFigure& b) {
+  return a.fixed == b.fixed && a.per_sample == b.per_sample;
+}
+
+// What differs between blocks `a` and `b` (their own names aside), or "".
+std::string BlockDifference(const TracedStage& a, const TracedStage& b) {
+  if (a.parameters.size() != b.parameters.size()) return "their parameters";
+  for (size_t i = 0; i < a.parameters.size(); ++i) {
+    const ParameterDecl& p = a.parameters[i];
+    const ParameterDecl& q = b.parameters[i];
+    const std::string pg = p.group.substr(std::min(p.group.size(), a.name.size()));
+    const std::string qg = q.group.substr(std::min(q.group.size(), b.name.size()));
+    if (p.name != q.name || p.shape != q.shape || p.trainable != q.trainable || pg != qg) {
+      return absl::StrCat("parameter '", p.name, "'");
+    }
+  }
+  const std::pair<const char*, std::pair<const TracedFigure*, const TracedFigure*>> figures[] = {
+      {"kept", {&a.kept, &b.kept}},
+      {"output", {&a.output, &b.output}},
+      {"input_grad", {&a.input_grad, &b.input_grad}},
+      {"forward_flops", {&a.forward_flops, &b.forward_flops}},
+      {"workspace", {&a.workspace, &b.workspace}},
+      {"backward_workspace", {&a.backward_workspace, &b.backward_workspace}}};
+  for (const auto& [field, pair] : figures) {
+    if (!SameFigure(*pair.first, *pair.second)) return absl::StrCat("'", field, "'");
+  }
+  if (a.reads_input != b.reads_input) return "'reads_input'";
+  if (!a.shared.empty() || !b.shared.empty()) return "'shared'";
+  return "";
+}
+
+}  // namespace
+
+TracedBlocks FindTracedBlocks(const TracedModel& model) {
+  TracedBlocks best;
+  for (size_t i = 0; i < model.stages.size(); ++i) {
+    std::string prefix;
+    int64_t index = 0;
+    if (!SplitNumbered(model.stages[i].name, &prefix, &index) || index != 0) continue;
+    int64_t count = 1;
+    std::string p;
+    int64_t k = 0;
+    while (i + count < model.stages.size() && SplitNumbered(model.stages[i + count].name, &p, &k) &&
+           p == prefix && k == count) {
+      ++count;
+    }
+    if (count > best.count) best = {i, count, prefix};
+  }
+  return best;
+}
+
+absl::StatusOr<TracedModel> WithTracedBlocks(const TracedModel& model, int64_t blocks) {
+  const TracedBlocks found = FindTracedBlocks(model);
+  const std::string where = absl::StrCat(model.source, " (", model.model, ")");
+  if (found.count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": no numbered blocks (stages named <prefix>.0, <prefix>.1, ...) to repeat"));
+  }
+  if (blocks < 1 || blocks > 1'000'000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": blocks: expected 1..1000000, got ", blocks));
+  }
+  const std::vector<TracedStage>& stages = model.stages;
+  const size_t first = found.first, last = first + found.count - 1;
+  // The middle blocks must be alike: the copies stand for them.
+  const TracedStage& pattern = stages[found.count > 2 ? first + 1 : first];
+  for (size_t i = first + 2; i < last; ++i) {
+    if (const std::string d = BlockDifference(pattern, stages[i]); !d.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": blocks ", pattern.name, " and ", stages[i].name, " differ in ", d,
+          "; repeating one block would not be this model"));
+    }
+  }
+  std::set<std::string> block_parameters;
+  for (size_t i = first; i <= last; ++i) {
+    for (const ParameterDecl& p : stages[i].parameters) {
+      block_parameters.insert(absl::StrCat(stages[i].name, ".", p.name));
+    }
+  }
+  for (const TracedStage& s : stages) {
+    for (const std::string& shared : s.shared) {
+      if (block_parameters.count(shared) > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": stage ", s.name, " shares ", shared,
+            ", a block's parameter; a model of another depth would not share it"));
+      }
+    }
+  }
+  // Block `from` as block `index`: its name and its groups renamed.
+  const auto as_block = [&](const TracedStage& from, int64_t index) {
+    TracedStage copy = from;
+    copy.name = absl::StrCat(found.prefix, ".", index);
+    for (ParameterDecl& p : copy.parameters) {
+      if (p.group == from.name || absl::StartsWith(p.group, from.name + ".")) {
+        p.group = copy.name + p.group.substr(from.name.size());
+      }
+    }
+    return copy;
+  };
+  TracedModel out = model;
+  out.stages.assign(stages.begin(), stages.begin() + first);
+  out.stages.push_back(stages[first]);
+  for (int64_t b = 1; b + 1 < blocks; ++b) out.stages.push_back(as_block(pattern, b));
+  if (blocks > 1) out.stages.push_back(as_block(stages[last], blocks - 1));
+  out.stages.insert(out.stages.end(), stages.begin() + last + 1, stages.end());
+  return out;
 }
 
 ModelFactory TracedModelFactory(std::shared_ptr<const TracedModel> model) {

@@ -86,6 +86,26 @@ absl::StatusOr<TracedModel> LoadTracedModel(const std::string& path);
 // Parameter elements, all stages.
 int64_t TracedParameters(const TracedModel& model);
 
+// The stages that are the model's numbered blocks ("model.layers.0",
+// "model.layers.1", ...: one prefix, numbered 0 to L-1 in order, L >= 1;
+// the longest such run): their first index in `model.stages` and L. 0
+// blocks if there is none.
+struct TracedBlocks {
+  size_t first = 0;
+  int64_t count = 0;
+  std::string prefix;  // "model.layers"
+};
+TracedBlocks FindTracedBlocks(const TracedModel& model);
+
+// `model` with `blocks` (>= 1) numbered blocks instead of its own: the
+// first and the last as traced (what feeds them and what they feed may
+// differ), every other a copy of block 1 renamed (its parameters' groups
+// too). Depth scaling for a uniform stack; kInvalidArgument naming the
+// stages where the model has no numbered blocks, where its middle blocks
+// differ (a repeated block would not be this model), or where another
+// stage shares a block's parameter.
+absl::StatusOr<TracedModel> WithTracedBlocks(const TracedModel& model, int64_t blocks);
+
 // The engine's factory: a fresh chain of traced layers per micro-batch
 // size. Its layers refuse (kInvalidArgument, at forward) to run with
 // activations in a dtype other than the traced one.

@@ -131,5 +131,71 @@ TEST_CASE("a bad description names its field", "[traced]") {
   CHECK(LoadTracedModel("/nonexistent/m.json").status().code() == absl::StatusCode::kNotFound);
 }
 
+// A stack: "emb", blocks "h.0" .. "h.<n-1>" (each a [4, 4] weight in its
+// own group "h.K.mlp"; block 0 keeps more, as a first block may), "head".
+std::string Stack(int n, const std::string& block3_kept = "[0, 10]") {
+  std::string stages = R"({"name": "emb", "parameters": [{"name": "w", "shape": [8, 4]}],
+     "kept": [0, 1], "output": [0, 4], "input_grad": [0, 0], "forward_flops": [0, 0]})";
+  for (int k = 0; k < n; ++k) {
+    const std::string kept = k == 0 ? "[0, 30]" : k == 3 ? block3_kept : "[0, 10]";
+    stages += R"(, {"name": "h.)" + std::to_string(k) +
+              R"(", "parameters": [{"name": "mlp.w", "shape": [4, 4], "group": "h.)" +
+              std::to_string(k) + R"(.mlp"}], "kept": )" + kept +
+              R"(, "output": [0, 4], "input_grad": [0, 4], "forward_flops": [0, 32]})";
+  }
+  stages += R"(, {"name": "head", "shared": ["emb.w"], "kept": [0, 2], "output": [4, 0],
+     "input_grad": [0, 4], "forward_flops": [0, 64]})";
+  return R"({"format": "memwall.traced/1", "model": "Stack", "dtype": "f32",
+     "attention": "none", "input": [2], "stages": [)" + stages + "]}";
+}
+
+TEST_CASE("a traced stack scales in depth: the first and last blocks kept, the middle repeated",
+          "[traced][depth]") {
+  const TracedModel five = ParseTracedModel(Stack(5), "stack").value();
+  const TracedBlocks blocks = FindTracedBlocks(five);
+  CHECK(blocks.first == 1);
+  CHECK(blocks.count == 5);
+  CHECK(blocks.prefix == "h");
+  // At its own depth: the same model.
+  const TracedModel same = WithTracedBlocks(five, 5).value();
+  REQUIRE(same.stages.size() == five.stages.size());
+  for (size_t i = 0; i < same.stages.size(); ++i) {
+    CHECK(same.stages[i].name == five.stages[i].name);
+    CHECK(same.stages[i].kept.per_sample == five.stages[i].kept.per_sample);
+  }
+  // Eight blocks: h.0 as traced, h.1 .. h.6 copies of h.1 renamed (their
+  // groups too), h.7 the traced last block; the parameters grow by 3 blocks.
+  const TracedModel eight = WithTracedBlocks(five, 8).value();
+  REQUIRE(eight.stages.size() == 10);
+  CHECK(eight.stages[1].kept.per_sample == 30);
+  for (int k = 0; k < 8; ++k) {
+    const TracedStage& s = eight.stages[1 + k];
+    CHECK(s.name == "h." + std::to_string(k));
+    CHECK(s.parameters[0].group == "h." + std::to_string(k) + ".mlp");
+  }
+  CHECK(eight.stages[9].name == "head");
+  CHECK(TracedParameters(eight) == TracedParameters(five) + 3 * 16);
+  // One block: the first alone.
+  const TracedModel one = WithTracedBlocks(five, 1).value();
+  REQUIRE(one.stages.size() == 3);
+  CHECK(one.stages[1].name == "h.0");
+  CHECK(TracedParameters(one) == 32 + 16);
+}
+
+TEST_CASE("a stack whose middle blocks differ, or has none, does not scale", "[traced][depth]") {
+  const TracedModel odd = ParseTracedModel(Stack(5, "[0, 11]"), "odd").value();
+  const absl::Status differ = WithTracedBlocks(odd, 8).status();
+  CHECK(differ.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(differ.message() ==
+        "odd (Stack): blocks h.1 and h.3 differ in 'kept'; repeating one block would not be "
+        "this model");
+  const TracedModel flat = ParseTracedModel(Description(false, true), "toy").value();
+  CHECK(WithTracedBlocks(flat, 2).status().message() ==
+        "toy (Toy): no numbered blocks (stages named <prefix>.0, <prefix>.1, ...) to repeat");
+  const TracedModel five = ParseTracedModel(Stack(5), "stack").value();
+  CHECK(WithTracedBlocks(five, 0).status().message() ==
+        "stack (Stack): blocks: expected 1..1000000, got 0");
+}
+
 }  // namespace
 }  // namespace memwall
