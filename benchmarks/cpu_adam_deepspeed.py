@@ -11,7 +11,8 @@ are), AdamW, best of many calls, less the same call's time on 16
 elements (Python's and the binding's share). memwall: the staggered
 one-thread rows of bazel-bin/benchmarks/cpu_adam_benchmark for the same sizes
 (the kernel the offloaded update runs, no Python in the way), run between
-DeepSpeed's measurements, round by round. The two do the same memory
+DeepSpeed's measurements, round by round, best of as many tries as
+DeepSpeed's. The two do the same memory
 traffic (4 reads, 3 writes); they differ in rounding: memwall computes
 sqrt(v) / sqrt(bias_correction2) and m / denominator as torch's AdamW does,
 correctly rounded, while DeepSpeed multiplies by 1 / sqrt(bias_correction2).
@@ -33,6 +34,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 SIZES = (14, 16, 18, 24)
+# Both sides get the same number of tries per size, best kept: DeepSpeed's
+# calls below (4000 up to 2^16, 400 at 2^18, 20 at 2^24) are what
+# cpu_adam_benchmark makes of --repeats 20 (x200, x20, x1).
+MEMWALL_REPEATS = 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINARY = os.path.join(ROOT, "bazel-bin", "benchmarks", "cpu_adam_benchmark")
 
@@ -68,7 +73,7 @@ def memwall_rates():
     """Parameters/s of memwall's kernel per size (the staggered 1-thread
     rows), and per pool size of its update reading bf16 gradients."""
     out = subprocess.run(
-        [BINARY, "--sizes", ",".join(str(s) for s in SIZES), "--repeats", "5"],
+        [BINARY, "--sizes", ",".join(str(s) for s in SIZES), "--repeats", str(MEMWALL_REPEATS)],
         check=True, capture_output=True, text=True).stdout
     rates, bf16 = {}, {}
     for line in out.splitlines():

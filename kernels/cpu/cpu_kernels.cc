@@ -51,6 +51,14 @@ bool IsaSupported(Isa isa) {
   return index >= 0 && index < 3 && supported[index];
 }
 
+size_t StreamPrefetchElements() {
+  static const size_t ahead = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") ? size_t{0} : size_t{512};
+  }();
+  return ahead;
+}
+
 std::vector<Isa> SupportedIsas() {
   std::vector<Isa> isas;
   for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {

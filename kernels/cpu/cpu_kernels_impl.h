@@ -160,16 +160,15 @@ bool HasInfOrNan(const void* x, DType dtype, size_t n) {
 }
 
 // The update streams its arrays from memory (an offloaded group's state is
-// far larger than the caches), and the hardware prefetchers alone leave it
-// short of the bandwidth: each block of kAdamBlock elements first asks for
-// the lines kAdamAhead elements on (cpu_adam_benchmark: 1.13-1.29x at 2^24
-// and 2^26 elements on one thread, unchanged in cache). Prefetching stops
-// that far from the end rather than point past the arrays.
-constexpr size_t kAdamBlock = 64, kAdamAhead = 512;
+// far larger than the caches); where the hardware prefetchers alone leave
+// it short of the bandwidth, each block of kAdamBlock elements first asks
+// for the lines `ahead` (StreamPrefetchElements) elements on. Prefetching
+// stops that far from the end rather than point past the arrays.
+constexpr size_t kAdamBlock = 64;
 
 template <int kForWrite, typename E>
-inline void PrefetchBlock(const E* at) {
-  const char* bytes = reinterpret_cast<const char*>(at + kAdamAhead);
+inline void PrefetchBlock(const E* at, size_t ahead) {
+  const char* bytes = reinterpret_cast<const char*>(at + ahead);
   for (size_t k = 0; k < kAdamBlock * sizeof(E); k += 64) __builtin_prefetch(bytes + k, kForWrite);
 }
 
@@ -195,11 +194,12 @@ void AdamT(const AdamConstants c, float* __restrict p, const void* g_in, float* 
   const auto* __restrict g = static_cast<const T<G>*>(g_in);
   auto* __restrict low = static_cast<T<Low>*>(p_low);
   size_t i = 0;
-  for (; i + kAdamAhead + kAdamBlock <= n; i += kAdamBlock) {
-    PrefetchBlock<1>(p + i);
-    PrefetchBlock<0>(g + i);
-    PrefetchBlock<1>(m + i);
-    PrefetchBlock<1>(v + i);
+  const size_t ahead = StreamPrefetchElements();
+  for (; ahead > 0 && i + ahead + kAdamBlock <= n; i += kAdamBlock) {
+    PrefetchBlock<1>(p + i, ahead);
+    PrefetchBlock<0>(g + i, ahead);
+    PrefetchBlock<1>(m + i, ahead);
+    PrefetchBlock<1>(v + i, ahead);
     AdamRun<G, Low, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? low + i : nullptr, kAdamBlock);
   }
   AdamRun<G, Low, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? low + i : nullptr, n - i);
@@ -256,11 +256,12 @@ void AdamToT(const AdamConstants c, const float* __restrict p, const void* g_in,
   const auto* __restrict g = static_cast<const T<G>*>(g_in);
   auto* __restrict low = static_cast<T<Low>*>(p_low);
   size_t i = 0;
-  for (; i + kAdamAhead + kAdamBlock <= n; i += kAdamBlock) {
-    PrefetchBlock<0>(p + i);
-    PrefetchBlock<0>(g + i);
-    PrefetchBlock<0>(m + i);
-    PrefetchBlock<0>(v + i);
+  const size_t ahead = StreamPrefetchElements();
+  for (; ahead > 0 && i + ahead + kAdamBlock <= n; i += kAdamBlock) {
+    PrefetchBlock<0>(p + i, ahead);
+    PrefetchBlock<0>(g + i, ahead);
+    PrefetchBlock<0>(m + i, ahead);
+    PrefetchBlock<0>(v + i, ahead);
     AdamToRun<G, Low, kCopy>(c, p + i, g + i, m + i, v + i, p_out + i, m_out + i, v_out + i,
                              kCopy ? low + i : nullptr, kAdamBlock);
   }
