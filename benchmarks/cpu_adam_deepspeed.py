@@ -71,20 +71,25 @@ def deepspeed_seconds(op, n, calls):
 
 def memwall_rates():
     """Parameters/s of memwall's kernel per size (the staggered 1-thread
-    rows), and per pool size of its update reading bf16 gradients."""
+    rows), per pool size (2^18 and up: the four arrays separate pinned-pool
+    allocations, as an offloaded group's are and as DeepSpeed's four
+    tensors are), and per pool size of its update reading bf16 gradients."""
     out = subprocess.run(
         [BINARY, "--sizes", ",".join(str(s) for s in SIZES), "--repeats", str(MEMWALL_REPEATS)],
         check=True, capture_output=True, text=True).stdout
-    rates, bf16 = {}, {}
+    rates, pool, bf16 = {}, {}, {}
     for line in out.splitlines():
         fields = line.split()
         if len(fields) >= 4 and fields[1] == "staggered" and fields[2] == "1":
             rates[int(fields[0])] = float(fields[3]) * 1e6
+        if len(fields) >= 4 and fields[1] == "pool" and fields[2] == "1" and \
+                "bf16" not in line:
+            pool[int(fields[0])] = float(fields[3]) * 1e6
         if "bf16 gradients" in line and fields[2] == "1":
             bf16[int(fields[0])] = float(line.split("read by the update")[1].split()[0]) * 1e6
     if sorted(rates) != [1 << s for s in SIZES]:
         sys.exit(f"cpu_adam_deepspeed: unexpected output of {BINARY}:\n{out}")
-    return rates, bf16, out.splitlines()[0]
+    return rates, pool, bf16, out.splitlines()[0]
 
 
 def main():
@@ -97,6 +102,7 @@ def main():
     torch.set_num_threads(1)
     op = deepspeed_op()
     ratios = {1 << s: [] for s in SIZES}
+    pool_ratios = {}
     for round_index in range(args.rounds):
         call = deepspeed_seconds(op, 16, 4000)
         ds = {}
@@ -104,19 +110,25 @@ def main():
             n = 1 << s
             seconds = deepspeed_seconds(op, n, 4000 if s <= 16 else 400 if s <= 18 else 20)
             ds[n] = n / (seconds - call)
-        mw, bf16, header = memwall_rates()
+        mw, pool, bf16, header = memwall_rates()
         print(f"round {round_index + 1} ({header.split(', ')[-1]}; DeepSpeed's call "
               f"{call * 1e6:.2f} us subtracted):")
         for n in sorted(ds):
             ratios[n].append(mw[n] / ds[n])
             line = (f"  2^{n.bit_length() - 1:<3} memwall {mw[n] / 1e6:8.1f} Mp/s   "
                     f"DeepSpeed {ds[n] / 1e6:8.1f} Mp/s   memwall/DeepSpeed {mw[n] / ds[n]:.2f}x")
+            if n in pool:
+                pool_ratios.setdefault(n, []).append(pool[n] / ds[n])
+                line += f"   (pool arrays: {pool[n] / 1e6:.1f} Mp/s, {pool[n] / ds[n]:.2f}x)"
             if n in bf16:
                 line += (f"   (memwall on bf16 gradients, with the bf16 parameter copy: "
                          f"{bf16[n] / 1e6:.1f} Mp/s, {bf16[n] / ds[n]:.2f}x)")
             print(line)
     print("median over rounds:", ", ".join(
         f"2^{n.bit_length() - 1} {statistics.median(r):.2f}x" for n, r in sorted(ratios.items())))
+    print("median over rounds, memwall's pool arrays:", ", ".join(
+        f"2^{n.bit_length() - 1} {statistics.median(r):.2f}x"
+        for n, r in sorted(pool_ratios.items())))
 
 
 if __name__ == "__main__":
