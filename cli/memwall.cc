@@ -22,15 +22,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/demo.h"
-#include "cli/max_params.h"
-#include "cli/plan.h"
 #include "cli/profile.h"
 #include "cli/train.h"
 #include "engine/checkpoint.h"
+#include "engine/progress.h"
 #include "engine/version.h"
 #include "kernels/cpu/blas_core.h"
 #include "nlohmann/json.hpp"
 #include "offload/aio_tune.h"
+#include "planning/max_params.h"
+#include "planning/plan.h"
 #include "runtime/device.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/units.h"
@@ -432,13 +433,24 @@ int Plan() {
   options.attention = absl::GetFlag(FLAGS_attention);
   options.lora_rank = absl::GetFlag(FLAGS_lora_rank);
   options.lora_targets = absl::GetFlag(FLAGS_lora_targets);
-  const absl::Status status = memwall::RunPlan(options);
-  return status.ok() ? 0 : Fail(status);
+  // --out is checked before planning, which can take minutes.
+  if (!options.out_path.empty()) {
+    if (auto s = memwall::CheckOutputFile("--out", options.out_path, options.overwrite_out);
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
+  memwall::PlanProgress progress(stderr, "memwall plan");
+  options.progress = &progress;
+  const absl::StatusOr<std::string> report = memwall::PlanReport(options);
+  if (!report.ok()) return Fail(report.status());
+  std::fputs(report->c_str(), stdout);
+  return 0;
 }
 
 // `memwall max-params`: the family's largest member that trains.
 int MaxParams() {
-  memwall::MaxParamsFlags flags;
+  memwall::MaxParamsRequest flags;
   auto device = MemoryFlag("32GiB");
   if (!device.ok()) return Fail(device.status());
   flags.device_bytes = *device;
@@ -461,8 +473,17 @@ int MaxParams() {
       "--gpus ", flags.gpus, " --device_memory ", device_text.empty() ? "32GiB" : device_text,
       " --host_memory ", absl::GetFlag(FLAGS_host_memory), " --nvme ", absl::GetFlag(FLAGS_nvme),
       flags.batch > 0 ? absl::StrCat(" --batch ", flags.batch) : "");
-  const absl::Status status = memwall::RunMaxParams(flags);
-  return status.ok() ? 0 : Fail(status);
+  // --out is checked before the search.
+  if (!flags.out_path.empty()) {
+    if (auto s = memwall::CheckOutputFile("--out", flags.out_path, flags.overwrite_out); !s.ok()) {
+      return Fail(s);
+    }
+  }
+  memwall::PlanProgress progress(stderr, "memwall max-params");
+  const absl::StatusOr<std::string> report = memwall::MaxParamsReport(flags, &progress);
+  if (!report.ok()) return Fail(report.status());
+  std::fputs(report->c_str(), stdout);
+  return 0;
 }
 
 int Demo() {

@@ -1,4 +1,5 @@
-// What the `memwall` commands share: the config they run with.
+// What the running `memwall` commands (train, profile) share: their MPI
+// world, device capacity and engine options.
 #ifndef MEMWALL_CLI_SESSION_H_
 #define MEMWALL_CLI_SESSION_H_
 
@@ -13,13 +14,6 @@
 #include "runtime/mpi_communicator.h"
 
 namespace memwall {
-
-// The built-in default config (ZeRO stage 2 with overlap, AdamW); the same
-// as configs/gpt-tiny-zero2.json.
-extern const char kDefaultTrainConfig[];
-
-// `path`'s config, or the built-in one when `path` is empty.
-absl::StatusOr<Config> LoadConfigOrDefault(const std::string& path);
 
 // The MPI world a command's ranks run in (initialising MPI), whose
 // collectives wait at most `timeout` for the other ranks.

@@ -647,4 +647,16 @@ absl::StatusOr<Config> LoadConfig(const std::string& path) {
   return config;
 }
 
+const char kDefaultTrainConfig[] = R"({
+  "train_micro_batch_size_per_gpu": 8,
+  "gradient_accumulation_steps": 1,
+  "gradient_clipping": 1.0,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "weight_decay": 0.01}},
+  "zero_optimization": {"stage": 2, "overlap_comm": true, "reduce_bucket_size": 50000}
+})";
+
+absl::StatusOr<Config> LoadConfigOrDefault(const std::string& path) {
+  return path.empty() ? ParseConfig(kDefaultTrainConfig) : LoadConfig(path);
+}
+
 }  // namespace memwall

@@ -155,6 +155,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text);
 // Reads and parses a config file; errors name the file as well.
 absl::StatusOr<Config> LoadConfig(const std::string& path);
 
+// The built-in default config (ZeRO stage 2 with overlap, AdamW); the same
+// as configs/gpt-tiny-zero2.json.
+extern const char kDefaultTrainConfig[];
+
+// `path`'s config, or the built-in one when `path` is empty.
+absl::StatusOr<Config> LoadConfigOrDefault(const std::string& path);
+
 // The config as JSON with every key above written out (DeepSpeed's names),
 // so that ParseConfig(ConfigToJson(c)) is `c` again, float for float: what
 // `memwall plan --auto` prints is exactly what it planned.

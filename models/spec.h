@@ -21,7 +21,7 @@ absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t 
 
 // MakeModel as the engine's factory: the same spec, seq and image for
 // every micro-batch size asked for. (`memwall plan` also takes traced
-// PyTorch models, "hf:PATH" and "traced:FILE": cli/plan.h.)
+// PyTorch models, "hf:PATH" and "traced:FILE": planning/plan.h.)
 ModelFactory SpecModel(const std::string& spec, int64_t seq = 0, int64_t image = 224);
 
 // A GPT spec with its block operators in `tiles` tiles of output columns

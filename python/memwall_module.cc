@@ -22,11 +22,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cli/plan.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "kernels/cpu/blas_core.h"
 #include "models/traced.h"
+#include "planning/plan.h"
 #include "profiler/report.h"
 #include "pybind11/pybind11.h"
 #include "pybind11/stl.h"

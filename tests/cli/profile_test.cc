@@ -5,7 +5,6 @@
 // installed; tools/install_deps.sh installs it for the tests).
 #include "cli/profile.h"
 
-#include "cli/session.h"
 #include "engine/config.h"
 
 #include <zlib.h>

@@ -1,4 +1,4 @@
-#include "cli/plan.h"
+#include "planning/plan.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,7 +18,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "cli/session.h"
 #include "engine/auto_strategy.h"
 #include "engine/checkpoint.h"
 #include "models/spec.h"
@@ -382,19 +381,6 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
   }
   absl::StrAppendFormat(&out, "fits: %s\n", r.fits_text);
   return out;
-}
-
-absl::Status RunPlan(const PlanOptions& options) {
-  PlanProgress progress(stderr, "memwall plan");
-  // --out is checked before planning, which can take minutes.
-  if (!options.out_path.empty()) {
-    MW_RETURN_IF_ERROR(CheckOutputFile("--out", options.out_path, options.overwrite_out));
-  }
-  PlanOptions with_progress = options;
-  with_progress.progress = &progress;
-  MW_ASSIGN_OR_RETURN(const std::string report, PlanReport(with_progress));
-  std::fputs(report.c_str(), stdout);
-  return absl::OkStatus();
 }
 
 }  // namespace memwall

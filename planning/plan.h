@@ -1,9 +1,11 @@
-// `memwall plan`: one full training step of a model, dry-run on the meta
-// backend as rank 0 of N (forward, backward, reductions, optimizer step,
-// offload traffic, recomputation), and whether it fits a device, host
-// memory and an NVMe budget.
-#ifndef MEMWALL_CLI_PLAN_H_
-#define MEMWALL_CLI_PLAN_H_
+// Plan requests and their reports (what `memwall plan` and
+// memwall.torch.plan print): one full training step of a model, dry-run on
+// the meta backend as rank 0 of N (forward, backward, reductions, optimizer
+// step, offload traffic, recomputation), whether it fits a device, host
+// memory and an NVMe budget, and with the auto strategy the fastest
+// configuration that does; model names, "hf:" and "traced:" resolved here.
+#ifndef MEMWALL_PLANNING_PLAN_H_
+#define MEMWALL_PLANNING_PLAN_H_
 
 #include <cstdint>
 #include <string>
@@ -17,7 +19,7 @@
 
 namespace memwall {
 
-// The flags of `memwall plan`.
+// A plan request (the flags of `memwall plan`).
 struct PlanOptions {
   std::string model = "gpt2-1.5b";  // models/spec.h MakeModel's specs
   // Set: the model to plan (e.g. a traced PyTorch model's factory, see
@@ -56,7 +58,7 @@ struct PlanOptions {
   // Whether an existing `out_path` is replaced (--force); a checkpoint's
   // file never is (engine/checkpoint.h CheckOutputFile).
   bool overwrite_out = false;
-  // Set: progress reports of the planning (RunPlan: on stderr after a
+  // Set: progress reports of the planning (memwall plan: on stderr after a
   // second).
   PlanProgress* progress = nullptr;
 };
@@ -70,9 +72,6 @@ DryRunOptions ToDryRunOptions(const PlanOptions& options);
 // plan). Errors only for bad input (naming the flag, model or file) or a
 // step that cannot run at all.
 absl::StatusOr<std::string> PlanReport(const PlanOptions& options);
-// PlanReport, printed; progress on stderr when planning takes more than a
-// second.
-absl::Status RunPlan(const PlanOptions& options);
 // Traces options.model, "hf:PATH", with the Python front end
 // ($MEMWALL_PYTHON, else python3; `python -m memwall.hf`) in `config`'s
 // precision at its micro-batch, with options' seq, image, attention and
@@ -85,4 +84,4 @@ nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const 
 
 }  // namespace memwall
 
-#endif  // MEMWALL_CLI_PLAN_H_
+#endif  // MEMWALL_PLANNING_PLAN_H_

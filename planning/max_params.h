@@ -1,8 +1,9 @@
-// `memwall max-params`: the largest model of a family that trains on the
-// given GPUs, host memory and disk (engine/max_params.h), what stops the
-// next size up, and the config and --model that run it.
-#ifndef MEMWALL_CLI_MAX_PARAMS_H_
-#define MEMWALL_CLI_MAX_PARAMS_H_
+// Max-params requests and their reports (what `memwall max-params`
+// prints): the largest model of a family that trains on the given GPUs,
+// host memory and disk (engine/max_params.h), what stops the next size up,
+// and the config and --model that run it.
+#ifndef MEMWALL_PLANNING_MAX_PARAMS_H_
+#define MEMWALL_PLANNING_MAX_PARAMS_H_
 
 #include <cstdint>
 #include <string>
@@ -14,7 +15,7 @@
 
 namespace memwall {
 
-struct MaxParamsFlags {
+struct MaxParamsRequest {
   // "gpt" (GPT-3's shape rule: layers = heads = hidden / 128, hidden
   // searched in steps of 128), optionally with fixed keys seq, vocab and
   // layers ("gpt:seq=2048", "gpt:layers=32": then only the width grows).
@@ -37,11 +38,9 @@ struct MaxParamsFlags {
 // The report: text ending with "largest: ..." lines, or JSON
 // ("memwall.max-params/1"). Errors name the flag or file.
 // `progress`, if set, is told each dry run.
-absl::StatusOr<std::string> MaxParamsReport(const MaxParamsFlags& flags,
+absl::StatusOr<std::string> MaxParamsReport(const MaxParamsRequest& flags,
                                             PlanProgress* progress = nullptr);
-// The report, printed (progress on stderr after a second).
-absl::Status RunMaxParams(const MaxParamsFlags& flags);
 
 }  // namespace memwall
 
-#endif  // MEMWALL_CLI_MAX_PARAMS_H_
+#endif  // MEMWALL_PLANNING_MAX_PARAMS_H_

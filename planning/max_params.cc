@@ -1,4 +1,4 @@
-#include "cli/max_params.h"
+#include "planning/max_params.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -11,9 +11,9 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/progress.h"
-#include "cli/plan.h"
 #include "models/family.h"
 #include "models/traced.h"
+#include "planning/plan.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
 #include "runtime/text_file.h"
@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 // The config the search starts from: --config's, or bf16 mixed precision
 // with AdamW at micro-batch 1 (the question's usual terms).
-absl::StatusOr<Config> BaseConfig(const MaxParamsFlags& flags) {
+absl::StatusOr<Config> BaseConfig(const MaxParamsRequest& flags) {
   Config config;
   if (!flags.config_path.empty()) {
     MW_ASSIGN_OR_RETURN(config, LoadConfig(flags.config_path));
@@ -64,7 +64,7 @@ absl::StatusOr<nlohmann::json> ReadHfConfig(const std::string& path) {
 
 // "hf:PATH": traced once at the config's depth, then scaled in depth
 // (models/traced.h WithTracedBlocks); its width stays the config's.
-absl::StatusOr<Family> HfFamily(const MaxParamsFlags& flags, const Config& base,
+absl::StatusOr<Family> HfFamily(const MaxParamsRequest& flags, const Config& base,
                                 PlanProgress* progress) {
   Family family;
   family.hf_path = flags.family.substr(3);
@@ -109,7 +109,7 @@ absl::StatusOr<Family> HfFamily(const MaxParamsFlags& flags, const Config& base,
   return family;
 }
 
-absl::StatusOr<Family> MakeFamily(const MaxParamsFlags& flags, const Config& base,
+absl::StatusOr<Family> MakeFamily(const MaxParamsRequest& flags, const Config& base,
                                   PlanProgress* progress) {
   if (flags.family.rfind("hf:", 0) == 0) return HfFamily(flags, base, progress);
   MW_ASSIGN_OR_RETURN(const GptFamily gpt, ParseGptFamily(flags.family, flags.seq));
@@ -121,7 +121,7 @@ absl::StatusOr<Family> MakeFamily(const MaxParamsFlags& flags, const Config& bas
 
 }  // namespace
 
-absl::StatusOr<std::string> MaxParamsReport(const MaxParamsFlags& flags,
+absl::StatusOr<std::string> MaxParamsReport(const MaxParamsRequest& flags,
                                             PlanProgress* progress) {
   MW_ASSIGN_OR_RETURN(const Config base, BaseConfig(flags));
   MW_ASSIGN_OR_RETURN(const Family family, MakeFamily(flags, base, progress));
@@ -214,17 +214,6 @@ absl::StatusOr<std::string> MaxParamsReport(const MaxParamsFlags& flags,
                         flags.out_path.empty() ? "FILE (the config above)" : flags.out_path);
   absl::StrAppendFormat(&out, "(%d dry runs)\n", r.dry_runs);
   return out;
-}
-
-absl::Status RunMaxParams(const MaxParamsFlags& flags) {
-  // --out is checked before the search.
-  if (!flags.out_path.empty()) {
-    MW_RETURN_IF_ERROR(CheckOutputFile("--out", flags.out_path, flags.overwrite_out));
-  }
-  PlanProgress progress(stderr, "memwall max-params");
-  MW_ASSIGN_OR_RETURN(const std::string report, MaxParamsReport(flags, &progress));
-  std::fputs(report.c_str(), stdout);
-  return absl::OkStatus();
 }
 
 }  // namespace memwall
