@@ -57,6 +57,19 @@ MW_HD float ExpF(float x) {
 // tanh(u) = 1 - 2 / (e^{2u} + 1); absolute error below 2e-7.
 MW_HD float TanhF(float u) { return 1.0f - 2.0f / (ExpF(2.0f * u) + 1.0f); }
 
+// LayerNorm's backward, one row (mean and rstd its forward statistics):
+// the normalised input, the terms of the row means a = mean(dy * gamma) and
+// b = mean(dy * gamma * xhat), and the input gradient
+// rstd (dy gamma - a - xhat b). The row means add as kRowLanes lanes do.
+MW_HD float LayerNormXhat(float x, float mean, float rstd) { return (x - mean) * rstd; }
+MW_HD float LayerNormBTerm(float dy, float gamma, float x, float mean, float rstd) {
+  return dy * gamma * LayerNormXhat(x, mean, rstd);
+}
+MW_HD float LayerNormDx(float dy, float gamma, float x, float mean, float rstd, float a,
+                        float b) {
+  return rstd * (dy * gamma - a - LayerNormXhat(x, mean, rstd) * b);
+}
+
 // GELU, tanh approximation (GPT-2's): 0.5 x (1 + tanh(c (x + k x^3))).
 MW_HD float GeluElement(float x) {
   const float u = kGeluC * (x + kGeluK * x * x * x);

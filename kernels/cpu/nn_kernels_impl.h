@@ -83,13 +83,12 @@ void LayerNormBackward(const float* __restrict dy, const float* __restrict x,
     const float a = LaneSum(h, [dyr, gamma](int64_t i) { return dyr[i] * gamma[i]; }) /
                     static_cast<float>(h);
     const float b = LaneSum(h, [=](int64_t i) {
-                      return dyr[i] * gamma[i] * ((xr[i] - mean) * rstd);
+                      return LayerNormBTerm(dyr[i], gamma[i], xr[i], mean, rstd);
                     }) /
                     static_cast<float>(h);
     for (int64_t i = 0; i < h; ++i) {
-      const float xhat = (xr[i] - mean) * rstd;
-      dx[r * h + i] = rstd * (dyr[i] * gamma[i] - a - xhat * b);
-      dgamma[i] += dyr[i] * xhat;
+      dx[r * h + i] = LayerNormDx(dyr[i], gamma[i], xr[i], mean, rstd, a, b);
+      dgamma[i] += dyr[i] * LayerNormXhat(xr[i], mean, rstd);
       dbeta[i] += dyr[i];
     }
   }

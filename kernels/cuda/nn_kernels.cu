@@ -104,12 +104,11 @@ __global__ void LayerNormBackwardDxKernel(const float* dy, const float* x, const
     const float a = LaneSum(h, [dyr, gamma](int64_t i) { return dyr[i] * gamma[i]; }) /
                     static_cast<float>(h);
     const float b = LaneSum(h, [=](int64_t i) {
-                      return dyr[i] * gamma[i] * ((xr[i] - mean) * rstd);
+                      return LayerNormBTerm(dyr[i], gamma[i], xr[i], mean, rstd);
                     }) /
                     static_cast<float>(h);
     for (int64_t i = lane; i < h; i += kWarp) {
-      const float xhat = (xr[i] - mean) * rstd;
-      dx[r * h + i] = rstd * (dyr[i] * gamma[i] - a - xhat * b);
+      dx[r * h + i] = LayerNormDx(dyr[i], gamma[i], xr[i], mean, rstd, a, b);
     }
   }
 }
@@ -122,8 +121,7 @@ __global__ void LayerNormBackwardParamsKernel(const float* dy, const float* x, c
        i += int64_t{gridDim.x} * blockDim.x) {
     float g = dgamma[i], b = dbeta[i];
     for (int64_t r = 0; r < rows; ++r) {
-      const float xhat = (x[r * h + i] - stats[2 * r]) * stats[2 * r + 1];
-      g += dy[r * h + i] * xhat;
+      g += dy[r * h + i] * LayerNormXhat(x[r * h + i], stats[2 * r], stats[2 * r + 1]);
       b += dy[r * h + i];
     }
     dgamma[i] = g;
