@@ -11,9 +11,13 @@
 // address and element count of a contiguous f32 CPU buffer, as torch's
 // data_ptr() gives them.
 //
-// Errors: an absl::Status becomes memwall.Error (a RuntimeError) whose
+// Errors: an absl::Status becomes a memwall.Error (a RuntimeError) whose
 // message is "<CODE>: <message>", so Python callers see the same text the
-// command prints.
+// command prints; its class is also the Python exception its code means
+// (STYLE.md): kInvalidArgument memwall.InvalidArgumentError (a ValueError),
+// kNotFound memwall.NotFoundError (a FileNotFoundError), kResourceExhausted
+// memwall.OutOfMemoryError (a MemoryError); every other code memwall.Error
+// itself (kDataLoss's message names the file).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,14 +43,36 @@ namespace py = pybind11;
 namespace memwall {
 namespace {
 
-// memwall.Error, raised for every failed engine call.
+// memwall.Error, raised for every failed engine call, and its subclasses
+// by status code.
 PyObject* error_type = nullptr;
+PyObject* invalid_argument_type = nullptr;
+PyObject* not_found_type = nullptr;
+PyObject* out_of_memory_type = nullptr;
+
+PyObject* ErrorTypeFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument: return invalid_argument_type;
+    case absl::StatusCode::kNotFound: return not_found_type;
+    case absl::StatusCode::kResourceExhausted: return out_of_memory_type;
+    default: return error_type;
+  }
+}
 
 [[noreturn]] void Raise(const absl::Status& status) {
   const std::string text =
       absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
-  PyErr_SetString(error_type, text.c_str());
+  PyErr_SetString(ErrorTypeFor(status.code()), text.c_str());
   throw py::error_already_set();
+}
+
+// memwall.<name>, a subclass of memwall.Error and of `builtin`.
+PyObject* ErrorSubclass(py::module_& m, const char* name, PyObject* builtin) {
+  PyObject* bases = PyTuple_Pack(2, error_type, builtin);
+  PyObject* type = PyErr_NewException(absl::StrCat("memwall.", name).c_str(), bases, nullptr);
+  Py_DECREF(bases);
+  m.attr(name) = py::handle(type);
+  return type;
 }
 
 void Check(const absl::Status& status) {
@@ -286,6 +312,11 @@ PYBIND11_MODULE(_memwall, m) {
   m.doc() = "memwall's engine facade (engine/engine.h); use memwall.torch";
   memwall::error_type = PyErr_NewException("memwall.Error", PyExc_RuntimeError, nullptr);
   m.attr("Error") = py::handle(memwall::error_type);
+  memwall::invalid_argument_type =
+      memwall::ErrorSubclass(m, "InvalidArgumentError", PyExc_ValueError);
+  memwall::not_found_type = memwall::ErrorSubclass(m, "NotFoundError", PyExc_FileNotFoundError);
+  memwall::out_of_memory_type =
+      memwall::ErrorSubclass(m, "OutOfMemoryError", PyExc_MemoryError);
   m.def("blas_description", &memwall::kernels::cpu::BlasDescription,
         "The OpenBLAS kernel set this process runs its GEMMs with, and how it was chosen.");
   m.def(

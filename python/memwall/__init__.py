@@ -22,6 +22,11 @@ except ImportError:
     pass
 
 from memwall._memwall import Engine, Error, Parameter, abort_ranks  # noqa: E402,F401
+# Error's subclasses by the engine's status code, each also the Python
+# exception it means: InvalidArgumentError is a ValueError, NotFoundError a
+# FileNotFoundError, OutOfMemoryError a MemoryError.
+from memwall._memwall import (  # noqa: E402,F401
+    InvalidArgumentError, NotFoundError, OutOfMemoryError)
 from memwall._memwall import better_blas_core as _better_blas_core  # noqa: E402
 
 # OpenBLAS chose its kernels when the extension loaded; a process cannot

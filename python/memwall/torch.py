@@ -881,8 +881,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._engine.set_hyperparameters(
                     i, float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
                     float(group["weight_decay"]), float(group.get("momentum", 0.0)))
-            except memwall.Error as error:
-                # "INVALID_ARGUMENT: SetHyperparameters(i): <what>" in torch's terms.
+            except memwall.InvalidArgumentError as error:
+                # "INVALID_ARGUMENT: SetHyperparameters(i): <what>" in torch's terms
+                # (other errors, a failed collective say, pass as they are).
                 raise ValueError("param_groups[%d]: %s"
                                  % (i, str(error).split("): ", 1)[-1])) from None
 

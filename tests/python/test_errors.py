@@ -71,7 +71,7 @@ def test_a_model_moved_out_of_memwalls_memory():
 def test_a_config_it_cannot_honour(config, message):
     model = mlp()
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(memwall.Error) as error:
+    with pytest.raises(ValueError) as error:
         mt.ZeroOptimizer(model, None, config)
     assert str(error.value) == message
     for p, b in zip(model.parameters(), before):
@@ -162,3 +162,33 @@ def test_a_profile_directory_that_is_a_file_fails_on_entering(tmp_path):
         opt.backward(model(torch.ones(2, 4)).sum())
         opt.step()
     assert (tmp_path / "reports" / "rank0" / "profile.json").is_file()
+
+
+def test_engine_errors_are_the_python_exceptions_their_codes_mean(tmp_path):
+    """An engine error is a memwall.Error and, by its status code, the
+    exception Python code catches (STYLE.md): a bad config a ValueError, a
+    missing checkpoint a FileNotFoundError, memory the device cannot give a
+    MemoryError; the message is the command's text."""
+    with pytest.raises(ValueError) as bad:
+        mt.ZeroOptimizer(mlp(), None, {"zero_optimization": {"stage": 9}})
+    assert isinstance(bad.value, memwall.Error)
+    assert type(bad.value) is memwall.InvalidArgumentError
+    assert str(bad.value).startswith("INVALID_ARGUMENT: zero_optimization.stage: ")
+    opt = mt.ZeroOptimizer(mlp(), None, {})
+    with pytest.raises(FileNotFoundError) as missing:
+        opt.load_checkpoint(str(tmp_path / "none"))
+    assert isinstance(missing.value, memwall.NotFoundError)
+    assert str(missing.value) == "NOT_FOUND: checkpoint %s: no such directory" % (tmp_path / "none")
+    with pytest.raises(MemoryError) as full:
+        mt.ZeroOptimizer(torch.nn.Linear(1024, 1024), None, {}, device_memory="1MiB")
+    assert isinstance(full.value, memwall.OutOfMemoryError)
+    assert str(full.value).startswith(
+        "RESOURCE_EXHAUSTED: out of memory on host:0: cannot allocate 4.00 MiB (4198400 bytes) "
+        "of parameter for '<model>'")
+    # Codes with no Python counterpart stay memwall.Error (a RuntimeError).
+    model = mlp()
+    opt = mt.ZeroOptimizer(model, None, {"zero_optimization": {"stage": 1}})
+    model.add_module("extra", torch.nn.Linear(2, 2))
+    with pytest.raises(memwall.Error) as state:
+        opt.step()
+    assert type(state.value) is memwall.Error and isinstance(state.value, RuntimeError)
