@@ -30,6 +30,14 @@ namespace memwall {
 // allocator; a dry run takes it off the device memory before comparing.
 constexpr int64_t kDeviceRuntimeAllowance = int64_t{1} << 30;
 
+// What a plan assumes a GPU has unless told: 32 GiB of device memory and
+// 512 GiB of pinned host memory (a node's share for offloading).
+constexpr int64_t kPlanDeviceBytes = int64_t{32} << 30;
+constexpr int64_t kPlanHostBytes = int64_t{512} << 30;
+// The pinned pool a running engine makes for offloaded optimizer states
+// when none is given.
+constexpr int64_t kOffloadPinnedBytes = int64_t{64} << 30;
+
 struct DryRunOptions {
   ModelFactory model;      // required
   std::string model_name;  // for messages and reports
@@ -39,8 +47,8 @@ struct DryRunOptions {
   // fit untiled.
   std::function<absl::StatusOr<ModelFactory>(int64_t tiles)> tiled_model;
   int64_t gpus = 1;        // N: the data-parallel world
-  int64_t device_bytes = int64_t{32} << 30;
-  int64_t host_bytes = int64_t{512} << 30;  // pinned host memory per GPU
+  int64_t device_bytes = kPlanDeviceBytes;
+  int64_t host_bytes = kPlanHostBytes;  // pinned host memory per GPU
   int64_t nvme_bytes = 0;                   // 0: no NVMe budget (none used)
   int64_t batch = 0;                        // micro-batch; 0: the config's
   // Device memory outside memwall's allocator: kDeviceRuntimeAllowance for

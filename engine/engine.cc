@@ -49,7 +49,7 @@ std::string PhaseAtFailure(const MemoryProfiler& profiler) {
 
 int64_t PinnedBytes(int64_t flag, int64_t capacity, const Config& config) {
   if (flag > 0) return flag;
-  if (config.zero.offload_optimizer_ratio > 0) return int64_t{64} << 30;
+  if (config.zero.offload_optimizer_ratio > 0) return kOffloadPinnedBytes;
   return config.activation_checkpointing.offload ? capacity : 0;
 }
 
@@ -244,7 +244,7 @@ DryRunOptions Engine::DryRunOptionsFor() const {
   // The capacity is memwall's allocator's own: the CUDA runtime lies outside it.
   dry.device_bytes = options_.device_bytes;
   dry.runtime_allowance = 0;
-  dry.host_bytes = options_.pinned_bytes > 0 ? options_.pinned_bytes : int64_t{64} << 30;
+  dry.host_bytes = options_.pinned_bytes > 0 ? options_.pinned_bytes : kOffloadPinnedBytes;
   dry.batch = config_.train_micro_batch_size_per_gpu;
   return dry;
 }

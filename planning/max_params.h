@@ -22,8 +22,8 @@ struct MaxParamsRequest {
   std::string family = "gpt";
   std::string config_path;  // empty: bf16 mixed precision, AdamW, micro-batch 1
   int64_t gpus = 1;
-  int64_t device_bytes = int64_t{32} << 30;
-  int64_t host_bytes = int64_t{512} << 30;  // pinned host memory per GPU
+  int64_t device_bytes = kPlanDeviceBytes;
+  int64_t host_bytes = kPlanHostBytes;  // pinned host memory per GPU
   int64_t nvme_bytes = 0;                   // per GPU
   int64_t batch = 0;                        // 0: the config's micro-batch
   int64_t seq = 0;                          // 0: the family's (gpt: 1024)

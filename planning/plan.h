@@ -31,8 +31,8 @@ struct PlanOptions {
   std::string config_path;          // empty: the built-in training config
   std::string config_text;          // set: the config itself (JSON), not a file
   int64_t gpus = 1;                 // N: the data-parallel world
-  int64_t device_bytes = int64_t{32} << 30;
-  int64_t host_bytes = int64_t{512} << 30;  // pinned host memory per GPU
+  int64_t device_bytes = kPlanDeviceBytes;
+  int64_t host_bytes = kPlanHostBytes;  // pinned host memory per GPU
   int64_t nvme_bytes = 0;                   // 0: no NVMe budget (none used)
   int64_t batch = 0;                        // 0: the config's micro-batch
   int64_t seq = 0;                          // transformers: 0 = the model's
