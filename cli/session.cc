@@ -15,12 +15,11 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> StartWorld(absl::Duration timeo
 
 absl::StatusOr<int64_t> DeviceBytesFor(Backend backend, int64_t given, int rank) {
   if (backend != Backend::kCuda || given > 0) return given;
-  const int gpus = CudaDeviceCount();
-  if (gpus < 1) return absl::UnavailableError("--backend cuda: no usable GPU on this machine");
-  MW_ASSIGN_OR_RETURN(const int64_t free_bytes, CudaFreeBytes(rank % gpus));
+  MW_ASSIGN_OR_RETURN(const int ordinal, CudaOrdinalForRank(rank));
+  MW_ASSIGN_OR_RETURN(const int64_t free_bytes, CudaFreeBytes(ordinal));
   if (free_bytes <= kDeviceRuntimeAllowance) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("--device_memory: cuda:", rank % gpus, " has ", FormatBytes(free_bytes),
+        absl::StrCat("--device_memory: cuda:", ordinal, " has ", FormatBytes(free_bytes),
                      " free, no more than the CUDA runtime's allowance of ",
                      FormatBytes(kDeviceRuntimeAllowance), "; free the GPU or name a size"));
   }

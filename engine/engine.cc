@@ -148,9 +148,7 @@ absl::Status Engine::StartDevice(const EngineOptions& options) {
   device.pinned_capacity_bytes = PinnedBytes(options.pinned_bytes, options.device_bytes, config_);
   if (backend == Backend::kCuda) {
 #if MEMWALL_HAS_CUDA
-    const int gpus = CudaDeviceCount();
-    if (gpus < 1) return absl::UnavailableError("--backend cuda: no usable GPU on this machine");
-    device.ordinal = world_->rank() % gpus;
+    MW_ASSIGN_OR_RETURN(device.ordinal, CudaOrdinalForRank(world_->rank()));
     MW_ASSIGN_OR_RETURN(device_, CreateDevice(device));
     CommunicatorOptions nccl_options;
     nccl_options.timeout = world_->timeout();

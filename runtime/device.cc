@@ -167,4 +167,10 @@ absl::StatusOr<int64_t> CudaFreeBytes(int ordinal) {
 
 bool CudaDeviceAvailable() { return CudaDeviceCount() > 0; }
 
+absl::StatusOr<int> CudaOrdinalForRank(int rank) {
+  const int gpus = CudaDeviceCount();
+  if (gpus < 1) return absl::UnavailableError("--backend cuda: no usable GPU on this machine");
+  return rank % gpus;
+}
+
 }  // namespace memwall

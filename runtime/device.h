@@ -253,6 +253,9 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& option
 int CudaDeviceCount();
 // CudaDeviceCount() > 0.
 bool CudaDeviceAvailable();
+// The GPU rank `rank` of a job uses: rank modulo the usable GPUs (the ranks
+// of a node share its GPUs round-robin). kUnavailable without a GPU.
+absl::StatusOr<int> CudaOrdinalForRank(int rank);
 // Bytes free on GPU `ordinal` now (kUnavailable without CUDA or a GPU).
 absl::StatusOr<int64_t> CudaFreeBytes(int ordinal);
 

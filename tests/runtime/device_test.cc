@@ -36,8 +36,16 @@ TEST_CASE("the cuda backend reports why it cannot start without a GPU", "[device
     auto device = CreateDevice({Backend::kCuda, 0, 0});
     REQUIRE(device.ok());
     CHECK(device.value()->name() == "cuda:0");
+    // Ranks share the GPUs round-robin.
+    const int gpus = CudaDeviceCount();
+    CHECK(CudaOrdinalForRank(0).value() == 0);
+    CHECK(CudaOrdinalForRank(gpus).value() == 0);
+    CHECK(CudaOrdinalForRank(gpus + 1).value() == (gpus > 1 ? 1 : 0));
     return;
   }
+  const absl::Status no_gpu = CudaOrdinalForRank(3).status();
+  CHECK(no_gpu.code() == absl::StatusCode::kUnavailable);
+  CHECK(no_gpu.message() == "--backend cuda: no usable GPU on this machine");
   auto device = CreateDevice({Backend::kCuda, 0, 0});
   REQUIRE_FALSE(device.ok());
   // No GPU or driver: unavailable; a build without CUDA: unimplemented.
