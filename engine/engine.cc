@@ -250,7 +250,9 @@ DryRunOptions Engine::DryRunOptionsFor() const {
 absl::Status Engine::ResolveAuto(const EngineOptions& options) {
   if (config_.zero.stage != kAutoStage) return absl::OkStatus();
   // Every rank computes the same answer from the same inputs.
-  MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(options.hardware));
+  MW_ASSIGN_OR_RETURN(const Hardware hw,
+                      HardwarePreset(options.hardware.empty() ? PresetForMemory(options.device_bytes)
+                                                              : options.hardware));
   MW_ASSIGN_OR_RETURN(const AutoResult found, AutoStrategy(DryRunOptionsFor(), config_, hw));
   if (found.best < 0) {
     return absl::ResourceExhaustedError(absl::StrCat(

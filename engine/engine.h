@@ -79,8 +79,9 @@ struct EngineOptions {
   // parameter's name, so every rank starts identical.
   uint64_t seed = 1;
   // The hardware profile (engine/auto_strategy.h) whose step-time model
-  // ranks the candidates of stage "auto".
-  std::string hardware = "a100-40gb";
+  // ranks the candidates of stage "auto"; empty: the preset of
+  // device_bytes (PresetForMemory), as `memwall plan --auto` picks it.
+  std::string hardware;
   // Out of memory: the profiler's reports of that moment are written to
   // <oom_dir>/rank<r>/; empty: none are written.
   std::string oom_dir;

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "engine/auto_strategy.h"
 #include "kernels/elementwise.h"
 #include "models/spec.h"
 #include "runtime/status.h"
@@ -531,6 +532,13 @@ TEST_CASE("stage auto resolves for a layer model, and out of memory says what fi
   CHECK(engine->config().zero.stage >= 0);
   CHECK(engine->config().zero.stage <= 3);
   CHECK_THAT(engine->auto_choice(), Catch::StartsWith("stage "));
+  // Ranked on the preset of its device memory, as `memwall plan --auto`
+  // ranks: the same choice as naming that preset.
+  REQUIRE(PresetForMemory(o.device_bytes) == "v100-32gb");
+  EngineOptions named = o;
+  named.hardware = "v100-32gb";
+  CHECK(Engine::Create(named, automatic, SpecModel("gpt2-124m")).value()->auto_choice() ==
+        engine->auto_choice());
   CHECK(engine->communicator().world_size() == 8);
   std::vector<Batch> batches =
       EmptyBatches(engine->device(), 1, engine->input_shape(), engine->target_shape()).value();
