@@ -1,5 +1,5 @@
 // The pipeline an NVMe-tier update streams its state through (Note in
-// offload/host_optimizer.h): chunks of the store's slots, each read from
+// sharding/host_optimizer.h): chunks of the store's slots, each read from
 // the committed copy into one of a few pinned buffers, updated there by the
 // CPU, and written from it to the spare copy at the same place.
 //

@@ -88,7 +88,7 @@
 // to a thread of its own (offload/update_worker.h), which waits for that
 // copy and updates while backward goes on. The update is speculative: it
 // assumes no clipping and no overflow and writes the new state into the
-// slice's spare copy (offload/host_optimizer.h: in pinned memory, or the
+// slice's spare copy (sharding/host_optimizer.h: in pinned memory, or the
 // NVMe tier's second copy on disk, the state streaming through its chunk
 // buffers while backward runs), leaving the current state alone. Step()
 // then waits for the thread, checks the gradients as always, and: on an
@@ -130,14 +130,14 @@
 // copy at once; the step commits the parameters' copies with the optimizer
 // tier's, after every group has updated and been written, so a failed write
 // changes neither file. The gradients go to the optimizer tier's file as
-// each reduction completes (offload/host_optimizer.h, gradients_on_nvme).
+// each reduction completes (sharding/host_optimizer.h, gradients_on_nvme).
 // Host memory then holds buffers, not shards.
 //
 // The parts behind this class, one concern each: the flat layout of
 // groups and shards (flat_layout.h), the gather order and prefetch
 // (gather_scheduler.h), the dynamic loss scale (loss_scaler.h), the tiers
 // that hold and update optimizer state (state_tier.h: device_optimizer.h,
-// offload/host_optimizer.h), and the stream order that lets buffers be
+// sharding/host_optimizer.h), and the stream order that lets buffers be
 // freed while collectives still read them (runtime/stream_order.h).
 //
 // Every method that communicates is collective: all ranks call it in the
@@ -158,7 +158,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "offload/host_optimizer.h"
+#include "sharding/host_optimizer.h"
 #include "offload/nvme_store.h"
 #include "offload/update_worker.h"
 #include "profiler/memory_profiler.h"

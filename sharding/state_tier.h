@@ -7,7 +7,7 @@
 // in at most two tiers, split at host_numel (the offload ratio):
 //   host    the first host_numel elements, in the device's pinned pool or,
 //           with an NVMe path, in a file through pinned staging, updated by
-//           the CPU (offload/host_optimizer.h: HostOptimizerSlice);
+//           the CPU (sharding/host_optimizer.h: HostOptimizerSlice);
 //   device  the rest, in device memory, updated by device kernels
 //           (sharding/device_optimizer.h: DeviceOptimizerSlice).
 // The sharded optimizer drives every tier the same way: Update computes the

@@ -25,7 +25,7 @@ if [ "$which" = all ] || [ "$which" = tsan ]; then
   bazel test --config=tsan //tests/runtime:device_test //tests/runtime:allocator_test \
     //tests/runtime:stream_order_test //tests/sharding:device_optimizer_test \
     //tests/runtime:communicator_test_np1 //tests/runtime:communicator_test_np2 \
-    //tests/offload:host_optimizer_test //tests/offload:nvme_store_test \
+    //tests/sharding:host_optimizer_test //tests/offload:nvme_store_test \
     //tests/offload:update_worker_test //tests/engine:progress_test \
     //tests/sharding:sharded_optimizer_test_np1 //tests/sharding:sharded_optimizer_test_np2 \
     //tests/engine:trainer_test_np1 //tests/engine:fault_test_np1 //tests/profiler/...

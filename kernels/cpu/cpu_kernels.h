@@ -68,7 +68,7 @@ struct KernelTable {
   // The same step out of place: reads p, m, v and writes the new values to
   // p_out, m_out, v_out (none overlapping), bit for bit what adam leaves
   // in place; for an update that must keep the current state (the
-  // speculative update of offload/host_optimizer.h).
+  // speculative update of sharding/host_optimizer.h).
   void (*adam_to)(const AdamConstants& constants, const float* p, const void* g, DType g_dtype,
                   const float* m, const float* v, float* p_out, float* m_out, float* v_out,
                   void* p_low, DType low_dtype, size_t n);

@@ -12,7 +12,7 @@
 
 #include "catch2/catch.hpp"
 #include "kernels/cpu/cpu_kernels.h"
-#include "offload/host_optimizer.h"
+#include "sharding/host_optimizer.h"
 #include "runtime/units.h"
 
 namespace memwall {

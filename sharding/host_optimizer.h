@@ -33,8 +33,8 @@
 // the spare copy, so an update computed before the step knew its clipping
 // factor or its overflow can be dropped (Discard) or computed again from the
 // untouched current state, and Commit swaps the copies.
-#ifndef MEMWALL_OFFLOAD_HOST_OPTIMIZER_H_
-#define MEMWALL_OFFLOAD_HOST_OPTIMIZER_H_
+#ifndef MEMWALL_SHARDING_HOST_OPTIMIZER_H_
+#define MEMWALL_SHARDING_HOST_OPTIMIZER_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -263,4 +263,4 @@ class HostOptimizerSlice final : public StateTier {
 
 }  // namespace memwall
 
-#endif  // MEMWALL_OFFLOAD_HOST_OPTIMIZER_H_
+#endif  // MEMWALL_SHARDING_HOST_OPTIMIZER_H_

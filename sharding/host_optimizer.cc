@@ -1,4 +1,4 @@
-#include "offload/host_optimizer.h"
+#include "sharding/host_optimizer.h"
 
 #include <algorithm>
 #include <cstring>

@@ -2,7 +2,7 @@
 // exactly as the device update would (bitwise, f32 and bf16, Adam and SGD),
 // its bytes are counted in the pinned pool, and a full or missing pool is
 // reported by name with nothing left allocated.
-#include "offload/host_optimizer.h"
+#include "sharding/host_optimizer.h"
 
 #include <algorithm>
 #include <cmath>
