@@ -44,6 +44,7 @@ import weakref
 import torch
 
 import memwall
+from memwall import _groups
 from memwall.trace import block_ids
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -320,26 +321,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         ones and frozen ones apart. Also returns the f32 tensors whose
         addresses the specs hold, to keep alive until the engine copies
         them."""
-        owner = {}
-        for name, p in model.named_parameters():
-            owner.setdefault(id(p), name.rpartition(".")[0])
         groups, specs, values = [], [], []
-        for module_name, module in model.named_modules():
-            own = [(self._names[id(p)], p) for p in module._parameters.values()
-                   if p is not None and owner[id(p)] == module_name]
-            for trainable in (True, False):
-                members = [(n, p) for n, p in own if p.requires_grad == trainable]
-                if not members:
-                    continue
-                label = (module_name or "<model>") + ("" if trainable else " (frozen)")
-                groups.append(_Group(len(groups), label, members, trainable))
-                parameters = []
-                for n, p in members:
-                    values.append(p.detach().to(torch.float32).contiguous())
-                    parameters.append(memwall.Parameter(
-                        n, list(p.shape), values[-1].data_ptr(), trainable,
-                        hyper_of.get(id(p), 0)))
-                specs.append((label, parameters))
+        for _, label, members, trainable in _groups.module_groups(model):
+            groups.append(_Group(len(groups), label, members, trainable))
+            parameters = []
+            for n, p in members:
+                values.append(p.detach().to(torch.float32).contiguous())
+                parameters.append(memwall.Parameter(
+                    n, list(p.shape), values[-1].data_ptr(), trainable,
+                    hyper_of.get(id(p), 0)))
+            specs.append((label, parameters))
         return groups, specs, values
 
     def _view(self, memory, p):

@@ -63,6 +63,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from memwall import _groups
+
 __all__ = ["ATTENTION_KERNELS", "Stage", "Trace", "Unit", "block_ids", "describe", "trace"]
 
 ATTENTION_KERNELS = ("auto", "flash", "efficient", "math")
@@ -405,9 +407,7 @@ def trace(model, inputs, loss=None, attention="math"):
 
     # Parameters: each counted once, for the module named_parameters meets
     # first (its owner); groups as memwall.torch.ZeroOptimizer forms them.
-    owner = {}
-    for full, p in model.named_parameters():
-        owner.setdefault(id(p), full.rpartition(".")[0])
+    owner = _groups.owners(model)
     module_of_name = {name_of[id(m)]: m for m in model.modules()}
     parameter_storages = set()
     full_name = {id(p): full for full, p in model.named_parameters()}
@@ -580,14 +580,12 @@ def trace(model, inputs, loss=None, attention="math"):
     first_stage = {}
     for s in stages:
         first_stage.setdefault(s.unit, s)
+    for module, label, members, _ in _groups.module_groups(model):
+        stage = first_stage.get(outer_of[id(module)], stages[-1])
+        stage.parameters.extend((full, p, label) for full, p in members)
     for module in model.modules():
         name = name_of[id(module)]
         stage = first_stage.get(outer_of[id(module)], stages[-1])
-        own = [p for p in module._parameters.values() if p is not None and owner[id(p)] == name]
-        for trainable in (True, False):
-            label = (name or "<model>") + ("" if trainable else " (frozen)")
-            stage.parameters.extend((full_name[id(p)], p, label) for p in own
-                                    if p.requires_grad == trainable)
         for p in module._parameters.values():
             if p is None or owner[id(p)] == name:
                 continue
