@@ -60,6 +60,7 @@ import sys
 import weakref
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
@@ -314,38 +315,37 @@ class _Attention(torch.autograd.Function):
                                     for t in inputs) + (None,) * 5
 
 
-class _KernelPatch:
-    """Routes torch.nn.functional.scaled_dot_product_attention through
-    _Attention for the chosen kernel while tracing; counts the calls."""
+def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None, enable_gqa=False):
+    """scaled_dot_product_attention's arguments, by name, however given."""
+    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+
+
+class _KernelMode(TorchFunctionMode):
+    """Routes scaled_dot_product_attention through _Attention for the
+    chosen kernel while tracing, whatever name the model calls it by (a
+    torch function mode, not a patch of torch); counts the calls."""
 
     def __init__(self, kernel):
+        super().__init__()
         self.kernel = kernel
         self.used = set()
 
-    def __enter__(self):
-        self.original = torch.nn.functional.scaled_dot_product_attention
-        original, kernel, used = self.original, self.kernel, self.used
-
-        def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                 enable_gqa=False):
-            chosen = kernel
-            if chosen == "auto":
-                chosen = ("flash" if q.dtype in (torch.float16, torch.bfloat16) and
-                          attn_mask is None else "efficient")
-            used.add(chosen)
-            if chosen == "math":
-                kwargs = {"enable_gqa": True} if enable_gqa else {}
-                return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                is_causal=is_causal, scale=scale, **kwargs)
-            return _Attention.apply(chosen, original, q, k, v, attn_mask, dropout_p, is_causal,
-                                    scale, enable_gqa)
-
-        torch.nn.functional.scaled_dot_product_attention = sdpa
-        return self
-
-    def __exit__(self, *exc):
-        torch.nn.functional.scaled_dot_product_attention = self.original
-        return False
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa = \
+            _sdpa_arguments(*args, **kwargs)
+        chosen = self.kernel
+        if chosen == "auto":
+            chosen = ("flash" if q.dtype in (torch.float16, torch.bfloat16) and
+                      attn_mask is None else "efficient")
+        self.used.add(chosen)
+        if chosen == "math":
+            return func(*args, **kwargs)
+        return _Attention.apply(chosen, func, q, k, v, attn_mask, dropout_p, is_causal, scale,
+                                enable_gqa)
 
 
 class _UnpackedPositions:
@@ -555,9 +555,9 @@ def trace(model, inputs, loss=None, attention="math"):
     for module in model.modules():
         handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
         handles.append(module.register_forward_hook(leave, always_call=True))
-    patch = _KernelPatch(attention)
+    attention_mode = _KernelMode(attention)
     try:
-        with patch, _UnpackedPositions(inputs), _Watch(on_op), \
+        with attention_mode, _UnpackedPositions(inputs), _Watch(on_op), \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
             if loss is not None:
@@ -633,7 +633,7 @@ def trace(model, inputs, loss=None, attention="math"):
             h.remove()
     for s in stages:
         s.backward_workspace = max(0, s.backward_peak - s.input_grad)
-    used = sorted(patch.used)
+    used = sorted(attention_mode.used)
     return Trace([units[name] for name in order], stages, inputs_saved[0],
                  "+".join(used) if used else "none")
 

@@ -93,7 +93,7 @@ def test_gpu_attention_kernels_save_what_torch_s_operators_save(kernel, op):
             fn(q, k, v)
         return sorted(got, key=str)
 
-    with tracing._KernelPatch(kernel):
+    with tracing._KernelMode(kernel):
         ours = saved(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=True))
     assert ours == saved(op)
@@ -109,7 +109,7 @@ def test_gpu_attention_output_is_laid_out_as_the_kernels_write_it(kernel):
     q = torch.empty(2, 4, 100, 64, device="meta", dtype=torch.bfloat16)
     want = torch.ops.aten._scaled_dot_product_efficient_attention(
         q, q, q, None, True, 0.0, True)[0].stride()
-    with tracing._KernelPatch(kernel):
+    with tracing._KernelMode(kernel):
         out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     assert out.stride() == want
     assert out.transpose(1, 2).is_contiguous()
