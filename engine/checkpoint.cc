@@ -81,9 +81,10 @@ std::vector<int> FileOwners(const std::vector<Param>& params, int world) {
 }
 
 std::vector<std::string> StateNames(const ShardedOptimizer& opt) {
-  if (opt.config().optimizer.type == OptimizerType::kAdam) return {"master", "exp_avg", "exp_avg_sq"};
-  if (opt.num_states() == 2) return {"master", "momentum"};
-  return {"master"};
+  return memwall::StateNames(opt.config().optimizer.type == OptimizerType::kAdam
+                                 ? StateTier::Rule::kAdam
+                                 : StateTier::Rule::kSgd,
+                             opt.num_states() == 2);
 }
 
 std::string StepDir(const std::string& dir, int64_t step) {

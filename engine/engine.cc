@@ -361,6 +361,12 @@ absl::Status Engine::AgreeOnHyperparameters() {
       h.momentum));
 }
 
+std::vector<std::string> Engine::state_names() const {
+  return StateNames(config_.optimizer.type == OptimizerType::kAdam ? StateTier::Rule::kAdam
+                                                                   : StateTier::Rule::kSgd,
+                    optimizer_->num_states() == 2);
+}
+
 int64_t Engine::steps() const {
   return trainer_ != nullptr ? trainer_->steps() : caller_steps_;
 }

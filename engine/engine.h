@@ -177,6 +177,9 @@ class Engine {
   absl::StatusOr<ShardedOptimizer::StepResult> Step();
   // Training steps taken (skipped ones included): the data position.
   int64_t steps() const;
+  // The names of each parameter's f32 optimizer states, master weights
+  // first (sharding/state_tier.h StateNames): as checkpoints name them.
+  std::vector<std::string> state_names() const;
 
   // Training checkpoints (engine/checkpoint.h), of either kind of model;
   // loading also restores steps() (and passes over damaged checkpoints to

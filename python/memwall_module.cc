@@ -403,6 +403,8 @@ PYBIND11_MODULE(_memwall, m) {
              memwall::Check(memwall::WriteReports(e.engine().profiler(), dir));
            })
       .def_property_readonly("num_states", [](PyEngine& e) { return e.opt().num_states(); })
+      .def_property_readonly("state_names",
+                             [](PyEngine& e) { return e.engine().state_names(); })
       .def("gather_state", &PyEngine::GatherState)
       .def("set_state", &PyEngine::SetState)
       .def("progress", &PyEngine::Progress)

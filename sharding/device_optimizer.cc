@@ -15,23 +15,22 @@ absl::StatusOr<std::unique_ptr<DeviceOptimizerSlice>> DeviceOptimizerSlice::Crea
   std::unique_ptr<DeviceOptimizerSlice> slice(
       new DeviceOptimizerSlice(device, stream, rule, momentum, param_dtype, numel));
   const size_t bytes = numel * sizeof(float);
+  const std::vector<std::string> names = StateNames(rule, momentum);
   if (param_dtype != DType::kF32) {
     MW_ASSIGN_OR_RETURN(slice->own_master_,
                         device.Allocate(bytes, MemoryCategory::kOptimizerState,
-                                        absl::StrCat(owner, ".master")));
+                                        absl::StrCat(owner, ".", names[0])));
     slice->master_ = static_cast<float*>(slice->own_master_.data());
   } else {
     slice->master_ = f32_params;
   }
   if (slice->states_ >= 2) {
-    MW_ASSIGN_OR_RETURN(slice->first_,
-                        device.Allocate(bytes, MemoryCategory::kOptimizerState,
-                                        absl::StrCat(owner, rule == Rule::kAdam ? ".exp_avg"
-                                                                                : ".momentum")));
+    MW_ASSIGN_OR_RETURN(slice->first_, device.Allocate(bytes, MemoryCategory::kOptimizerState,
+                                                       absl::StrCat(owner, ".", names[1])));
   }
   if (slice->states_ == 3) {
     MW_ASSIGN_OR_RETURN(slice->second_, device.Allocate(bytes, MemoryCategory::kOptimizerState,
-                                                        absl::StrCat(owner, ".exp_avg_sq")));
+                                                        absl::StrCat(owner, ".", names[2])));
   }
   for (DeviceBuffer* moment : {&slice->first_, &slice->second_}) {
     if (moment->empty()) continue;

@@ -58,22 +58,21 @@ absl::StatusOr<std::unique_ptr<HostOptimizerSlice>> HostOptimizerSlice::Create(
                         store->AddSlot(slice->ChunkOffset(last) + slice->ChunkIoBytes(last)));
     return slice;
   }
-  auto allocate = [&](const char* suffix) {
+  auto allocate = [&](const std::string& state, absl::string_view suffix = "") {
     return device.AllocatePinned(bytes, MemoryCategory::kOptimizerState,
-                                 absl::StrCat(owner, suffix));
+                                 absl::StrCat(owner, ".", state, suffix));
   };
-  MW_ASSIGN_OR_RETURN(slice->master_, allocate(".master"));
+  const std::vector<std::string> names = StateNames(rule, momentum);
+  MW_ASSIGN_OR_RETURN(slice->master_, allocate(names[0]));
   if (slice->states_ >= 2) {
-    MW_ASSIGN_OR_RETURN(slice->first_, allocate(rule == Rule::kAdam ? ".exp_avg" : ".momentum"));
+    MW_ASSIGN_OR_RETURN(slice->first_, allocate(names[1]));
   }
   if (slice->states_ == 3) {
-    MW_ASSIGN_OR_RETURN(slice->second_, allocate(".exp_avg_sq"));
+    MW_ASSIGN_OR_RETURN(slice->second_, allocate(names[2]));
   }
   if (speculative) {
-    const char* spare[] = {".master_spare", rule == Rule::kAdam ? ".exp_avg_spare" : ".momentum_spare",
-                           ".exp_avg_sq_spare"};
     for (int i = 0; i < slice->states_; ++i) {
-      MW_ASSIGN_OR_RETURN(slice->spare_[i], allocate(spare[i]));
+      MW_ASSIGN_OR_RETURN(slice->spare_[i], allocate(names[i], "_spare"));
     }
   }
   // Pinned memory is the CPU's: written directly.

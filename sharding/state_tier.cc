@@ -13,4 +13,10 @@ absl::Status StateTier::Validate(Rule rule, absl::Span<const Segment> segments) 
   return absl::OkStatus();
 }
 
+std::vector<std::string> StateNames(StateTier::Rule rule, bool momentum) {
+  if (rule == StateTier::Rule::kAdam) return {"master", "exp_avg", "exp_avg_sq"};
+  if (momentum) return {"master", "momentum"};
+  return {"master"};
+}
+
 }  // namespace memwall

@@ -21,6 +21,8 @@
 #define MEMWALL_SHARDING_STATE_TIER_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -104,6 +106,12 @@ class StateTier {
   virtual absl::Status ReadState(int which, int64_t begin, int64_t count, float* out) = 0;
   virtual absl::Status WriteState(int which, int64_t begin, int64_t count, const float* in) = 0;
 };
+
+// The names of a slice's f32 state arrays, in order: "master", then Adam's
+// "exp_avg" and "exp_avg_sq", or SGD's "momentum" (when it has momentum).
+// What the slices name their memory ("<owner>.<name>"), checkpoints their
+// tensors ("<parameter>/<name>"), and memwall.torch maps to torch's names.
+std::vector<std::string> StateNames(StateTier::Rule rule, bool momentum);
 
 }  // namespace memwall
 

@@ -736,10 +736,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def _state_names(self):
         """The names of the engine's per-element states after the master
-        weights, as torch's AdamW and SGD call them."""
-        if self._engine.num_states == 3:
-            return ["exp_avg", "exp_avg_sq"]
-        return ["momentum_buffer"] if self._engine.num_states == 2 else []
+        weights, as torch's AdamW and SGD call them (SGD's momentum is
+        torch's momentum_buffer)."""
+        torch_name = {"momentum": "momentum_buffer"}
+        return [torch_name.get(n, n) for n in self._engine.state_names[1:]]
 
     def _gather_states(self, g):
         """Every state of memwall group g (collective), f32, padded."""
