@@ -113,6 +113,18 @@ py::memoryview ViewOf(const ShardedOptimizer::View& view) {
                                      /*readonly=*/false);
 }
 
+// What the engine reads from a config that a torch front end needs before
+// an engine exists: the accumulation, the micro-batch and the parameter
+// dtype (errors: the engine's, naming the key).
+py::dict ConfigValues(const std::string& config_json) {
+  const Config c = Value(ParseConfig(config_json));
+  py::dict d;
+  d["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  d["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
+  d["param_dtype"] = std::string(DTypeName(c.param_dtype()));
+  return d;
+}
+
 // memwall plan for a traced model (models/traced.h): the report's JSON.
 std::string PlanTraced(const std::string& description, const std::string& config_json,
                        int64_t gpus, const std::string& device_memory,
@@ -329,6 +341,10 @@ PYBIND11_MODULE(_memwall, m) {
       "empty when OpenBLAS knows the CPU.");
   m.def("abort_ranks", &memwall::AbortRanks, py::arg("code") = 1,
         "Ends every rank of a multi-rank MPI job (no-op on one rank).");
+  m.def("config_values", &memwall::ConfigValues, py::arg("config"),
+        "The values a config sets that a torch front end needs before an engine exists "
+        "(gradient_accumulation_steps, train_micro_batch_size_per_gpu, param_dtype), as the "
+        "engine parses them.");
   m.def("plan", &memwall::PlanTraced, py::arg("description"), py::arg("config"),
         py::arg("gpus"), py::arg("device_memory"), py::arg("host_memory"), py::arg("nvme"),
         py::arg("batch"), py::arg("auto_strategy"), py::arg("hardware"),

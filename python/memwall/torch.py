@@ -87,7 +87,9 @@ def _weak(method):
 
 
 def _group_defaults(config):
-    """torch param_group defaults from the config's optimizer section."""
+    """torch param_group defaults from the config's optimizer section, as
+    written (Python floats, which lr schedulers scale; the engine, which
+    validated them, keeps f32s), with the engine's defaults."""
     params = config.get("optimizer", {}).get("params", {})
     betas = params.get("betas", [0.9, 0.999])
     return {
@@ -247,6 +249,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     "or the config's bf16/fp16: convert the model first (model.float())"
                     % (name, p.dtype))
         text = _config_text(config)
+        read = memwall._memwall.config_values(text)  # the engine's reading, checked
         parsed = json.loads(text)
         if params is None:
             params = list(model.parameters())
@@ -288,7 +291,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._sent_hyperparameters = False  # this step's, to the engine
         self._atomic_depth = 0  # nesting of _atomic sections
         self._backward_open = False  # a backward's gradients arrive; not ended yet
-        self._accumulation = int(parsed.get("gradient_accumulation_steps", 1))
+        self._accumulation = read["gradient_accumulation_steps"]
         self._hooks = []
         self._saving = None
         self._profile = None  # the open Profile
@@ -916,8 +919,8 @@ def plan(model, *, inputs=None, seq=None, batch=1, gpus=1, device_memory="32GiB"
         return json.loads(memwall._memwall.plan(
             json.dumps(model), text, gpus, str(device_memory), str(host_memory), str(nvme),
             batch, auto, hardware))
-    parsed = json.loads(text)
-    dtype = _precision(parsed)
+    values = memwall._memwall.config_values(text)
+    dtype = values["param_dtype"]
     if not isinstance(model, torch.nn.Module):
         model = hf.build(model, dtype)
     elif lora_rank or {p.dtype for p in model.parameters()} != {_DTYPES[dtype]}:
@@ -928,7 +931,7 @@ def plan(model, *, inputs=None, seq=None, batch=1, gpus=1, device_memory="32GiB"
     was_training = model.training
     model.train()
     try:
-        micro = batch or parsed.get("train_micro_batch_size_per_gpu", 1)
+        micro = batch or values["train_micro_batch_size_per_gpu"]
         description = tracing.describe(model, inputs or hf.inputs_for(model, seq),
                                        attention=attention, batches=(micro, micro + 1))
     finally:
@@ -936,12 +939,3 @@ def plan(model, *, inputs=None, seq=None, batch=1, gpus=1, device_memory="32GiB"
     report = memwall._memwall.plan(json.dumps(description), text, gpus, str(device_memory),
                                    str(host_memory), str(nvme), batch, auto, hardware)
     return json.loads(report)
-
-
-def _precision(config):
-    """The parameter dtype a config trains in: "bf16", "f16" or "f32"."""
-    if (config.get("bf16") or {}).get("enabled"):
-        return "bf16"
-    if (config.get("fp16") or {}).get("enabled"):
-        return "f16"
-    return "f32"
