@@ -93,12 +93,25 @@ TEST_CASE("with host memory and NVMe: offloaded strategies, the fewest tiles, NV
   CHECK_FALSE(Plan(o, WithTiles(Small().Spec(r.size + 1), 16).value(), frugal).fits);
   CHECK(Plan(o, WithTiles(Small().Spec(r.size), 16).value(), frugal).fits);
   CHECK(r.next_model == Small().Spec(r.size + 1));
-  // Tiled: the fewest tiles that fit (half as many do not).
-  if (r.tiles > 1) {
-    const std::string fewer =
-        r.tiles == 2 ? Small().Spec(r.size) : WithTiles(Small().Spec(r.size), r.tiles / 2).value();
-    CHECK_FALSE(Plan(o, fewer, r.config).fits);
-  }
+}
+
+TEST_CASE("a block weight too large for the device alone: the fewest tiles that fit",
+          "[max_params][tiles]") {
+  // One wide block on 16 MiB: its weights must be gathered a tile at a time.
+  MaxParamsOptions o = Machine(16 * kMiB, 256 * kMiB, 1 * kGiB);
+  const GptFamily wide = ParseGptFamily("gpt:seq=64,vocab=256,layers=1").value();
+  o.family = MakeGptFamily(wide);
+  const MaxParamsResult r = MaxParams(o).value();
+  REQUIRE(r.size > 1);
+  REQUIRE(r.tiles > 1);
+  INFO(r.strategy << ", " << r.model);
+  CHECK(r.model == WithTiles(wide.Spec(r.size), r.tiles).value());
+  CHECK(r.config.zero.stage3_gather_on_use);
+  CHECK(Plan(o, r.model, r.config).fits);
+  // Half as many tiles do not fit under the same config.
+  const std::string fewer =
+      r.tiles == 2 ? wide.Spec(r.size) : WithTiles(wide.Spec(r.size), r.tiles / 2).value();
+  CHECK_FALSE(Plan(o, fewer, r.config).fits);
 }
 
 TEST_CASE("a machine the smallest member does not fit answers none, and why", "[max_params]") {
