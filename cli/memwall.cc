@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <new>
 #include <set>
@@ -34,6 +35,7 @@
 #include "planning/plan.h"
 #include "runtime/device.h"
 #include "runtime/mpi_communicator.h"
+#include "runtime/status.h"
 #include "runtime/units.h"
 
 ABSL_FLAG(std::string, backend, "",
@@ -406,17 +408,42 @@ absl::StatusOr<int64_t> MemoryFlag(const char* fallback = "256MiB") {
   return memwall::ParseBytes(text.empty() ? fallback : text, "--device_memory");
 }
 
+// The machine the planning commands plan for: --device_memory (32 GiB by
+// default), --host_memory and --nvme per GPU.
+struct Machine {
+  int64_t device_bytes = 0, host_bytes = 0, nvme_bytes = 0;
+};
+absl::StatusOr<Machine> MachineFlags() {
+  Machine m;
+  MW_ASSIGN_OR_RETURN(m.device_bytes, MemoryFlag("32GiB"));
+  MW_ASSIGN_OR_RETURN(m.host_bytes,
+                      memwall::ParseBytes(absl::GetFlag(FLAGS_host_memory), "--host_memory"));
+  MW_ASSIGN_OR_RETURN(m.nvme_bytes, memwall::ParseBytes(absl::GetFlag(FLAGS_nvme), "--nvme"));
+  return m;
+}
+
+// A planning command's report on stdout, with progress on stderr after a
+// second; --out (`out`, `overwrite`) is checked before the planning, which
+// can take minutes.
+int PrintReport(const std::string& out, bool overwrite, const char* command,
+                const std::function<absl::StatusOr<std::string>(memwall::PlanProgress*)>& report) {
+  if (!out.empty()) {
+    if (auto s = memwall::CheckOutputFile("--out", out, overwrite); !s.ok()) return Fail(s);
+  }
+  memwall::PlanProgress progress(stderr, command);
+  const absl::StatusOr<std::string> text = report(&progress);
+  if (!text.ok()) return Fail(text.status());
+  std::fputs(text->c_str(), stdout);
+  return 0;
+}
+
 int Plan() {
+  const absl::StatusOr<Machine> machine = MachineFlags();
+  if (!machine.ok()) return Fail(machine.status());
   memwall::PlanOptions options;
-  auto device = MemoryFlag("32GiB");
-  if (!device.ok()) return Fail(device.status());
-  options.device_bytes = *device;
-  auto host = memwall::ParseBytes(absl::GetFlag(FLAGS_host_memory), "--host_memory");
-  if (!host.ok()) return Fail(host.status());
-  options.host_bytes = *host;
-  auto nvme = memwall::ParseBytes(absl::GetFlag(FLAGS_nvme), "--nvme");
-  if (!nvme.ok()) return Fail(nvme.status());
-  options.nvme_bytes = *nvme;
+  options.device_bytes = machine->device_bytes;
+  options.host_bytes = machine->host_bytes;
+  options.nvme_bytes = machine->nvme_bytes;
   options.model = absl::GetFlag(FLAGS_model);
   options.config_path = absl::GetFlag(FLAGS_config);
   options.gpus = absl::GetFlag(FLAGS_gpus);
@@ -433,33 +460,21 @@ int Plan() {
   options.attention = absl::GetFlag(FLAGS_attention);
   options.lora_rank = absl::GetFlag(FLAGS_lora_rank);
   options.lora_targets = absl::GetFlag(FLAGS_lora_targets);
-  // --out is checked before planning, which can take minutes.
-  if (!options.out_path.empty()) {
-    if (auto s = memwall::CheckOutputFile("--out", options.out_path, options.overwrite_out);
-        !s.ok()) {
-      return Fail(s);
-    }
-  }
-  memwall::PlanProgress progress(stderr, "memwall plan");
-  options.progress = &progress;
-  const absl::StatusOr<std::string> report = memwall::PlanReport(options);
-  if (!report.ok()) return Fail(report.status());
-  std::fputs(report->c_str(), stdout);
-  return 0;
+  return PrintReport(options.out_path, options.overwrite_out, "memwall plan",
+                     [&](memwall::PlanProgress* progress) {
+                       options.progress = progress;
+                       return memwall::PlanReport(options);
+                     });
 }
 
 // `memwall max-params`: the family's largest member that trains.
 int MaxParams() {
+  const absl::StatusOr<Machine> machine = MachineFlags();
+  if (!machine.ok()) return Fail(machine.status());
   memwall::MaxParamsRequest flags;
-  auto device = MemoryFlag("32GiB");
-  if (!device.ok()) return Fail(device.status());
-  flags.device_bytes = *device;
-  auto host = memwall::ParseBytes(absl::GetFlag(FLAGS_host_memory), "--host_memory");
-  if (!host.ok()) return Fail(host.status());
-  flags.host_bytes = *host;
-  auto nvme = memwall::ParseBytes(absl::GetFlag(FLAGS_nvme), "--nvme");
-  if (!nvme.ok()) return Fail(nvme.status());
-  flags.nvme_bytes = *nvme;
+  flags.device_bytes = machine->device_bytes;
+  flags.host_bytes = machine->host_bytes;
+  flags.nvme_bytes = machine->nvme_bytes;
   flags.family = Given().count("model") > 0 ? absl::GetFlag(FLAGS_model) : "gpt";
   flags.config_path = absl::GetFlag(FLAGS_config);
   flags.gpus = absl::GetFlag(FLAGS_gpus);
@@ -473,17 +488,10 @@ int MaxParams() {
       "--gpus ", flags.gpus, " --device_memory ", device_text.empty() ? "32GiB" : device_text,
       " --host_memory ", absl::GetFlag(FLAGS_host_memory), " --nvme ", absl::GetFlag(FLAGS_nvme),
       flags.batch > 0 ? absl::StrCat(" --batch ", flags.batch) : "");
-  // --out is checked before the search.
-  if (!flags.out_path.empty()) {
-    if (auto s = memwall::CheckOutputFile("--out", flags.out_path, flags.overwrite_out); !s.ok()) {
-      return Fail(s);
-    }
-  }
-  memwall::PlanProgress progress(stderr, "memwall max-params");
-  const absl::StatusOr<std::string> report = memwall::MaxParamsReport(flags, &progress);
-  if (!report.ok()) return Fail(report.status());
-  std::fputs(report->c_str(), stdout);
-  return 0;
+  return PrintReport(flags.out_path, flags.overwrite_out, "memwall max-params",
+                     [&](memwall::PlanProgress* progress) {
+                       return memwall::MaxParamsReport(flags, progress);
+                     });
 }
 
 int Demo() {
