@@ -37,8 +37,9 @@ Isa SelectedIsa();
 // their arrays in software: 512 on Intel, where the hardware prefetchers
 // alone leave the update short of the bandwidth (cpu_adam_benchmark on
 // Xeon: 1.13-1.29x at 2^24 and 2^26 elements), none on AMD, where they do
-// not and the prefetches only cost (Zen 4: 0.87-0.91x of the update
-// without them at 2^24). Decided once, from CPUID's vendor.
+// not and the prefetches only cost (Zen 4, benchmarks/cpu_adam_deepspeed.py
+// at 2^24: memwall/DeepSpeed 0.82x with them, 0.92x without; RESULTS,
+// sixteenth session). Decided once, from CPUID's vendor.
 size_t StreamPrefetchElements();
 
 struct KernelTable {
