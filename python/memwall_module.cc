@@ -339,6 +339,19 @@ PYBIND11_MODULE(_memwall, m) {
       },
       "The OpenBLAS core this CPU runs better than the generic one OpenBLAS fell back to; "
       "empty when OpenBLAS knows the CPU.");
+  m.def(
+      "choose_blas_core",
+      []() -> py::dict {
+        py::dict set;  // the variables the switch set, for os.environ
+        if (memwall::kernels::cpu::ChooseBlasCoreInProcess().empty()) return set;
+        for (const char* name : {"OPENBLAS_CORETYPE", "MEMWALL_BLAS_CORE_FROM"}) {
+          set[name] = std::getenv(name);
+        }
+        return set;
+      },
+      "Where OpenBLAS fell back to a generic kernel on a CPU it does not know and the user "
+      "did not set OPENBLAS_CORETYPE, switches this process to the better core in place; "
+      "returns the environment variables that records (empty when nothing changed).");
   m.def("abort_ranks", &memwall::AbortRanks, py::arg("code") = 1,
         "Ends every rank of a multi-rank MPI job (no-op on one rank).");
   m.def("config_values", &memwall::ConfigValues, py::arg("config"),

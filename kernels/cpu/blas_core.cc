@@ -1,6 +1,7 @@
 #include "kernels/cpu/blas_core.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -78,22 +79,71 @@ std::string BlasDescription() {
   return absl::StrCat(BlasVersion(), ", core ", BlasCore(), " (", how, ")");
 }
 
-void ChooseBlasCore(char** argv) {
+namespace {
+
+// What OpenBLAS detected and the better core to run instead; `better`
+// empty when the user chose (OPENBLAS_CORETYPE), memwall already chose
+// (MEMWALL_BLAS_CORE_FROM), or OpenBLAS knows the CPU.
+struct CoreChoice {
+  std::string detected;
+  std::string better;
+};
+
+CoreChoice ChooseCore() {
   const char* user = std::getenv("OPENBLAS_CORETYPE");
   if ((user != nullptr && *user != '\0') || std::getenv("MEMWALL_BLAS_CORE_FROM") != nullptr) {
-    return;  // the user's choice, or memwall's already made
+    return {};
   }
   // Tests stand in for a CPU OpenBLAS does not know (this machine's is).
   const char* pretend = std::getenv("MEMWALL_BLAS_PRETEND_DETECTED");
-  const std::string detected = pretend != nullptr ? pretend : BlasCore();
-  const std::string better = BetterBlasCore(CpuFlags(), detected);
-  if (better.empty()) return;
-  setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
-  setenv("MEMWALL_BLAS_CORE_FROM", detected.c_str(), 1);
-  execv("/proc/self/exe", argv);
-  // The exec failed: go on as loaded, and do not claim the choice.
+  CoreChoice choice;
+  choice.detected = pretend != nullptr ? pretend : BlasCore();
+  choice.better = BetterBlasCore(CpuFlags(), choice.detected);
+  return choice;
+}
+
+void SetChoice(const CoreChoice& choice) {
+  setenv("OPENBLAS_CORETYPE", choice.better.c_str(), 1);
+  setenv("MEMWALL_BLAS_CORE_FROM", choice.detected.c_str(), 1);
+}
+
+void UnsetChoice() {
   unsetenv("OPENBLAS_CORETYPE");
   unsetenv("MEMWALL_BLAS_CORE_FROM");
+}
+
+}  // namespace
+
+void ChooseBlasCore(char** argv) {
+  const CoreChoice choice = ChooseCore();
+  if (choice.better.empty()) return;
+  SetChoice(choice);
+  execv("/proc/self/exe", argv);
+  // The exec failed: go on as loaded, and do not claim the choice.
+  UnsetChoice();
+}
+
+std::string ChooseBlasCoreInProcess() {
+  const CoreChoice choice = ChooseCore();
+  if (choice.better.empty()) return "";
+  // Looked up, not linked: only DYNAMIC_ARCH builds of OpenBLAS have them.
+  using Hook = void (*)();
+  const auto quit = reinterpret_cast<Hook>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
+  const auto init = reinterpret_cast<Hook>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
+  if (quit == nullptr || init == nullptr) return "";
+  const std::string before = BlasCore();
+  SetChoice(choice);
+  quit();
+  init();
+  if (BlasCore() == choice.better) return choice.better;
+  // OpenBLAS did not take the name (it then detects again): restore what
+  // it ran before and do not claim the choice.
+  UnsetChoice();
+  setenv("OPENBLAS_CORETYPE", before.c_str(), 1);
+  quit();
+  init();
+  unsetenv("OPENBLAS_CORETYPE");
+  return "";
 }
 
 }  // namespace cpu

@@ -13,11 +13,17 @@
 // before main(). So the command, first thing in main(), asks OpenBLAS which
 // core it chose; when that is a generic fallback and the CPU supports a
 // better one, it sets OPENBLAS_CORETYPE and re-executes itself once. A
-// value the user set is never overridden. The core in force is printed
-// in `memwall train`'s header.
-// Limitations: a process that cannot re-execute (the Python extension,
-// loaded into an interpreter) cannot change its core: it warns, naming
-// the setting. Only x86-64 kernel sets are chosen.
+// process that cannot re-execute (the Python extension, loaded into an
+// interpreter) sets it and runs OpenBLAS's own dynamic-arch start-up
+// again (gotoblas_dynamic_quit, gotoblas_dynamic_init: what OpenBLAS ran
+// when it loaded, which reads the variable), at import, before its first
+// matrix product; the kernel table is all that start-up chooses (its
+// buffers are sized for every core of the build), so the process then runs
+// as if started with the variable. A value the user set is never
+// overridden. The core in force is printed in `memwall train`'s header.
+// Limitations: an OpenBLAS without those two functions (not a DYNAMIC_ARCH
+// build) cannot switch in place: Python warns, naming the setting. Only
+// x86-64 kernel sets are chosen.
 #ifndef MEMWALL_KERNELS_CPU_BLAS_CORE_H_
 #define MEMWALL_KERNELS_CPU_BLAS_CORE_H_
 
@@ -54,6 +60,15 @@ std::set<std::string> CpuFlags();
 // MEMWALL_BLAS_PRETEND_DETECTED to a core name to take it as OpenBLAS's
 // detection (a CPU it does not know, on one it does).
 void ChooseBlasCore(char** argv);
+
+// ChooseBlasCore for a process that cannot re-execute: switches this
+// process's OpenBLAS to the better core in place (Note above), setting the
+// same two variables so that child processes inherit the choice. Call it
+// before the first matrix product and before any other thread uses
+// OpenBLAS. Returns the core now in force when it switched; empty when
+// nothing needed changing or this OpenBLAS cannot switch in place (then
+// nothing was changed).
+std::string ChooseBlasCoreInProcess();
 
 }  // namespace cpu
 }  // namespace kernels

@@ -21,17 +21,24 @@ try:
 except ImportError:
     pass
 
-from memwall._memwall import Engine, Error, Parameter, abort_ranks  # noqa: E402,F401
+from memwall._memwall import (  # noqa: E402,F401
+    Engine, Error, Parameter, abort_ranks, blas_description)
 # Error's subclasses by the engine's status code, each also the Python
 # exception it means: InvalidArgumentError is a ValueError, NotFoundError a
 # FileNotFoundError, OutOfMemoryError a MemoryError.
 from memwall._memwall import (  # noqa: E402,F401
     InvalidArgumentError, NotFoundError, OutOfMemoryError)
 from memwall._memwall import better_blas_core as _better_blas_core  # noqa: E402
+from memwall._memwall import choose_blas_core as _choose_blas_core  # noqa: E402
 
-# OpenBLAS chose its kernels when the extension loaded; a process cannot
-# start again as the memwall command does (Note in kernels/cpu/blas_core.h),
-# so a CPU OpenBLAS does not know is named, with the setting that fixes it.
+# On a CPU OpenBLAS does not know, it loaded (with the extension) its
+# generic kernels; memwall switches it in place to the kernels the CPU runs
+# (Note in kernels/cpu/blas_core.h), before anything here multiplies a
+# matrix. The variables that records go into os.environ too, so that child
+# processes (mpirun, subprocess) inherit the choice.
+_os.environ.update(_choose_blas_core())
+# An OpenBLAS that cannot switch in place (not a DYNAMIC_ARCH build) is
+# named, with the setting that fixes it.
 _core = _better_blas_core()
 if _core and "OPENBLAS_CORETYPE" not in _os.environ:
     _warnings.warn(
