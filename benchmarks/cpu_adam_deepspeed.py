@@ -8,7 +8,9 @@ DeepSpeed: the op DeepSpeedCPUAdam.step calls per parameter
 (ds_opt_adam.adam_update) on f32 p, g, m and v tensors of 2^14, 2^16 (in a
 core's L2), 2^18 and 2^24 elements (out of it, as an offloaded group's states
 are), AdamW, best of many calls, less the same call's time on 16
-elements (Python's and the binding's share). memwall: the staggered
+elements (Python's and the binding's share); from 2^18 on also on views of
+one buffer laid out as memwall's staggered arrays are (the same layout on
+both sides). memwall: the staggered
 one-thread rows of bazel-bin/benchmarks/cpu_adam_benchmark for the same sizes
 (the kernel the offloaded update runs, no Python in the way), run between
 DeepSpeed's measurements, round by round, best of as many tries as
@@ -55,12 +57,22 @@ def deepspeed_op():
     return op
 
 
-def deepspeed_seconds(op, n, calls):
-    """Best time of one adam_update call on n elements."""
-    p = torch.full((n,), 0.5)
-    g = torch.full((n,), 1e-3)
-    m = torch.zeros(n)
-    v = torch.zeros(n)
+def deepspeed_seconds(op, n, calls, staggered=False):
+    """Best time of one adam_update call on n elements: on four separate
+    tensors (as a user's are), or with `staggered` on views of one buffer
+    placed as cpu_adam_benchmark's staggered arrays are (array k at
+    k * (n + 1072) elements), so both sides run on the same layout."""
+    if staggered:
+        stride = n + 1024 + 48
+        arena = torch.zeros(4 * stride)
+        p, g, m, v = (arena[k * stride:k * stride + n] for k in range(4))
+        p.fill_(0.5)
+        g.fill_(1e-3)
+    else:
+        p = torch.full((n,), 0.5)
+        g = torch.full((n,), 1e-3)
+        m = torch.zeros(n)
+        v = torch.zeros(n)
     best = float("inf")
     for _ in range(calls):
         start = time.perf_counter()
@@ -102,14 +114,16 @@ def main():
     torch.set_num_threads(1)
     op = deepspeed_op()
     ratios = {1 << s: [] for s in SIZES}
-    pool_ratios = {}
+    pool_ratios, same_layout = {}, {}
     for round_index in range(args.rounds):
         call = deepspeed_seconds(op, 16, 4000)
-        ds = {}
+        ds, ds_staggered = {}, {}
         for s in SIZES:
             n = 1 << s
-            seconds = deepspeed_seconds(op, n, 4000 if s <= 16 else 400 if s <= 18 else 20)
-            ds[n] = n / (seconds - call)
+            calls = 4000 if s <= 16 else 400 if s <= 18 else 20
+            ds[n] = n / (deepspeed_seconds(op, n, calls) - call)
+            if s >= 18:
+                ds_staggered[n] = n / (deepspeed_seconds(op, n, calls, staggered=True) - call)
         mw, pool, bf16, header = memwall_rates()
         print(f"round {round_index + 1} ({header.split(', ')[-1]}; DeepSpeed's call "
               f"{call * 1e6:.2f} us subtracted):")
@@ -117,6 +131,11 @@ def main():
             ratios[n].append(mw[n] / ds[n])
             line = (f"  2^{n.bit_length() - 1:<3} memwall {mw[n] / 1e6:8.1f} Mp/s   "
                     f"DeepSpeed {ds[n] / 1e6:8.1f} Mp/s   memwall/DeepSpeed {mw[n] / ds[n]:.2f}x")
+            if n in ds_staggered:
+                same = mw[n] / ds_staggered[n]
+                same_layout.setdefault(n, []).append(same)
+                line += (f"   (DeepSpeed on the staggered layout: {ds_staggered[n] / 1e6:.1f} Mp/s,"
+                         f" memwall {same:.2f}x)")
             if n in pool:
                 pool_ratios.setdefault(n, []).append(pool[n] / ds[n])
                 line += f"   (pool arrays: {pool[n] / 1e6:.1f} Mp/s, {pool[n] / ds[n]:.2f}x)"
@@ -126,6 +145,9 @@ def main():
             print(line)
     print("median over rounds:", ", ".join(
         f"2^{n.bit_length() - 1} {statistics.median(r):.2f}x" for n, r in sorted(ratios.items())))
+    print("median over rounds, both on the staggered layout:", ", ".join(
+        f"2^{n.bit_length() - 1} {statistics.median(r):.2f}x"
+        for n, r in sorted(same_layout.items())))
     print("median over rounds, memwall's pool arrays:", ", ".join(
         f"2^{n.bit_length() - 1} {statistics.median(r):.2f}x"
         for n, r in sorted(pool_ratios.items())))
