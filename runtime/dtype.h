@@ -35,6 +35,15 @@ constexpr size_t DTypeSize(DType dtype) {
 // "f32", "bf16" or "f16".
 const char* DTypeName(DType dtype);
 
+// `base` advanced by `element` elements of `dtype`; null stays null (a
+// meta device's buffers hold no bytes).
+inline void* ElementOffset(void* base, int64_t element, DType dtype) {
+  return base == nullptr ? nullptr : static_cast<char*>(base) + element * DTypeSize(dtype);
+}
+inline const void* ElementOffset(const void* base, int64_t element, DType dtype) {
+  return ElementOffset(const_cast<void*>(base), element, dtype);
+}
+
 MW_HD uint32_t FloatBits(float x) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(x);

@@ -28,15 +28,6 @@ char* At(const DeviceBuffer& buffer, int64_t element, DType dtype) {
   return static_cast<char*>(buffer.data()) + element * DTypeSize(dtype);
 }
 
-// `base` advanced by `element` elements of `dtype`; null stays null (meta's
-// buffers hold no bytes).
-void* Offset(void* base, int64_t element, DType dtype) {
-  return base == nullptr ? nullptr : static_cast<char*>(base) + element * DTypeSize(dtype);
-}
-const void* Offset(const void* base, int64_t element, DType dtype) {
-  return Offset(const_cast<void*>(base), element, dtype);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const ShardingOptions& config,
@@ -106,13 +97,12 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> comm_stream, config.zero.overlap_comm
                                                                ? device.CreateAsyncStream()
                                                                : device.CreateStream());
-  OrderEvents events;
-  MW_ASSIGN_OR_RETURN(events.caller, device.CreateEvent());
-  for (std::unique_ptr<Event>& event : events.reduced) {
-    MW_ASSIGN_OR_RETURN(event, device.CreateEvent());
-  }
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Event> caller_event, device.CreateEvent());
   std::unique_ptr<ShardedOptimizer> optimizer(new ShardedOptimizer(
-      config, device, comm, std::move(stream), std::move(comm_stream), std::move(events)));
+      config, device, comm, std::move(stream), std::move(comm_stream), std::move(caller_event)));
+  MW_ASSIGN_OR_RETURN(optimizer->reducer_,
+                      GradientReducer::Create(optimizer->config_, device, comm,
+                                              *optimizer->stream_, *optimizer->comm_stream_));
   if (optimizer->overlaps_update()) {
     std::vector<int> cores;
     if (config.zero.offload_bind_cores) {
@@ -128,13 +118,14 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
 
 ShardedOptimizer::ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
                                    std::unique_ptr<Stream> stream,
-                                   std::unique_ptr<Stream> comm_stream, OrderEvents events)
+                                   std::unique_ptr<Stream> comm_stream,
+                                   std::unique_ptr<Event> caller_event)
     : config_(config),
       device_(device),
       comm_(comm),
       stream_(std::move(stream)),
       comm_stream_(std::move(comm_stream)),
-      events_(std::move(events)),
+      caller_event_(std::move(caller_event)),
       scaler_(config.loss_scale, config.fp16) {}
 
 ShardedOptimizer::~ShardedOptimizer() {
@@ -622,8 +613,8 @@ absl::Status ShardedOptimizer::AddGradient(absl::string_view name, absl::Span<co
 }
 
 absl::Status ShardedOptimizer::OrderAfterCaller() {
-  MW_RETURN_IF_ERROR(stream_->Record(*events_.caller));
-  return comm_stream_->Wait(*events_.caller);
+  MW_RETURN_IF_ERROR(stream_->Record(*caller_event_));
+  return comm_stream_->Wait(*caller_event_);
 }
 
 absl::Status ShardedOptimizer::WaitForCommunication() {
@@ -650,7 +641,7 @@ absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
   // From NVMe, through a page buffer.
   const void* shard = group.params.data();
   if (paged()) {
-    void* own = Offset(full.data(), flat.shard_begin(comm_.rank()), dtype);
+    void* own = ElementOffset(full.data(), flat.shard_begin(comm_.rank()), dtype);
     Event* copied = nullptr;
     if (group.param_slot >= 0) {
       Page page;
@@ -816,21 +807,21 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
   group.grad_bucket.Reset();
   // A streamed reduction has run already (its gradients are on the host);
   // an overlapped one runs on while the caller goes on.
-  return PaceReductions(
+  return reducer_->Pace(
       /*in_flight=*/comm_stream_->asynchronous() && !streams_gradients(layout_.groups[g]));
 }
 
 absl::Status ShardedOptimizer::QueueReduction(int g) {
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
-  ReduceBuffers buffers;
-  MW_RETURN_IF_ERROR(SizeReduceBuffers(flat, buffers));
+  GradientReducer::Buffers buffers;
+  MW_RETURN_IF_ERROR(reducer_->SizeBuffers(flat, buffers));
   if (streams_gradients(flat)) {
     // No shard on the device: the reduction's output (in the reduction's
     // dtype) goes to the host and accumulates there, rounding as the
     // device's accumulating reduction would.
     const bool first = group.reductions++ == 0;
-    MW_RETURN_IF_ERROR(ReduceScatterPieces(
+    MW_RETURN_IF_ERROR(reducer_->ReduceScatterPieces(
         flat, group.grad_bucket.data(), buffers,
         [&](int64_t begin, int64_t count, const void* reduced) {
           return group.host->AccumulateGradients(*comm_stream_, reduced, config_.reduce_dtype,
@@ -841,8 +832,8 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
     const bool last = group.reductions == config_.gradient_accumulation_steps;
     return last && overlaps_update() ? Speculate(g) : absl::OkStatus();
   }
-  MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, group.grad_bucket.data(), group.grads.data(),
-                                            /*accumulate=*/true, buffers));
+  MW_RETURN_IF_ERROR(reducer_->ReduceScatter(flat, group.grad_bucket.data(), group.grads.data(),
+                                             /*accumulate=*/true, buffers));
   if (group.host != nullptr && ++group.reductions == config_.gradient_accumulation_steps) {
     // Offload: the host part's gradients are final; they stream to host now.
     MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, group.grads.data()));
@@ -962,166 +953,6 @@ void ShardedOptimizer::DropSpeculation(Group& group) {
   group.host_params.Reset();
 }
 
-absl::Status ShardedOptimizer::PaceReductions(bool in_flight) {
-  // The caller's stream is ordered after all but (in flight) the newest
-  // reduction, so those reductions' blocks serve the caller's next
-  // allocations: one reduction overlaps the caller's compute at a time, and
-  // the memory it holds stays that of one group.
-  Event& newest = *events_.reduced[newest_reduction_];
-  MW_RETURN_IF_ERROR(comm_stream_->Record(newest));
-  if (!in_flight) return stream_->Wait(newest);
-  newest_reduction_ = 1 - newest_reduction_;
-  return stream_->Wait(*events_.reduced[newest_reduction_]);  // the one before: a no-op if none
-}
-
-absl::Status ShardedOptimizer::SizeReduceBuffers(const FlatGroup& flat, ReduceBuffers& buffers) {
-  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
-  const size_t size = DTypeSize(reduce);
-  const auto ensure = [&](DeviceBuffer& buffer, int64_t elements, const char* what) -> absl::Status {
-    if (!buffer.empty() && buffer.size() >= elements * size) return absl::OkStatus();
-    buffer.Reset();
-    MW_ASSIGN_OR_RETURN(buffer, device_.Allocate(elements * size, MemoryCategory::kCommBuffer,
-                                                 absl::StrCat(flat.name, what), *comm_stream_));
-    return absl::OkStatus();
-  };
-  if (stage() == 0) {
-    // Widened in pieces of at most reduce_bucket_size elements, one buffer
-    // reused for each, so a large group costs no full-size f32 copy.
-    if (reduce == dtype) return absl::OkStatus();
-    return ensure(buffers.wide, std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1,
-                                                    flat.padded_numel), ".allreduce");
-  }
-  const Pieces p = PiecesOf(flat);
-  if (p.pack) MW_RETURN_IF_ERROR(ensure(buffers.packed, comm_.world_size() * p.piece, ".reduce_input"));
-  return ensure(buffers.out, p.piece, ".reduce_output");
-}
-
-ShardedOptimizer::Pieces ShardedOptimizer::PiecesOf(const FlatGroup& flat) const {
-  const int world = comm_.world_size();
-  const int64_t shard = flat.shard_numel;
-  const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size / world, 1, shard);
-  // The collective reads world pieces laid out rank after rank: a copy (or
-  // the widening cast) packs them unless the group goes in one piece in the
-  // reduction's dtype, or there is one rank (a piece is then contiguous).
-  const bool pack = config_.reduce_dtype != config_.param_dtype() || (piece < shard && world > 1);
-  return Pieces{piece, pack};
-}
-
-absl::Status ShardedOptimizer::AllReduceGradients(const FlatGroup& flat, void* full,
-                                                  ReduceBuffers& buffers) {
-  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
-  const int64_t n = flat.padded_numel;
-  if (reduce == dtype) {
-    return comm_.AllReduce(full, full, n, dtype, ReduceOp::kSum, *comm_stream_);
-  }
-  const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1, n);
-  const DeviceBuffer& wide = buffers.wide;
-  // Meta: the full pieces are alike, so the first runs and the rest are
-  // counted, as in ReduceScatterPieces.
-  const int64_t full_pieces = n / piece;
-  const bool repeat = !device_.holds_bytes() && full_pieces > 1;
-  // (Read only then: on host a communication thread may be counting.)
-  const CollectiveStats before = repeat ? comm_.stats(Collective::kAllReduce) : CollectiveStats{};
-  const int64_t launches_before = Device::launches_by_this_thread();
-  for (int64_t begin = 0; begin < n; begin += piece) {
-    if (repeat && begin == piece) {
-      const CollectiveStats after = comm_.stats(Collective::kAllReduce);
-      comm_.CountRepeats(Collective::kAllReduce,
-                         CollectiveStats{after.calls - before.calls, after.bytes - before.bytes},
-                         full_pieces - 1);
-      device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
-                          (full_pieces - 1));
-      begin = full_pieces * piece;
-      if (begin >= n) break;
-    }
-    const int64_t count = std::min(piece, n - begin);
-    void* slice = Offset(full, begin, dtype);
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, slice, dtype, wide.data(), reduce, count));
-    MW_RETURN_IF_ERROR(
-        comm_.AllReduce(wide.data(), wide.data(), count, reduce, ReduceOp::kSum, *comm_stream_));
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, wide.data(), reduce, slice, dtype, count));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardedOptimizer::ReduceScatterPieces(
-    const FlatGroup& flat, const void* full, ReduceBuffers& buffers,
-    const std::function<absl::Status(int64_t, int64_t, const void*)>& consume, bool repeatable,
-    const std::function<absl::Status(int64_t, int64_t)>& skipped) {
-  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
-  const int world = comm_.world_size();
-  const int64_t shard = flat.shard_numel;
-  Stream& stream = *comm_stream_;
-  const auto [piece, pack] = PiecesOf(flat);
-  const DeviceBuffer& packed = buffers.packed;
-  const DeviceBuffer& out = buffers.out;
-  // Meta, with a repeatable `consume`: the full pieces are alike, so the
-  // first runs and the rest are counted (collective calls and bytes,
-  // kernel launches, host synchronisations) without running, and a dry
-  // run's cost does not grow with the number of pieces (a large world
-  // makes pieces of a few hundred elements). The stats are read only then:
-  // on host a communication thread may be counting.
-  const int64_t full_pieces = shard / piece;
-  const bool repeat = repeatable && !device_.holds_bytes() && full_pieces > 1;
-  const CollectiveStats before =
-      repeat ? comm_.stats(Collective::kReduceScatter) : CollectiveStats{};
-  // The first piece's launches and synchronisations are this thread's:
-  // the CPU update thread (an overlapped step) synchronises meanwhile.
-  const int64_t launches_before = Device::launches_by_this_thread();
-  const int64_t syncs_before = Device::host_synchronizations_by_this_thread();
-  for (int64_t begin = 0; begin < shard; begin += piece) {
-    if (repeat && begin == piece) {
-      const CollectiveStats now = comm_.stats(Collective::kReduceScatter);
-      const CollectiveStats delta{now.calls - before.calls, now.bytes - before.bytes};
-      comm_.CountRepeats(Collective::kReduceScatter, delta, full_pieces - 1);
-      device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
-                          (full_pieces - 1));
-      device_.CountHostSynchronizations(
-          (Device::host_synchronizations_by_this_thread() - syncs_before) * (full_pieces - 1));
-      if (skipped) MW_RETURN_IF_ERROR(skipped(piece, (full_pieces - 1) * piece));
-      begin = full_pieces * piece;
-      if (begin >= shard) break;
-    }
-    const int64_t count = std::min(piece, shard - begin);
-    const void* input = Offset(full, begin, dtype);
-    if (pack && !device_.holds_bytes()) {
-      // Meta moves no bytes: the world packing copies of a piece are only
-      // counted (the casts are kernel launches), so a dry run's cost does
-      // not grow with the simulated world size.
-      if (reduce != dtype) device_.CountLaunch(world);
-      input = packed.data();
-    } else if (pack) {
-      for (int r = 0; r < world; ++r) {
-        void* to = Offset(packed.data(), r * count, reduce);
-        const void* from = Offset(full, r * shard + begin, dtype);
-        MW_RETURN_IF_ERROR(reduce != dtype
-                               ? kernels::Cast(device_, stream, from, dtype, to, reduce, count)
-                               : device_.CopyAsync(to, from, count * DTypeSize(dtype), stream));
-      }
-      input = packed.data();
-    }
-    MW_RETURN_IF_ERROR(comm_.ReduceScatter(input, out.data(), count, reduce, ReduceOp::kSum, stream));
-    // Stream order keeps the next piece from overwriting `out` (and
-    // `packed`) before what `consume` enqueued has read them.
-    MW_RETURN_IF_ERROR(consume(begin, count, out.data()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardedOptimizer::ReduceScatterGradients(const FlatGroup& flat, const void* full,
-                                                      void* shard_out, bool accumulate,
-                                                      ReduceBuffers& buffers) {
-  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
-  return ReduceScatterPieces(
-      flat, full, buffers, [&](int64_t begin, int64_t count, const void* reduced) {
-        void* to = Offset(shard_out, begin, dtype);
-        return accumulate
-                   ? kernels::Accumulate(device_, *comm_stream_, reduced, reduce, to, dtype, count)
-                   : kernels::Cast(device_, *comm_stream_, reduced, reduce, to, dtype, count);
-      },
-      /*repeatable=*/true);
-}
-
 void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
   if (!device_.holds_bytes()) return nullptr;
   if (stage() == 1) return At(group.grads, flat.shard_begin(comm_.rank()), config_.param_dtype());
@@ -1224,19 +1055,19 @@ absl::Status ShardedOptimizer::ReduceHeldGradients() {
   // reduction starts: an allocation here while an earlier reduction still
   // runs could make the allocator hand back (host: free) the segment it
   // reads. Freed once every reduction has run.
-  ReduceBuffers buffers;
+  GradientReducer::Buffers buffers;
   for (const FlatGroup& flat : layout_.groups) {
-    if (flat.trainable) MW_RETURN_IF_ERROR(SizeReduceBuffers(flat, buffers));
+    if (flat.trainable) MW_RETURN_IF_ERROR(reducer_->SizeBuffers(flat, buffers));
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
     if (!flat.trainable) continue;
     if (stage() == 0) {
-      MW_RETURN_IF_ERROR(AllReduceGradients(flat, groups_[g].grads.data(), buffers));
+      MW_RETURN_IF_ERROR(reducer_->AllReduce(flat, groups_[g].grads.data(), buffers));
     } else {
-      MW_RETURN_IF_ERROR(ReduceScatterGradients(flat, groups_[g].grads.data(),
-                                                UpdateGradients(flat, groups_[g]),
-                                                /*accumulate=*/false, buffers));
+      MW_RETURN_IF_ERROR(reducer_->ReduceScatter(flat, groups_[g].grads.data(),
+                                                 UpdateGradients(flat, groups_[g]),
+                                                 /*accumulate=*/false, buffers));
     }
   }
   const bool any = !buffers.wide.empty() || !buffers.packed.empty() || !buffers.out.empty();

@@ -134,7 +134,8 @@
 // Host memory then holds buffers, not shards.
 //
 // The parts behind this class, one concern each: the flat layout of
-// groups and shards (flat_layout.h), the gather order and prefetch
+// groups and shards (flat_layout.h), the gradients' collectives in pieces
+// and their pacing (gradient_reducer.h), the gather order and prefetch
 // (gather_scheduler.h), the dynamic loss scale (loss_scaler.h), the tiers
 // that hold and update optimizer state (state_tier.h: device_optimizer.h,
 // sharding/host_optimizer.h), and the stream order that lets buffers be
@@ -168,6 +169,7 @@
 #include "sharding/device_optimizer.h"
 #include "sharding/flat_layout.h"
 #include "sharding/gather_scheduler.h"
+#include "sharding/gradient_reducer.h"
 #include "sharding/loss_scaler.h"
 #include "sharding/options.h"
 
@@ -418,15 +420,9 @@ class ShardedOptimizer {
     int param_slot = -1;
   };
 
-  // The events that order the caller's and the communication stream.
-  struct OrderEvents {
-    std::unique_ptr<Event> caller;                  // OrderAfterCaller's
-    std::array<std::unique_ptr<Event>, 2> reduced;  // PaceReductions': newest, the one before
-  };
-
   ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
                    std::unique_ptr<Stream> stream, std::unique_ptr<Stream> comm_stream,
-                   OrderEvents events);
+                   std::unique_ptr<Event> caller_event);
   // The communication stream's next work waits for the caller stream's
   // work so far (an event, not a host wait): what it writes may reuse a
   // block that work still reads, and what it reads that work wrote.
@@ -506,47 +502,6 @@ class ShardedOptimizer {
   // `shard_on_nvme`: parameters on NVMe, and this group's shard goes there.
   absl::Status AllocateGroup(const FlatGroup& flat, Group& group, bool shard_on_nvme);
   absl::Status InitializeGroup(const FlatGroup& flat, Group& group);
-  // A reduction's temporaries (the widened all-reduce piece, the packed
-  // reduce-scatter input and its output), reused while large enough and
-  // allocated when not: Step() sizes them once for every group, so its
-  // reductions allocate nothing while earlier ones may still run.
-  struct ReduceBuffers {
-    DeviceBuffer wide, packed, out;
-  };
-  // Sizes `buffers` for group `flat`'s reduction (stage 0: all-reduce;
-  // else reduce-scatter), allocating what is missing or too small.
-  absl::Status SizeReduceBuffers(const FlatGroup& flat, ReduceBuffers& buffers);
-  // A group's reduce-scatter goes in pieces of `piece` shard elements;
-  // `pack`: its input is packed rank after rank into ReduceBuffers::packed.
-  struct Pieces {
-    int64_t piece;
-    bool pack;
-  };
-  Pieces PiecesOf(const FlatGroup& flat) const;
-  // Reduces full-size gradients `full` (param_dtype, padded) of group g:
-  // all-reduce in place (stage 0) or reduce-scatter into `shard_out`.
-  absl::Status AllReduceGradients(const FlatGroup& flat, void* full, ReduceBuffers& buffers);
-  // Enqueued on the communication stream; `buffers` must live until then.
-  absl::Status ReduceScatterGradients(const FlatGroup& flat, const void* full, void* shard_out,
-                                      bool accumulate, ReduceBuffers& buffers);
-  // The reduce-scatter itself, in pieces of at most reduce_bucket_size
-  // elements of the full buffer (DeepSpeed's meaning), so its buffers stay
-  // bounded however large the group: for each piece, enqueues the
-  // collective and calls consume(begin, count, reduced) with elements
-  // [begin, begin + count) of this rank's shard of the sum, in the
-  // reduction dtype, in a device buffer the next piece reuses (what consume
-  // enqueues on the communication stream reads it in time). Its buffers
-  // are `buffers`' (sized by SizeReduceBuffers first). `repeatable`: each
-  // full piece's consume does what the first one's does (the same
-  // launches, host synchronisations and allocations, freed again), so on
-  // meta the full pieces after the first are counted, not run; `skipped`,
-  // if set, is then told the range they cover (what consume keeps count
-  // of besides).
-  absl::Status ReduceScatterPieces(
-      const FlatGroup& flat, const void* full, ReduceBuffers& buffers,
-      const std::function<absl::Status(int64_t begin, int64_t count, const void* reduced)>& consume,
-      bool repeatable = false,
-      const std::function<absl::Status(int64_t begin, int64_t count)>& skipped = nullptr);
   // Stage 3: allocates group g's gathered buffer and enqueues its gather.
   absl::Status StartGather(int g, bool prefetch);
   // Stage 3: after a gather, starts the gathers the scheduler expects
@@ -555,9 +510,6 @@ class ShardedOptimizer {
   // ReduceGradients' collectives for group g, queued on the communication
   // stream (stages 2-3).
   absl::Status QueueReduction(int g);
-  // After a reduction is queued: orders the caller's stream after the
-  // reductions before it (in flight), or after it too (otherwise).
-  absl::Status PaceReductions(bool in_flight);
   // This rank's gradient elements of group g (param_dtype).
   void* UpdateGradients(const FlatGroup& flat, Group& group);
   absl::Status ZeroGradients(const FlatGroup& flat, Group& group);
@@ -626,8 +578,9 @@ class ShardedOptimizer {
   // Collectives and the optimizer's own kernels; asynchronous when
   // overlap_comm is set.
   std::unique_ptr<Stream> comm_stream_;
-  OrderEvents events_;
-  int newest_reduction_ = 0;  // index into events_.reduced
+  // OrderAfterCaller's event.
+  std::unique_ptr<Event> caller_event_;
+  std::unique_ptr<GradientReducer> reducer_;
   // Stage 3: the order groups are gathered in, for prefetching.
   GatherScheduler scheduler_{0};
   MemoryProfiler* profiler_ = nullptr;

@@ -1,0 +1,189 @@
+#include "sharding/gradient_reducer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/ops.h"
+#include "runtime/status.h"
+
+namespace memwall {
+
+absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
+    const ShardingOptions& config, Device& device, Communicator& comm, Stream& caller,
+    Stream& comm_stream) {
+  std::array<std::unique_ptr<Event>, 2> reduced;
+  for (std::unique_ptr<Event>& event : reduced) {
+    MW_ASSIGN_OR_RETURN(event, device.CreateEvent());
+  }
+  return std::unique_ptr<GradientReducer>(
+      new GradientReducer(config, device, comm, caller, comm_stream, std::move(reduced)));
+}
+
+GradientReducer::GradientReducer(const ShardingOptions& config, Device& device,
+                                 Communicator& comm, Stream& caller, Stream& comm_stream,
+                                 std::array<std::unique_ptr<Event>, 2> reduced)
+    : config_(config),
+      device_(device),
+      comm_(comm),
+      caller_(caller),
+      comm_stream_(comm_stream),
+      reduced_(std::move(reduced)) {}
+
+absl::Status GradientReducer::SizeBuffers(const FlatGroup& flat, Buffers& buffers) {
+  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  const size_t size = DTypeSize(reduce);
+  const auto ensure = [&](DeviceBuffer& buffer, int64_t elements, const char* what) -> absl::Status {
+    if (!buffer.empty() && buffer.size() >= elements * size) return absl::OkStatus();
+    buffer.Reset();
+    MW_ASSIGN_OR_RETURN(buffer, device_.Allocate(elements * size, MemoryCategory::kCommBuffer,
+                                                 absl::StrCat(flat.name, what), comm_stream_));
+    return absl::OkStatus();
+  };
+  if (config_.zero.stage == 0) {
+    // Widened in pieces of at most reduce_bucket_size elements, one buffer
+    // reused for each, so a large group costs no full-size f32 copy.
+    if (reduce == dtype) return absl::OkStatus();
+    return ensure(buffers.wide, std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1,
+                                                    flat.padded_numel), ".allreduce");
+  }
+  const Pieces p = PiecesOf(flat);
+  if (p.pack) MW_RETURN_IF_ERROR(ensure(buffers.packed, comm_.world_size() * p.piece, ".reduce_input"));
+  return ensure(buffers.out, p.piece, ".reduce_output");
+}
+
+GradientReducer::Pieces GradientReducer::PiecesOf(const FlatGroup& flat) const {
+  const int world = comm_.world_size();
+  const int64_t shard = flat.shard_numel;
+  const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size / world, 1, shard);
+  // The collective reads world pieces laid out rank after rank: a copy (or
+  // the widening cast) packs them unless the group goes in one piece in the
+  // reduction's dtype, or there is one rank (a piece is then contiguous).
+  const bool pack = config_.reduce_dtype != config_.param_dtype() || (piece < shard && world > 1);
+  return Pieces{piece, pack};
+}
+
+absl::Status GradientReducer::AllReduce(const FlatGroup& flat, void* full, Buffers& buffers) {
+  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  const int64_t n = flat.padded_numel;
+  if (reduce == dtype) {
+    return comm_.AllReduce(full, full, n, dtype, ReduceOp::kSum, comm_stream_);
+  }
+  const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1, n);
+  const DeviceBuffer& wide = buffers.wide;
+  // Meta: the full pieces are alike, so the first runs and the rest are
+  // counted, as in ReduceScatterPieces.
+  const int64_t full_pieces = n / piece;
+  const bool repeat = !device_.holds_bytes() && full_pieces > 1;
+  // (Read only then: on host a communication thread may be counting.)
+  const CollectiveStats before = repeat ? comm_.stats(Collective::kAllReduce) : CollectiveStats{};
+  const int64_t launches_before = Device::launches_by_this_thread();
+  for (int64_t begin = 0; begin < n; begin += piece) {
+    if (repeat && begin == piece) {
+      const CollectiveStats after = comm_.stats(Collective::kAllReduce);
+      comm_.CountRepeats(Collective::kAllReduce,
+                         CollectiveStats{after.calls - before.calls, after.bytes - before.bytes},
+                         full_pieces - 1);
+      device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
+                          (full_pieces - 1));
+      begin = full_pieces * piece;
+      if (begin >= n) break;
+    }
+    const int64_t count = std::min(piece, n - begin);
+    void* slice = ElementOffset(full, begin, dtype);
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, comm_stream_, slice, dtype, wide.data(), reduce, count));
+    MW_RETURN_IF_ERROR(
+        comm_.AllReduce(wide.data(), wide.data(), count, reduce, ReduceOp::kSum, comm_stream_));
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, comm_stream_, wide.data(), reduce, slice, dtype, count));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const void* full,
+                                                  Buffers& buffers, const Consume& consume,
+                                                  bool repeatable, const Skipped& skipped) {
+  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  const int world = comm_.world_size();
+  const int64_t shard = flat.shard_numel;
+  Stream& stream = comm_stream_;
+  const auto [piece, pack] = PiecesOf(flat);
+  const DeviceBuffer& packed = buffers.packed;
+  const DeviceBuffer& out = buffers.out;
+  // Meta, with a repeatable `consume`: the full pieces are alike, so the
+  // first runs and the rest are counted (collective calls and bytes,
+  // kernel launches, host synchronisations) without running, and a dry
+  // run's cost does not grow with the number of pieces (a large world
+  // makes pieces of a few hundred elements). The stats are read only then:
+  // on host a communication thread may be counting.
+  const int64_t full_pieces = shard / piece;
+  const bool repeat = repeatable && !device_.holds_bytes() && full_pieces > 1;
+  const CollectiveStats before =
+      repeat ? comm_.stats(Collective::kReduceScatter) : CollectiveStats{};
+  // The first piece's launches and synchronisations are this thread's:
+  // the CPU update thread (an overlapped step) synchronises meanwhile.
+  const int64_t launches_before = Device::launches_by_this_thread();
+  const int64_t syncs_before = Device::host_synchronizations_by_this_thread();
+  for (int64_t begin = 0; begin < shard; begin += piece) {
+    if (repeat && begin == piece) {
+      const CollectiveStats now = comm_.stats(Collective::kReduceScatter);
+      const CollectiveStats delta{now.calls - before.calls, now.bytes - before.bytes};
+      comm_.CountRepeats(Collective::kReduceScatter, delta, full_pieces - 1);
+      device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
+                          (full_pieces - 1));
+      device_.CountHostSynchronizations(
+          (Device::host_synchronizations_by_this_thread() - syncs_before) * (full_pieces - 1));
+      if (skipped) MW_RETURN_IF_ERROR(skipped(piece, (full_pieces - 1) * piece));
+      begin = full_pieces * piece;
+      if (begin >= shard) break;
+    }
+    const int64_t count = std::min(piece, shard - begin);
+    const void* input = ElementOffset(full, begin, dtype);
+    if (pack && !device_.holds_bytes()) {
+      // Meta moves no bytes: the world packing copies of a piece are only
+      // counted (the casts are kernel launches), so a dry run's cost does
+      // not grow with the simulated world size.
+      if (reduce != dtype) device_.CountLaunch(world);
+      input = packed.data();
+    } else if (pack) {
+      for (int r = 0; r < world; ++r) {
+        void* to = ElementOffset(packed.data(), r * count, reduce);
+        const void* from = ElementOffset(full, r * shard + begin, dtype);
+        MW_RETURN_IF_ERROR(reduce != dtype
+                               ? kernels::Cast(device_, stream, from, dtype, to, reduce, count)
+                               : device_.CopyAsync(to, from, count * DTypeSize(dtype), stream));
+      }
+      input = packed.data();
+    }
+    MW_RETURN_IF_ERROR(comm_.ReduceScatter(input, out.data(), count, reduce, ReduceOp::kSum, stream));
+    // Stream order keeps the next piece from overwriting `out` (and
+    // `packed`) before what `consume` enqueued has read them.
+    MW_RETURN_IF_ERROR(consume(begin, count, out.data()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradientReducer::ReduceScatter(const FlatGroup& flat, const void* full,
+                                            void* shard_out, bool accumulate, Buffers& buffers) {
+  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  return ReduceScatterPieces(
+      flat, full, buffers, [&](int64_t begin, int64_t count, const void* reduced) {
+        void* to = ElementOffset(shard_out, begin, dtype);
+        return accumulate
+                   ? kernels::Accumulate(device_, comm_stream_, reduced, reduce, to, dtype, count)
+                   : kernels::Cast(device_, comm_stream_, reduced, reduce, to, dtype, count);
+      },
+      /*repeatable=*/true);
+}
+
+absl::Status GradientReducer::Pace(bool in_flight) {
+  // The caller's stream is ordered after all but (in flight) the newest
+  // reduction, so those reductions' blocks serve the caller's next
+  // allocations.
+  Event& newest = *reduced_[newest_];
+  MW_RETURN_IF_ERROR(comm_stream_.Record(newest));
+  if (!in_flight) return caller_.Wait(newest);
+  newest_ = 1 - newest_;
+  return caller_.Wait(*reduced_[newest_]);  // the one before: a no-op if none
+}
+
+}  // namespace memwall

@@ -1,0 +1,112 @@
+// GradientReducer: the collectives that reduce a flat group's gradients
+// across data-parallel ranks, for ShardedOptimizer.
+//
+// Stage 0 all-reduces the full gradients in place; stages 1-3
+// reduce-scatter them into this rank's shard. Both go in pieces of at most
+// zero_optimization.reduce_bucket_size elements of the full buffer
+// (DeepSpeed's meaning), widened to the reduction dtype (reduce_dtype) in
+// a buffer the pieces reuse, so the temporaries stay bounded however large
+// the group. Everything runs on the communication stream; the caller's
+// stream is paced so that one reduction at a time overlaps its compute
+// (Pace). On meta, pieces that are alike run once and the rest are counted
+// (collective calls and bytes, launches, host synchronisations), so a dry
+// run's cost does not grow with the number of pieces while its counts are
+// those of a real run.
+//
+// Owns the pacing events; borrows the device, communicator and streams
+// (the optimizer's). Not thread-safe.
+#ifndef MEMWALL_SHARDING_GRADIENT_REDUCER_H_
+#define MEMWALL_SHARDING_GRADIENT_REDUCER_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/communicator.h"
+#include "runtime/device.h"
+#include "sharding/flat_layout.h"
+#include "sharding/options.h"
+
+namespace memwall {
+
+class GradientReducer {
+ public:
+  // A reduction's temporaries (the widened all-reduce piece, the packed
+  // reduce-scatter input and its output), reused while large enough and
+  // allocated when not: a caller reducing several groups sizes them once
+  // for all, so its reductions allocate nothing while earlier ones run.
+  struct Buffers {
+    DeviceBuffer wide, packed, out;
+  };
+  // A group's reduce-scatter goes in pieces of `piece` shard elements;
+  // `pack`: its input is packed rank after rank into Buffers::packed.
+  struct Pieces {
+    int64_t piece;
+    bool pack;
+  };
+  // Called with elements [begin, begin + count) of this rank's shard of the
+  // sum, in the reduction dtype, in a device buffer the next piece reuses
+  // (what it enqueues on the communication stream reads it in time).
+  using Consume = std::function<absl::Status(int64_t begin, int64_t count, const void* reduced)>;
+  using Skipped = std::function<absl::Status(int64_t begin, int64_t count)>;
+
+  // The two pacing events come from `device`. `config`, `device`, `comm`
+  // and both streams must outlive the reducer.
+  static absl::StatusOr<std::unique_ptr<GradientReducer>> Create(const ShardingOptions& config,
+                                                                 Device& device,
+                                                                 Communicator& comm,
+                                                                 Stream& caller,
+                                                                 Stream& comm_stream);
+
+  // Sizes `buffers` for group `flat`'s reduction (stage 0: all-reduce;
+  // else reduce-scatter), allocating (comm buffers, on the communication
+  // stream) what is missing or too small.
+  absl::Status SizeBuffers(const FlatGroup& flat, Buffers& buffers);
+  Pieces PiecesOf(const FlatGroup& flat) const;
+
+  // Stage 0: all-reduces `full` (param_dtype, padded) in place.
+  absl::Status AllReduce(const FlatGroup& flat, void* full, Buffers& buffers);
+  // Reduce-scatters `full` into `shard_out` (param_dtype), adding to it
+  // (`accumulate`) or overwriting it. Enqueued on the communication
+  // stream; `buffers` must live until it has run.
+  absl::Status ReduceScatter(const FlatGroup& flat, const void* full, void* shard_out,
+                             bool accumulate, Buffers& buffers);
+  // The reduce-scatter itself, calling `consume` for each piece. Its
+  // buffers are `buffers`' (sized by SizeBuffers first). `repeatable`:
+  // each full piece's consume does what the first one's does (the same
+  // launches, host synchronisations and allocations, freed again), so on
+  // meta the full pieces after the first are counted, not run; `skipped`,
+  // if set, is then told the range they cover (what consume keeps count
+  // of besides).
+  absl::Status ReduceScatterPieces(const FlatGroup& flat, const void* full, Buffers& buffers,
+                                   const Consume& consume, bool repeatable = false,
+                                   const Skipped& skipped = nullptr);
+
+  // After a reduction is queued: orders the caller's stream after the
+  // reductions before it (`in_flight`: the newest runs on while the caller
+  // computes), or after it too (otherwise), with events, not host waits.
+  // One reduction overlaps the caller's compute at a time, so the memory
+  // reductions hold stays that of one group.
+  absl::Status Pace(bool in_flight);
+
+ private:
+  GradientReducer(const ShardingOptions& config, Device& device, Communicator& comm,
+                  Stream& caller, Stream& comm_stream,
+                  std::array<std::unique_ptr<Event>, 2> reduced);
+
+  const ShardingOptions& config_;
+  Device& device_;
+  Communicator& comm_;
+  Stream& caller_;
+  Stream& comm_stream_;
+  // Pace's events: the newest reduction's and the one before.
+  std::array<std::unique_ptr<Event>, 2> reduced_;
+  int newest_ = 0;
+};
+
+}  // namespace memwall
+
+#endif  // MEMWALL_SHARDING_GRADIENT_REDUCER_H_
