@@ -8,7 +8,6 @@
 #include <cstring>
 #include <memory>
 
-#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
@@ -16,7 +15,6 @@
 #include "offload/nvme_chunk_stream.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
-#include "sharding/lr_schedule.h"
 
 namespace memwall {
 namespace {
@@ -417,22 +415,7 @@ absl::Status ShardedOptimizer::Finalize() {
     if (absl::Status s = InitializeGroup(layout_.groups[g], groups[g]); !s.ok()) return fail(s);
   }
   groups_ = std::move(groups);
-  const int hyper_groups = 1 + *std::max_element(hyper_of_.begin(), hyper_of_.end());
-  hyper_.assign(hyper_groups, config_.optimizer);  // its Hyperparameters part
-  runs_.assign(groups_.size(), {});
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    const FlatGroup& flat = layout_.groups[g];
-    std::vector<HyperRun>& runs = runs_[g];
-    for (int p : flat.parameters) {
-      const ParameterPlacement& place = layout_.placements[p];
-      if (!runs.empty() && runs.back().hyper == hyper_of_[p]) {
-        runs.back().end = place.offset + place.numel;
-      } else {
-        runs.push_back({place.offset, place.offset + place.numel, hyper_of_[p]});
-      }
-    }
-    runs.back().end = flat.padded_numel;
-  }
+  hyper_.Build(layout_, hyper_of_);
   scheduler_ = GatherScheduler(static_cast<int>(groups_.size()));
   initial_.clear();
   initial_.shrink_to_fit();
@@ -457,53 +440,6 @@ absl::Status ShardedOptimizer::CheckGroup(int g, absl::string_view call) const {
   return absl::OkStatus();
 }
 
-namespace {
-
-// Whether two lists of segments update alike: the same ranges and the same
-// hyperparameters, bit for bit.
-bool SameSegments(absl::Span<const StateTier::Segment> a,
-                  absl::Span<const StateTier::Segment> b) {
-  const auto bits = [](float x) { return absl::bit_cast<uint32_t>(x); };
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const kernels::AdamParams &x = a[i].adam, &y = b[i].adam;
-    const kernels::SgdParams &u = a[i].sgd, &v = b[i].sgd;
-    const bool same =
-        a[i].begin == b[i].begin && a[i].count == b[i].count && bits(x.lr) == bits(y.lr) &&
-        bits(x.beta1) == bits(y.beta1) && bits(x.beta2) == bits(y.beta2) &&
-        bits(x.eps) == bits(y.eps) && bits(x.weight_decay) == bits(y.weight_decay) &&
-        x.adamw == y.adamw && x.step == y.step && bits(x.grad_scale) == bits(y.grad_scale) &&
-        bits(u.lr) == bits(v.lr) && bits(u.momentum) == bits(v.momentum) &&
-        bits(u.weight_decay) == bits(v.weight_decay) && bits(u.grad_scale) == bits(v.grad_scale);
-    if (!same) return false;
-  }
-  return true;
-}
-
-kernels::AdamParams AdamFor(const Hyperparameters& h, bool adamw, int64_t step, float grad_scale) {
-  kernels::AdamParams adam;
-  adam.lr = h.lr;
-  adam.beta1 = h.beta1;
-  adam.beta2 = h.beta2;
-  adam.eps = h.eps;
-  adam.weight_decay = h.weight_decay;
-  adam.adamw = adamw;
-  adam.step = step;
-  adam.grad_scale = grad_scale;
-  return adam;
-}
-
-kernels::SgdParams SgdFor(const Hyperparameters& h, float grad_scale) {
-  kernels::SgdParams sgd;
-  sgd.lr = h.lr;
-  sgd.momentum = h.momentum;
-  sgd.weight_decay = h.weight_decay;
-  sgd.grad_scale = grad_scale;
-  return sgd;
-}
-
-}  // namespace
-
 absl::Status ShardedOptimizer::CheckTrainable(int g, absl::string_view call) const {
   if (layout_.groups[g].trainable) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
@@ -511,33 +447,12 @@ absl::Status ShardedOptimizer::CheckTrainable(int g, absl::string_view call) con
 }
 
 float ShardedOptimizer::LearningRate(int index) const {
-  return ScheduledLr(config_.schedule, steps_applied_, hyper_[index].lr);
+  return hyper_.LearningRate(index, steps_applied_);
 }
 
 absl::Status ShardedOptimizer::SetHyperparameters(int index, const Hyperparameters& values) {
   MW_RETURN_IF_ERROR(RequireFinalized("SetHyperparameters"));
-  if (index < 0 || index >= num_hyper_groups()) {
-    return absl::InvalidArgumentError(absl::StrCat("SetHyperparameters: group ", index, " of ",
-                                                   num_hyper_groups(), " (0..",
-                                                   num_hyper_groups() - 1, ")"));
-  }
-  const bool adam = config_.optimizer.type == OptimizerType::kAdam;
-  absl::Status valid =
-      adam ? kernels::ValidateAdamParams(AdamFor(values, config_.optimizer.adamw, /*step=*/1,
-                                                 /*grad_scale=*/1.0f))
-           : kernels::ValidateSgdParams(SgdFor(values, /*grad_scale=*/1.0f));
-  if (valid.ok() && !adam && values.momentum != 0.0f && !(config_.optimizer.momentum > 0)) {
-    valid = absl::InvalidArgumentError(
-        absl::StrCat("sgd momentum ", values.momentum,
-                     " needs a momentum buffer, which this optimizer keeps only when the "
-                     "config's momentum is > 0"));
-  }
-  if (!valid.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetHyperparameters(", index, "): ", valid.message()));
-  }
-  hyper_[index] = values;
-  return absl::OkStatus();
+  return hyper_.Set(index, values);
 }
 
 absl::StatusOr<int> ShardedOptimizer::GroupOf(absl::string_view name) const {
@@ -916,8 +831,9 @@ absl::Status ShardedOptimizer::Speculate(int g) {
   // As Step() would update it if nothing clips: the same scale, bit for bit.
   const double unscale =
       1.0 / (double(comm_.world_size()) * config_.gradient_accumulation_steps * scaler_.scale());
-  SegmentsOf(g, update_begin(flat), group.host->numel(),
-             StepHyperparameters(static_cast<float>(unscale * 1.0)), group.speculated_segments);
+  hyper_.SegmentsOf(g, update_begin(flat), group.host->numel(),
+                    hyper_.StepRules(steps_applied_, static_cast<float>(unscale * 1.0)),
+                    group.speculated_segments);
   group.speculated = true;
   StateTier::UpdateArgs args;
   args.segments = group.speculated_segments;
@@ -959,30 +875,6 @@ void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
   return group.grads.data();
 }
 
-
-std::vector<StateTier::Segment> ShardedOptimizer::StepHyperparameters(float grad_scale) const {
-  std::vector<StateTier::Segment> out(hyper_.size());
-  for (size_t i = 0; i < hyper_.size(); ++i) {
-    Hyperparameters h = hyper_[i];
-    h.lr = LearningRate(static_cast<int>(i));
-    out[i].adam = AdamFor(h, config_.optimizer.adamw, steps_applied_ + 1, grad_scale);
-    out[i].sgd = SgdFor(h, grad_scale);
-  }
-  return out;
-}
-
-void ShardedOptimizer::SegmentsOf(int g, int64_t begin, int64_t count,
-                                  absl::Span<const StateTier::Segment> hyper,
-                                  std::vector<StateTier::Segment>& out) const {
-  out.clear();
-  for (const HyperRun& run : runs_[g]) {
-    const int64_t lo = std::max(run.begin, begin), hi = std::min(run.end, begin + count);
-    if (lo >= hi) continue;
-    out.push_back(hyper[run.hyper]);
-    out.back().begin = lo - begin;
-    out.back().count = hi - lo;
-  }
-}
 
 void* ShardedOptimizer::ParamsAt(const FlatGroup& flat, Group& group, int64_t i) {
   if (!device_.holds_bytes() || group.param_slot >= 0) return nullptr;
@@ -1163,7 +1055,7 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   MW_ASSIGN_OR_RETURN(UpdateWorkspace workspace, AllocateUpdateWorkspace(two_phase));
   bool redone = false;
   StateTier::UpdateArgs args;
-  const std::vector<StateTier::Segment> hyper = StepHyperparameters(grad_scale);
+  const std::vector<StateTier::Segment> rules = hyper_.StepRules(steps_applied_, grad_scale);
   // Gradients on NVMe (with the parameters there) are read into this.
   args.grad_buffer = NvmeStore::AlignUp(workspace.grad_buffer.data());
   std::vector<StateTier::Segment> segments;
@@ -1205,13 +1097,13 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
                        ? static_cast<const char*>(UpdateGradients(flat, group)) + t.begin * size
                        : nullptr;
       args.params = ParamsAt(flat, group, t.begin);
-      SegmentsOf(static_cast<int>(g), update_begin(flat) + t.begin, t.tier->numel(), hyper,
-                 segments);
+      hyper_.SegmentsOf(static_cast<int>(g), update_begin(flat) + t.begin, t.tier->numel(), rules,
+                        segments);
       args.segments = segments;
       if (t.tier == group.host.get() && group.speculated) {
         // Updated during backward as if nothing clipped: computed again
         // only if the step's settings turn out otherwise.
-        if (!SameSegments(segments, group.speculated_segments)) {
+        if (!HyperparameterGroups::SameSegments(segments, group.speculated_segments)) {
           ScopedActivity activity(profiler_, kCpuUpdateTrack,
                                   absl::StrCat("update ", flat.name, " (again)"));
           const std::unique_ptr<NvmeChunkStream> again = AloneChunkStream(*group.host);

@@ -135,7 +135,8 @@
 //
 // The parts behind this class, one concern each: the flat layout of
 // groups and shards (flat_layout.h), the gradients' collectives in pieces
-// and their pacing (gradient_reducer.h), the gather order and prefetch
+// and their pacing (gradient_reducer.h), the hyperparameter groups and
+// the update rule each element steps with (hyper_groups.h), the gather order and prefetch
 // (gather_scheduler.h), the dynamic loss scale (loss_scaler.h), the tiers
 // that hold and update optimizer state (state_tier.h: device_optimizer.h,
 // sharding/host_optimizer.h), and the stream order that lets buffers be
@@ -170,6 +171,7 @@
 #include "sharding/flat_layout.h"
 #include "sharding/gather_scheduler.h"
 #include "sharding/gradient_reducer.h"
+#include "sharding/hyper_groups.h"
 #include "sharding/loss_scaler.h"
 #include "sharding/options.h"
 
@@ -238,8 +240,8 @@ class ShardedOptimizer {
   // those of its ParameterInit::hyper_group (0 for AddParameter). After
   // Finalize() groups 0..max registered exist, each starting with the
   // config's values (OptimizerConfig).
-  int num_hyper_groups() const { return static_cast<int>(hyper_.size()); }
-  const Hyperparameters& hyperparameters(int index) const { return hyper_[index]; }
+  int num_hyper_groups() const { return hyper_.size(); }
+  const Hyperparameters& hyperparameters(int index) const { return hyper_.values(index); }
   // The learning rate group `index` trains with at the next step: its lr
   // through the config's schedule (sharding/lr_schedule.h; the lr itself
   // without one), at steps_applied().
@@ -481,13 +483,6 @@ class ShardedOptimizer {
   absl::Status Register(std::string name, std::vector<int64_t> shape,
                         absl::Span<const float> initial_values, std::string group,
                         bool trainable, int hyper_group);
-  // This step's update rule of each hyperparameter group (a segment
-  // without its range), `grad_scale` folded in: computed once a step.
-  std::vector<StateTier::Segment> StepHyperparameters(float grad_scale) const;
-  // Into `out`: the segments of the tier holding elements [begin, begin +
-  // count) of group g's padded elements, each with its group's `hyper`.
-  void SegmentsOf(int g, int64_t begin, int64_t count, absl::Span<const StateTier::Segment> hyper,
-                  std::vector<StateTier::Segment>& out) const;
   // GatherState of a frozen group: its parameters in f32 (gathered at
   // stage 3) for the master weights, zeros for the moments it never had.
   absl::Status GatherFrozen(int g, absl::Span<float> out);
@@ -588,14 +583,7 @@ class ShardedOptimizer {
   std::vector<ParameterSpec> specs_;
   std::vector<std::vector<float>> initial_;
   std::vector<int> hyper_of_;  // per registered parameter
-  std::vector<Hyperparameters> hyper_;
-  // Per flat group: the runs of its padded elements that share a
-  // hyperparameter group (padding runs with the parameter before it).
-  struct HyperRun {
-    int64_t begin, end;
-    int hyper;
-  };
-  std::vector<std::vector<HyperRun>> runs_;
+  HyperparameterGroups hyper_{config_.optimizer, config_.schedule};
   absl::flat_hash_map<std::string, int> index_;
   bool finalized_ = false;
   FlatLayout layout_;
