@@ -131,7 +131,6 @@ ShardedOptimizer::~ShardedOptimizer() {
   // have been by the next Step(); the buffers must outlive the work anyway.
   if (worker_ != nullptr) (void)worker_->Wait();
   (void)comm_stream_->Synchronize();
-  DropReadAheads();
 }
 
 absl::Status ShardedOptimizer::AddParameter(std::string name, std::vector<int64_t> shape,
@@ -225,7 +224,7 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
   const int64_t param_bytes =
       (stage() == 3 ? flat.shard_numel : flat.padded_numel) * DTypeSize(dtype);
   if (shard_on_nvme) {
-    MW_ASSIGN_OR_RETURN(group.param_slot, param_store_->AddSlot(param_bytes));
+    MW_ASSIGN_OR_RETURN(group.param_slot, param_pages_->store().AddSlot(param_bytes));
   } else {
     MW_ASSIGN_OR_RETURN(
         group.params,
@@ -257,7 +256,7 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
       config_.aio.block_size * config_.aio.queue_depth * config_.aio.thread_count;
   options.nvme_buffer_count = config_.zero.offload_buffer_count;
   // Parameters on NVMe: the gradients too, so host memory holds buffers.
-  options.gradients_on_nvme = param_store_ != nullptr;
+  options.gradients_on_nvme = param_pages_ != nullptr;
   options.speculative = overlaps_update();  // pinned tier: a spare copy
   options.threads = config_.zero.offload_cpu_threads;
   MW_ASSIGN_OR_RETURN(group.host, HostOptimizerSlice::Create(device_, rule, momentum, dtype, k,
@@ -295,7 +294,8 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
   if (group.param_slot >= 0) {
     const std::vector<float> host =
         values ? initial(flat.shard_begin(comm_.rank()), flat.shard_numel) : std::vector<float>();
-    MW_RETURN_IF_ERROR(WriteShardFromF32(flat, group, host.data()));
+    MW_RETURN_IF_ERROR(param_pages_->WriteFromF32(group.param_slot, host.data(), flat.shard_numel,
+                                                  dtype));
   } else if (paged()) {
     // The shard is the CPU's memory: rounded there.
     if (values) {
@@ -350,11 +350,8 @@ absl::Status ShardedOptimizer::Finalize() {
   // go: no half state.
   auto fail = [&](absl::Status status) {
     groups.clear();
-    param_pages_.Reset();
-    page_events_.clear();
-    page_reads_.clear();
     nvme_.reset();
-    param_store_.reset();
+    param_pages_.reset();
     return status;
   };
   // Parameters on NVMe: the groups past the first max_in_cpu elements of
@@ -362,10 +359,12 @@ absl::Status ShardedOptimizer::Finalize() {
   std::vector<bool> on_nvme(groups.size(), false);
   int64_t largest_on_nvme = 0;
   if (paged() && !config_.zero.offload_param_nvme_path.empty()) {
-    if (absl::Status s = open_store(config_.zero.offload_param_nvme_path, "params", param_store_);
+    std::unique_ptr<NvmeStore> store;
+    if (absl::Status s = open_store(config_.zero.offload_param_nvme_path, "params", store);
         !s.ok()) {
       return fail(s);
     }
+    param_pages_ = std::make_unique<ParamPages>(device_, std::move(store));
     int64_t in_cpu = 0;
     for (size_t g = 0; g < groups.size(); ++g) {
       const int64_t shard = layout_.groups[g].shard_numel;
@@ -395,20 +394,12 @@ absl::Status ShardedOptimizer::Finalize() {
   }
   if (largest_on_nvme > 0) {
     // The page buffers: each holds the largest shard on NVMe (within
-    // buffer_size), whole blocks for O_DIRECT.
-    page_stride_ = NvmeStore::RoundUp(largest_on_nvme * DTypeSize(config_.param_dtype()));
-    const int count = config_.zero.offload_param_buffer_count;
-    absl::StatusOr<DeviceBuffer> pages =
-        device_.AllocatePinned(count * page_stride_ + NvmeStore::kAlignment,
-                               MemoryCategory::kWorkspace, "optimizer.param_pages");
-    if (!pages.ok()) return fail(pages.status());
-    param_pages_ = std::move(pages).value();
-    page_events_.resize(count);
-    page_reads_.assign(count, PageRead{});
-    for (auto& event : page_events_) {
-      absl::StatusOr<std::unique_ptr<Event>> e = device_.CreateEvent();
-      if (!e.ok()) return fail(e.status());
-      event = std::move(e).value();
+    // buffer_size).
+    if (absl::Status s = param_pages_->AllocatePages(
+            config_.zero.offload_param_buffer_count,
+            largest_on_nvme * DTypeSize(config_.param_dtype()));
+        !s.ok()) {
+      return fail(s);
     }
   }
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -559,15 +550,8 @@ absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
     void* own = ElementOffset(full.data(), flat.shard_begin(comm_.rank()), dtype);
     Event* copied = nullptr;
     if (group.param_slot >= 0) {
-      Page page;
-      if (const int p = ReadAheadPage(g); p >= 0) {  // its page is this copy's
-        page = PageAt(p);
-        page_reads_[p].group = -1;
-        MW_RETURN_IF_ERROR(param_store_->Wait(page_reads_[p].read));
-      } else {
-        MW_ASSIGN_OR_RETURN(page, TakePage());
-        MW_RETURN_IF_ERROR(param_store_->Read(group.param_slot, page.data));
-      }
+      MW_ASSIGN_OR_RETURN(const ParamPages::Page page,
+                          param_pages_->ReadForGather(g, group.param_slot));
       shard = page.data;
       copied = page.copied;
     }
@@ -590,7 +574,7 @@ absl::Status ShardedOptimizer::Prefetch() {
   // Gathers ahead overlap only on an asynchronous stream; the disk reads
   // of shards on NVMe run beside the caller whatever its streams.
   const bool gathers_ahead = comm_stream_->asynchronous();
-  if (!gathers_ahead && param_store_ == nullptr) return absl::OkStatus();
+  if (!gathers_ahead && param_pages_ == nullptr) return absl::OkStatus();
   int64_t live = 0;
   for (size_t i = 0; i < groups_.size(); ++i) {
     if (!groups_[i].gathered.empty()) live += layout_.groups[i].padded_numel;
@@ -604,8 +588,8 @@ absl::Status ShardedOptimizer::Prefetch() {
     if (group.param_slot >= 0) {
       // On NVMe the read is the slow part: it starts now; the gather
       // (holding device memory) waits until the group is used.
-      MW_RETURN_IF_ERROR(ReadAhead(next));
-      if (ReadAheadPage(next) >= 0) ahead += size;
+      MW_RETURN_IF_ERROR(param_pages_->ReadAhead(next, group.param_slot));
+      if (param_pages_->ReadsAhead(next)) ahead += size;
       continue;
     }
     if (!gathers_ahead) continue;
@@ -615,34 +599,6 @@ absl::Status ShardedOptimizer::Prefetch() {
     live += size;
   }
   return absl::OkStatus();
-}
-
-int ShardedOptimizer::ReadAheadPage(int g) const {
-  for (size_t p = 0; p < page_reads_.size(); ++p) {
-    if (page_reads_[p].group == g) return static_cast<int>(p);
-  }
-  return -1;
-}
-
-absl::Status ShardedOptimizer::ReadAhead(int g) {
-  if (ReadAheadPage(g) >= 0) return absl::OkStatus();
-  const int held = static_cast<int>(std::count_if(page_reads_.begin(), page_reads_.end(),
-                                                  [](const PageRead& r) { return r.group >= 0; }));
-  if (held + 1 >= static_cast<int>(page_reads_.size())) return absl::OkStatus();
-  MW_ASSIGN_OR_RETURN(const Page page, TakePage());
-  const int slot = groups_[g].param_slot;
-  page_reads_[page.index] = {
-      g, param_store_->ReadPart(slot, 0, param_store_->rounded_bytes(slot), page.data)};
-  return absl::OkStatus();
-}
-
-void ShardedOptimizer::DropReadAheads() {
-  for (PageRead& r : page_reads_) {
-    if (r.group < 0) continue;
-    // Its data is not needed; a failing disk fails the next read that is.
-    (void)param_store_->Wait(r.read);
-    r.group = -1;
-  }
 }
 
 absl::Status ShardedOptimizer::GatherParameters(int g) {
@@ -755,36 +711,6 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
     if (overlaps_update()) MW_RETURN_IF_ERROR(Speculate(g));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<ShardedOptimizer::Page> ShardedOptimizer::TakePage() {
-  const int n = static_cast<int>(page_events_.size());
-  for (int k = 0; k < n; ++k) {
-    const int i = (next_page_ + k) % n;
-    if (page_reads_[i].group >= 0) continue;  // a read ahead lands there
-    next_page_ = (i + 1) % n;
-    // The page's last copy out (to a gathered buffer) has run.
-    MW_RETURN_IF_ERROR(page_events_[i]->Synchronize());
-    return PageAt(i);
-  }
-  // ReadAhead leaves one page free.
-  return absl::InternalError("ShardedOptimizer: every page buffer holds a read ahead");
-}
-
-ShardedOptimizer::Page ShardedOptimizer::PageAt(int i) {
-  return Page{NvmeStore::AlignUp(param_pages_.data()) + i * page_stride_, page_events_[i].get(), i};
-}
-
-absl::Status ShardedOptimizer::WriteShardFromF32(const FlatGroup& flat, Group& group,
-                                                 const float* from) {
-  MW_ASSIGN_OR_RETURN(const Page page, TakePage());
-  if (device_.holds_bytes()) {
-    kernels::cpu::Kernels().cast(from, DType::kF32, page.data, config_.param_dtype(),
-                                 flat.shard_numel);
-  }
-  // On meta the store is virtual: it counts the bytes.
-  MW_RETURN_IF_ERROR(param_store_->Write(group.param_slot, page.data));
-  return param_store_->Commit(group.param_slot);
 }
 
 void ShardedOptimizer::set_profiler(MemoryProfiler* profiler) {
@@ -902,7 +828,7 @@ absl::Status ShardedOptimizer::AbortStep() {
   // finishes first (an error, if any, is the caller's to see).
   const absl::Status drained = comm_stream_->Synchronize();
   if (worker_ != nullptr) (void)worker_->Wait();
-  DropReadAheads();
+  if (param_pages_ != nullptr) param_pages_->DropReadAheads();
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& group = groups_[g];
     DropSpeculation(group);
@@ -1126,7 +1052,7 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
         // The refreshed shard goes to its spare copy now (the scratch is
         // the next group's), synced with the others after the last group;
         // the tier's commit then copies nothing.
-        MW_RETURN_IF_ERROR(param_store_->WriteUnsynced(group.param_slot, args.scratch));
+        MW_RETURN_IF_ERROR(param_pages_->store().WriteUnsynced(group.param_slot, args.scratch));
         written_shards.push_back(group.param_slot);
         uncommitted.push_back({t.tier, nullptr});
       } else if (t.tier->two_phase()) {
@@ -1137,11 +1063,11 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
     }
   }
   if (chunks != nullptr) MW_RETURN_IF_ERROR(chunks->Finish());
-  if (!written_shards.empty()) MW_RETURN_IF_ERROR(param_store_->FinishWrites(written_shards));
+  if (!written_shards.empty()) MW_RETURN_IF_ERROR(param_pages_->store().FinishWrites(written_shards));
   for (const auto& [tier, params] : uncommitted) {
     MW_RETURN_IF_ERROR(tier->Commit(*comm_stream_, params));
   }
-  for (int slot : written_shards) MW_RETURN_IF_ERROR(param_store_->Commit(slot));
+  for (int slot : written_shards) MW_RETURN_IF_ERROR(param_pages_->store().Commit(slot));
   for (Group& group : groups_) DropSpeculation(group);
   if (redone) ++redone_updates_;
   return absl::OkStatus();
@@ -1161,7 +1087,7 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
       grads = std::max(grads, groups_[g].host->grad_buffer_bytes());
       if (groups_[g].param_slot >= 0) {
         // Written to the file before the next group updates: shared.
-        on_nvme = std::max(on_nvme, param_store_->rounded_bytes(groups_[g].param_slot));
+        on_nvme = std::max(on_nvme, param_pages_->store().rounded_bytes(groups_[g].param_slot));
         continue;
       }
       MW_ASSIGN_OR_RETURN(
@@ -1238,7 +1164,8 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     if (group.prefetched) group.gathered.Reset();
     group.prefetched = false;
   }
-  DropReadAheads();  // before the update rewrites the shards
+  // Before the update rewrites the shards.
+  if (param_pages_ != nullptr) param_pages_->DropReadAheads();
   // 1. Reduce what stages 0-1 hold in full. 2. Look for inf/nan and take
   // the global norm. 3. Skip, or update (clipping folds into the gradient
   // scale), refresh the parameters and zero the gradients.
@@ -1383,7 +1310,8 @@ absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float
   const int64_t held = stage() == 3 ? flat.shard_numel : flat.padded_numel;
   if (which == 0 && group.param_slot >= 0) {
     // Parameters on NVMe: rounded as Step() rounds them, into the file.
-    return WriteShardFromF32(flat, group, full.data() + held_begin);
+    return param_pages_->WriteFromF32(group.param_slot, full.data() + held_begin,
+                                      flat.shard_numel, dtype);
   }
   if (which == 0 && !mixed()) {
     // f32: the parameters are the master weights; every copy is set.

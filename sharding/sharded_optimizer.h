@@ -136,7 +136,8 @@
 // The parts behind this class, one concern each: the flat layout of
 // groups and shards (flat_layout.h), the gradients' collectives in pieces
 // and their pacing (gradient_reducer.h), the hyperparameter groups and
-// the update rule each element steps with (hyper_groups.h), the gather order and prefetch
+// the update rule each element steps with (hyper_groups.h), the parameter
+// shards on NVMe and their page buffers (param_pages.h), the gather order and prefetch
 // (gather_scheduler.h), the dynamic loss scale (loss_scaler.h), the tiers
 // that hold and update optimizer state (state_tier.h: device_optimizer.h,
 // sharding/host_optimizer.h), and the stream order that lets buffers be
@@ -174,6 +175,7 @@
 #include "sharding/hyper_groups.h"
 #include "sharding/loss_scaler.h"
 #include "sharding/options.h"
+#include "sharding/param_pages.h"
 
 namespace memwall {
 
@@ -337,7 +339,7 @@ class ShardedOptimizer {
   // size for reports, and fault injection for tests.
   NvmeStore* nvme_store() { return nvme_.get(); }
   // Parameters on NVMe: their file (null without offload_param_nvme_path).
-  NvmeStore* param_store() { return param_store_.get(); }
+  NvmeStore* param_store() { return param_pages_ != nullptr ? &param_pages_->store() : nullptr; }
   // Overlapped update: seconds the update thread has spent updating (its
   // own throughput, for benchmarks); 0 without it.
   double overlapped_update_seconds() const {
@@ -418,7 +420,7 @@ class ShardedOptimizer {
     std::vector<StateTier::Segment> speculated_segments;
     DeviceBuffer host_params;
     std::unique_ptr<Event> staged_event;
-    // Parameters on NVMe: the shard's slot in param_store_ (-1: params).
+    // Parameters on NVMe: the shard's slot in param_pages_' store (-1: params).
     int param_slot = -1;
   };
 
@@ -456,30 +458,8 @@ class ShardedOptimizer {
     return stage() >= 2 && host_numel(g) > 0 && host_numel(g) == update_numel(g);
   }
   // Parameter paging: group.params lives in the pinned pool, or (a group
-  // with a param_slot) the shard lives in param_store_.
+  // with a param_slot) the shard lives in param_pages_' store.
   bool paged() const { return config_.zero.offload_param; }
-  // Parameters on NVMe: the next page buffer holding no read ahead (waits
-  // until the copy out of it has run), and the event a copy out of it
-  // records.
-  struct Page {
-    void* data;
-    Event* copied;
-    int index;
-  };
-  absl::StatusOr<Page> TakePage();
-  Page PageAt(int i);
-  // Parameters on NVMe: starts reading group g's shard into a page buffer
-  // for its gather, if it has none under way and a page stays free for the
-  // gathers and writes that need one at once; lets every read ahead go
-  // whose gather did not come (the step ended or was abandoned).
-  absl::Status ReadAhead(int g);
-  void DropReadAheads();
-  // The page group g's shard is being read ahead into, or -1.
-  int ReadAheadPage(int g) const;
-  // Parameters on NVMe: writes the group's shard (f32 values `from`,
-  // rounded to the parameter dtype in a page) to its file and commits it.
-  absl::Status WriteShardFromF32(const FlatGroup& flat, Group& group, const float* from);
-
   absl::Status Register(std::string name, std::vector<int64_t> shape,
                         absl::Span<const float> initial_values, std::string group,
                         bool trainable, int hyper_group);
@@ -590,20 +570,8 @@ class ShardedOptimizer {
   std::vector<Group> groups_;
   // The NVMe tier's file, when offload_nvme_path is set.
   std::unique_ptr<NvmeStore> nvme_;
-  // Parameters on NVMe: their file, the page buffers (one block, aligned
-  // pages of page_stride_ bytes) and the events of the copies out of them.
-  std::unique_ptr<NvmeStore> param_store_;
-  DeviceBuffer param_pages_;
-  int64_t page_stride_ = 0;
-  std::vector<std::unique_ptr<Event>> page_events_;
-  // Per page buffer: the group whose shard is being read ahead into it
-  // (Prefetch), and that read; group -1: none.
-  struct PageRead {
-    int group = -1;
-    NvmeStore::Pending read;
-  };
-  std::vector<PageRead> page_reads_;
-  int next_page_ = 0;
+  // Parameters on NVMe: their file and page buffers.
+  std::unique_ptr<ParamPages> param_pages_;
   // Overlapped update: the update thread, the stream its work is ordered
   // on, and the NVMe tier's chunk buffers (sized for the largest host part;
   // one update runs at a time).
