@@ -24,6 +24,21 @@ same_files() {  # same_files DIR_A DIR_B: every rank file byte for byte
   [ "$(ls "$a" | grep -c safetensors)" = "$(ls "$b" | grep -c safetensors)" ]
 }
 
+# Waits (up to 5 minutes: slow under sanitizers) until DIR holds a
+# complete checkpoint of step 20 or later. Not step 20 itself: with
+# --keep_checkpoints 2 it lives only 10 steps, on a fast machine less than
+# one poll.
+wait_for_step_20() {
+  local newest
+  for _ in $(seq 1 6000); do
+    newest=$(ls -d "$1"/step-* 2>/dev/null | sort | tail -1)
+    if [ -n "$newest" ] && [ -e "$newest/manifest.json" ] && [ $((10#${newest##*step-})) -ge 20 ]; then
+      return
+    fi
+    sleep 0.05
+  done
+}
+
 steps=300
 # The run that is never interrupted.
 ref=$("$mpirun_sh" 2 "$memwall" train --steps $steps --log_every 1 --save "$tmp/ref" 2>&1)
@@ -33,10 +48,7 @@ check "uninterrupted run saves" "$ref" "saved $tmp/ref/step-00000300"
 setsid "$mpirun_sh" 2 "$memwall" train --steps $steps --log_every 1 --save "$tmp/ck" \
   --save_every 5 --keep_checkpoints 2 > "$tmp/killed.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 6000); do  # up to 5 minutes (slow under sanitizers)
-  [ -e "$tmp/ck/step-00000020/manifest.json" ] && break
-  sleep 0.05
-done
+wait_for_step_20 "$tmp/ck"
 kill -9 -- -"$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 # The ranks go with mpirun, a moment later; until then they hold --save's
@@ -71,10 +83,7 @@ same_files "$tmp/ref/step-00000300" "$tmp/ck/step-00000300" && pass ||
 setsid "$mpirun_sh" 2 "$memwall" train --steps $steps --log_every 1 --save "$tmp/stuck" \
   --save_every 5 --keep_checkpoints 2 --collective_timeout 2 > "$tmp/stuck.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 6000); do
-  [ -e "$tmp/stuck/step-00000020/manifest.json" ] && break
-  sleep 0.05
-done
+wait_for_step_20 "$tmp/stuck"
 stopped=""
 for p in $(pgrep -f -- "--save $tmp/stuck"); do
   tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && stopped=$p
