@@ -407,7 +407,12 @@ absl::Status ShardedOptimizer::Finalize() {
   }
   groups_ = std::move(groups);
   hyper_.Build(layout_, hyper_of_);
-  scheduler_ = GatherScheduler(static_cast<int>(groups_.size()));
+  gatherer_ = std::make_unique<ParameterGatherer>(
+      config_, layout_, device_, comm_, *stream_, *comm_stream_, param_pages_.get(),
+      [this](int g) {
+        return ParameterGatherer::Shard{groups_[g].params.data(), groups_[g].param_slot};
+      },
+      [this] { return OrderAfterCaller(); });
   initial_.clear();
   initial_.shrink_to_fit();
   finalized_ = true;
@@ -467,12 +472,13 @@ absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Parameter(absl::string_
   MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
   if (stage() < 3) return ViewOf(name, groups_[g].params);
   // A prefetch may still be in flight: only GatherParameters waits for it.
-  if (groups_[g].gathered.empty() || groups_[g].prefetched) {
+  const DeviceBuffer* gathered = gatherer_->held(g);
+  if (gathered == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("parameter '", name, "': its group ", g, " ('", layout_.groups[g].name,
                      "') is not gathered; call GatherParameters(", g, ") first"));
   }
-  return ViewOf(name, groups_[g].gathered);
+  return ViewOf(name, *gathered);
 }
 
 absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Gradient(absl::string_view name) {
@@ -528,107 +534,16 @@ absl::Status ShardedOptimizer::WaitForCommunication() {
   return comm_stream_->Synchronize();
 }
 
-absl::Status ShardedOptimizer::StartGather(int g, bool prefetch) {
-  // The gathered buffer may reuse a block the caller's queued work still
-  // reads: the gather waits for that work.
-  MW_RETURN_IF_ERROR(OrderAfterCaller());
-  Group& group = groups_[g];
-  const FlatGroup& flat = layout_.groups[g];
-  const DType dtype = config_.param_dtype();
-  // The caller's stream's: it reads the buffer after waiting for the
-  // gather, and frees it.
-  MW_ASSIGN_OR_RETURN(DeviceBuffer full,
-                      device_.Allocate(flat.padded_numel * DTypeSize(dtype),
-                                       MemoryCategory::kParameter,
-                                       absl::StrCat(flat.name, ".gathered"), *stream_));
-  // Paging: the shard comes in from the pinned pool straight into its own
-  // place in the gathered buffer, in stream order, and the all-gather runs
-  // in place: no staging copy on the device.
-  // From NVMe, through a page buffer.
-  const void* shard = group.params.data();
-  if (paged()) {
-    void* own = ElementOffset(full.data(), flat.shard_begin(comm_.rank()), dtype);
-    Event* copied = nullptr;
-    if (group.param_slot >= 0) {
-      MW_ASSIGN_OR_RETURN(const ParamPages::Page page,
-                          param_pages_->ReadForGather(g, group.param_slot));
-      shard = page.data;
-      copied = page.copied;
-    }
-    MW_RETURN_IF_ERROR(
-        device_.CopyAsync(own, shard, flat.shard_numel * DTypeSize(dtype), *comm_stream_));
-    if (copied != nullptr) MW_RETURN_IF_ERROR(comm_stream_->Record(*copied));
-    shard = own;
-  }
-  MW_RETURN_IF_ERROR(comm_.AllGather(shard, full.data(), flat.shard_numel, dtype, *comm_stream_));
-  if (group.gathered_event == nullptr) {
-    MW_ASSIGN_OR_RETURN(group.gathered_event, device_.CreateEvent());
-  }
-  MW_RETURN_IF_ERROR(comm_stream_->Record(*group.gathered_event));
-  group.gathered = std::move(full);
-  group.prefetched = prefetch;
-  return absl::OkStatus();
-}
-
-absl::Status ShardedOptimizer::Prefetch() {
-  // Gathers ahead overlap only on an asynchronous stream; the disk reads
-  // of shards on NVMe run beside the caller whatever its streams.
-  const bool gathers_ahead = comm_stream_->asynchronous();
-  if (!gathers_ahead && param_pages_ == nullptr) return absl::OkStatus();
-  int64_t live = 0;
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    if (!groups_[i].gathered.empty()) live += layout_.groups[i].padded_numel;
-  }
-  int64_t ahead = 0;
-  for (int next : scheduler_.Upcoming()) {
-    const int64_t size = layout_.groups[next].padded_numel;
-    Group& group = groups_[next];
-    if (!group.gathered.empty()) continue;
-    if (ahead + size > config_.zero.stage3_prefetch_bucket_size) break;
-    if (group.param_slot >= 0) {
-      // On NVMe the read is the slow part: it starts now; the gather
-      // (holding device memory) waits until the group is used.
-      MW_RETURN_IF_ERROR(param_pages_->ReadAhead(next, group.param_slot));
-      if (param_pages_->ReadsAhead(next)) ahead += size;
-      continue;
-    }
-    if (!gathers_ahead) continue;
-    if (live + size > config_.zero.stage3_max_live_parameters) break;
-    MW_RETURN_IF_ERROR(StartGather(next, /*prefetch=*/true));
-    ahead += size;
-    live += size;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ShardedOptimizer::GatherParameters(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "GatherParameters"));
   if (stage() != 3) return absl::OkStatus();
   ScopedPhase phase(profiler_, absl::StrCat("gather ", layout_.groups[g].name));
-  Group& group = groups_[g];
-  if (!group.gathered.empty() && !group.prefetched) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("GatherParameters: group ", g, " is already gathered"));
-  }
-  if (group.gathered.empty()) MW_RETURN_IF_ERROR(StartGather(g, /*prefetch=*/false));
-  group.prefetched = false;
-  scheduler_.OnGather(g);
-  // Queue the next gathers before waiting, so they run while the caller
-  // computes with this group.
-  MW_RETURN_IF_ERROR(Prefetch());
-  // The caller's stream waits for the gather; the host does not (on host,
-  // whose compute stream runs work as it is enqueued, the wait is now).
-  return stream_->Wait(*group.gathered_event);
+  return gatherer_->Gather(g);
 }
 
 absl::Status ShardedOptimizer::ReleaseParameters(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "ReleaseParameters"));
-  if (stage() != 3) return absl::OkStatus();
-  Group& group = groups_[g];
-  if (group.prefetched) return absl::OkStatus();  // not the caller's to release
-  // Freed in stream order: the caller's queued work may still read it, and
-  // the next gather into its block waits for that work (OrderAfterCaller).
-  group.gathered.Reset();
+  if (stage() == 3) gatherer_->Release(g);
   return absl::OkStatus();
 }
 
@@ -832,14 +747,13 @@ absl::Status ShardedOptimizer::AbortStep() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& group = groups_[g];
     DropSpeculation(group);
-    group.gathered.Reset();
-    group.prefetched = false;
+    gatherer_->Drop(static_cast<int>(g));
     group.grad_bucket.Reset();
     group.reductions = 0;
     if (group.host != nullptr) group.host->DropGradients();
     MW_RETURN_IF_ERROR(ZeroGradients(layout_.groups[g], group));
   }
-  scheduler_.AbortStep();
+  if (gatherer_ != nullptr) gatherer_->AbortStep();  // none before Finalize()
   MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
   return drained;
 }
@@ -851,7 +765,7 @@ absl::Status ShardedOptimizer::CheckStepReady() {
       return absl::FailedPreconditionError(absl::StrCat(
           "Step: group ", g, " still holds unreduced gradients (call ReduceGradients(", g, "))"));
     }
-    if (!groups_[g].gathered.empty() && !groups_[g].prefetched) {
+    if (gatherer_->held(static_cast<int>(g)) != nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Step: group ", g, " is still gathered (call ReleaseParameters(", g, "))"));
     }
@@ -1158,12 +1072,8 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
     MW_RETURN_IF_ERROR(Speculate(static_cast<int>(g)));
   }
   MW_RETURN_IF_ERROR(FinishSpeculation());
-  scheduler_.EndStep();
-  for (Group& group : groups_) {
-    group.reductions = 0;
-    if (group.prefetched) group.gathered.Reset();
-    group.prefetched = false;
-  }
+  gatherer_->EndStep();
+  for (Group& group : groups_) group.reductions = 0;
   // Before the update rewrites the shards.
   if (param_pages_ != nullptr) param_pages_->DropReadAheads();
   // 1. Reduce what stages 0-1 hold in full. 2. Look for inf/nan and take
@@ -1281,9 +1191,12 @@ absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
   Group& group = groups_[g];
   // Stage 3 holds a shard: gathered as GatherParameters gathers, unless it
   // is (or is being) already, and dropped again after.
-  const bool gather = stage() == 3 && group.gathered.empty();
-  if (gather) MW_RETURN_IF_ERROR(StartGather(g, /*prefetch=*/false));
-  const void* full = stage() == 3 ? group.gathered.data() : group.params.data();
+  bool gathered_now = false;
+  const void* full = group.params.data();
+  if (stage() == 3) {
+    MW_ASSIGN_OR_RETURN(const DeviceBuffer* gathered, gatherer_->GatherForRead(g, gathered_now));
+    full = gathered->data();
+  }
   MW_ASSIGN_OR_RETURN(DeviceBuffer wide,
                       device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
                                        absl::StrCat(flat.name, ".state_gather")));
@@ -1291,7 +1204,7 @@ absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
                                    wide.data(), DType::kF32, flat.padded_numel));
   MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), wide.data(), flat.padded_numel * 4, *comm_stream_));
   MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
-  if (gather) group.gathered.Reset();
+  if (gathered_now) gatherer_->Drop(g);
   return absl::OkStatus();
 }
 

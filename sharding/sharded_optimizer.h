@@ -137,8 +137,9 @@
 // groups and shards (flat_layout.h), the gradients' collectives in pieces
 // and their pacing (gradient_reducer.h), the hyperparameter groups and
 // the update rule each element steps with (hyper_groups.h), the parameter
-// shards on NVMe and their page buffers (param_pages.h), the gather order and prefetch
-// (gather_scheduler.h), the dynamic loss scale (loss_scaler.h), the tiers
+// shards on NVMe and their page buffers (param_pages.h), stage 3's
+// gathers and prefetches (parameter_gatherer.h, in gather_scheduler.h's
+// order), the dynamic loss scale (loss_scaler.h), the tiers
 // that hold and update optimizer state (state_tier.h: device_optimizer.h,
 // sharding/host_optimizer.h), and the stream order that lets buffers be
 // freed while collectives still read them (runtime/stream_order.h).
@@ -170,12 +171,12 @@
 #include "runtime/device.h"
 #include "sharding/device_optimizer.h"
 #include "sharding/flat_layout.h"
-#include "sharding/gather_scheduler.h"
 #include "sharding/gradient_reducer.h"
 #include "sharding/hyper_groups.h"
 #include "sharding/loss_scaler.h"
 #include "sharding/options.h"
 #include "sharding/param_pages.h"
+#include "sharding/parameter_gatherer.h"
 
 namespace memwall {
 
@@ -394,8 +395,6 @@ class ShardedOptimizer {
   struct Group {
     // param_dtype; full padded size (stages 0-2) or shard (stage 3).
     DeviceBuffer params;
-    // Stage 3 only: the gathered full parameters while live.
-    DeviceBuffer gathered;
     // param_dtype; full (stages 0-1), or the shard (2-3).
     DeviceBuffer grads;
     // Stages 2-3: the full-size gradient buffer while acquired.
@@ -408,10 +407,6 @@ class ShardedOptimizer {
     // Reductions into the shard this step (stages 2-3): at the last
     // micro-batch's, the host part's gradients start streaming to host.
     int reductions = 0;
-    // Stage 3: the gather of `gathered` completes at this event; true while
-    // it is a prefetch nobody asked for yet.
-    std::unique_ptr<Event> gathered_event;
-    bool prefetched = false;
     // Overlapped update (Note [Overlapped update]): the host part's update
     // was handed to the update thread with these segments; its refreshed
     // parameters wait in `host_params` until Step() commits; the copy of
@@ -477,11 +472,6 @@ class ShardedOptimizer {
   // `shard_on_nvme`: parameters on NVMe, and this group's shard goes there.
   absl::Status AllocateGroup(const FlatGroup& flat, Group& group, bool shard_on_nvme);
   absl::Status InitializeGroup(const FlatGroup& flat, Group& group);
-  // Stage 3: allocates group g's gathered buffer and enqueues its gather.
-  absl::Status StartGather(int g, bool prefetch);
-  // Stage 3: after a gather, starts the gathers the scheduler expects
-  // next, per the class comment.
-  absl::Status Prefetch();
   // ReduceGradients' collectives for group g, queued on the communication
   // stream (stages 2-3).
   absl::Status QueueReduction(int g);
@@ -556,8 +546,6 @@ class ShardedOptimizer {
   // OrderAfterCaller's event.
   std::unique_ptr<Event> caller_event_;
   std::unique_ptr<GradientReducer> reducer_;
-  // Stage 3: the order groups are gathered in, for prefetching.
-  GatherScheduler scheduler_{0};
   MemoryProfiler* profiler_ = nullptr;
 
   std::vector<ParameterSpec> specs_;
@@ -572,6 +560,8 @@ class ShardedOptimizer {
   std::unique_ptr<NvmeStore> nvme_;
   // Parameters on NVMe: their file and page buffers.
   std::unique_ptr<ParamPages> param_pages_;
+  // Stage 3's gathers (set with the groups).
+  std::unique_ptr<ParameterGatherer> gatherer_;
   // Overlapped update: the update thread, the stream its work is ordered
   // on, and the NVMe tier's chunk buffers (sized for the largest host part;
   // one update runs at a time).
