@@ -30,6 +30,14 @@ namespace memwall {
 
 class NvmeChunkStream {
  public:
+  // A set of chunk buffers: how many, of how many bytes each, and the
+  // bytes they take with room to align them (what to allocate).
+  struct Buffers {
+    int count = 0;
+    int64_t stride = 0;
+    int64_t bytes() const { return count * stride + NvmeStore::kAlignment; }
+  };
+
   // `buffers`: `count` buffers of `stride` bytes each, back to back,
   // NvmeStore::kAlignment-aligned (null with a virtual store), which must
   // outlive the stream; `store` too.

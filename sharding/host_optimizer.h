@@ -55,6 +55,10 @@
 
 namespace memwall {
 
+// The profiler track the host part's CPU updates are recorded on (at the
+// step, or on the overlapped update's thread).
+inline constexpr char kCpuUpdateTrack[] = "cpu update";
+
 class HostOptimizerSlice final : public StateTier {
  public:
   // `numel` elements of master weights plus Adam's two moments or SGD's

@@ -19,9 +19,6 @@
 namespace memwall {
 namespace {
 
-// The profiler's track of the offloaded parts' CPU updates.
-constexpr char kCpuUpdateTrack[] = "cpu update";
-
 char* At(const DeviceBuffer& buffer, int64_t element, DType dtype) {
   return static_cast<char*>(buffer.data()) + element * DTypeSize(dtype);
 }
@@ -108,8 +105,7 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
                                      kernels::cpu::CpuThreadsOr(config.zero.offload_cpu_threads),
                                      static_cast<int>(std::thread::hardware_concurrency()));
     }
-    optimizer->worker_ = std::make_unique<UpdateWorker>(std::move(cores));
-    MW_ASSIGN_OR_RETURN(optimizer->update_stream_, device.CreateStream());
+    MW_ASSIGN_OR_RETURN(optimizer->overlapped_, OverlappedUpdate::Create(device, std::move(cores)));
   }
   return optimizer;
 }
@@ -129,7 +125,7 @@ ShardedOptimizer::ShardedOptimizer(const ShardingOptions& config, Device& device
 ShardedOptimizer::~ShardedOptimizer() {
   // A failure here was already reported by the call that failed, or would
   // have been by the next Step(); the buffers must outlive the work anyway.
-  if (worker_ != nullptr) (void)worker_->Wait();
+  if (overlapped_ != nullptr) overlapped_->Wait();
   (void)comm_stream_->Synchronize();
 }
 
@@ -407,6 +403,9 @@ absl::Status ShardedOptimizer::Finalize() {
   }
   groups_ = std::move(groups);
   hyper_.Build(layout_, hyper_of_);
+  if (overlapped_ != nullptr) {
+    overlapped_->SetGroups(static_cast<int>(groups_.size()), nvme_.get(), chunk_buffers_);
+  }
   gatherer_ = std::make_unique<ParameterGatherer>(
       config_, layout_, device_, comm_, *stream_, *comm_stream_, param_pages_.get(),
       [this](int g) {
@@ -641,73 +640,17 @@ void ShardedOptimizer::set_profiler(MemoryProfiler* profiler) {
   });
 }
 
-std::unique_ptr<NvmeChunkStream> ShardedOptimizer::AloneChunkStream(
-    const HostOptimizerSlice& host) {
-  if (chunk_buffers_.count == 0) return nullptr;
-  auto chunks =
-      std::make_unique<NvmeChunkStream>(*nvme_, NvmeStore::AlignUp(host_nvme_buffers_.data()),
-                                        chunk_buffers_.count, chunk_buffers_.stride);
-  host.QueueChunks(*chunks);
-  return chunks;
-}
-
 absl::Status ShardedOptimizer::Speculate(int g) {
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
-  // Buffers here, on the caller's thread (Note [Overlapped update]); the
-  // NVMe tier's shared chunk buffers once.
-  if (chunk_buffers_.count > 0 && host_nvme_buffers_.empty()) {
-    MW_ASSIGN_OR_RETURN(host_nvme_buffers_,
-                        device_.AllocatePinned(chunk_buffers_.bytes(), MemoryCategory::kWorkspace,
-                                               "optimizer.nvme_buffers"));
-  }
-  MW_ASSIGN_OR_RETURN(
-      group.host_params,
-      device_.AllocatePinned(group.host->scratch_bytes(), MemoryCategory::kWorkspace,
-                             absl::StrCat(flat.name, ".host_params")));
-  if (group.staged_event == nullptr) {
-    MW_ASSIGN_OR_RETURN(group.staged_event, device_.CreateEvent());
-  }
-  MW_RETURN_IF_ERROR(comm_stream_->Record(*group.staged_event));
   // As Step() would update it if nothing clips: the same scale, bit for bit.
   const double unscale =
       1.0 / (double(comm_.world_size()) * config_.gradient_accumulation_steps * scaler_.scale());
+  std::vector<StateTier::Segment> segments;
   hyper_.SegmentsOf(g, update_begin(flat), group.host->numel(),
-                    hyper_.StepRules(steps_applied_, static_cast<float>(unscale * 1.0)),
-                    group.speculated_segments);
-  group.speculated = true;
-  StateTier::UpdateArgs args;
-  args.segments = group.speculated_segments;
-  args.scratch = group.host_params.data();
-  // One group at a time on the update thread: each streams alone.
-  std::shared_ptr<NvmeChunkStream> chunks = AloneChunkStream(*group.host);
-  args.nvme_stream = chunks.get();
-  HostOptimizerSlice* host = group.host.get();
-  Event* staged = group.staged_event.get();
-  Stream* stream = update_stream_.get();
-  MemoryProfiler* profiler = profiler_;
-  worker_->Enqueue([host, staged, stream, args, profiler, chunks, name = flat.name] {
-    MW_RETURN_IF_ERROR(staged->Synchronize());
-    ScopedActivity activity(profiler, kCpuUpdateTrack, absl::StrCat("update ", name));
-    MW_RETURN_IF_ERROR(host->Update(*stream, args));
-    return chunks != nullptr ? chunks->Finish() : absl::OkStatus();
-  });
-  return absl::OkStatus();
-}
-
-absl::Status ShardedOptimizer::FinishSpeculation() {
-  if (worker_ == nullptr) return absl::OkStatus();
-  absl::Status status = worker_->Wait();
-  if (!status.ok()) {
-    // Step() fails before anything changed; a retry updates afresh.
-    for (Group& group : groups_) DropSpeculation(group);
-  }
-  return status;
-}
-
-void ShardedOptimizer::DropSpeculation(Group& group) {
-  group.speculated = false;
-  group.host_params.Reset();
+                    hyper_.StepRules(steps_applied_, static_cast<float>(unscale * 1.0)), segments);
+  return overlapped_->Hand(g, *group.host, flat.name, std::move(segments), *comm_stream_,
+                           profiler_);
 }
 
 void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
@@ -742,11 +685,11 @@ absl::Status ShardedOptimizer::AbortStep() {
   // Whatever the communication stream and the update thread still run
   // finishes first (an error, if any, is the caller's to see).
   const absl::Status drained = comm_stream_->Synchronize();
-  if (worker_ != nullptr) (void)worker_->Wait();
+  if (overlapped_ != nullptr) overlapped_->Wait();
   if (param_pages_ != nullptr) param_pages_->DropReadAheads();
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& group = groups_[g];
-    DropSpeculation(group);
+    if (overlapped_ != nullptr) overlapped_->Drop(static_cast<int>(g));
     gatherer_->Drop(static_cast<int>(g));
     group.grad_bucket.Reset();
     group.reductions = 0;
@@ -925,7 +868,7 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
     if (group.host != nullptr && overlaps_update()) {
       // Overlapped: its buffers were allocated as it was handed over (Step()
       // hands over any part not handed over in backward).
-      args.scratch = group.host_params.data();
+      args.scratch = overlapped_->params(static_cast<int>(g));
     } else if (group.param_slot >= 0) {
       args.scratch = NvmeStore::AlignUp(workspace.param_scratch.data());
     } else if (group.host != nullptr) {
@@ -940,13 +883,15 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       hyper_.SegmentsOf(static_cast<int>(g), update_begin(flat) + t.begin, t.tier->numel(), rules,
                         segments);
       args.segments = segments;
-      if (t.tier == group.host.get() && group.speculated) {
+      if (t.tier == group.host.get() && overlaps_update() &&
+          overlapped_->handed(static_cast<int>(g))) {
         // Updated during backward as if nothing clipped: computed again
         // only if the step's settings turn out otherwise.
-        if (!HyperparameterGroups::SameSegments(segments, group.speculated_segments)) {
+        if (!HyperparameterGroups::SameSegments(segments,
+                                                overlapped_->segments(static_cast<int>(g)))) {
           ScopedActivity activity(profiler_, kCpuUpdateTrack,
                                   absl::StrCat("update ", flat.name, " (again)"));
-          const std::unique_ptr<NvmeChunkStream> again = AloneChunkStream(*group.host);
+          const std::unique_ptr<NvmeChunkStream> again = overlapped_->ChunksAlone(*group.host);
           args.nvme_stream = again.get();
           MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
           if (again != nullptr) MW_RETURN_IF_ERROR(again->Finish());
@@ -982,7 +927,9 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
     MW_RETURN_IF_ERROR(tier->Commit(*comm_stream_, params));
   }
   for (int slot : written_shards) MW_RETURN_IF_ERROR(param_pages_->store().Commit(slot));
-  for (Group& group : groups_) DropSpeculation(group);
+  if (overlapped_ != nullptr) {
+    for (size_t g = 0; g < groups_.size(); ++g) overlapped_->Drop(static_cast<int>(g));
+  }
   if (redone) ++redone_updates_;
   return absl::OkStatus();
 }
@@ -1066,12 +1013,12 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   // device) is handed over now.
   for (size_t g = 0; g < groups_.size() && overlaps_update(); ++g) {
     Group& group = groups_[g];
-    if (group.host == nullptr || group.speculated) continue;
+    if (group.host == nullptr || overlapped_->handed(static_cast<int>(g))) continue;
     MW_RETURN_IF_ERROR(
         group.host->StageGradients(*comm_stream_, UpdateGradients(layout_.groups[g], group)));
     MW_RETURN_IF_ERROR(Speculate(static_cast<int>(g)));
   }
-  MW_RETURN_IF_ERROR(FinishSpeculation());
+  if (overlapped_ != nullptr) MW_RETURN_IF_ERROR(overlapped_->Finish());
   gatherer_->EndStep();
   for (Group& group : groups_) group.reductions = 0;
   // Before the update rewrites the shards.
@@ -1097,9 +1044,9 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   if (check.overflow) {
     scaler_.Update(/*overflow=*/true);
     ++steps_skipped_;
-    for (Group& group : groups_) {
-      if (group.host != nullptr) group.host->DropGradients();
-      DropSpeculation(group);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].host != nullptr) groups_[g].host->DropGradients();
+      if (overlapped_ != nullptr) overlapped_->Drop(static_cast<int>(g));
     }
     MW_RETURN_IF_ERROR(ZeroAllGradients());
     result.loss_scale = scaler_.scale();
@@ -1117,155 +1064,6 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   result.applied = true;
   result.loss_scale = scaler_.scale();
   return result;
-}
-
-int ShardedOptimizer::num_states() const {
-  if (config_.optimizer.type == OptimizerType::kAdam) return 3;
-  return config_.optimizer.momentum > 0 ? 2 : 1;
-}
-
-ShardedOptimizer::Progress ShardedOptimizer::progress() const {
-  return Progress{steps_applied_, steps_skipped_, scaler_.scale(), scaler_.clean_steps(),
-                  scaler_.overflows_left()};
-}
-
-void ShardedOptimizer::set_progress(const Progress& p) {
-  steps_applied_ = p.steps_applied;
-  steps_skipped_ = p.steps_skipped;
-  scaler_.Restore(p.loss_scale, p.clean_steps, p.overflows_left);
-}
-
-absl::Status ShardedOptimizer::CheckState(absl::string_view call, int g, int which,
-                                          size_t size) const {
-  MW_RETURN_IF_ERROR(RequireFinalized(call));
-  MW_RETURN_IF_ERROR(CheckGroup(g, call));
-  if (which < 0 || which >= num_states()) {
-    return absl::InvalidArgumentError(absl::StrCat(call, ": state ", which, " of ", num_states(),
-                                                   " kept by this optimizer"));
-  }
-  const int64_t padded = layout_.groups[g].padded_numel;
-  if (static_cast<int64_t>(size) != padded) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(call, ": ", size, " slots for group ", g, "'s ", padded, " elements"));
-  }
-  if (!device_.holds_bytes()) {
-    return absl::FailedPreconditionError(absl::StrCat(call, ": ", device_.name(), " holds no values"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> out) {
-  MW_RETURN_IF_ERROR(CheckState("GatherState", g, which, out.size()));
-  const FlatGroup& flat = layout_.groups[g];
-  Group& group = groups_[g];
-  if (!flat.trainable) {
-    if (which != 0) {
-      std::fill(out.begin(), out.end(), 0.0f);
-      return absl::OkStatus();
-    }
-    return GatherFrozen(g, out);
-  }
-  const int64_t un = update_numel(flat);
-  // This rank's update range: the host part, then the device part.
-  std::vector<float> part(un);
-  for (const Tier& t : TiersOf(flat, group)) {
-    MW_RETURN_IF_ERROR(t.tier->ReadState(which, 0, t.tier->numel(), part.data() + t.begin));
-  }
-  if (stage() == 0) {  // every rank updates (and holds) the whole group
-    std::copy(part.begin(), part.end(), out.begin());
-    return absl::OkStatus();
-  }
-  MW_ASSIGN_OR_RETURN(DeviceBuffer mine, device_.Allocate(un * 4, MemoryCategory::kWorkspace,
-                                                          absl::StrCat(flat.name, ".state_shard")));
-  MW_ASSIGN_OR_RETURN(DeviceBuffer full,
-                      device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
-                                       absl::StrCat(flat.name, ".state_gather")));
-  MW_RETURN_IF_ERROR(device_.CopyAsync(mine.data(), part.data(), un * 4, *comm_stream_));
-  MW_RETURN_IF_ERROR(comm_.AllGather(mine.data(), full.data(), un, DType::kF32, *comm_stream_));
-  MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), full.data(), flat.padded_numel * 4, *comm_stream_));
-  return comm_stream_->Synchronize();
-}
-
-absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
-  const FlatGroup& flat = layout_.groups[g];
-  Group& group = groups_[g];
-  // Stage 3 holds a shard: gathered as GatherParameters gathers, unless it
-  // is (or is being) already, and dropped again after.
-  bool gathered_now = false;
-  const void* full = group.params.data();
-  if (stage() == 3) {
-    MW_ASSIGN_OR_RETURN(const DeviceBuffer* gathered, gatherer_->GatherForRead(g, gathered_now));
-    full = gathered->data();
-  }
-  MW_ASSIGN_OR_RETURN(DeviceBuffer wide,
-                      device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
-                                       absl::StrCat(flat.name, ".state_gather")));
-  MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, full, config_.param_dtype(),
-                                   wide.data(), DType::kF32, flat.padded_numel));
-  MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), wide.data(), flat.padded_numel * 4, *comm_stream_));
-  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
-  if (gathered_now) gatherer_->Drop(g);
-  return absl::OkStatus();
-}
-
-absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float> full) {
-  MW_RETURN_IF_ERROR(CheckState("SetState", g, which, full.size()));
-  const FlatGroup& flat = layout_.groups[g];
-  Group& group = groups_[g];
-  const DType dtype = config_.param_dtype();
-  const int64_t ub = update_begin(flat);
-  for (const Tier& t : TiersOf(flat, group)) {
-    MW_RETURN_IF_ERROR(t.tier->WriteState(which, 0, t.tier->numel(), full.data() + ub + t.begin));
-  }
-  // What the rank holds of the parameters: the whole group at stages 0-2,
-  // its shard at stage 3.
-  const int64_t held_begin = stage() == 3 ? ub : 0;
-  const int64_t held = stage() == 3 ? flat.shard_numel : flat.padded_numel;
-  if (which == 0 && group.param_slot >= 0) {
-    // Parameters on NVMe: rounded as Step() rounds them, into the file.
-    return param_pages_->WriteFromF32(group.param_slot, full.data() + held_begin,
-                                      flat.shard_numel, dtype);
-  }
-  if (which == 0 && !mixed()) {
-    // f32: the parameters are the master weights; every copy is set.
-    MW_RETURN_IF_ERROR(device_.CopyAsync(group.params.data(), full.data() + held_begin, held * 4,
-                                         *comm_stream_));
-    return comm_stream_->Synchronize();
-  }
-  if (which == 0) {
-    // The parameters the rank holds, rounded from the master weights as
-    // Step() refreshes them.
-    if (paged()) {
-      kernels::cpu::Kernels().cast(full.data() + held_begin, DType::kF32, group.params.data(),
-                                   dtype, held);
-    } else {
-      MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(held * 4, MemoryCategory::kWorkspace,
-                                                              absl::StrCat(flat.name, ".state_in")));
-      MW_RETURN_IF_ERROR(
-          device_.CopyAsync(wide.data(), full.data() + held_begin, held * 4, *comm_stream_));
-      MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, wide.data(), DType::kF32,
-                                       group.params.data(), dtype, held));
-      return comm_stream_->Synchronize();
-    }
-  }
-  return comm_stream_->Synchronize();
-}
-
-absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<float> out) {
-  MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
-  const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
-  if (static_cast<int64_t>(out.size()) != place.numel) {
-    return absl::InvalidArgumentError(absl::StrCat("MasterWeights('", name, "'): ", out.size(),
-                                                   " slots for ", place.numel, " elements"));
-  }
-  if (!device_.holds_bytes()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("MasterWeights('", name, "'): ", device_.name(), " holds no values"));
-  }
-  std::vector<float> full(layout_.groups[g].padded_numel);
-  MW_RETURN_IF_ERROR(GatherState(g, 0, absl::MakeSpan(full)));
-  std::copy(full.begin() + place.offset, full.begin() + place.offset + place.numel, out.begin());
-  return absl::OkStatus();
 }
 
 }  // namespace memwall

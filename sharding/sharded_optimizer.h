@@ -139,7 +139,8 @@
 // the update rule each element steps with (hyper_groups.h), the parameter
 // shards on NVMe and their page buffers (param_pages.h), stage 3's
 // gathers and prefetches (parameter_gatherer.h, in gather_scheduler.h's
-// order), the dynamic loss scale (loss_scaler.h), the tiers
+// order), the CPU updates run during backward (overlapped_update.h), the
+// dynamic loss scale (loss_scaler.h), the tiers
 // that hold and update optimizer state (state_tier.h: device_optimizer.h,
 // sharding/host_optimizer.h), and the stream order that lets buffers be
 // freed while collectives still read them (runtime/stream_order.h).
@@ -164,7 +165,6 @@
 #include "absl/types/span.h"
 #include "sharding/host_optimizer.h"
 #include "offload/nvme_store.h"
-#include "offload/update_worker.h"
 #include "profiler/memory_profiler.h"
 #include "runtime/allocator.h"
 #include "runtime/communicator.h"
@@ -175,6 +175,7 @@
 #include "sharding/hyper_groups.h"
 #include "sharding/loss_scaler.h"
 #include "sharding/options.h"
+#include "sharding/overlapped_update.h"
 #include "sharding/param_pages.h"
 #include "sharding/parameter_gatherer.h"
 
@@ -344,7 +345,7 @@ class ShardedOptimizer {
   // Overlapped update: seconds the update thread has spent updating (its
   // own throughput, for benchmarks); 0 without it.
   double overlapped_update_seconds() const {
-    return worker_ != nullptr ? worker_->busy_seconds() : 0.0;
+    return overlapped_ != nullptr ? overlapped_->busy_seconds() : 0.0;
   }
   // Steps whose speculative updates had to be computed again (clipping, or
   // hyperparameters changed after backward), of those applied.
@@ -407,14 +408,6 @@ class ShardedOptimizer {
     // Reductions into the shard this step (stages 2-3): at the last
     // micro-batch's, the host part's gradients start streaming to host.
     int reductions = 0;
-    // Overlapped update (Note [Overlapped update]): the host part's update
-    // was handed to the update thread with these segments; its refreshed
-    // parameters wait in `host_params` until Step() commits; the copy of
-    // its final gradients to the host completes at `staged_event`.
-    bool speculated = false;
-    std::vector<StateTier::Segment> speculated_segments;
-    DeviceBuffer host_params;
-    std::unique_ptr<Event> staged_event;
     // Parameters on NVMe: the shard's slot in param_pages_' store (-1: params).
     int param_slot = -1;
   };
@@ -509,27 +502,14 @@ class ShardedOptimizer {
     DeviceBuffer nvme_buffers;
   };
   absl::StatusOr<UpdateWorkspace> AllocateUpdateWorkspace(bool two_phase);
-  // The NVMe tier's chunk buffers (offload/nvme_chunk_stream.h): how many,
-  // of how many bytes each, and the pinned bytes they take aligned.
-  struct ChunkBuffers {
-    int count = 0;
-    int64_t stride = 0;
-    int64_t bytes() const { return count * stride + NvmeStore::kAlignment; }
-  };
-  // Overlapped update: a stream of `host`'s chunks alone through
-  // host_nvme_buffers_ (null without the NVMe tier).
-  std::unique_ptr<NvmeChunkStream> AloneChunkStream(const HostOptimizerSlice& host);
-  // Overlapped update: whether this optimizer overlaps it; hands group
-  // g's host update to the update thread (buffers allocated here); waits
-  // for every handed-over update (their first error).
+  // Overlapped update (Note [Overlapped update]): whether this optimizer
+  // overlaps it, and handing group g's host update to its thread with the
+  // rule the step would use if nothing clips.
   bool overlaps_update() const {
     return config_.zero.offload_overlap_step && stage() >= 2 &&
            config_.zero.offload_optimizer_ratio > 0;
   }
   absl::Status Speculate(int g);
-  absl::Status FinishSpeculation();
-  // Forgets group g's speculative update (its current state is untouched).
-  void DropSpeculation(Group& group);
   // Stages 1-2: all-gathers the updated shards into the full parameters.
   absl::Status RefreshParameters();
   absl::Status ZeroAllGradients();
@@ -562,14 +542,11 @@ class ShardedOptimizer {
   std::unique_ptr<ParamPages> param_pages_;
   // Stage 3's gathers (set with the groups).
   std::unique_ptr<ParameterGatherer> gatherer_;
-  // Overlapped update: the update thread, the stream its work is ordered
-  // on, and the NVMe tier's chunk buffers (sized for the largest host part;
-  // one update runs at a time).
-  std::unique_ptr<UpdateWorker> worker_;
-  std::unique_ptr<Stream> update_stream_;
-  DeviceBuffer host_nvme_buffers_;
-  // Set with the groups; none without the NVMe tier.
-  ChunkBuffers chunk_buffers_;
+  // Overlapped update: its thread and what it keeps (null without it).
+  std::unique_ptr<OverlappedUpdate> overlapped_;
+  // The NVMe tier's chunk buffers, sized for the largest host part (set
+  // with the groups; none without the NVMe tier).
+  NvmeChunkStream::Buffers chunk_buffers_;
 
   LossScaler scaler_;
   int64_t steps_applied_ = 0;

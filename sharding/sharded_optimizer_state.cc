@@ -1,0 +1,164 @@
+// ShardedOptimizer's optimizer-state I/O (checkpoints, tests): the f32
+// state of a whole group gathered from wherever its parts live, set back
+// from a whole group, and the step counters.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
+#include "runtime/status.h"
+#include "sharding/sharded_optimizer.h"
+
+namespace memwall {
+
+int ShardedOptimizer::num_states() const {
+  if (config_.optimizer.type == OptimizerType::kAdam) return 3;
+  return config_.optimizer.momentum > 0 ? 2 : 1;
+}
+
+ShardedOptimizer::Progress ShardedOptimizer::progress() const {
+  return Progress{steps_applied_, steps_skipped_, scaler_.scale(), scaler_.clean_steps(),
+                  scaler_.overflows_left()};
+}
+
+void ShardedOptimizer::set_progress(const Progress& p) {
+  steps_applied_ = p.steps_applied;
+  steps_skipped_ = p.steps_skipped;
+  scaler_.Restore(p.loss_scale, p.clean_steps, p.overflows_left);
+}
+
+absl::Status ShardedOptimizer::CheckState(absl::string_view call, int g, int which,
+                                          size_t size) const {
+  MW_RETURN_IF_ERROR(RequireFinalized(call));
+  MW_RETURN_IF_ERROR(CheckGroup(g, call));
+  if (which < 0 || which >= num_states()) {
+    return absl::InvalidArgumentError(absl::StrCat(call, ": state ", which, " of ", num_states(),
+                                                   " kept by this optimizer"));
+  }
+  const int64_t padded = layout_.groups[g].padded_numel;
+  if (static_cast<int64_t>(size) != padded) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": ", size, " slots for group ", g, "'s ", padded, " elements"));
+  }
+  if (!device_.holds_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat(call, ": ", device_.name(), " holds no values"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> out) {
+  MW_RETURN_IF_ERROR(CheckState("GatherState", g, which, out.size()));
+  const FlatGroup& flat = layout_.groups[g];
+  Group& group = groups_[g];
+  if (!flat.trainable) {
+    if (which != 0) {
+      std::fill(out.begin(), out.end(), 0.0f);
+      return absl::OkStatus();
+    }
+    return GatherFrozen(g, out);
+  }
+  const int64_t un = update_numel(flat);
+  // This rank's update range: the host part, then the device part.
+  std::vector<float> part(un);
+  for (const Tier& t : TiersOf(flat, group)) {
+    MW_RETURN_IF_ERROR(t.tier->ReadState(which, 0, t.tier->numel(), part.data() + t.begin));
+  }
+  if (stage() == 0) {  // every rank updates (and holds) the whole group
+    std::copy(part.begin(), part.end(), out.begin());
+    return absl::OkStatus();
+  }
+  MW_ASSIGN_OR_RETURN(DeviceBuffer mine, device_.Allocate(un * 4, MemoryCategory::kWorkspace,
+                                                          absl::StrCat(flat.name, ".state_shard")));
+  MW_ASSIGN_OR_RETURN(DeviceBuffer full,
+                      device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
+                                       absl::StrCat(flat.name, ".state_gather")));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(mine.data(), part.data(), un * 4, *comm_stream_));
+  MW_RETURN_IF_ERROR(comm_.AllGather(mine.data(), full.data(), un, DType::kF32, *comm_stream_));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), full.data(), flat.padded_numel * 4, *comm_stream_));
+  return comm_stream_->Synchronize();
+}
+
+absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
+  const FlatGroup& flat = layout_.groups[g];
+  Group& group = groups_[g];
+  // Stage 3 holds a shard: gathered as GatherParameters gathers, unless it
+  // is (or is being) already, and dropped again after.
+  bool gathered_now = false;
+  const void* full = group.params.data();
+  if (stage() == 3) {
+    MW_ASSIGN_OR_RETURN(const DeviceBuffer* gathered, gatherer_->GatherForRead(g, gathered_now));
+    full = gathered->data();
+  }
+  MW_ASSIGN_OR_RETURN(DeviceBuffer wide,
+                      device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
+                                       absl::StrCat(flat.name, ".state_gather")));
+  MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, full, config_.param_dtype(),
+                                   wide.data(), DType::kF32, flat.padded_numel));
+  MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), wide.data(), flat.padded_numel * 4, *comm_stream_));
+  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
+  if (gathered_now) gatherer_->Drop(g);
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float> full) {
+  MW_RETURN_IF_ERROR(CheckState("SetState", g, which, full.size()));
+  const FlatGroup& flat = layout_.groups[g];
+  Group& group = groups_[g];
+  const DType dtype = config_.param_dtype();
+  const int64_t ub = update_begin(flat);
+  for (const Tier& t : TiersOf(flat, group)) {
+    MW_RETURN_IF_ERROR(t.tier->WriteState(which, 0, t.tier->numel(), full.data() + ub + t.begin));
+  }
+  // What the rank holds of the parameters: the whole group at stages 0-2,
+  // its shard at stage 3.
+  const int64_t held_begin = stage() == 3 ? ub : 0;
+  const int64_t held = stage() == 3 ? flat.shard_numel : flat.padded_numel;
+  if (which == 0 && group.param_slot >= 0) {
+    // Parameters on NVMe: rounded as Step() rounds them, into the file.
+    return param_pages_->WriteFromF32(group.param_slot, full.data() + held_begin,
+                                      flat.shard_numel, dtype);
+  }
+  if (which == 0 && !mixed()) {
+    // f32: the parameters are the master weights; every copy is set.
+    MW_RETURN_IF_ERROR(device_.CopyAsync(group.params.data(), full.data() + held_begin, held * 4,
+                                         *comm_stream_));
+    return comm_stream_->Synchronize();
+  }
+  if (which == 0) {
+    // The parameters the rank holds, rounded from the master weights as
+    // Step() refreshes them.
+    if (paged()) {
+      kernels::cpu::Kernels().cast(full.data() + held_begin, DType::kF32, group.params.data(),
+                                   dtype, held);
+    } else {
+      MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(held * 4, MemoryCategory::kWorkspace,
+                                                              absl::StrCat(flat.name, ".state_in")));
+      MW_RETURN_IF_ERROR(
+          device_.CopyAsync(wide.data(), full.data() + held_begin, held * 4, *comm_stream_));
+      MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, wide.data(), DType::kF32,
+                                       group.params.data(), dtype, held));
+      return comm_stream_->Synchronize();
+    }
+  }
+  return comm_stream_->Synchronize();
+}
+
+absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<float> out) {
+  MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
+  const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
+  if (static_cast<int64_t>(out.size()) != place.numel) {
+    return absl::InvalidArgumentError(absl::StrCat("MasterWeights('", name, "'): ", out.size(),
+                                                   " slots for ", place.numel, " elements"));
+  }
+  if (!device_.holds_bytes()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("MasterWeights('", name, "'): ", device_.name(), " holds no values"));
+  }
+  std::vector<float> full(layout_.groups[g].padded_numel);
+  MW_RETURN_IF_ERROR(GatherState(g, 0, absl::MakeSpan(full)));
+  std::copy(full.begin() + place.offset, full.begin() + place.offset + place.numel, out.begin());
+  return absl::OkStatus();
+}
+
+}  // namespace memwall
