@@ -135,15 +135,18 @@
 //
 // The parts behind this class, one concern each: the flat layout of
 // groups and shards (flat_layout.h), the gradients' collectives in pieces
-// and their pacing (gradient_reducer.h), the hyperparameter groups and
-// the update rule each element steps with (hyper_groups.h), the parameter
-// shards on NVMe and their page buffers (param_pages.h), stage 3's
-// gathers and prefetches (parameter_gatherer.h, in gather_scheduler.h's
-// order), the CPU updates run during backward (overlapped_update.h), the
-// dynamic loss scale (loss_scaler.h), the tiers
-// that hold and update optimizer state (state_tier.h: device_optimizer.h,
-// sharding/host_optimizer.h), and the stream order that lets buffers be
-// freed while collectives still read them (runtime/stream_order.h).
+// and their pacing (gradient_reducer.h), the hyperparameter groups and the
+// update rule each element steps with (hyper_groups.h), the parameter
+// shards on NVMe and their page buffers (param_pages.h), stage 3's gathers
+// and prefetches (parameter_gatherer.h, in gather_scheduler.h's order), the
+// CPU updates run during backward (overlapped_update.h), the dynamic loss
+// scale (loss_scaler.h), the tiers that hold and update optimizer state
+// (state_tier.h: device_optimizer.h, host_optimizer.h), and the stream
+// order that lets buffers be freed while collectives still read them
+// (runtime/stream_order.h). This class sequences them: registration,
+// allocation, views and the queued reductions in sharded_optimizer.cc, the
+// step in sharded_optimizer_step.cc, optimizer-state I/O in
+// sharded_optimizer_state.cc.
 //
 // Every method that communicates is collective: all ranks call it in the
 // same order. Not thread-safe.
