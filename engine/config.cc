@@ -333,37 +333,8 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
     MW_RETURN_IF_ERROR(o.Int("buffer_size", 1, INT64_MAX, out.offload_param_buffer_size));
     MW_RETURN_IF_ERROR(o.Int("max_in_cpu", 0, INT64_MAX, out.offload_param_max_in_cpu));
     MW_RETURN_IF_ERROR(o.Finish());
-    if (device == "nvme" && out.offload_nvme_path.empty()) {
-      return absl::InvalidArgumentError(
-          "zero_optimization.offload_param: expected offload_optimizer on \"nvme\" with device "
-          "\"nvme\" (a step writes both tiers' files before committing either, so a failed "
-          "write leaves both as they were)");
-    }
-    if (device == "nvme" && out.offload_overlap_step) {
-      return absl::InvalidArgumentError(
-          "zero_optimization.offload_optimizer.overlap_step: not supported with "
-          "offload_param on \"nvme\" (the update thread would write the parameters' file "
-          "while backward reads it)");
-    }
   }
-  if (out.stage3_gather_on_use && out.stage != 3 && out.stage != kAutoStage) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "zero_optimization.stage3_gather_on_use: expected stage 3 with it, got stage ", out.stage));
-  }
-  if (out.offload_overlap_step && (out.stage == 0 || out.stage == 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "zero_optimization.offload_optimizer.overlap_step: expected stage 2 or 3 with it (the "
-        "update starts as gradients are reduced in backward), got stage ", out.stage));
-  }
-  if (out.offload_optimizer_ratio > 0 && out.stage == 0) {
-    return absl::InvalidArgumentError(
-        "zero_optimization.offload_optimizer: expected stage 1, 2 or 3 with it, got stage 0");
-  }
-  if (out.offload_param && (out.stage != 3 || out.offload_optimizer_ratio != 1.0f)) {
-    return absl::InvalidArgumentError(
-        "zero_optimization.offload_param: expected stage 3 and offload_optimizer on \"cpu\" with "
-        "ratio 1 with it");
-  }
+  MW_RETURN_IF_ERROR(CheckZeroConfig(out));
   return r.Finish();
 }
 

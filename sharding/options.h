@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+
 #include "offload/aio_config.h"
 #include "runtime/dtype.h"
 
@@ -136,6 +138,14 @@ struct ZeroConfig {
   int64_t offload_param_buffer_size = 100'000'000;
   int64_t offload_param_max_in_cpu = 1'000'000'000;
 };
+
+// The combinations of ZeRO settings the sharded optimizer cannot run, and
+// the offload fractions outside [0, 1]: one check for every caller, the
+// config parser (engine/config.cc) and ShardedOptimizer::Create (callers
+// that fill the options themselves). kInvalidArgument naming the config's
+// JSON key. The rules that depend on the stage wait while it is "auto"
+// (kAutoStage): Create checks them again once the engine has resolved it.
+absl::Status CheckZeroConfig(const ZeroConfig& zero);
 
 struct ShardingOptions {
   ZeroConfig zero;

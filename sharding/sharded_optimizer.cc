@@ -42,40 +42,9 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
     return absl::InvalidArgumentError(
         "ShardedOptimizer: a cuda device needs the NCCL communicator (MPI works on host memory)");
   }
+  // The combinations of settings, as the config parser checks them.
+  MW_RETURN_IF_ERROR(CheckZeroConfig(config.zero));
   const float ratio = config.zero.offload_optimizer_ratio;
-  if (!(ratio >= 0.0f && ratio <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ShardedOptimizer: offload_optimizer ratio: expected a number in [0, 1], got ", ratio));
-  }
-  if (ratio > 0 && config.zero.stage == 0) {
-    return absl::InvalidArgumentError(
-        "ShardedOptimizer: offload_optimizer needs ZeRO stage 1, 2 or 3 (got stage 0)");
-  }
-  if (config.zero.offload_param && (config.zero.stage != 3 || ratio != 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ShardedOptimizer: offload_param needs ZeRO stage 3 with the whole optimizer offloaded "
-        "(ratio 1), got stage ", config.zero.stage, " and ratio ", ratio));
-  }
-  if (!config.zero.offload_param_nvme_path.empty()) {
-    // Both files are written before either commits (Note [State tiers]).
-    if (!config.zero.offload_param || config.zero.offload_nvme_path.empty()) {
-      return absl::InvalidArgumentError(
-          "ShardedOptimizer: offload_param_nvme_path needs offload_param with the optimizer "
-          "states on NVMe too (offload_nvme_path)");
-    }
-    if (config.zero.offload_overlap_step) {
-      return absl::InvalidArgumentError(
-          "ShardedOptimizer: offload_overlap_step is not supported with parameters on NVMe");
-    }
-    if (config.zero.offload_param_buffer_count < 1 || config.zero.offload_param_buffer_size < 1 ||
-        config.zero.offload_param_max_in_cpu < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ShardedOptimizer: parameters on NVMe: expected offload_param_buffer_count >= 1, "
-          "offload_param_buffer_size >= 1 and offload_param_max_in_cpu >= 0, got ",
-          config.zero.offload_param_buffer_count, ", ", config.zero.offload_param_buffer_size,
-          " and ", config.zero.offload_param_max_in_cpu));
-    }
-  }
   if (ratio > 0 && device.pinned_allocator() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ShardedOptimizer: offload_optimizer keeps optimizer states in pinned host memory, but ",

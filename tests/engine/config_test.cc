@@ -205,7 +205,7 @@ TEST_CASE("ZeRO-Offload keys: optimizer offload with a ratio; paging and NVMe re
   CHECK_FALSE(whole->zero.offload_param);
   CHECK(Error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})") ==
         "zero_optimization.offload_param: expected stage 3 and offload_optimizer on \"cpu\" with "
-        "ratio 1 with it");
+        "ratio 1 with it, got stage 3 and ratio 0");
   CHECK(Error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})") ==
         "zero_optimization.offload_param.nvme_path: expected a directory with device \"nvme\", "
         "got none");

@@ -1188,13 +1188,15 @@ TEST_CASE("parameters on NVMe: settings it cannot honour name the setting",
   options.zero.offload_param_nvme_path = "/tmp";
   auto device = CreateDevice({Backend::kHost, 0, 64 * kMiB, 64 * kMiB}).value();
   CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
-        "ShardedOptimizer: offload_param_nvme_path needs offload_param with the optimizer "
-        "states on NVMe too (offload_nvme_path)");
+        "zero_optimization.offload_param: expected offload_optimizer on \"nvme\" with device "
+        "\"nvme\" (a step writes both tiers' files before committing either, so a failed write "
+        "leaves both as they were)");
   const char* tmp = std::getenv("TEST_TMPDIR");
   options.zero.offload_nvme_path = tmp ? tmp : "/tmp";
   options.zero.offload_overlap_step = true;
   CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
-        "ShardedOptimizer: offload_overlap_step is not supported with parameters on NVMe");
+        "zero_optimization.offload_optimizer.overlap_step: not supported with offload_param on "
+        "\"nvme\" (the update thread would write the parameters' file while backward reads it)");
   options.zero.offload_overlap_step = false;
   // A shard larger than a page buffer.
   options.zero.offload_param_max_in_cpu = 0;
@@ -1226,16 +1228,16 @@ TEST_CASE("optimizer offload: bad settings and a full host pool name the cause",
         "host:0 has no pinned pool (DeviceOptions::pinned_capacity_bytes)");
   options.zero.stage = 0;
   CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
-        "ShardedOptimizer: offload_optimizer needs ZeRO stage 1, 2 or 3 (got stage 0)");
+        "zero_optimization.offload_optimizer: expected stage 1, 2 or 3 with it, got stage 0");
   options.zero.stage = 2;
   options.zero.offload_param = true;
   CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
-        "ShardedOptimizer: offload_param needs ZeRO stage 3 with the whole optimizer offloaded "
-        "(ratio 1), got stage 2 and ratio 1");
+        "zero_optimization.offload_param: expected stage 3 and offload_optimizer on \"cpu\" with "
+        "ratio 1 with it, got stage 2 and ratio 1");
   options.zero.offload_param = false;
   options.zero.offload_optimizer_ratio = 1.5f;
   CHECK(ShardedOptimizer::Create(options, *device, World()).status().message() ==
-        "ShardedOptimizer: offload_optimizer ratio: expected a number in [0, 1], got 1.5");
+        "zero_optimization.offload_optimizer.ratio: expected a number in [0, 1], got 1.5");
 
   // A pinned pool too small for the states: Finalize fails naming it, and
   // nothing stays allocated.

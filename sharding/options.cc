@@ -1,0 +1,61 @@
+#include "sharding/options.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace memwall {
+
+absl::Status CheckZeroConfig(const ZeroConfig& z) {
+  const float ratio = z.offload_optimizer_ratio;
+  if (!(ratio >= 0.0f && ratio <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.offload_optimizer.ratio: expected a number in [0, 1], got ", ratio));
+  }
+  if (!z.offload_param_nvme_path.empty()) {
+    if (!z.offload_param) {
+      return absl::InvalidArgumentError(
+          "zero_optimization.offload_param.nvme_path: expected offload_param with it");
+    }
+    if (z.offload_nvme_path.empty()) {
+      return absl::InvalidArgumentError(
+          "zero_optimization.offload_param: expected offload_optimizer on \"nvme\" with device "
+          "\"nvme\" (a step writes both tiers' files before committing either, so a failed "
+          "write leaves both as they were)");
+    }
+    if (z.offload_overlap_step) {
+      return absl::InvalidArgumentError(
+          "zero_optimization.offload_optimizer.overlap_step: not supported with "
+          "offload_param on \"nvme\" (the update thread would write the parameters' file "
+          "while backward reads it)");
+    }
+  }
+  if (z.offload_param_buffer_count < 1 || z.offload_param_buffer_size < 1 ||
+      z.offload_param_max_in_cpu < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.offload_param: expected buffer_count >= 1, buffer_size >= 1 and "
+        "max_in_cpu >= 0, got ",
+        z.offload_param_buffer_count, ", ", z.offload_param_buffer_size, " and ",
+        z.offload_param_max_in_cpu));
+  }
+  if (z.stage == kAutoStage) return absl::OkStatus();
+  if (z.stage3_gather_on_use && z.stage != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.stage3_gather_on_use: expected stage 3 with it, got stage ", z.stage));
+  }
+  if (z.offload_overlap_step && (z.stage == 0 || z.stage == 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.offload_optimizer.overlap_step: expected stage 2 or 3 with it (the "
+        "update starts as gradients are reduced in backward), got stage ", z.stage));
+  }
+  if (ratio > 0 && z.stage == 0) {
+    return absl::InvalidArgumentError(
+        "zero_optimization.offload_optimizer: expected stage 1, 2 or 3 with it, got stage 0");
+  }
+  if (z.offload_param && (z.stage != 3 || ratio != 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.offload_param: expected stage 3 and offload_optimizer on \"cpu\" with "
+        "ratio 1 with it, got stage ", z.stage, " and ratio ", ratio));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memwall
