@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/durable_file.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
 
@@ -92,61 +93,6 @@ std::string StepDir(const std::string& dir, int64_t step) {
 }
 
 std::string RankFile(int rank) { return absl::StrFormat("rank-%05d.safetensors", rank); }
-
-absl::Status Errno(const std::string& path, const char* what) {
-  return absl::InternalError(absl::StrCat("checkpoint ", path, ": ", what, ": ", std::strerror(errno)));
-}
-
-// Fault injection (InjectCheckpointWriteFailure): bytes this process may
-// still write to checkpoint files before writes fail; < 0: no limit.
-std::atomic<int64_t> write_budget{-1};
-
-// Writes `bytes` at the end of an open file, updating `crc`.
-absl::Status WriteAll(int fd, const std::string& path, const void* data, size_t bytes, uLong& crc) {
-  if (write_budget.load() >= 0) {
-    if (write_budget.fetch_sub(static_cast<int64_t>(bytes)) < static_cast<int64_t>(bytes)) {
-      write_budget = 0;
-      errno = EIO;
-      return Errno(path, "write (injected failure)");
-    }
-  }
-  const char* p = static_cast<const char*>(data);
-  for (size_t done = 0; done < bytes;) {  // crc32 takes at most 4 GiB at once
-    const size_t chunk = std::min<size_t>(bytes - done, size_t{1} << 30);
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(p + done), static_cast<uInt>(chunk));
-    done += chunk;
-  }
-  for (size_t left = bytes; left > 0;) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno(path, "write");
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SyncPath(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) return Errno(path, "open for fsync");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  return rc == 0 ? absl::OkStatus() : Errno(path, "fsync");
-}
-
-// Writes `text` to `path` atomically: a temporary name, fsync, rename.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return Errno(tmp, "create");
-  uLong crc = crc32(0L, Z_NULL, 0);
-  absl::Status written = WriteAll(fd, tmp, text.data(), text.size(), crc);
-  if (written.ok() && ::fsync(fd) != 0) written = Errno(tmp, "fsync");
-  ::close(fd);
-  if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) written = Errno(path, "rename");
-  if (!written.ok()) ::unlink(tmp.c_str());  // a full disk keeps no partial file
-  return written;
-}
 
 // Every rank's `mine` (the same count on each), via the communicator: the
 // 64-bit values travel as pairs of f32 slots of an all-gather (a copy).
@@ -230,8 +176,6 @@ absl::Status RequireValues(ShardedOptimizer& opt, const std::string& path, const
 
 }  // namespace
 
-void InjectCheckpointWriteFailure(int64_t after_bytes) { write_budget = after_bytes; }
-
 namespace {
 
 constexpr char kLockFile[] = ".memwall.lock";
@@ -271,7 +215,7 @@ absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resumin
   }
   const char byte = 0;
   absl::Status wrote = WriteAll(fd, probe, &byte, 1, crc);
-  if (wrote.ok() && ::fsync(fd) != 0) wrote = Errno(probe, "fsync");
+  if (wrote.ok() && ::fsync(fd) != 0) wrote = FileError(probe, "fsync");
   ::close(fd);
   ::unlink(probe.c_str());
   if (!wrote.ok()) {
@@ -281,14 +225,14 @@ absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resumin
   if (rank != 0) return absl::OkStatus();
   const std::string lock = (fs::path(dir) / kLockFile).string();
   const int held = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
-  if (held < 0) return Errno(lock, "open");
+  if (held < 0) return FileError(lock, "open");
   if (::flock(held, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     std::string owner(64, '\0');
     const ssize_t n = ::pread(held, owner.data(), owner.size(), 0);
     owner.resize(n > 0 ? n : 0);
     ::close(held);
-    if (error != EWOULDBLOCK) return Errno(lock, "flock");
+    if (error != EWOULDBLOCK) return FileError(lock, "flock");
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": another run saves there (it holds ", lock,
         owner.empty() ? "" : absl::StrCat(", process ", absl::StripAsciiWhitespace(owner)),
@@ -297,7 +241,7 @@ absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resumin
   const std::string pid = absl::StrCat(::getpid(), "\n");
   if (::ftruncate(held, 0) != 0 || ::pwrite(held, pid.data(), pid.size(), 0) < 0) {
     ::close(held);
-    return Errno(lock, "write");
+    return FileError(lock, "write");
   }
   *lock_fd = held;
   if (resuming) return absl::OkStatus();
@@ -491,7 +435,7 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
   const std::string text = header.dump();
   const std::string path = (fs::path(out) / RankFile(rank)).string(), tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return Errno(tmp, "create");
+  if (fd < 0) return FileError(tmp, "create");
   uLong crc = crc32(0L, Z_NULL, 0);
   const uint64_t length = text.size();  // little-endian on every target memwall builds for
   absl::Status written = WriteAll(fd, tmp, &length, 8, crc);
@@ -517,9 +461,9 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
       }
     }
   }
-  if (written.ok() && ::fsync(fd) != 0) written = Errno(tmp, "fsync");
+  if (written.ok() && ::fsync(fd) != 0) written = FileError(tmp, "fsync");
   ::close(fd);
-  if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) written = Errno(path, "rename");
+  if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) written = FileError(path, "rename");
   if (!written.ok()) ::unlink(tmp.c_str());  // a full disk keeps no partial file
   // Every rank learns whether every file landed, and its size and CRC.
   MW_ASSIGN_OR_RETURN(const std::vector<int64_t> files,
@@ -1059,7 +1003,7 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
   text.append((8 - text.size() % 8) % 8, ' ');  // data 8-byte aligned, as safetensors writers do
   const std::string tmp = out + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return Errno(tmp, "create");
+  if (fd < 0) return FileError(tmp, "create");
   uLong crc = crc32(0L, Z_NULL, 0);
   const uint64_t length = text.size();
   absl::Status written = WriteAll(fd, tmp, &length, 8, crc);
@@ -1103,9 +1047,9 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
       written = WriteAll(fd, tmp, low.data(), 2 * numel, crc);
     }
   }
-  if (written.ok() && ::fsync(fd) != 0) written = Errno(tmp, "fsync");
+  if (written.ok() && ::fsync(fd) != 0) written = FileError(tmp, "fsync");
   ::close(fd);
-  if (written.ok() && ::rename(tmp.c_str(), out.c_str()) != 0) written = Errno(out, "rename");
+  if (written.ok() && ::rename(tmp.c_str(), out.c_str()) != 0) written = FileError(out, "rename");
   if (!written.ok()) {
     ::unlink(tmp.c_str());
     return written;

@@ -144,10 +144,6 @@ absl::Status CheckOutputFile(const std::string& flag, const std::string& out, bo
 absl::Status WriteOutputFile(const std::string& flag, const std::string& out,
                              const std::string& text, bool overwrite);
 
-// Fault injection (tests): in this process, checkpoint file writes fail
-// (EIO) once `after_bytes` more bytes have been written; -1 cancels.
-void InjectCheckpointWriteFailure(int64_t after_bytes);
-
 // The newest complete checkpoint under `dir` (a directory of step-*
 // checkpoints), or `dir` itself if it holds a manifest. kNotFound if none.
 absl::StatusOr<std::string> FindCheckpoint(const std::string& dir);

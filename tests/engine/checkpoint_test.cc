@@ -5,6 +5,7 @@
 // loads at another; only the newest `keep` survive; and damaged or foreign
 // checkpoints are refused by name with the trainer unchanged.
 #include "engine/checkpoint.h"
+#include "engine/durable_file.h"
 
 #include <zlib.h>
 
