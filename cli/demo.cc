@@ -2,28 +2,37 @@
 
 #include <mpi.h>
 
-#include <array>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/config.h"
+#include "engine/engine.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/ops.h"
-#include "runtime/communicator.h"
+#include "kernels/elementwise.h"
 #include "runtime/mpi_communicator.h"
-#include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
 
 namespace memwall {
 namespace {
 
+// The step the demo takes: ZeRO stage 1 in bf16 with f32 master weights
+// and AdamW at lr 1e-2 (no weight decay), on the engine a caller-owned
+// model trains with.
+constexpr char kDemoConfig[] = R"({
+  "bf16": {"enabled": true},
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}},
+  "zero_optimization": {"stage": 1}
+})";
+constexpr char kWeight[] = "toy.weight";
+
 // Every rank's gradient is a known function of (rank, index), so each rank
 // can check the reduced, updated and gathered parameters on its own.
-// Gradients are multiples of 2^-10 below 2^-4, so their f32 sum is exact in
-// any order MPI chooses (for any rank count this machine can run).
+// Gradients are multiples of 2^-10 below 2^-4: exact in bf16, and their
+// f32 sum over ranks exact in any order MPI chooses.
 float Gradient(int rank, int64_t i) { return float((i * 7 + rank * 13) % 101 - 50) / 1024.0f; }
 float InitialWeight(int64_t i) { return 0.01f * float(i % 199 - 99); }
 
@@ -33,88 +42,82 @@ std::string Row(absl::string_view name, const std::vector<int64_t>& per_rank) {
   return row;
 }
 
+// How many of the gathered parameters differ from the step computed here
+// alone: the ranks' mean gradient (their sum, rounded to the bf16 gradient
+// the optimizer holds, times 1 / ranks) through the same element update,
+// rounded to bf16.
+int64_t Mismatches(const std::vector<float>& gathered, int ranks) {
+  kernels::AdamParams adam;
+  adam.lr = 0.01f;
+  adam.adamw = true;
+  adam.grad_scale = static_cast<float>(1.0 / ranks);
+  const kernels::AdamConstants c = kernels::MakeAdamConstants(adam);
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < gathered.size(); ++i) {
+    float sum = 0.0f;
+    for (int q = 0; q < ranks; ++q) sum += Gradient(q, static_cast<int64_t>(i));
+    float w = InitialWeight(static_cast<int64_t>(i)), m = 0.0f, v = 0.0f;
+    kernels::AdamElement(c, w, Bf16ToF32(F32ToBf16(sum)), m, v);
+    if (gathered[i] != Bf16ToF32(F32ToBf16(w))) ++mismatches;
+  }
+  return mismatches;
+}
+
 }  // namespace
 
 absl::Status RunDemo(const DemoOptions& options) {
+  if (options.backend == Backend::kCuda) {
+    return absl::UnimplementedError(
+        "demo: the cuda backend is not wired into the demo; use host or meta (memwall train "
+        "--backend cuda runs the same engine on GPUs)");
+  }
   MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world, MpiCommunicator::Create());
   const int rank = world->rank(), ranks = world->world_size();
   const bool meta = options.backend == Backend::kMeta;
-  if (options.backend == Backend::kCuda) {
-    return absl::UnimplementedError(
-        "demo: the cuda backend joins the demo with the training engine; use host or meta");
-  }
-  // On meta no bytes exist to exchange: the collectives are simulated (and
-  // counted) for this rank of the MPI world.
-  std::unique_ptr<Communicator> simulated;
-  if (meta) {
-    MW_ASSIGN_OR_RETURN(simulated, SimulatedCommunicator::Create(rank, ranks));
-  }
-  Communicator& comm = meta ? *simulated : static_cast<Communicator&>(*world);
+  MW_ASSIGN_OR_RETURN(const Config config, ParseConfig(kDemoConfig));
 
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
-                      CreateDevice({options.backend, rank, options.capacity_bytes}));
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->CreateStream());
-  const int64_t shard = (options.parameters + ranks - 1) / ranks;
-  const int64_t padded = shard * ranks;
-  const int64_t begin = rank * shard;
-
-  // Full bf16 parameters and f32 gradients (what every rank holds in ZeRO
-  // stage 1), then the rank's shard of f32 master weights and Adam moments.
-  MW_ASSIGN_OR_RETURN(DeviceBuffer params,
-                      device->Allocate(padded * 2, MemoryCategory::kParameter, "toy.weight"));
-  MW_ASSIGN_OR_RETURN(DeviceBuffer grads,
-                      device->Allocate(padded * 4, MemoryCategory::kGradient, "toy.weight.grad"));
-  MW_ASSIGN_OR_RETURN(DeviceBuffer grad_shard,
-                      device->Allocate(shard * 4, MemoryCategory::kGradient, "toy.weight.grad_shard"));
-  MW_ASSIGN_OR_RETURN(DeviceBuffer master, device->Allocate(shard * 4, MemoryCategory::kOptimizerState,
-                                                            "toy.weight.master"));
-  MW_ASSIGN_OR_RETURN(DeviceBuffer exp_avg, device->Allocate(shard * 4, MemoryCategory::kOptimizerState,
-                                                             "toy.weight.exp_avg"));
-  MW_ASSIGN_OR_RETURN(DeviceBuffer exp_avg_sq, device->Allocate(shard * 4, MemoryCategory::kOptimizerState,
-                                                                "toy.weight.exp_avg_sq"));
-  MW_ASSIGN_OR_RETURN(DeviceBuffer send_shard, device->Allocate(shard * 2, MemoryCategory::kCommBuffer,
-                                                                "toy.allgather.send"));
-
+  // The toy model: one parameter, one explicit unit, the same initial
+  // values on every rank (none on meta).
+  ParameterGroup group;
+  group.name = "toy";
+  ShardedOptimizer::ParameterInit weight;
+  weight.name = kWeight;
+  weight.shape = {options.parameters};
   if (!meta) {
-    auto* g = static_cast<float*>(grads.data());
-    auto* p = static_cast<float*>(master.data());
-    for (int64_t i = 0; i < padded; ++i) g[i] = i < options.parameters ? Gradient(rank, i) : 0.0f;
-    for (int64_t j = 0; j < shard; ++j) p[j] = InitialWeight(begin + j);
+    weight.values.resize(options.parameters);
+    for (int64_t i = 0; i < options.parameters; ++i) weight.values[i] = InitialWeight(i);
   }
-  MW_RETURN_IF_ERROR(kernels::Fill(*device, *stream, exp_avg.data(), DType::kF32, shard, 0.0f));
-  MW_RETURN_IF_ERROR(kernels::Fill(*device, *stream, exp_avg_sq.data(), DType::kF32, shard, 0.0f));
+  group.parameters.push_back(std::move(weight));
+  EngineOptions engine_options;
+  engine_options.backend = options.backend;
+  engine_options.device_bytes = options.capacity_bytes;
+  engine_options.world = world.get();
+  engine_options.simulate_ranks = options.simulate_ranks;
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                      Engine::Create(engine_options, config, {std::move(group)}));
+  ShardedOptimizer& opt = engine->optimizer();
 
-  // The step: reduce-scatter gradients (mean), Adam on the shard writing the
-  // bf16 copy, all-gather the bf16 parameters.
-  MW_RETURN_IF_ERROR(comm.ReduceScatter(grads.data(), grad_shard.data(), shard, DType::kF32,
-                                        ReduceOp::kSum, *stream));
-  MW_RETURN_IF_ERROR(kernels::Scale(*device, *stream, grad_shard.data(), DType::kF32, shard,
-                                    1.0f / ranks));
-  kernels::AdamParams adam;
-  adam.lr = 1e-2f;
-  MW_RETURN_IF_ERROR(kernels::AdamUpdate(
-      *device, *stream, adam, static_cast<float*>(master.data()), grad_shard.data(), DType::kF32,
-      static_cast<float*>(exp_avg.data()), static_cast<float*>(exp_avg_sq.data()),
-      send_shard.data(), DType::kBF16, shard));
-  MW_RETURN_IF_ERROR(comm.AllGather(send_shard.data(), params.data(), shard, DType::kBF16, *stream));
-  MW_RETURN_IF_ERROR(stream->Synchronize());
+  // The step: this rank's gradients added (f32, rounded once to bf16), the
+  // engine's step (reduce-scatter, AdamW on the shard, all-gather).
+  std::vector<float> grads;
+  if (!meta) {
+    grads.resize(options.parameters);
+    for (int64_t i = 0; i < options.parameters; ++i) grads[i] = Gradient(rank, i);
+  }
+  if (!meta) MW_RETURN_IF_ERROR(engine->Explain(opt.AddGradient(kWeight, grads)));
+  MW_ASSIGN_OR_RETURN(const ShardedOptimizer::StepResult step, engine->Step());
+  if (!step.applied) return absl::InternalError("demo: the step was skipped");
 
-  // Check every gathered parameter against the update computed here alone.
   int64_t mismatches = 0;
   if (!meta) {
-    const kernels::AdamConstants c = kernels::MakeAdamConstants(adam);
-    const auto* gathered = static_cast<const uint16_t*>(params.data());
-    for (int64_t i = 0; i < options.parameters; ++i) {
-      float sum = 0.0f;
-      for (int q = 0; q < ranks; ++q) sum += Gradient(q, i);
-      float w = InitialWeight(i), m = 0.0f, v = 0.0f;
-      kernels::AdamElement(c, w, sum * (1.0f / ranks), m, v);
-      if (gathered[i] != F32ToBf16(w)) ++mismatches;
-    }
+    std::vector<float> gathered(options.parameters);
+    MW_RETURN_IF_ERROR(opt.ReadParameter(kWeight, absl::MakeSpan(gathered)));
+    mismatches = Mismatches(gathered, ranks);
   }
 
   // Gather every rank's books to rank 0.
-  const AllocatorStats s = device->allocator().stats();
+  Communicator& comm = engine->communicator();
+  const AllocatorStats s = engine->device().allocator().stats();
   std::vector<int64_t> mine;
   for (MemoryCategory c : kAllMemoryCategories) mine.push_back(s.by_category[int(c)].peak);
   mine.push_back(s.requested.peak);
@@ -137,12 +140,18 @@ absl::Status RunDemo(const DemoOptions& options) {
   const size_t n = kAllMemoryCategories.size();
   int64_t total_mismatches = 0;
   for (int64_t x : column(n + 4)) total_mismatches += x;
-  std::printf("memwall demo: %d rank%s, %s backend with %s per rank, %lld parameters (%lld per shard)\n",
-              ranks, ranks == 1 ? "" : "s", std::string(BackendName(options.backend)).c_str(),
+  const int64_t shard = opt.layout().groups[0].shard_numel;
+  // On meta this process plays rank 0 of the simulated world.
+  const int world_size = comm.world_size();
+  std::printf("memwall demo: %d rank%s%s, %s backend with %s per rank, %lld parameters (%lld per "
+              "shard)\n",
+              world_size, world_size == 1 ? "" : "s",
+              meta && world_size > 1 ? " (simulated: rank 0's books)" : "",
+              std::string(BackendName(options.backend)).c_str(),
               FormatBytes(options.capacity_bytes).c_str(),
               static_cast<long long>(options.parameters), static_cast<long long>(shard));
-  std::printf("step: f32 gradients reduce-scattered, Adam on each rank's shard (CPU kernels: %s), "
-              "bf16 parameters all-gathered\n",
+  std::printf("step: memwall's engine, ZeRO stage 1, bf16 parameters and gradients, f32 master "
+              "weights and AdamW on each rank's shard (CPU kernels: %s)\n",
               meta ? "none on meta" : kernels::cpu::IsaName(kernels::cpu::SelectedIsa()));
   if (meta) {
     std::printf("check: skipped on meta (no bytes exist; sizes and traffic are real)\n");

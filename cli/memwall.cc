@@ -93,7 +93,8 @@ ABSL_FLAG(double, collective_timeout, 600,
           "job ends with an error (a rank crashed, hangs or stopped calling collectives); 0 "
           "waits forever.");
 ABSL_FLAG(int, simulate_ranks, 1,
-          "train with --backend meta: the number of ranks the single process plays rank 0 of.");
+          "train, profile, demo with --backend meta: the number of ranks the single process "
+          "plays rank 0 of.");
 ABSL_FLAG(int, ranks, 2, "launch: the number of MPI ranks (processes) to start.");
 ABSL_FLAG(std::string, out, "",
           "profile: the folder for the reports (default memwall-profile); train: where out of "
@@ -268,8 +269,10 @@ usage:
       containers need; "memwall" as COMMAND means this binary).
 
   memwall demo [--backend host|meta] [--device_memory SIZE] [--params N]
-      One ZeRO-style optimizer step on tagged device memory, checked against
-      a single-process update, with each rank's memory by category.
+               [--simulate_ranks N]
+      One step of the engine on a toy model (ZeRO stage 1, bf16, AdamW),
+      checked against a single-process update, with each rank's memory by
+      category.
 
   memwall tune-aio --dir DIR [--bytes SIZE] [--buffer_count K] [--repeats R]
                    [--out FILE [--force]]
@@ -336,7 +339,7 @@ const std::map<std::string, std::set<std::string>>& FlagsOf() {
        {"device_memory", "model", "config", "batch", "seq", "gpus", "host_memory", "nvme", "json",
         "out", "force"}},
       {"export", {"checkpoint", "out", "dtype", "force"}},
-      {"demo", {"backend", "device_memory", "params"}},
+      {"demo", {"backend", "device_memory", "params", "simulate_ranks"}},
       {"tune-aio", {"dir", "bytes", "buffer_count", "repeats", "out", "force"}},
       {"launch", {"ranks"}},
   };
@@ -381,11 +384,11 @@ absl::Status CheckFlagsApply(const std::string& command) {
                                                    "' (it is read by ",
                                                    absl::StrJoin(users, ", "), ")"));
   }
-  if (command == "train" && absl::GetFlag(FLAGS_simulate_ranks) != 1 &&
+  if ((command == "train" || command == "demo") && absl::GetFlag(FLAGS_simulate_ranks) != 1 &&
       absl::GetFlag(FLAGS_backend) != "meta") {
-    return absl::InvalidArgumentError(
-        "--simulate_ranks applies to 'train' with --backend meta only (real ranks come from the "
-        "launcher: memwall launch --ranks N)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--simulate_ranks applies to '", command, "' with --backend meta only (real ranks come "
+        "from the launcher: memwall launch --ranks N)"));
   }
   return absl::OkStatus();
 }
@@ -511,6 +514,7 @@ int Demo() {
         params_text, "'")));
   }
   options.parameters = static_cast<int64_t>(params);
+  options.simulate_ranks = absl::GetFlag(FLAGS_simulate_ranks);
   const absl::Status status = memwall::RunDemo(options);
   return status.ok() ? 0 : FailRanks(status);
 }
