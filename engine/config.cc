@@ -335,6 +335,12 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
     MW_RETURN_IF_ERROR(o.Finish());
   }
   MW_RETURN_IF_ERROR(CheckZeroConfig(out));
+  // A config asking for stage 3's gathers at another stage says something
+  // it does not mean (the trainer gathers nothing on use below stage 3).
+  if (out.stage3_gather_on_use && out.stage != 3 && out.stage != kAutoStage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.stage3_gather_on_use: expected stage 3 with it, got stage ", out.stage));
+  }
   return r.Finish();
 }
 

@@ -37,10 +37,6 @@ absl::Status CheckZeroConfig(const ZeroConfig& z) {
         z.offload_param_max_in_cpu));
   }
   if (z.stage == kAutoStage) return absl::OkStatus();
-  if (z.stage3_gather_on_use && z.stage != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "zero_optimization.stage3_gather_on_use: expected stage 3 with it, got stage ", z.stage));
-  }
   if (z.offload_overlap_step && (z.stage == 0 || z.stage == 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "zero_optimization.offload_optimizer.overlap_step: expected stage 2 or 3 with it (the "
