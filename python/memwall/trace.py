@@ -395,247 +395,290 @@ def trace(model, inputs, loss=None, attention="math"):
     if attention not in ATTENTION_KERNELS:
         raise ValueError("attention: expected one of %s, got %r"
                          % (", ".join(ATTENTION_KERNELS), attention))
-    inner_of, outer_of, name_of = _structure(model)
-    units, order = {}, []
+    return _Tracer(model, attention).run(inputs, loss)
 
-    def unit(name):
+
+class _Tracer:
+    """One traced training step: the forward under hooks on every module
+    (units and stages), the operators watched (the storages they make and
+    how long they live, FLOPs), autograd's saved tensors packed (what each
+    unit keeps), then the backward (each stage's transient peak). A tracer
+    runs once."""
+
+    def __init__(self, model, attention):
+        self.model = model
+        self.attention = _KernelMode(attention)
+        self.inner_of, self.outer_of, self.name_of = _structure(model)
+        self.units, self.order = {}, []
+        self.stages = [Stage(None, None)]  # what runs before the first unit joins it
+        self.stages[0]._start = 0
+        self.seen_units = {}
+        self.unit_stack = []
+        # Storages the step makes, by key and generation (a key is an
+        # address, reused once a storage dies): the stage whose operator
+        # made each, and how many tensors on it are alive
+        # (weakref.finalize: torch keeps a tensor's Python object while
+        # autograd holds the tensor).
+        self.generation = {}
+        self.created = {}     # key -> (stage, generation)
+        self.alive = {}       # key -> [tensors, bytes]
+        self.live = self.peak = 0
+        self.saved_storages = set()  # (key, generation)
+        self.saved_created = []      # (stage, (key, generation), bytes) of saved storages it made
+        self.inputs_saved = 0
+        self.phase = "forward"
+        # Backward: the stage whose gradient arrived last, and what was
+        # live then.
+        self.backward_stage, self.backward_start = None, 0
+        self._count_parameters()
+
+    def run(self, inputs, loss):
+        value = self._forward(inputs, loss)
+        self._place_parameters()
+        self._close_stages()
+        self._backward(value)
+        used = sorted(self.attention.used)
+        return Trace([self.units[name] for name in self.order], self.stages, self.inputs_saved,
+                     "+".join(used) if used else "none")
+
+    def _unit(self, name):
         name = "<model>" if name is None or name == "" else name
-        if name not in units:
-            units[name] = Unit(name)
-            order.append(name)
-        return units[name]
+        if name not in self.units:
+            self.units[name] = Unit(name)
+            self.order.append(name)
+        return self.units[name]
 
-    # Parameters: each counted once, for the module named_parameters meets
-    # first (its owner); groups as memwall.torch.ZeroOptimizer forms them.
-    owner = _groups.owners(model)
-    module_of_name = {name_of[id(m)]: m for m in model.modules()}
-    parameter_storages = set()
-    full_name = {id(p): full for full, p in model.named_parameters()}
-    for module in model.modules():
-        for p in module._parameters.values():
-            if p is None or owner[id(p)] != name_of[id(module)]:
-                continue
-            parameter_storages.add(_key(p))
-            u = unit(inner_of[id(module)])
-            u.parameters += p.numel()
-            u.parameter_bytes += p.numel() * p.element_size()
-            if p.requires_grad:
-                u.trainable += p.numel()
+    def _count_parameters(self):
+        """Each parameter counted once, for the module named_parameters
+        meets first (its owner); groups as memwall.torch.ZeroOptimizer
+        forms them."""
+        self.owner = _groups.owners(self.model)
+        self.parameter_storages = set()
+        for module in self.model.modules():
+            for p in module._parameters.values():
+                if p is None or self.owner[id(p)] != self.name_of[id(module)]:
+                    continue
+                self.parameter_storages.add(_key(p))
+                u = self._unit(self.inner_of[id(module)])
+                u.parameters += p.numel()
+                u.parameter_bytes += p.numel() * p.element_size()
+                if p.requires_grad:
+                    u.trainable += p.numel()
 
-    stages = [Stage(None, None)]  # what runs before the first unit joins it
-    stages[0]._start = 0
-    seen_units = {}
-    unit_stack, outer_stack = [], []
-    # Storages the step makes, by key and generation (a key is an address,
-    # reused once a storage dies): the stage whose operator made each, and
-    # how many tensors on it are alive (weakref.finalize: torch keeps a
-    # tensor's Python object while autograd holds the tensor).
-    generation = {}
-    created = {}          # key -> (stage, generation)
-    alive = {}            # key -> [tensors, bytes]
-    meter = {"live": 0, "peak": 0}
-    saved_storages = set()  # (key, generation)
-    saved_created = []    # (stage, (key, generation), bytes) of saved storages the step made
-    inputs_saved = [0]
+    # -- the storages the step makes, and how long they live ------------
 
-    def release(key, gen):
-        entry = alive.get(key)
-        if entry is None or generation.get(key) != gen:
+    def _release(self, key, gen):
+        entry = self.alive.get(key)
+        if entry is None or self.generation.get(key) != gen:
             return
         entry[0] -= 1
         if entry[0] == 0:
-            meter["live"] -= entry[1]
-            del alive[key]
+            self.live -= entry[1]
+            del self.alive[key]
 
-    phase = ["forward"]
-
-    def on_op(func, args, kwargs, out):
-        stage = stages[-1]
+    def _on_op(self, func, args, kwargs, out):
+        stage = self.stages[-1]
         for t in _fresh_outputs(func, out) if not _MUTED[0] else ():
             key = _key(t)
-            generation[key] = generation.get(key, 0) + 1
-            if phase[0] == "forward":
-                created[key] = (stage, generation[key])
+            self.generation[key] = self.generation.get(key, 0) + 1
+            if self.phase == "forward":
+                self.created[key] = (stage, self.generation[key])
             else:
-                created.pop(key, None)
-            alive[key] = [0, t.untyped_storage().nbytes()]
+                self.created.pop(key, None)
+            self.alive[key] = [0, t.untyped_storage().nbytes()]
         for t in _tensors(out) if not _MUTED[0] else ():
             key = _key(t)
-            entry = alive.get(key)
+            entry = self.alive.get(key)
             if entry is None:
                 continue
             if entry[0] == 0:
-                meter["live"] += entry[1]
+                self.live += entry[1]
             entry[0] += 1
-            weakref.finalize(t, release, key, generation[key])
-        meter["peak"] = max(meter["peak"], meter["live"])
-        flops = _flops(func, args, kwargs, out) if phase[0] == "forward" else 0
+            weakref.finalize(t, self._release, key, self.generation[key])
+        self.peak = max(self.peak, self.live)
+        flops = _flops(func, args, kwargs, out) if self.phase == "forward" else 0
         if flops:
             stage.forward_flops += flops
-            for name in set(unit_stack):
+            for name in set(self.unit_stack):
                 if name is not None:
-                    unit(name).forward_flops += flops
+                    self._unit(name).forward_flops += flops
 
-    def pack(t):
+    def _pack(self, t):
         key = _key(t)
-        tag = (key, generation.get(key, 0))
-        if key not in parameter_storages and tag not in saved_storages:
-            saved_storages.add(tag)
+        tag = (key, self.generation.get(key, 0))
+        if key not in self.parameter_storages and tag not in self.saved_storages:
+            self.saved_storages.add(tag)
             nbytes = t.untyped_storage().nbytes()
-            unit(unit_stack[-1] if unit_stack else None).saved += nbytes
-            if key in created and created[key][1] == tag[1]:
-                saved_created.append((created[key][0], tag, nbytes))
+            self._unit(self.unit_stack[-1] if self.unit_stack else None).saved += nbytes
+            if key in self.created and self.created[key][1] == tag[1]:
+                self.saved_created.append((self.created[key][0], tag, nbytes))
             else:
-                inputs_saved[0] += nbytes
+                self.inputs_saved += nbytes
         return t
 
-    def hand_on(stage, tensors):
+    # -- forward: units and stages --------------------------------------
+
+    def _hand_on(self, stage, tensors):
         """Closes `stage`'s forward: what it hands on (tensors it made),
         and its transient peak above what was live when it started. The
         gradient reaching what it hands on starts its backward."""
-        handed = [t for t in tensors
-                  if _key(t) in created and created[_key(t)][0] is stage and
-                  created[_key(t)][1] == generation[_key(t)]]
-        stage._outputs = [((_key(t), generation[_key(t)]), t.untyped_storage().nbytes(),
+        def made_here(t):
+            key = _key(t)
+            return key in self.created and self.created[key][0] is stage and \
+                self.created[key][1] == self.generation[key]
+        handed = [t for t in tensors if made_here(t)]
+        stage._outputs = [((_key(t), self.generation[_key(t)]), t.untyped_storage().nbytes(),
                            t.numel() * t.element_size()
                            if t.is_floating_point() and t.requires_grad else 0)
                           for t in handed]
         for t in handed:
             if t.requires_grad:
-                t.register_hook(lambda grad, stage=stage: reach(stage))
-        stage.forward_peak = meter["peak"] - stage._start
-        meter["peak"] = meter["live"]
+                t.register_hook(lambda grad, stage=stage: self._reach(stage))
+        stage.forward_peak = self.peak - stage._start
+        self.peak = self.live
 
-    # Backward: stages in reverse; each one's transient peak above what was
-    # live when its output's gradient arrived (parameter gradients included
-    # until dropped: autograd makes them, the front end adds them into the
-    # engine's buffers and frees them).
-    backward = {"stage": None, "start": 0}
-
-    def close_backward():
-        if backward["stage"] is not None:
-            backward["stage"].backward_peak = meter["peak"] - backward["start"]
-
-    def reach(stage):
-        current = backward["stage"]
-        if current is not None and stages.index(stage) >= stages.index(current):
+    def _enter(self, m, args, kwargs):
+        inner, outer = self.inner_of[id(m)], self.outer_of[id(m)]
+        self.unit_stack.append(inner)
+        if outer is None or self.stages[-1].unit == outer:
             return
-        close_backward()
-        backward["stage"], backward["start"] = stage, meter["live"]
-        meter["peak"] = meter["live"]
-
-    def drop_grad(p):
-        p.grad = None
-
-    def enter(m, args, kwargs):
-        inner, outer = inner_of[id(m)], outer_of[id(m)]
-        unit_stack.append(inner)
-        outer_stack.append(outer)
-        if outer is None or stages[-1].unit == outer:
-            return
-        count = seen_units.get(outer, 0) + 1
-        seen_units[outer] = count
+        count = self.seen_units.get(outer, 0) + 1
+        self.seen_units[outer] = count
         name = (outer or "<model>") + ("" if count == 1 else "#%d" % count)
-        previous = stages[-1]
+        previous = self.stages[-1]
         if previous.unit is None:
             previous.unit, previous.name = outer, name
             return
-        hand_on(previous, _tensors((args, kwargs)))
-        stages.append(Stage(outer, name))
-        stages[-1]._start = meter["live"]
+        self._hand_on(previous, _tensors((args, kwargs)))
+        self.stages.append(Stage(outer, name))
+        self.stages[-1]._start = self.live
 
-    def leave(m, args, out):
-        name = unit_stack.pop()
-        outer_stack.pop()
+    def _leave(self, m, args, out):
+        name = self.unit_stack.pop()
         # A unit's output: what its outermost module returns.
-        if name is not None and (not unit_stack or unit_stack[-1] != name):
-            unit(name).output += sum(t.untyped_storage().nbytes() for t in _tensors(out))
+        if name is not None and (not self.unit_stack or self.unit_stack[-1] != name):
+            self._unit(name).output += sum(t.untyped_storage().nbytes() for t in _tensors(out))
 
-    handles = []
-    for module in model.modules():
-        handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
-        handles.append(module.register_forward_hook(leave, always_call=True))
-    attention_mode = _KernelMode(attention)
-    try:
-        with attention_mode, _UnpackedPositions(inputs), _Watch(on_op), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
-            if loss is not None:
-                value = loss(out)
-            elif getattr(out, "loss", None) is not None:
-                value = out.loss
-            else:
-                value = _tensors(out)[0].sum()
-    finally:
-        for h in handles:
-            h.remove()
-    if stages[-1].unit is None and len(stages) == 1:
-        stages[0].name = "<model>"
-    hand_on(stages[-1], [value])
-    del out
+    def _forward(self, inputs, loss):
+        """Runs the forward and the loss under the hooks; returns the
+        scalar to differentiate."""
+        model = self.model
+        handles = []
+        for module in model.modules():
+            handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
+            handles.append(module.register_forward_hook(self._leave, always_call=True))
+        try:
+            with self.attention, _UnpackedPositions(inputs), _Watch(self._on_op), \
+                    torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+                out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+                if loss is not None:
+                    value = loss(out)
+                elif getattr(out, "loss", None) is not None:
+                    value = out.loss
+                else:
+                    value = _tensors(out)[0].sum()
+        finally:
+            for h in handles:
+                h.remove()
+        if self.stages[-1].unit is None and len(self.stages) == 1:
+            self.stages[0].name = "<model>"
+        self._hand_on(self.stages[-1], [value])
+        return value
 
-    # Parameters by stage: each owned one in the stage of its owner's
-    # outermost unit (units that never ran: the last stage), in module
-    # order, trainable before frozen as ZeroOptimizer groups them.
-    first_stage = {}
-    for s in stages:
-        first_stage.setdefault(s.unit, s)
-    for module, label, members, _ in _groups.module_groups(model):
-        stage = first_stage.get(outer_of[id(module)], stages[-1])
-        stage.parameters.extend((full, p, label) for full, p in members)
-    for module in model.modules():
-        name = name_of[id(module)]
-        stage = first_stage.get(outer_of[id(module)], stages[-1])
-        for p in module._parameters.values():
-            if p is None or owner[id(p)] == name:
-                continue
-            home = first_stage.get(outer_of[id(module_of_name[owner[id(p)]])], stages[-1])
-            if home is not stage and full_name[id(p)] not in stage.shared:
-                stage.shared.append(full_name[id(p)])
-    for s in stages[1:]:
-        if s.unit in first_stage and first_stage[s.unit] is not s:
-            s.shared.extend(full for full, _, _ in first_stage[s.unit].parameters
-                            if full not in s.shared)
+    def _place_parameters(self):
+        """Parameters by stage: each owned one in the stage of its owner's
+        outermost unit (units that never ran: the last stage), in module
+        order, trainable before frozen as ZeroOptimizer groups them; a
+        stage also lists the parameters it uses that another stage owns."""
+        model, stages, outer_of = self.model, self.stages, self.outer_of
+        module_of_name = {self.name_of[id(m)]: m for m in model.modules()}
+        full_name = {id(p): full for full, p in model.named_parameters()}
+        first_stage = {}
+        for s in stages:
+            first_stage.setdefault(s.unit, s)
+        for module, label, members, _ in _groups.module_groups(model):
+            stage = first_stage.get(outer_of[id(module)], stages[-1])
+            stage.parameters.extend((full, p, label) for full, p in members)
+        for module in model.modules():
+            name = self.name_of[id(module)]
+            stage = first_stage.get(outer_of[id(module)], stages[-1])
+            for p in module._parameters.values():
+                if p is None or self.owner[id(p)] == name:
+                    continue
+                owner = module_of_name[self.owner[id(p)]]
+                home = first_stage.get(outer_of[id(owner)], stages[-1])
+                if home is not stage and full_name[id(p)] not in stage.shared:
+                    stage.shared.append(full_name[id(p)])
+        for s in stages[1:]:
+            if s.unit in first_stage and first_stage[s.unit] is not s:
+                s.shared.extend(full for full, _, _ in first_stage[s.unit].parameters
+                                if full not in s.shared)
 
-    output_keys = {}
-    for s in stages:
-        keys = {}
-        for tag, nbytes, _ in s._outputs:
-            keys.setdefault(tag, nbytes)
-        # Held to the next stage's backward: what autograd saves of it (the
-        # rest, a mask say, lives only while the forward uses it); if it
-        # saves none, all of it, freed after the next stage's forward.
-        held = {k: n for k, n in keys.items() if k in saved_storages}
-        output_keys[id(s)] = held or keys
-        s.output = sum((held or keys).values())
-        s.output_grad = sum(grad for _, _, grad in s._outputs)
-        s._outputs = []
-    for stage, tag, nbytes in saved_created:
-        if tag not in output_keys[id(stage)]:
-            stage.kept += nbytes
-    for s in stages:
-        # The transient peak above what the stage keeps and hands on.
-        s.workspace = max(0, s.forward_peak - s.kept - s.output)
-    for previous, s in zip(stages, stages[1:]):
-        s.reads_input = any(k in saved_storages for k in output_keys[id(previous)]) or \
-            not output_keys[id(previous)]
-        s.input_grad = previous.output_grad
-    grad_hooks = [p.register_post_accumulate_grad_hook(drop_grad)
-                  for p in model.parameters() if p.requires_grad]
-    phase[0] = "backward"
-    try:
-        with _Watch(on_op):
-            reach(stages[-1])
-            value.backward()
-            close_backward()
-    finally:
-        for h in grad_hooks:
-            h.remove()
-    for s in stages:
-        s.backward_workspace = max(0, s.backward_peak - s.input_grad)
-    used = sorted(attention_mode.used)
-    return Trace([units[name] for name in order], stages, inputs_saved[0],
-                 "+".join(used) if used else "none")
+    def _close_stages(self):
+        """Each stage's output, what it keeps for backward and its
+        workspace, from what the forward recorded."""
+        stages, saved = self.stages, self.saved_storages
+        output_keys = {}
+        for s in stages:
+            keys = {}
+            for tag, nbytes, _ in s._outputs:
+                keys.setdefault(tag, nbytes)
+            # Held to the next stage's backward: what autograd saves of it
+            # (the rest, a mask say, lives only while the forward uses it);
+            # if it saves none, all of it, freed after the next stage's
+            # forward.
+            held = {k: n for k, n in keys.items() if k in saved}
+            output_keys[id(s)] = held or keys
+            s.output = sum((held or keys).values())
+            s.output_grad = sum(grad for _, _, grad in s._outputs)
+            s._outputs = []
+        for stage, tag, nbytes in self.saved_created:
+            if tag not in output_keys[id(stage)]:
+                stage.kept += nbytes
+        for s in stages:
+            # The transient peak above what the stage keeps and hands on.
+            s.workspace = max(0, s.forward_peak - s.kept - s.output)
+        for previous, s in zip(stages, stages[1:]):
+            s.reads_input = any(k in saved for k in output_keys[id(previous)]) or \
+                not output_keys[id(previous)]
+            s.input_grad = previous.output_grad
+
+    # -- backward ---------------------------------------------------------
+    # Stages in reverse; each one's transient peak above what was live when
+    # its output's gradient arrived (parameter gradients included until
+    # dropped: autograd makes them, the front end adds them into the
+    # engine's buffers and frees them).
+
+    def _close_backward(self):
+        if self.backward_stage is not None:
+            self.backward_stage.backward_peak = self.peak - self.backward_start
+
+    def _reach(self, stage):
+        current = self.backward_stage
+        if current is not None and self.stages.index(stage) >= self.stages.index(current):
+            return
+        self._close_backward()
+        self.backward_stage, self.backward_start = stage, self.live
+        self.peak = self.live
+
+    @staticmethod
+    def _drop_grad(p):
+        p.grad = None
+
+    def _backward(self, value):
+        grad_hooks = [p.register_post_accumulate_grad_hook(self._drop_grad)
+                      for p in self.model.parameters() if p.requires_grad]
+        self.phase = "backward"
+        try:
+            with _Watch(self._on_op):
+                self._reach(self.stages[-1])
+                value.backward()
+                self._close_backward()
+        finally:
+            for h in grad_hooks:
+                h.remove()
+        for s in self.stages:
+            s.backward_workspace = max(0, s.backward_peak - s.input_grad)
 
 
 def _dtype_of(model):
