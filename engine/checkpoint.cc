@@ -1,7 +1,6 @@
 #include "engine/checkpoint.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -22,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/checkpoint_layout.h"
 #include "engine/durable_file.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
@@ -45,7 +45,6 @@ int64_t ManifestCrc(json manifest) {
   return static_cast<int64_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(text.data()),
                                     static_cast<uInt>(text.size())));
 }
-constexpr char kManifest[] = "manifest.json";
 
 struct Param {
   std::string name;
@@ -88,69 +87,7 @@ std::vector<std::string> StateNames(const ShardedOptimizer& opt) {
                              opt.num_states() == 2);
 }
 
-std::string StepDir(const std::string& dir, int64_t step) {
-  return (fs::path(dir) / absl::StrFormat("step-%08d", step)).string();
-}
-
 std::string RankFile(int rank) { return absl::StrFormat("rank-%05d.safetensors", rank); }
-
-// Every rank's `mine` (the same count on each), via the communicator: the
-// 64-bit values travel as pairs of f32 slots of an all-gather (a copy).
-absl::StatusOr<std::vector<int64_t>> AllGatherInts(ShardedOptimizer& opt,
-                                                   const std::vector<int64_t>& mine) {
-  Communicator& comm = opt.communicator();
-  Device& device = opt.device();
-  const size_t n = mine.size(), world = comm.world_size();
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
-  MW_ASSIGN_OR_RETURN(DeviceBuffer buffer, device.Allocate(n * 8 * world, MemoryCategory::kCommBuffer,
-                                                           "checkpoint.exchange"));
-  char* own = static_cast<char*>(buffer.data()) + n * 8 * comm.rank();
-  MW_RETURN_IF_ERROR(device.CopyAsync(own, mine.data(), n * 8, *stream));
-  MW_RETURN_IF_ERROR(comm.AllGather(own, buffer.data(), 2 * n, DType::kF32, *stream));
-  std::vector<int64_t> all(n * world);
-  MW_RETURN_IF_ERROR(device.CopyAsync(all.data(), buffer.data(), n * 8 * world, *stream));
-  MW_RETURN_IF_ERROR(stream->Synchronize());
-  return all;
-}
-
-// Collective: `mine` on rank 0 (its part of a step only it does), shared:
-// every rank returns rank 0's failure (its own message there, elsewhere
-// "checkpoint <path>: rank 0 could not <what> (<code>, ...)"), so no rank
-// waits in a later collective for a rank 0 that returned.
-absl::Status RankZeroStatus(ShardedOptimizer& opt, const absl::Status& mine,
-                            const std::string& path, const char* what) {
-  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> codes,
-                      AllGatherInts(opt, {static_cast<int64_t>(mine.code())}));
-  MW_RETURN_IF_ERROR(mine);
-  if (codes[0] == 0) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(codes[0]);
-  return absl::Status(code, absl::StrCat("checkpoint ", path, ": rank 0 could not ", what, " (",
-                                         absl::StatusCodeToString(code),
-                                         ", named in that rank's error)"));
-}
-
-struct Found {
-  int64_t step;
-  std::string path;
-  bool complete;
-};
-
-// The step-* directories under `dir`, oldest first.
-std::vector<Found> StepDirs(const std::string& dir) {
-  std::vector<Found> found;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    int64_t step = 0;
-    if (!e.is_directory() || !absl::StartsWith(name, "step-") ||
-        !absl::SimpleAtoi(name.substr(5), &step)) {
-      continue;
-    }
-    found.push_back({step, e.path().string(), fs::exists(e.path() / kManifest)});
-  }
-  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.step < b.step; });
-  return found;
-}
 
 // Deletes a checkpoint so that no moment leaves a complete-looking one
 // with files missing: the manifest goes first (and that is made durable),
@@ -175,126 +112,6 @@ absl::Status RequireValues(ShardedOptimizer& opt, const std::string& path, const
 }
 
 }  // namespace
-
-namespace {
-
-constexpr char kLockFile[] = ".memwall.lock";
-
-// This rank's part of SaveDirectory::Open: the probe, and on rank 0 the
-// lock and the look for another run's checkpoints. Sets *lock_fd.
-absl::Status PrepareSaveDirectory(const std::string& dir, int rank, bool resuming,
-                                  const SaveDirectory::Names& names, int* lock_fd) {
-  const std::string what = absl::StrCat(names.save, " ", dir);
-  std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
-    return absl::FailedPreconditionError(absl::StrCat(what, ": not a directory"));
-  }
-  if (rank == 0) {
-    fs::create_directories(dir, ec);
-    if (ec) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(what, ": cannot create the directory: ", ec.message()));
-    }
-  }
-  if (!fs::is_directory(dir, ec)) {
-    if (rank != 0 && !fs::exists(dir, ec)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, ": rank ", rank, " does not see the directory rank 0 made there: every rank "
-          "must save to one directory they all see (a shared file system, the same path)"));
-    }
-    return absl::FailedPreconditionError(absl::StrCat(what, ": not a directory"));
-  }
-  const std::string probe =
-      (fs::path(dir) / absl::StrCat(".probe-rank", rank, "-pid", ::getpid())).string();
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) {
-    return absl::PermissionDeniedError(absl::StrCat(what, ": rank ", rank,
-                                                    " cannot create a file there: ",
-                                                    std::strerror(errno)));
-  }
-  const char byte = 0;
-  absl::Status wrote = WriteAll(fd, probe, &byte, 1, crc);
-  if (wrote.ok() && ::fsync(fd) != 0) wrote = FileError(probe, "fsync");
-  ::close(fd);
-  ::unlink(probe.c_str());
-  if (!wrote.ok()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(what, ": rank ", rank, " cannot write there: ", wrote.message()));
-  }
-  if (rank != 0) return absl::OkStatus();
-  const std::string lock = (fs::path(dir) / kLockFile).string();
-  const int held = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
-  if (held < 0) return FileError(lock, "open");
-  if (::flock(held, LOCK_EX | LOCK_NB) != 0) {
-    const int error = errno;
-    std::string owner(64, '\0');
-    const ssize_t n = ::pread(held, owner.data(), owner.size(), 0);
-    owner.resize(n > 0 ? n : 0);
-    ::close(held);
-    if (error != EWOULDBLOCK) return FileError(lock, "flock");
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": another run saves there (it holds ", lock,
-        owner.empty() ? "" : absl::StrCat(", process ", absl::StripAsciiWhitespace(owner)),
-        "); save elsewhere, or stop that run"));
-  }
-  const std::string pid = absl::StrCat(::getpid(), "\n");
-  if (::ftruncate(held, 0) != 0 || ::pwrite(held, pid.data(), pid.size(), 0) < 0) {
-    ::close(held);
-    return FileError(lock, "write");
-  }
-  *lock_fd = held;
-  if (resuming) return absl::OkStatus();
-  std::vector<Found> found = StepDirs(dir);
-  found.erase(std::remove_if(found.begin(), found.end(), [](const Found& f) { return !f.complete; }),
-              found.end());
-  if (!found.empty()) {
-    ::close(held);
-    *lock_fd = -1;
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": holds ", found.size(), " checkpoint(s) of another run (the newest ",
-        found.back().path, "); continue that run with ", names.resume, " ", dir,
-        ", or save this one elsewhere"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<SaveDirectory>> SaveDirectory::Open(ShardedOptimizer& opt,
-                                                                  const std::string& dir,
-                                                                  bool resuming_from_it,
-                                                                  const Names& names) {
-  Communicator& comm = opt.communicator();
-  const int rank = comm.rank();
-  // Rank 0 creates the directory before the others probe it.
-  int lock_fd = -1;
-  absl::Status mine = rank == 0 ? PrepareSaveDirectory(dir, 0, resuming_from_it, names, &lock_fd)
-                                : absl::OkStatus();
-  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> first,
-                      AllGatherInts(opt, {static_cast<int64_t>(mine.code())}));
-  if (rank != 0 && first[0] == 0) {
-    mine = PrepareSaveDirectory(dir, rank, resuming_from_it, names, &lock_fd);
-  }
-  std::unique_ptr<SaveDirectory> held(new SaveDirectory(dir, lock_fd));  // unlocks on error
-  MW_ASSIGN_OR_RETURN(const std::vector<int64_t> codes,
-                      AllGatherInts(opt, {static_cast<int64_t>(mine.code())}));
-  MW_RETURN_IF_ERROR(mine);
-  for (size_t r = 0; r < codes.size(); ++r) {
-    const int64_t code = r == 0 ? first[0] : codes[r];
-    if (code != 0) {
-      return absl::Status(static_cast<absl::StatusCode>(code),
-                          absl::StrCat(names.save, " ", dir, ": rank ", r, " cannot use it (",
-                                       absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
-                                       ", named in that rank's error)"));
-    }
-  }
-  return held;
-}
-
-SaveDirectory::~SaveDirectory() {
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // closing releases the flock
-}
 
 std::map<std::string, ParameterTile> TilesOf(const Trainer& trainer) {
   std::map<std::string, ParameterTile> tiles;
@@ -370,7 +187,7 @@ json Manifest(ShardedOptimizer& opt, int64_t steps, const std::string& model,
 // Keeps the newest `keep` complete checkpoints in `dir` (`out`, just
 // written, among them) and drops incomplete ones older than `steps`.
 absl::Status Prune(const std::string& dir, const std::string& out, int64_t steps, int keep) {
-  std::vector<Found> found = StepDirs(dir);
+  std::vector<StepDirectory> found = StepDirs(dir);
   int complete = 0;
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     if (it->path == out) {
@@ -549,7 +366,7 @@ absl::StatusOr<std::string> FindCheckpoint(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) {
     return absl::NotFoundError(absl::StrCat("checkpoint ", dir, ": no such directory"));
   }
-  const std::vector<Found> found = StepDirs(dir);
+  const std::vector<StepDirectory> found = StepDirs(dir);
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     if (it->complete) return it->path;
   }
@@ -882,7 +699,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std
   std::vector<std::string> candidates = {newest};
   if (newest != path) {
     candidates.clear();
-    const std::vector<Found> found = StepDirs(path);
+    const std::vector<StepDirectory> found = StepDirs(path);
     for (auto it = found.rbegin(); it != found.rend(); ++it) {
       if (it->complete) candidates.push_back(it->path);
     }
