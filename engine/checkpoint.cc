@@ -1,21 +1,14 @@
 #include "engine/checkpoint.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/checkpoint_layout.h"
 #include "engine/durable_file.h"
+#include "engine/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
 
@@ -236,56 +230,39 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
 
   // This rank's file: its parameters, group by group, state by state.
   const std::vector<int> owner = FileOwners(params, world);
-  json header = json::object();
-  int64_t offset = 0;
+  std::vector<SafetensorsWriter::Tensor> tensors;
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     for (const std::string& state : states) {
       for (int p : layout.groups[g].parameters) {
         if (owner[p] != rank) continue;
-        const int64_t bytes = 4 * params[p].numel;
-        header[absl::StrCat(params[p].name, "/", state)] = {
-            {"dtype", "F32"}, {"shape", params[p].shape}, {"data_offsets", {offset, offset + bytes}}};
-        offset += bytes;
+        tensors.push_back({absl::StrCat(params[p].name, "/", state), params[p].shape});
       }
     }
   }
-  const std::string text = header.dump();
-  const std::string path = (fs::path(out) / RankFile(rank)).string(), tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return FileError(tmp, "create");
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const uint64_t length = text.size();  // little-endian on every target memwall builds for
-  absl::Status written = WriteAll(fd, tmp, &length, 8, crc);
-  if (written.ok()) written = WriteAll(fd, tmp, text.data(), text.size(), crc);
+  const std::string path = (fs::path(out) / RankFile(rank)).string();
+  absl::StatusOr<SafetensorsWriter> file = SafetensorsWriter::Open(path, tensors);
+  absl::Status written = file.status();
   // Every rank joins every group's gathers, whoever writes the group.
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     const FlatGroup& flat = layout.groups[g];
     std::vector<float> full(flat.padded_numel);
     for (size_t s = 0; s < states.size(); ++s) {
-      absl::Status gathered = opt.GatherState(static_cast<int>(g), static_cast<int>(s),
-                                              absl::MakeSpan(full));
-      if (!gathered.ok()) {
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        return gathered;
-      }
+      MW_RETURN_IF_ERROR(opt.GatherState(static_cast<int>(g), static_cast<int>(s),
+                                         absl::MakeSpan(full)));
       if (!written.ok()) continue;
       for (int p : flat.parameters) {
         if (owner[p] != rank) continue;
         const ParameterPlacement& place = layout.placements[p];
-        written = WriteAll(fd, tmp, full.data() + place.offset, 4 * place.numel, crc);
+        written = file->Append(full.data() + place.offset, place.numel);
         if (!written.ok()) break;
       }
     }
   }
-  if (written.ok() && ::fsync(fd) != 0) written = FileError(tmp, "fsync");
-  ::close(fd);
-  if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) written = FileError(path, "rename");
-  if (!written.ok()) ::unlink(tmp.c_str());  // a full disk keeps no partial file
+  if (written.ok()) written = file->Commit();
   // Every rank learns whether every file landed, and its size and CRC.
   MW_ASSIGN_OR_RETURN(const std::vector<int64_t> files,
-                      AllGatherInts(opt, {written.ok() ? 1 : 0, 8 + int64_t(text.size()) + offset,
-                                              static_cast<int64_t>(crc)}));
+                      AllGatherInts(opt, {written.ok() ? 1 : 0, written.ok() ? file->bytes() : 0,
+                                          written.ok() ? static_cast<int64_t>(file->crc()) : 0}));
   if (!written.ok()) return discard(written);
   for (int r = 0; r < world; ++r) {
     if (files[3 * r] == 0) {
@@ -376,86 +353,6 @@ absl::StatusOr<std::string> FindCheckpoint(const std::string& dir) {
 
 namespace {
 
-struct Tensor32 {
-  std::string file;
-  int64_t offset;  // absolute, in the file
-  int64_t numel;
-};
-
-// A field of the manifest, or an error naming it.
-template <typename T>
-absl::StatusOr<T> Field(const json& j, const std::string& path, const std::string& name) {
-  if (!j.is_object() || !j.contains(name)) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": field '", name, "' is missing"));
-  }
-  try {
-    return j.at(name).get<T>();
-  } catch (const json::exception&) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": field '", name,
-                                                   "' has the wrong type (", j.at(name).dump(), ")"));
-  }
-}
-
-absl::StatusOr<uLong> FileCrc(const std::string& path, int64_t expected_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": cannot open"));
-  uLong crc = crc32(0L, Z_NULL, 0);
-  std::vector<char> chunk(size_t{1} << 20);
-  int64_t total = 0;
-  while (in) {
-    in.read(chunk.data(), chunk.size());
-    const std::streamsize n = in.gcount();
-    if (n <= 0) break;
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(chunk.data()), static_cast<uInt>(n));
-    total += n;
-  }
-  if (total != expected_bytes) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", total, " bytes, the manifest says ",
-                                            expected_bytes, " (truncated or replaced)"));
-  }
-  return crc;
-}
-
-// The tensors of a safetensors file, validated against its size.
-absl::Status ReadHeader(const std::string& path, int64_t bytes, std::map<std::string, Tensor32>& out) {
-  std::ifstream in(path, std::ios::binary);
-  uint64_t length = 0;
-  if (!in.read(reinterpret_cast<char*>(&length), 8) || length > uint64_t(bytes - 8)) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": header length ", length,
-                                            " does not fit the file's ", bytes, " bytes"));
-  }
-  std::string text(length, '\0');
-  in.read(text.data(), length);
-  json header;
-  try {
-    header = json::parse(text);
-  } catch (const json::exception& e) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": header is not JSON: ", e.what()));
-  }
-  if (!header.is_object()) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": header is not a JSON object"));
-  }
-  const int64_t data_bytes = bytes - 8 - int64_t(length);
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const std::string where = absl::StrCat(path, " tensor '", it.key(), "'");
-    MW_ASSIGN_OR_RETURN(const std::string dtype, Field<std::string>(it.value(), where, "dtype"));
-    MW_ASSIGN_OR_RETURN(const std::vector<int64_t> shape, Field<std::vector<int64_t>>(it.value(), where, "shape"));
-    MW_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
-                        Field<std::vector<int64_t>>(it.value(), where, "data_offsets"));
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    if (dtype != "F32" || offsets.size() != 2 || offsets[0] < 0 || offsets[1] > data_bytes ||
-        offsets[1] - offsets[0] != 4 * numel) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", where, ": expected F32 data of ", 4 * numel,
-                                              " bytes within the file's ", data_bytes,
-                                              ", got dtype ", dtype, " at ", it.value()["data_offsets"].dump()));
-    }
-    out[it.key()] = Tensor32{path, 8 + int64_t(length) + offsets[0], numel};
-  }
-  return absl::OkStatus();
-}
-
 struct Loaded {
   std::string model;  // the saving run's model description; empty: not recorded
   ShardedOptimizer::Progress progress;
@@ -466,7 +363,7 @@ struct Loaded {
   // Those that are tiles of a model tensor (the manifest's "tile_of"),
   // which together cover each such tensor exactly once.
   std::map<std::string, ParameterTile> tiles;
-  std::map<std::string, Tensor32> tensors;
+  std::map<std::string, SafetensorsEntry> tensors;
   std::string manifest;
 };
 
@@ -520,7 +417,7 @@ absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
   } catch (const json::exception& e) {
     return absl::DataLossError(absl::StrCat("checkpoint ", manifest_path, ": not JSON: ", e.what()));
   }
-  MW_ASSIGN_OR_RETURN(const std::string schema, Field<std::string>(m, manifest_path, "schema"));
+  MW_ASSIGN_OR_RETURN(const std::string schema, CheckpointField<std::string>(m, manifest_path, "schema"));
   if (schema != kSchema && schema != kSchemaWithoutChecksum) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": field 'schema' is '", schema,
                                                    "', expected '", kSchema, "'"));
@@ -528,22 +425,22 @@ absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
   Loaded loaded;
   loaded.manifest = manifest_path;
   if (schema == kSchema) {
-    MW_ASSIGN_OR_RETURN(const int64_t crc, Field<int64_t>(m, manifest_path, "manifest_crc32"));
+    MW_ASSIGN_OR_RETURN(const int64_t crc, CheckpointField<int64_t>(m, manifest_path, "manifest_crc32"));
     if (crc != ManifestCrc(m)) {
       return absl::DataLossError(absl::StrCat(
           "checkpoint ", manifest_path, ": CRC-32 ", ManifestCrc(m), ", its field 'manifest_crc32' says ",
           crc, " (the manifest is corrupted or was edited)"));
     }
-    MW_ASSIGN_OR_RETURN(loaded.model, Field<std::string>(m, manifest_path, "model"));
+    MW_ASSIGN_OR_RETURN(loaded.model, CheckpointField<std::string>(m, manifest_path, "model"));
   }
-  MW_ASSIGN_OR_RETURN(loaded.trainer_steps, Field<int64_t>(m, manifest_path, "trainer_steps"));
+  MW_ASSIGN_OR_RETURN(loaded.trainer_steps, CheckpointField<int64_t>(m, manifest_path, "trainer_steps"));
   const std::string pp = manifest_path + " progress";
-  MW_ASSIGN_OR_RETURN(const json p, Field<json>(m, manifest_path, "progress"));
-  MW_ASSIGN_OR_RETURN(loaded.progress.steps_applied, Field<int64_t>(p, pp, "steps_applied"));
-  MW_ASSIGN_OR_RETURN(loaded.progress.steps_skipped, Field<int64_t>(p, pp, "steps_skipped"));
-  MW_ASSIGN_OR_RETURN(const double loss_scale, Field<double>(p, pp, "loss_scale"));
-  MW_ASSIGN_OR_RETURN(loaded.progress.clean_steps, Field<int>(p, pp, "clean_steps"));
-  MW_ASSIGN_OR_RETURN(loaded.progress.overflows_left, Field<int>(p, pp, "overflows_left"));
+  MW_ASSIGN_OR_RETURN(const json p, CheckpointField<json>(m, manifest_path, "progress"));
+  MW_ASSIGN_OR_RETURN(loaded.progress.steps_applied, CheckpointField<int64_t>(p, pp, "steps_applied"));
+  MW_ASSIGN_OR_RETURN(loaded.progress.steps_skipped, CheckpointField<int64_t>(p, pp, "steps_skipped"));
+  MW_ASSIGN_OR_RETURN(const double loss_scale, CheckpointField<double>(p, pp, "loss_scale"));
+  MW_ASSIGN_OR_RETURN(loaded.progress.clean_steps, CheckpointField<int>(p, pp, "clean_steps"));
+  MW_ASSIGN_OR_RETURN(loaded.progress.overflows_left, CheckpointField<int>(p, pp, "overflows_left"));
   // Values no run writes are refused rather than carried on.
   const auto out_of_range = [&](const std::string& where, const std::string& field,
                                 const std::string& value, const std::string& expected) {
@@ -563,31 +460,31 @@ absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
     return out_of_range(pp, "loss_scale", absl::StrCat(loss_scale), "a finite f32 > 0");
   }
   loaded.progress.loss_scale = static_cast<float>(loss_scale);
-  MW_ASSIGN_OR_RETURN(loaded.states, Field<std::vector<std::string>>(m, manifest_path, "states"));
+  MW_ASSIGN_OR_RETURN(loaded.states, CheckpointField<std::vector<std::string>>(m, manifest_path, "states"));
   if (loaded.states.empty() || loaded.states[0] != "master") {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path,
                                                    ": field 'states' must start with \"master\""));
   }
-  MW_ASSIGN_OR_RETURN(const json parameters, Field<json>(m, manifest_path, "parameters"));
-  MW_ASSIGN_OR_RETURN(const json files, Field<json>(m, manifest_path, "files"));
+  MW_ASSIGN_OR_RETURN(const json parameters, CheckpointField<json>(m, manifest_path, "parameters"));
+  MW_ASSIGN_OR_RETURN(const json files, CheckpointField<json>(m, manifest_path, "files"));
   if (!parameters.is_array() || !files.is_array()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", manifest_path, ": fields 'parameters' and 'files' must be lists"));
   }
   for (size_t i = 0; i < parameters.size(); ++i) {
     const std::string where = absl::StrCat(manifest_path, " parameters[", i, "]");
-    MW_ASSIGN_OR_RETURN(const std::string name, Field<std::string>(parameters[i], where, "name"));
+    MW_ASSIGN_OR_RETURN(const std::string name, CheckpointField<std::string>(parameters[i], where, "name"));
     MW_ASSIGN_OR_RETURN(const std::vector<int64_t> shape,
-                        Field<std::vector<int64_t>>(parameters[i], where, "shape"));
+                        CheckpointField<std::vector<int64_t>>(parameters[i], where, "shape"));
     loaded.parameters.emplace_back(name, shape);
     if (parameters[i].contains("tile_of")) {
       const std::string at = where + " tile_of";
       ParameterTile tile;
-      MW_ASSIGN_OR_RETURN(const json of, Field<json>(parameters[i], where, "tile_of"));
-      MW_ASSIGN_OR_RETURN(tile.whole, Field<std::string>(of, at, "name"));
-      MW_ASSIGN_OR_RETURN(tile.whole_shape, Field<std::vector<int64_t>>(of, at, "shape"));
-      MW_ASSIGN_OR_RETURN(tile.row, Field<int64_t>(of, at, "row"));
-      MW_ASSIGN_OR_RETURN(tile.column, Field<int64_t>(of, at, "column"));
+      MW_ASSIGN_OR_RETURN(const json of, CheckpointField<json>(parameters[i], where, "tile_of"));
+      MW_ASSIGN_OR_RETURN(tile.whole, CheckpointField<std::string>(of, at, "name"));
+      MW_ASSIGN_OR_RETURN(tile.whole_shape, CheckpointField<std::vector<int64_t>>(of, at, "shape"));
+      MW_ASSIGN_OR_RETURN(tile.row, CheckpointField<int64_t>(of, at, "row"));
+      MW_ASSIGN_OR_RETURN(tile.column, CheckpointField<int64_t>(of, at, "column"));
       const std::vector<int64_t>& w = tile.whole_shape;
       if (shape.size() != 2 || w.size() != 2 || w[0] < 0 || w[1] < 0 ||
           (w[1] > 0 && w[0] > std::numeric_limits<int64_t>::max() / w[1]) || tile.row < 0 ||
@@ -606,9 +503,9 @@ absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
   // Every file whole (size and CRC-32), every header sound.
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string where = absl::StrCat(manifest_path, " files[", i, "]");
-    MW_ASSIGN_OR_RETURN(const std::string name, Field<std::string>(files[i], where, "name"));
-    MW_ASSIGN_OR_RETURN(const int64_t bytes, Field<int64_t>(files[i], where, "bytes"));
-    MW_ASSIGN_OR_RETURN(const int64_t crc, Field<int64_t>(files[i], where, "crc32"));
+    MW_ASSIGN_OR_RETURN(const std::string name, CheckpointField<std::string>(files[i], where, "name"));
+    MW_ASSIGN_OR_RETURN(const int64_t bytes, CheckpointField<int64_t>(files[i], where, "bytes"));
+    MW_ASSIGN_OR_RETURN(const int64_t crc, CheckpointField<int64_t>(files[i], where, "crc32"));
     if (name.find('/') != std::string::npos || bytes < 8) {
       return absl::InvalidArgumentError(absl::StrCat("checkpoint ", where, ": bad file entry ", files[i].dump()));
     }
@@ -618,7 +515,8 @@ absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
       return absl::DataLossError(absl::StrCat("checkpoint ", path, ": CRC-32 ", actual,
                                               ", the manifest says ", crc, " (the file is corrupted)"));
     }
-    MW_RETURN_IF_ERROR(ReadHeader(path, bytes, loaded.tensors));
+    MW_ASSIGN_OR_RETURN(const auto tensors, ReadSafetensorsHeader(path, bytes));
+    for (const auto& [tensor, entry] : tensors) loaded.tensors[tensor] = entry;
   }
   return loaded;
 }
@@ -746,7 +644,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std
     for (size_t s = 0; s < states.size(); ++s) {
       std::vector<float> full(flat.padded_numel, 0.0f);
       for (int p : flat.parameters) {
-        const Tensor32& t = loaded->tensors.at(absl::StrCat(params[p].name, "/", states[s]));
+        const SafetensorsEntry& t = loaded->tensors.at(absl::StrCat(params[p].name, "/", states[s]));
         std::ifstream& in = files[t.file];
         if (!in.is_open()) in.open(t.file, std::ios::binary);
         in.seekg(t.offset);
@@ -779,7 +677,6 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
   MW_ASSIGN_OR_RETURN(const std::string at, VerifyCheckpoint(path));
   MW_RETURN_IF_ERROR(CheckOutputFile("export: --out", out, overwrite));
   MW_ASSIGN_OR_RETURN(const Loaded loaded, ReadVerified(at));
-  const size_t size = DTypeSize(dtype);
   // The model's tensors, in the manifest's order: a saved parameter, or a
   // tensor its tiles make (in place of its first tile).
   struct Exported {
@@ -801,34 +698,21 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
     if (first) tensors.push_back({tile->second.whole, tile->second.whole_shape, {}});
     tensors[it->second].tiles.push_back(name);
   }
-  json header = json::object();
-  header["__metadata__"] = {{"format", "pt"},
-                            {"memwall_checkpoint", at},
-                            {"memwall_model", loaded.model},
-                            {"step", std::to_string(loaded.trainer_steps)}};
-  int64_t offset = 0;
-  for (const Exported& t : tensors) {
-    int64_t numel = 1;
-    for (int64_t d : t.shape) numel *= d;
-    const int64_t bytes = static_cast<int64_t>(size) * numel;
-    header[t.name] = {{"dtype", dtype == DType::kF32 ? "F32" : "BF16"},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // data 8-byte aligned, as safetensors writers do
-  const std::string tmp = out + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return FileError(tmp, "create");
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const uint64_t length = text.size();
-  absl::Status written = WriteAll(fd, tmp, &length, 8, crc);
-  if (written.ok()) written = WriteAll(fd, tmp, text.data(), text.size(), crc);
+  std::vector<SafetensorsWriter::Tensor> declared;
+  for (const Exported& t : tensors) declared.push_back({t.name, t.shape});
+  SafetensorsWriter::Options file_options;
+  file_options.dtype = dtype;
+  file_options.metadata = {{"format", "pt"},
+                           {"memwall_checkpoint", at},
+                           {"memwall_model", loaded.model},
+                           {"step", std::to_string(loaded.trainer_steps)}};
+  file_options.align = true;
+  MW_ASSIGN_OR_RETURN(SafetensorsWriter file, SafetensorsWriter::Open(out, declared, file_options));
+  absl::Status written;
   // One tensor in memory at a time (a tiled one assembled from its tiles).
   std::map<std::string, std::ifstream> files;
   const auto read = [&](const std::string& name, float* to) -> absl::Status {
-    const Tensor32& t = loaded.tensors.at(name + "/master");
+    const SafetensorsEntry& t = loaded.tensors.at(name + "/master");
     std::ifstream& in = files[t.file];
     if (!in.is_open()) in.open(t.file, std::ios::binary);
     in.seekg(t.offset);
@@ -856,21 +740,10 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
       }
     }
     if (!written.ok()) break;
-    if (dtype == DType::kF32) {
-      written = WriteAll(fd, tmp, values.data(), 4 * numel, crc);
-    } else {
-      std::vector<uint16_t> low(numel);
-      for (int64_t j = 0; j < numel; ++j) low[j] = F32ToBf16(values[j]);
-      written = WriteAll(fd, tmp, low.data(), 2 * numel, crc);
-    }
+    written = file.Append(values.data(), numel);
   }
-  if (written.ok() && ::fsync(fd) != 0) written = FileError(tmp, "fsync");
-  ::close(fd);
-  if (written.ok() && ::rename(tmp.c_str(), out.c_str()) != 0) written = FileError(out, "rename");
-  if (!written.ok()) {
-    ::unlink(tmp.c_str());
-    return written;
-  }
+  if (written.ok()) written = file.Commit();
+  MW_RETURN_IF_ERROR(written);
   return at;
 }
 
