@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "runtime/json_reader.h"
 #include "runtime/status.h"
 #include "runtime/text_file.h"
 
@@ -30,145 +31,13 @@ constexpr int kMaxConfigDepth = 32;
 // DeepSpeed config is a few KiB).
 constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 
-std::string Show(const Json& value) {
-  std::string text = value.dump();
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
-  return text;
-}
-
-// Reads the keys of one JSON object, remembering which were consumed so that
-// Finish() can reject the rest. Every error names the full key path.
-class ObjectReader {
- public:
-  ObjectReader(const Json& object, std::string path) : object_(object), path_(std::move(path)) {}
-
-  static absl::StatusOr<ObjectReader> Open(const Json& value, std::string path) {
-    if (!value.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path.empty() ? "config" : path, ": expected an object, got ", Show(value)));
-    }
-    return ObjectReader(value, std::move(path));
-  }
-
-  std::string Path(absl::string_view key) const {
-    return path_.empty() ? std::string(key) : absl::StrCat(path_, ".", key);
-  }
-
-  const Json* Find(absl::string_view key) {
-    known_.insert(std::string(key));
-    auto it = object_.find(std::string(key));
-    return it == object_.end() ? nullptr : &*it;
-  }
-
-  absl::Status Bool(absl::string_view key, bool& out) {
-    const Json* v = Find(key);
-    if (v == nullptr) return absl::OkStatus();
-    if (!v->is_boolean()) return Error(key, "a boolean", *v);
-    out = v->get<bool>();
-    return absl::OkStatus();
-  }
-
-  absl::Status Int(absl::string_view key, int64_t min, int64_t max, int64_t& out) {
-    const Json* v = Find(key);
-    if (v == nullptr) return absl::OkStatus();
-    const std::string expected = max == INT64_MAX ? absl::StrCat("an integer >= ", min)
-                                                  : absl::StrCat("an integer ", min, "..", max);
-    // Integers compare exactly (a double would round INT64_MAX up, past
-    // the range, and the cast back would wrap); 5e8-style numbers must be
-    // whole and strictly inside the range a double can say exactly.
-    if (v->is_number_unsigned()) {
-      const uint64_t value = v->get<uint64_t>();
-      if (value > static_cast<uint64_t>(max) || static_cast<int64_t>(value) < min) {
-        return Error(key, expected, *v);
-      }
-      out = static_cast<int64_t>(value);
-      return absl::OkStatus();
-    }
-    if (v->is_number_integer()) {
-      const int64_t value = v->get<int64_t>();
-      if (value < min || value > max) return Error(key, expected, *v);
-      out = value;
-      return absl::OkStatus();
-    }
-    if (!v->is_number_float()) return Error(key, expected, *v);
-    const double value = v->get<double>();
-    if (value != std::floor(value) || value < double(min) || value >= 0x1p63 ||
-        value > double(max)) {
-      return Error(key, expected, *v);
-    }
-    const int64_t whole = static_cast<int64_t>(value);
-    if (whole > max) return Error(key, expected, *v);
-    out = whole;
-    return absl::OkStatus();
-  }
-
-  absl::Status Int32(absl::string_view key, int min, int max, int& out) {
-    int64_t value = out;
-    MW_RETURN_IF_ERROR(Int(key, min, max, value));
-    out = static_cast<int>(value);
-    return absl::OkStatus();
-  }
-
-  // A number in [min, max] (or (min, max] when min_exclusive).
-  absl::Status Float(absl::string_view key, double min, double max, bool min_exclusive,
-                     const std::string& expected, float& out) {
-    const Json* v = Find(key);
-    if (v == nullptr) return absl::OkStatus();
-    if (!v->is_number()) return Error(key, expected, *v);
-    const double value = v->get<double>();
-    if (!std::isfinite(value) || value < min || (min_exclusive && value == min) || value > max) {
-      return Error(key, expected, *v);
-    }
-    out = static_cast<float>(value);
-    return absl::OkStatus();
-  }
-
-  absl::Status Choice(absl::string_view key, const std::vector<std::string>& allowed,
-                      std::string& out) {
-    const Json* v = Find(key);
-    if (v == nullptr) return absl::OkStatus();
-    const std::string expected =
-        absl::StrCat("one of \"", absl::StrJoin(allowed, "\", \""), "\"");
-    if (!v->is_string()) return Error(key, expected, *v);
-    const std::string value = v->get<std::string>();
-    for (const std::string& a : allowed) {
-      if (a == value) {
-        out = value;
-        return absl::OkStatus();
-      }
-    }
-    return Error(key, expected, *v);
-  }
-
-  absl::Status Error(absl::string_view key, absl::string_view expected, const Json& got) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Path(key), ": expected ", expected, ", got ", Show(got)));
-  }
-
-  // Rejects keys nobody asked for.
-  absl::Status Finish() const {
-    for (auto it = object_.begin(); it != object_.end(); ++it) {
-      if (known_.count(it.key()) == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            Path(it.key()), ": unknown key (known here: ", absl::StrJoin(known_, ", "), ")"));
-      }
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  const Json& object_;
-  std::string path_;
-  std::set<std::string> known_;
-};
-
 absl::Status ReadOptimizer(const Json& value, OptimizerConfig& out) {
-  MW_ASSIGN_OR_RETURN(ObjectReader reader, ObjectReader::Open(value, "optimizer"));
+  MW_ASSIGN_OR_RETURN(JsonReader reader, JsonReader::Open(value, "optimizer"));
   std::string type = "Adam";
   MW_RETURN_IF_ERROR(reader.Choice("type", {"Adam", "AdamW", "SGD"}, type));
   out.type = type == "SGD" ? OptimizerType::kSgd : OptimizerType::kAdam;
   if (const Json* params = reader.Find("params")) {
-    MW_ASSIGN_OR_RETURN(ObjectReader p, ObjectReader::Open(*params, "optimizer.params"));
+    MW_ASSIGN_OR_RETURN(JsonReader p, JsonReader::Open(*params, "optimizer.params"));
     MW_RETURN_IF_ERROR(p.Float("lr", 0, 1e30, false, "a number >= 0", out.lr));
     MW_RETURN_IF_ERROR(p.Float("eps", 0, 1e30, true, "a number > 0", out.eps));
     MW_RETURN_IF_ERROR(
@@ -196,7 +65,7 @@ absl::Status ReadOptimizer(const Json& value, OptimizerConfig& out) {
 
 absl::Status ReadScheduler(const Json& value, LrSchedule& out) {
   using Type = LrSchedule::Type;
-  MW_ASSIGN_OR_RETURN(ObjectReader reader, ObjectReader::Open(value, "scheduler"));
+  MW_ASSIGN_OR_RETURN(JsonReader reader, JsonReader::Open(value, "scheduler"));
   std::string type;
   MW_RETURN_IF_ERROR(
       reader.Choice("type", {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}, type));
@@ -210,8 +79,8 @@ absl::Status ReadScheduler(const Json& value, LrSchedule& out) {
                                        : Type::kWarmupCosineLR;
   const Json empty = Json::object();
   const Json* params = reader.Find("params");
-  MW_ASSIGN_OR_RETURN(ObjectReader p,
-                      ObjectReader::Open(params != nullptr ? *params : empty, "scheduler.params"));
+  MW_ASSIGN_OR_RETURN(JsonReader p,
+                      JsonReader::Open(params != nullptr ? *params : empty, "scheduler.params"));
   MW_RETURN_IF_ERROR(p.Int("warmup_num_steps", 0, INT64_MAX, out.warmup_num_steps));
   std::string warmup = "log";
   MW_RETURN_IF_ERROR(p.Choice("warmup_type", {"log", "linear"}, warmup));
@@ -237,7 +106,7 @@ absl::Status ReadScheduler(const Json& value, LrSchedule& out) {
 }
 
 absl::Status ReadFp16(const Json& value, Config& out) {
-  MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(value, "fp16"));
+  MW_ASSIGN_OR_RETURN(JsonReader r, JsonReader::Open(value, "fp16"));
   MW_RETURN_IF_ERROR(r.Bool("enabled", out.fp16));
   LossScaleConfig& s = out.loss_scale;
   MW_RETURN_IF_ERROR(r.Float("loss_scale", 0, 1e30, false, "a number >= 0 (0: dynamic)",
@@ -263,7 +132,7 @@ absl::Status ReadFp16(const Json& value, Config& out) {
 }
 
 absl::Status ReadZero(const Json& value, ZeroConfig& out) {
-  MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(value, "zero_optimization"));
+  MW_ASSIGN_OR_RETURN(JsonReader r, JsonReader::Open(value, "zero_optimization"));
   const Json* stage = r.Find("stage");
   if (stage != nullptr && stage->is_string()) {
     if (stage->get<std::string>() != "auto") {
@@ -282,8 +151,8 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
       r.Int("stage3_max_live_parameters", 0, INT64_MAX, out.stage3_max_live_parameters));
   MW_RETURN_IF_ERROR(r.Bool("stage3_gather_on_use", out.stage3_gather_on_use));
   if (const Json* v = r.Find("offload_optimizer")) {
-    MW_ASSIGN_OR_RETURN(ObjectReader o,
-                        ObjectReader::Open(*v, "zero_optimization.offload_optimizer"));
+    MW_ASSIGN_OR_RETURN(JsonReader o,
+                        JsonReader::Open(*v, "zero_optimization.offload_optimizer"));
     std::string device = "none";
     MW_RETURN_IF_ERROR(o.Choice("device", {"none", "cpu", "nvme"}, device));
     float ratio = 1.0f;
@@ -312,7 +181,7 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
     MW_RETURN_IF_ERROR(o.Finish());
   }
   if (const Json* v = r.Find("offload_param")) {
-    MW_ASSIGN_OR_RETURN(ObjectReader o, ObjectReader::Open(*v, "zero_optimization.offload_param"));
+    MW_ASSIGN_OR_RETURN(JsonReader o, JsonReader::Open(*v, "zero_optimization.offload_param"));
     std::string device = "none";
     MW_RETURN_IF_ERROR(o.Choice("device", {"none", "cpu", "nvme"}, device));
     out.offload_param = device != "none";
@@ -345,7 +214,7 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
 }
 
 absl::Status ReadAio(const Json& value, AioConfig& out) {
-  MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(value, "aio"));
+  MW_ASSIGN_OR_RETURN(JsonReader r, JsonReader::Open(value, "aio"));
   MW_RETURN_IF_ERROR(r.Int("block_size", 4096, int64_t{1} << 30, out.block_size));
   if (out.block_size % 4096 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -359,7 +228,7 @@ absl::Status ReadAio(const Json& value, AioConfig& out) {
 }
 
 absl::Status ReadRecompute(const Json& value, RecomputeConfig& out) {
-  MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(value, "activation_checkpointing"));
+  MW_ASSIGN_OR_RETURN(JsonReader r, JsonReader::Open(value, "activation_checkpointing"));
   if (const Json* v = r.Find("planner")) {
     const std::string expected =
         "one of \"none\", \"full\", \"uniform:K\" (K >= 1), \"sqrt\", \"selective\", "
@@ -456,7 +325,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
     return absl::InvalidArgumentError(
         absl::StrCat(duplicate, ": the key appears twice; expected each key once"));
   }
-  MW_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::Open(root, ""));
+  MW_ASSIGN_OR_RETURN(JsonReader r, JsonReader::Open(root, ""));
   Config config;
   MW_RETURN_IF_ERROR(r.Int("train_micro_batch_size_per_gpu", 1, INT64_MAX,
                            config.train_micro_batch_size_per_gpu));
@@ -471,7 +340,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
   if (const Json* v = r.Find("scheduler")) MW_RETURN_IF_ERROR(ReadScheduler(*v, config.schedule));
   if (const Json* v = r.Find("fp16")) MW_RETURN_IF_ERROR(ReadFp16(*v, config));
   if (const Json* v = r.Find("bf16")) {
-    MW_ASSIGN_OR_RETURN(ObjectReader b, ObjectReader::Open(*v, "bf16"));
+    MW_ASSIGN_OR_RETURN(JsonReader b, JsonReader::Open(*v, "bf16"));
     MW_RETURN_IF_ERROR(b.Bool("enabled", config.bf16));
     MW_RETURN_IF_ERROR(b.Finish());
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "runtime/json_reader.h"
 #include "runtime/status.h"
 #include "runtime/text_file.h"
 
@@ -171,16 +172,24 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
     return absl::InvalidArgumentError(
         absl::StrCat("traced model ", source, ": not JSON (", e.what(), ")"));
   }
-  if (!j.is_object()) return Bad(source, "the document", "a JSON object");
-  if (j.value("format", "") != "memwall.traced/1") {
+  // Every typed read goes through a JsonReader: a field of the wrong type
+  // is an error naming it, never an exception.
+  const std::string prefix = absl::StrCat("traced model ", source, ": ");
+  MW_ASSIGN_OR_RETURN(JsonReader doc, JsonReader::Open(j, "", prefix, "the document"));
+  const json* format = doc.Find("format");
+  if (format == nullptr || *format != "memwall.traced/1") {
     return Bad(source, "format", absl::StrCat("\"memwall.traced/1\", got ",
-                                              j.contains("format") ? j["format"].dump() : "none"));
+                                              format != nullptr ? format->dump() : "none"));
   }
   TracedModel m;
   m.source = source;
-  m.model = j.value("model", "traced");
-  m.attention = j.value("attention", "");
-  const std::string dtype = j.value("dtype", "");
+  m.model = "traced";
+  MW_RETURN_IF_ERROR(doc.String("model", /*non_empty=*/false, m.model));
+  MW_RETURN_IF_ERROR(doc.String("attention", /*non_empty=*/false, m.attention));
+  const json* dtype_field = doc.Find("dtype");
+  const std::string dtype = dtype_field != nullptr && dtype_field->is_string()
+                                ? dtype_field->get<std::string>()
+                                : "";
   if (dtype == "f32") {
     m.dtype = DType::kF32;
   } else if (dtype == "bf16") {
@@ -188,7 +197,8 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
   } else if (dtype == "f16") {
     m.dtype = DType::kF16;
   } else {
-    return Bad(source, "dtype", absl::StrCat("\"f32\", \"bf16\" or \"f16\", got \"", dtype, "\""));
+    return Bad(source, "dtype", absl::StrCat("\"f32\", \"bf16\" or \"f16\", got ",
+                                             dtype_field != nullptr ? dtype_field->dump() : "none"));
   }
   if (!j.contains("input") || !j["input"].is_array()) {
     return Bad(source, "input", "one sample's input shape, e.g. [4096]");
@@ -206,12 +216,10 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
   for (size_t i = 0; i < j["stages"].size(); ++i) {
     const json& s = j["stages"][i];
     const std::string where = absl::StrCat("stages[", i, "]");
-    if (!s.is_object() || !s.contains("name") || !s["name"].is_string() ||
-        s["name"].get<std::string>().empty()) {
-      return Bad(source, where + ".name", "a non-empty string");
-    }
+    MW_ASSIGN_OR_RETURN(JsonReader stage_reader, JsonReader::Open(s, where, prefix));
     TracedStage stage;
-    stage.name = s["name"].get<std::string>();
+    MW_RETURN_IF_ERROR(stage_reader.String("name", /*non_empty=*/true, stage.name));
+    if (stage.name.empty()) return Bad(source, where + ".name", "a non-empty string");
     if (!names.insert(stage.name).second) {
       return Bad(source, where + ".name", absl::StrCat("unique; '", stage.name, "' repeats"));
     }
@@ -237,8 +245,11 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
         elements *= extent;
         d.shape.push_back(extent);
       }
-      d.trainable = p.value("trainable", true);
-      d.group = p.value("group", "");
+      MW_ASSIGN_OR_RETURN(
+          JsonReader parameter,
+          JsonReader::Open(p, absl::StrCat(where, ".parameters '", d.name, "'"), prefix));
+      MW_RETURN_IF_ERROR(parameter.Bool("trainable", d.trainable));
+      MW_RETURN_IF_ERROR(parameter.String("group", /*non_empty=*/false, d.group));
       if (!params.insert(absl::StrCat(stage.name, ".", d.name)).second) {
         return Bad(source, where + ".parameters",
                    absl::StrCat("unique names; '", d.name, "' repeats"));
@@ -260,7 +271,8 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
       MW_ASSIGN_OR_RETURN(stage.backward_workspace,
                           Figure(s, "backward_workspace", source, where, true));
     }
-    stage.reads_input = s.value("reads_input", true);
+    stage.reads_input = true;
+    MW_RETURN_IF_ERROR(stage_reader.Bool("reads_input", stage.reads_input));
     m.stages.push_back(std::move(stage));
   }
   for (const TracedStage& stage : m.stages) {

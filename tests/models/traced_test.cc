@@ -128,6 +128,23 @@ TEST_CASE("a bad description names its field", "[traced]") {
   CHECK(message(std::string(d).replace(d.find("embed.weight"), 12, "embed.bias")) ==
         "traced model m.json: stages 'head'.shared: expected parameters of other stages; no "
         "stage declares 'embed.bias'");
+  // A field of the wrong type is an error naming it, not an exception
+  // (which ended the process before).
+  CHECK(message(std::string(d).replace(d.find(R"("model": "Toy")"), 14, R"("model": 5)")) ==
+        "traced model m.json: model: expected a string, got 5");
+  CHECK(message(R"({"format": "memwall.traced/1", "dtype": 16})") ==
+        "traced model m.json: dtype: expected \"f32\", \"bf16\" or \"f16\", got 16");
+  std::string reads = Description(false, true);
+  reads.replace(reads.find(R"("kept": [0, 100])"), 16, R"("reads_input": "yes", "kept": [0, 100])");
+  CHECK(message(reads) ==
+        "traced model m.json: stages[0].reads_input: expected a boolean, got \"yes\"");
+  std::string frozen = Description(false, true);
+  frozen.replace(frozen.find(R"("shape": [16, 8])"), 16, R"("shape": [16, 8], "trainable": 0)");
+  CHECK(message(frozen) ==
+        "traced model m.json: stages[1].parameters 'w'.trainable: expected a boolean, got 0");
+  CHECK(message(R"({"format": "memwall.traced/1", "dtype": "f32", "input": [4],
+                    "stages": [7]})") ==
+        "traced model m.json: stages[0]: expected an object, got 7");
   CHECK(LoadTracedModel("/nonexistent/m.json").status().code() == absl::StatusCode::kNotFound);
 }
 
