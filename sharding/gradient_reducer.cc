@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
+#include "sharding/stage_rules.h"
 
 namespace memwall {
 
@@ -40,7 +41,7 @@ absl::Status GradientReducer::SizeBuffers(const FlatGroup& flat, Buffers& buffer
                                                  absl::StrCat(flat.name, what), comm_stream_));
     return absl::OkStatus();
   };
-  if (config_.zero.stage == 0) {
+  if (StageRules(config_.zero.stage).all_reduces()) {
     // Widened in pieces of at most reduce_bucket_size elements, one buffer
     // reused for each, so a large group costs no full-size f32 copy.
     if (reduce == dtype) return absl::OkStatus();

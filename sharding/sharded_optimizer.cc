@@ -162,12 +162,11 @@ absl::Status ShardedOptimizer::Register(std::string name, std::vector<int64_t> s
 }
 
 int64_t ShardedOptimizer::update_numel(const FlatGroup& g) const {
-  if (!g.trainable) return 0;  // nothing to update, no state
-  return stage() == 0 ? g.padded_numel : g.shard_numel;
+  return rules_.update_numel(g);  // 0 for a frozen group: nothing to update, no state
 }
 
 int64_t ShardedOptimizer::update_begin(const FlatGroup& g) const {
-  return stage() == 0 ? 0 : g.shard_begin(comm_.rank());
+  return rules_.update_begin(g, comm_.rank());
 }
 
 int64_t ShardedOptimizer::host_numel(const FlatGroup& g) const {
@@ -179,8 +178,7 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
                                              bool shard_on_nvme) {
   const DType dtype = config_.param_dtype();
   const int64_t k = host_numel(flat), n = update_numel(flat) - k;  // host, device parts
-  const int64_t param_bytes =
-      (stage() == 3 ? flat.shard_numel : flat.padded_numel) * DTypeSize(dtype);
+  const int64_t param_bytes = rules_.held_parameters(flat) * DTypeSize(dtype);
   if (shard_on_nvme) {
     MW_ASSIGN_OR_RETURN(group.param_slot, param_pages_->store().AddSlot(param_bytes));
   } else {
@@ -192,7 +190,7 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
   if (flat.trainable && !streams_gradients(flat)) {
     MW_ASSIGN_OR_RETURN(
         group.grads,
-        device_.Allocate((stage() <= 1 ? flat.padded_numel : flat.shard_numel) * DTypeSize(dtype),
+        device_.Allocate(rules_.held_gradients(flat) * DTypeSize(dtype),
                          MemoryCategory::kGradient, absl::StrCat(flat.name, ".grad")));
   }
   const bool adam = config_.optimizer.type == OptimizerType::kAdam;
@@ -261,17 +259,15 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
       kernels::cpu::Kernels().cast(host.data(), DType::kF32, group.params.data(), dtype,
                                    flat.shard_numel);
     }
-  } else if (stage() == 3) {
-    MW_RETURN_IF_ERROR(upload(flat.shard_begin(comm_.rank()), flat.shard_numel,
-                              group.params.data(), dtype));
   } else {
-    MW_RETURN_IF_ERROR(upload(0, flat.padded_numel, group.params.data(), dtype));
+    MW_RETURN_IF_ERROR(upload(rules_.held_parameters_begin(flat, comm_.rank()),
+                              rules_.held_parameters(flat), group.params.data(), dtype));
   }
   const int64_t k = host_numel(flat), n = update_numel(flat) - k;
   if (mixed() && n > 0) {
     MW_RETURN_IF_ERROR(upload(update_begin(flat) + k, n, group.device_state->master(), DType::kF32));
   }
-  const int64_t grads = stage() <= 1 ? flat.padded_numel : flat.shard_numel;
+  const int64_t grads = rules_.held_gradients(flat);
   if (!group.grads.empty()) {
     MW_RETURN_IF_ERROR(kernels::Fill(device_, *stream_, group.grads.data(), dtype, grads, 0.0f));
   }
@@ -431,7 +427,7 @@ ShardedOptimizer::View ShardedOptimizer::ViewOf(absl::string_view name,
 
 absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Parameter(absl::string_view name) {
   MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
-  if (stage() < 3) return ViewOf(name, groups_[g].params);
+  if (!rules_.shards_parameters()) return ViewOf(name, groups_[g].params);
   // A prefetch may still be in flight: only GatherParameters waits for it.
   const DeviceBuffer* gathered = gatherer_->held(g);
   if (gathered == nullptr) {
@@ -448,7 +444,7 @@ absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Gradient(absl::string_v
     return absl::FailedPreconditionError(
         absl::StrCat("gradient of '", name, "': the parameter is frozen and has none"));
   }
-  if (stage() < 2) return ViewOf(name, groups_[g].grads);
+  if (!rules_.shards_gradients()) return ViewOf(name, groups_[g].grads);
   if (groups_[g].grad_bucket.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("gradient of '", name, "': its group ", g, " ('", layout_.groups[g].name,
@@ -497,21 +493,21 @@ absl::Status ShardedOptimizer::WaitForCommunication() {
 
 absl::Status ShardedOptimizer::GatherParameters(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "GatherParameters"));
-  if (stage() != 3) return absl::OkStatus();
+  if (!rules_.shards_parameters()) return absl::OkStatus();
   ScopedPhase phase(profiler_, absl::StrCat("gather ", layout_.groups[g].name));
   return gatherer_->Gather(g);
 }
 
 absl::Status ShardedOptimizer::ReleaseParameters(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "ReleaseParameters"));
-  if (stage() == 3) gatherer_->Release(g);
+  if (rules_.shards_parameters()) gatherer_->Release(g);
   return absl::OkStatus();
 }
 
 absl::Status ShardedOptimizer::AcquireGradients(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "AcquireGradients"));
   MW_RETURN_IF_ERROR(CheckTrainable(g, "AcquireGradients"));
-  if (stage() < 2) return absl::OkStatus();
+  if (!rules_.shards_gradients()) return absl::OkStatus();
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
   if (!group.grad_bucket.empty()) {
@@ -537,7 +533,7 @@ bool ShardedOptimizer::HoldsGradients(int g) const {
 absl::Status ShardedOptimizer::ReduceGradients(int g) {
   MW_RETURN_IF_ERROR(CheckGroup(g, "ReduceGradients"));
   MW_RETURN_IF_ERROR(CheckTrainable(g, "ReduceGradients"));
-  if (stage() < 2) return absl::OkStatus();
+  if (!rules_.shards_gradients()) return absl::OkStatus();
   Group& group = groups_[g];
   if (group.grad_bucket.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -617,8 +613,9 @@ absl::Status ShardedOptimizer::Speculate(int g) {
 
 void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
   if (!device_.holds_bytes()) return nullptr;
-  if (stage() == 1) {
-    return ElementOffset(group.grads.data(), flat.shard_begin(comm_.rank()), config_.param_dtype());
+  // Held in full where this rank updates only its shard (stage 1).
+  if (rules_.shards_updates() && !rules_.shards_gradients()) {
+    return ElementOffset(group.grads.data(), update_begin(flat), config_.param_dtype());
   }
   return group.grads.data();
 }
@@ -626,8 +623,9 @@ void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
 
 void* ShardedOptimizer::ParamsAt(const FlatGroup& flat, Group& group, int64_t i) {
   if (!device_.holds_bytes() || group.param_slot >= 0) return nullptr;
-  // The shard (stage 3) starts at the update range; the full group does not.
-  const int64_t at = (stage() == 3 ? 0 : update_begin(flat)) + i;
+  // The update range within what the rank holds (the shard itself at
+  // stage 3).
+  const int64_t at = update_begin(flat) - rules_.held_parameters_begin(flat, comm_.rank()) + i;
   return static_cast<char*>(group.params.data()) + at * DTypeSize(config_.param_dtype());
 }
 
@@ -641,7 +639,7 @@ absl::InlinedVector<ShardedOptimizer::Tier, 2> ShardedOptimizer::TiersOf(const F
 
 absl::Status ShardedOptimizer::ZeroGradients(const FlatGroup& flat, Group& group) {
   if (group.grads.empty()) return absl::OkStatus();  // streamed to host: nothing kept
-  const int64_t n = stage() <= 1 ? flat.padded_numel : flat.shard_numel;
+  const int64_t n = rules_.held_gradients(flat);
   return kernels::Fill(device_, *comm_stream_, group.grads.data(), config_.param_dtype(), n, 0.0f);
 }
 

@@ -180,6 +180,7 @@
 #include "sharding/options.h"
 #include "sharding/overlapped_update.h"
 #include "sharding/param_pages.h"
+#include "sharding/stage_rules.h"
 #include "sharding/parameter_gatherer.h"
 
 namespace memwall {
@@ -437,7 +438,6 @@ class ShardedOptimizer {
   absl::Status CheckState(absl::string_view call, int g, int which, size_t size) const;
   // The view of registered parameter `name` inside its group's `buffer`.
   View ViewOf(absl::string_view name, const DeviceBuffer& buffer) const;
-  int stage() const { return config_.zero.stage; }
   // Elements this rank updates in group g, and where they start.
   int64_t update_numel(const FlatGroup& g) const;
   int64_t update_begin(const FlatGroup& g) const;
@@ -446,7 +446,7 @@ class ShardedOptimizer {
   // Stages 2-3 with the whole shard on host: the reduced gradients go
   // straight to host memory and no gradient shard stays on the device.
   bool streams_gradients(const FlatGroup& g) const {
-    return stage() >= 2 && host_numel(g) > 0 && host_numel(g) == update_numel(g);
+    return rules_.shards_gradients() && host_numel(g) > 0 && host_numel(g) == update_numel(g);
   }
   // Parameter paging: group.params lives in the pinned pool, or (a group
   // with a param_slot) the shard lives in param_pages_' store.
@@ -509,7 +509,7 @@ class ShardedOptimizer {
   // overlaps it, and handing group g's host update to its thread with the
   // rule the step would use if nothing clips.
   bool overlaps_update() const {
-    return config_.zero.offload_overlap_step && stage() >= 2 &&
+    return config_.zero.offload_overlap_step && rules_.shards_gradients() &&
            config_.zero.offload_optimizer_ratio > 0;
   }
   absl::Status Speculate(int g);
@@ -518,6 +518,8 @@ class ShardedOptimizer {
   absl::Status ZeroAllGradients();
 
   const ShardingOptions config_;
+  // What the stage shards (Create checked the stage).
+  const StageRules rules_{config_.zero.stage};
   Device& device_;
   Communicator& comm_;
   // The caller's stream (stream()): initialisation, fresh gradient

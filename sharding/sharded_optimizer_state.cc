@@ -64,7 +64,7 @@ absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> o
   for (const Tier& t : TiersOf(flat, group)) {
     MW_RETURN_IF_ERROR(t.tier->ReadState(which, 0, t.tier->numel(), part.data() + t.begin));
   }
-  if (stage() == 0) {  // every rank updates (and holds) the whole group
+  if (!rules_.shards_updates()) {  // every rank updates (and holds) the whole group
     std::copy(part.begin(), part.end(), out.begin());
     return absl::OkStatus();
   }
@@ -86,7 +86,7 @@ absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
   // is (or is being) already, and dropped again after.
   bool gathered_now = false;
   const void* full = group.params.data();
-  if (stage() == 3) {
+  if (rules_.shards_parameters()) {
     MW_ASSIGN_OR_RETURN(const DeviceBuffer* gathered, gatherer_->GatherForRead(g, gathered_now));
     full = gathered->data();
   }
@@ -112,8 +112,8 @@ absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float
   }
   // What the rank holds of the parameters: the whole group at stages 0-2,
   // its shard at stage 3.
-  const int64_t held_begin = stage() == 3 ? ub : 0;
-  const int64_t held = stage() == 3 ? flat.shard_numel : flat.padded_numel;
+  const int64_t held_begin = rules_.held_parameters_begin(flat, comm_.rank());
+  const int64_t held = rules_.held_parameters(flat);
   if (which == 0 && group.param_slot >= 0) {
     // Parameters on NVMe: rounded as Step() rounds them, into the file.
     return param_pages_->WriteFromF32(group.param_slot, full.data() + held_begin,

@@ -60,7 +60,7 @@ absl::Status ShardedOptimizer::CheckStepReady() {
 }
 
 absl::Status ShardedOptimizer::ReduceHeldGradients() {
-  if (stage() > 1) return absl::OkStatus();
+  if (!rules_.reduces_at_step()) return absl::OkStatus();
   ScopedPhase phase(profiler_, "reduce");
   // One set of temporaries, sized for the largest group before any
   // reduction starts: an allocation here while an earlier reduction still
@@ -73,7 +73,7 @@ absl::Status ShardedOptimizer::ReduceHeldGradients() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
     if (!flat.trainable) continue;
-    if (stage() == 0) {
+    if (rules_.all_reduces()) {
       MW_RETURN_IF_ERROR(reducer_->AllReduce(flat, groups_[g].grads.data(), buffers));
     } else {
       MW_RETURN_IF_ERROR(reducer_->ReduceScatter(flat, groups_[g].grads.data(),
@@ -121,7 +121,7 @@ absl::StatusOr<ShardedOptimizer::GradientCheck> ShardedOptimizer::CheckGradients
     check.overflow = check.overflow || r.nonfinite;
     check.squares += r.squares;
   }
-  if (stage() >= 1) MW_RETURN_IF_ERROR(ExchangeGradientCheck(check));
+  if (rules_.shards_updates()) MW_RETURN_IF_ERROR(ExchangeGradientCheck(check));
   // Every rank holds the same sum here (stage 0: of the same all-reduced
   // gradients; stages 1-3: of the same partials in the same order).
   if (need_norm && !std::isfinite(check.squares)) check.overflow = true;
@@ -324,7 +324,7 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
 
 absl::Status ShardedOptimizer::RefreshParameters() {
   // Stages 1-2 hold full parameters but update a shard: all-gather them.
-  if (stage() != 1 && stage() != 2) return absl::OkStatus();
+  if (!rules_.gathers_after_update()) return absl::OkStatus();
   ScopedPhase gather(profiler_, "all-gather");
   const DType dtype = config_.param_dtype();
   for (size_t g = 0; g < groups_.size(); ++g) {
