@@ -99,12 +99,11 @@ absl::Status RunDemo(const DemoOptions& options) {
 
   // The step: this rank's gradients added (f32, rounded once to bf16), the
   // engine's step (reduce-scatter, AdamW on the shard, all-gather).
-  std::vector<float> grads;
   if (!meta) {
-    grads.resize(options.parameters);
+    std::vector<float> grads(options.parameters);
     for (int64_t i = 0; i < options.parameters; ++i) grads[i] = Gradient(rank, i);
+    MW_RETURN_IF_ERROR(engine->Explain(opt.AddGradient(kWeight, grads)));
   }
-  if (!meta) MW_RETURN_IF_ERROR(engine->Explain(opt.AddGradient(kWeight, grads)));
   MW_ASSIGN_OR_RETURN(const ShardedOptimizer::StepResult step, engine->Step());
   if (!step.applied) return absl::InternalError("demo: the step was skipped");
 

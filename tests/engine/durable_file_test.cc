@@ -7,31 +7,20 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "catch2/catch.hpp"
+#include "tests/support/test_files.h"
 
 namespace memwall {
 namespace {
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using testing::ReadFile;
+using testing::TestPath;
 
 TEST_CASE("WriteAll writes every byte and adds them to the CRC-32 as zlib computes it") {
-  const std::string path = TempPath("write_all.bin");
+  const std::string path = TestPath("write_all.bin");
   const std::string data(100000, 'x');
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   REQUIRE(fd >= 0);
@@ -39,17 +28,17 @@ TEST_CASE("WriteAll writes every byte and adds them to the CRC-32 as zlib comput
   REQUIRE(WriteAll(fd, path, data.data(), 40000, crc).ok());
   REQUIRE(WriteAll(fd, path, data.data() + 40000, 60000, crc).ok());
   ::close(fd);
-  CHECK(Read(path) == data);
+  CHECK(ReadFile(path) == data);
   CHECK(crc == crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(data.data()), 100000));
   REQUIRE(SyncPath(path, /*directory=*/false).ok());
 }
 
 TEST_CASE("a file is replaced atomically, and a failed write leaves the old one") {
-  const std::string path = TempPath("manifest.json");
+  const std::string path = TestPath("manifest.json");
   REQUIRE(WriteFileAtomically(path, "old").ok());
-  CHECK(Read(path) == "old");
+  CHECK(ReadFile(path) == "old");
   REQUIRE(WriteFileAtomically(path, "new contents").ok());
-  CHECK(Read(path) == "new contents");
+  CHECK(ReadFile(path) == "new contents");
   CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
 
   InjectCheckpointWriteFailure(4);  // the next 12 bytes fail after 4
@@ -58,15 +47,15 @@ TEST_CASE("a file is replaced atomically, and a failed write leaves the old one"
   CHECK(failed.code() == absl::StatusCode::kInternal);
   CHECK(failed.message() == "checkpoint " + path + ".tmp: write (injected failure): " +
                                 std::strerror(EIO));
-  CHECK(Read(path) == "new contents");
+  CHECK(ReadFile(path) == "new contents");
   CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
 }
 
 TEST_CASE("errors name the path, what failed and the system's reason") {
-  const absl::Status s = SyncPath(TempPath("no/such/dir"), /*directory=*/true);
+  const absl::Status s = SyncPath(TestPath("no/such/dir"), /*directory=*/true);
   CHECK(s.code() == absl::StatusCode::kInternal);
   CHECK(s.message() ==
-        "checkpoint " + TempPath("no/such/dir") + ": open for fsync: " + std::strerror(ENOENT));
+        "checkpoint " + TestPath("no/such/dir") + ": open for fsync: " + std::strerror(ENOENT));
 }
 
 }  // namespace

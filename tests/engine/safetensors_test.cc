@@ -7,34 +7,23 @@
 #include <zlib.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "tests/support/test_files.h"
 #include "engine/durable_file.h"
 
 namespace memwall {
 namespace {
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using testing::ReadFile;
+using testing::TestPath;
 
 TEST_CASE("an f32 file: its header, its values, its size and CRC-32, read back") {
-  const std::string path = TempPath("rank-00000.safetensors");
+  const std::string path = TestPath("rank-00000.safetensors");
   auto file = SafetensorsWriter::Open(path, {{"b/master", {3}}, {"a/master", {2, 2}}});
   REQUIRE(file.ok());
   const float b[3] = {1.5f, -2.0f, 0.25f}, a[4] = {1, 2, 3, 4};
@@ -45,7 +34,7 @@ TEST_CASE("an f32 file: its header, its values, its size and CRC-32, read back")
   CHECK_FALSE(std::filesystem::exists(path));  // not before the commit
   REQUIRE(file->Commit().ok());
 
-  const std::string text = Read(path);
+  const std::string text = ReadFile(path);
   uint64_t length = 0;
   std::memcpy(&length, text.data(), 8);
   // The header's keys sorted, the data in the order declared.
@@ -71,7 +60,7 @@ TEST_CASE("an f32 file: its header, its values, its size and CRC-32, read back")
 }
 
 TEST_CASE("a bf16 file with metadata starts its data 8-byte aligned, values rounded") {
-  const std::string path = TempPath("export.safetensors");
+  const std::string path = TestPath("export.safetensors");
   SafetensorsWriter::Options options;
   options.dtype = DType::kBF16;
   options.metadata = {{"format", "pt"}, {"step", "7"}};
@@ -82,7 +71,7 @@ TEST_CASE("a bf16 file with metadata starts its data 8-byte aligned, values roun
   const float w[3] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -0.1f};
   REQUIRE(file->Append(w, 3).ok());
   REQUIRE(file->Commit().ok());
-  const std::string text = Read(path);
+  const std::string text = ReadFile(path);
   uint64_t length = 0;
   std::memcpy(&length, text.data(), 8);
   CHECK(length % 8 == 0);
@@ -97,7 +86,7 @@ TEST_CASE("a bf16 file with metadata starts its data 8-byte aligned, values roun
 }
 
 TEST_CASE("a failed write leaves no file, and a damaged one is refused by name") {
-  const std::string path = TempPath("failed.safetensors");
+  const std::string path = TestPath("failed.safetensors");
   {
     auto file = SafetensorsWriter::Open(path, {{"x", {1000}}});
     REQUIRE(file.ok());
@@ -106,11 +95,13 @@ TEST_CASE("a failed write leaves no file, and a damaged one is refused by name")
     const absl::Status s = file->Append(x.data(), 1000);
     InjectCheckpointWriteFailure(-1);
     CHECK(s.code() == absl::StatusCode::kInternal);
+    CHECK(s.message() == "checkpoint " + path + ".tmp: write (injected failure): " +
+                             std::strerror(EIO));
   }  // abandoned: the temporary goes
   CHECK_FALSE(std::filesystem::exists(path));
   CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
 
-  const std::string good = TempPath("good.safetensors");
+  const std::string good = TestPath("good.safetensors");
   auto file = SafetensorsWriter::Open(good, {{"x", {4}}});
   REQUIRE(file.ok());
   const float x[4] = {1, 2, 3, 4};

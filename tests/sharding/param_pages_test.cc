@@ -1,11 +1,11 @@
 // ParamPages: parameter shards on NVMe through pinned page buffers, on the
 // host backend with a real file (O_DIRECT where the test's directory
 // allows it) and on meta with a virtual store.
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "tests/support/test_files.h"
 #include "runtime/device.h"
 #include "runtime/units.h"
 #include "sharding/param_pages.h"
@@ -13,10 +13,7 @@
 namespace memwall {
 namespace {
 
-std::string TestDirectory() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
+using testing::TestDirectory;
 
 // 1000 shard elements of bf16 (2000 bytes: one 4 KiB block each copy).
 constexpr int64_t kShard = 1000;
