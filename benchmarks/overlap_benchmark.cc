@@ -110,13 +110,13 @@ Measured Run(Communicator& comm, const Flags& flags, bool overlap) {
   batch.input = Tensor::FromHost(*device, ids, model.input, MemoryCategory::kOther, "in").value();
   batch.target = Tensor::FromHost(*device, next, {tokens}, MemoryCategory::kOther, "t").value();
   Measured m;
-  for (const FlatGroup& g : trainer->optimizer().layout().groups) m.elements += g.padded_numel;
+  for (const FlatGroup& g : trainer->states().layout().groups) m.elements += g.padded_numel;
   const int warmup = 2;
   double busy_before = 0;
   size_t phases_before = 0;
   for (int k = 0; k < warmup + steps; ++k) {
     if (k == warmup) {
-      busy_before = trainer->optimizer().overlapped_update_seconds();
+      busy_before = trainer->states().overlapped_update_seconds();
       phases_before = profiler.phases().size();
     }
     const double start = Now();
@@ -153,14 +153,12 @@ Measured Run(Communicator& comm, const Flags& flags, bool overlap) {
   if (overlap && !flags.profile.empty()) {
     if (!WriteReports(profiler, flags.profile).ok()) std::abort();
   }
-  if (overlap) m.update = trainer->optimizer().overlapped_update_seconds() - busy_before;
+  if (overlap) m.update = trainer->states().overlapped_update_seconds() - busy_before;
   for (double* x : {&m.step, &m.forward, &m.backward, &m.update, &m.tail, &m.hidden, &m.disk}) {
     *x /= steps;
   }
-  for (int g = 0; g < static_cast<int>(trainer->optimizer().layout().groups.size()); ++g) {
-    const int64_t n = trainer->optimizer().layout().groups[g].padded_numel;
-    std::vector<float> w(n);
-    if (!trainer->optimizer().GatherState(g, 0, absl::MakeSpan(w)).ok()) std::abort();
+  for (int g = 0; g < static_cast<int>(trainer->states().layout().groups.size()); ++g) {
+    const std::vector<float> w = trainer->states().GatherState(g, 0).value();
     m.weights.insert(m.weights.end(), w.begin(), w.end());
   }
   return m;

@@ -80,7 +80,7 @@ absl::Status RunDemo(const DemoOptions& options) {
   // values on every rank (none on meta).
   ParameterGroup group;
   group.name = "toy";
-  ShardedOptimizer::ParameterInit weight;
+  ParameterInit weight;
   weight.name = kWeight;
   weight.shape = {options.parameters};
   if (!meta) {
@@ -95,22 +95,22 @@ absl::Status RunDemo(const DemoOptions& options) {
   engine_options.simulate_ranks = options.simulate_ranks;
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                       Engine::Create(engine_options, config, {std::move(group)}));
-  ShardedOptimizer& opt = engine->optimizer();
+  ModelStates& states = engine->states();
 
   // The step: this rank's gradients added (f32, rounded once to bf16), the
   // engine's step (reduce-scatter, AdamW on the shard, all-gather).
   if (!meta) {
     std::vector<float> grads(options.parameters);
     for (int64_t i = 0; i < options.parameters; ++i) grads[i] = Gradient(rank, i);
-    MW_RETURN_IF_ERROR(engine->Explain(opt.AddGradient(kWeight, grads)));
+    MW_RETURN_IF_ERROR(engine->Explain(states.AddGradient(kWeight, grads)));
   }
-  MW_ASSIGN_OR_RETURN(const ShardedOptimizer::StepResult step, engine->Step());
+  MW_ASSIGN_OR_RETURN(const StepResult step, engine->Step());
   if (!step.applied) return absl::InternalError("demo: the step was skipped");
 
   int64_t mismatches = 0;
   if (!meta) {
     std::vector<float> gathered(options.parameters);
-    MW_RETURN_IF_ERROR(opt.ReadParameter(kWeight, absl::MakeSpan(gathered)));
+    MW_RETURN_IF_ERROR(states.ReadParameter(kWeight, absl::MakeSpan(gathered)));
     mismatches = Mismatches(gathered, ranks);
   }
 
@@ -139,7 +139,7 @@ absl::Status RunDemo(const DemoOptions& options) {
   const size_t n = kAllMemoryCategories.size();
   int64_t total_mismatches = 0;
   for (int64_t x : column(n + 4)) total_mismatches += x;
-  const int64_t shard = opt.layout().groups[0].shard_numel;
+  const int64_t shard = states.layout().groups[0].shard_numel;
   // On meta this process plays rank 0 of the simulated world.
   const int world_size = comm.world_size();
   std::printf("memwall demo: %d rank%s%s, %s backend with %s per rank, %lld parameters (%lld per "

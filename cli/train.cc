@@ -72,7 +72,7 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
   const bool offloaded = config.zero.offload_optimizer_ratio > 0;
   // Frozen blocks: what trains, from the engine's flat groups.
   int64_t trainable = 0;
-  for (const FlatGroup& g : engine.optimizer().layout().groups) {
+  for (const FlatGroup& g : engine.states().layout().groups) {
     if (g.trainable) trainable += g.numel;
   }
   const int64_t parameters = GptParameterCount(gpt);
@@ -130,7 +130,7 @@ void PrintHeader(const TrainOptions& options, const GptConfig& gpt, Engine& engi
     if (config.zero.offload_overlap_step) {
       // Backward reduces the first group last: its update cannot start
       // before backward ends, so a model in one group overlaps nothing.
-      const FlatLayout& layout = engine.optimizer().layout();
+      const FlatLayout& layout = engine.states().layout();
       const size_t groups = layout.groups.size();
       if (groups == 1) {
         overlap = absl::StrFormat(
@@ -218,7 +218,7 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
   float first_loss = 0, last_loss = 0;
   double seconds = 0;
   const int64_t first_step = engine.steps();
-  const int64_t skipped_before = engine.optimizer().steps_skipped();
+  const int64_t skipped_before = engine.states().steps_skipped();
   if (first_step >= options.steps && world.rank() == 0 && options.steps > 0) {
     Emit(options,
          absl::StrFormat("nothing to train: the run is at step %lld and --steps %lld is the step "
@@ -233,7 +233,7 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
                                                     step * accumulation + u));
       batches.push_back(std::move(b));
     }
-    const float lr = engine.optimizer().LearningRate(0);  // memwall's layers use one group
+    const float lr = engine.states().LearningRate(0).value();  // memwall's layers use one group
     const auto start = std::chrono::steady_clock::now();
     MW_ASSIGN_OR_RETURN(const Trainer::StepReport report, engine.TrainStep(batches));
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
@@ -264,7 +264,7 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
     MW_RETURN_IF_ERROR(Save(options, engine));
   }
   if (world.rank() == 0 && ran > 0) {
-    const int64_t skipped = engine.optimizer().steps_skipped() - skipped_before;
+    const int64_t skipped = engine.states().steps_skipped() - skipped_before;
     const double throughput = tokens_per_step * ran / seconds;
     std::string text = absl::StrFormat("summary: %lld steps (%lld skipped), %.0f tokens/s",
                                        static_cast<long long>(ran),

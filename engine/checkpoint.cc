@@ -74,13 +74,6 @@ std::vector<int> FileOwners(const std::vector<Param>& params, int world) {
   return owner;
 }
 
-std::vector<std::string> StateNames(const ShardedOptimizer& opt) {
-  return memwall::StateNames(opt.config().optimizer.type == OptimizerType::kAdam
-                                 ? StateTier::Rule::kAdam
-                                 : StateTier::Rule::kSgd,
-                             opt.num_states() == 2);
-}
-
 std::string RankFile(int rank) { return absl::StrFormat("rank-%05d.safetensors", rank); }
 
 // Deletes a checkpoint so that no moment leaves a complete-looking one
@@ -149,7 +142,7 @@ json Manifest(ShardedOptimizer& opt, int64_t steps, const std::string& model,
       {"zero_stage", config.zero.stage},
       {"param_dtype", DTypeName(config.param_dtype())},
       {"optimizer", config.optimizer.type == OptimizerType::kAdam ? "adam" : "sgd"},
-      {"states", StateNames(opt)},
+      {"states", opt.state_names()},
       {"model", model},
   };
   json list = json::array();
@@ -206,7 +199,7 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
   const int rank = comm.rank(), world = comm.world_size();
   const FlatLayout& layout = opt.layout();
   const std::vector<Param> params = ParamsOf(opt);
-  const std::vector<std::string> states = StateNames(opt);
+  const std::vector<std::string> states = opt.state_names();
   const std::string out = StepDir(dir, steps);
   std::error_code ec;
   // A save that fails removes the step directory it made (or found
@@ -542,7 +535,7 @@ absl::Status CheckTensors(const Loaded& loaded, const std::string& at) {
 absl::StatusOr<Loaded> Validate(const ShardedOptimizer& opt, const std::string& at,
                                 const std::string& description) {
   MW_ASSIGN_OR_RETURN(Loaded loaded, ReadVerified(at));
-  const std::vector<std::string> states = StateNames(opt);
+  const std::vector<std::string> states = opt.state_names();
   if (loaded.states != states) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", loaded.manifest, ": field 'states' is [", absl::StrJoin(loaded.states, ", "),
@@ -637,7 +630,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(ShardedOptimizer& opt, const std
   const std::string at = result.path;
   const FlatLayout& layout = opt.layout();
   const std::vector<Param> params = ParamsOf(opt);
-  const std::vector<std::string> states = StateNames(opt);
+  const std::vector<std::string> states = opt.state_names();
   std::map<std::string, std::ifstream> files;
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     const FlatGroup& flat = layout.groups[g];

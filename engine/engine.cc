@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   MW_ASSIGN_OR_RETURN(e.owned_optimizer_,
                       ShardedOptimizer::Create(e.config_, *e.device_, *e.comm_));
   e.optimizer_ = e.owned_optimizer_.get();
+  e.states_.emplace(*e.optimizer_);
   e.compute_stream_.emplace(*e.device_, e.optimizer_->stream());
   for (ParameterGroup& group : groups) {
     MW_RETURN_IF_ERROR(
@@ -277,6 +278,7 @@ absl::Status Engine::BuildTrainer(const EngineOptions& options) {
   MW_RETURN_IF_ERROR(Explain(created.status()));
   trainer_ = std::move(created).value();
   optimizer_ = &trainer_->optimizer();
+  states_.emplace(*optimizer_);
   compute_stream_.emplace(*device_, optimizer_->stream());
   trainer_->set_profiler(profiler_.get());
   const int rank = comm_->rank(), world = comm_->world_size();
@@ -301,7 +303,7 @@ absl::StatusOr<Trainer::StepReport> Engine::TrainStep(absl::Span<const Batch> mi
   return report;
 }
 
-absl::StatusOr<ShardedOptimizer::StepResult> Engine::Step() {
+absl::StatusOr<StepResult> Engine::Step() {
   if (trainer_ != nullptr) {
     return absl::FailedPreconditionError(
         "Step: this engine drives its layers' steps; call TrainStep(micro_batches)");
@@ -359,12 +361,6 @@ absl::Status Engine::AgreeOnHyperparameters() {
       "would update its shard with its own; nothing was updated",
       first, world_->rank(), world_->world_size(), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
       h.momentum));
-}
-
-std::vector<std::string> Engine::state_names() const {
-  return StateNames(config_.optimizer.type == OptimizerType::kAdam ? StateTier::Rule::kAdam
-                                                                   : StateTier::Rule::kSgd,
-                    optimizer_->num_states() == 2);
 }
 
 int64_t Engine::steps() const {

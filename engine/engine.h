@@ -20,9 +20,12 @@
 //         explicit groups (each one flat group that gathers, releases and
 //         reduces together, as FSDP2's fully_shard names modules), keeps
 //         its own forward and backward, reads parameters and adds
-//         gradients through optimizer()'s views (or their f32 forms
+//         gradients through states()'s views (or their f32 forms
 //         ReadParameter/AddGradient), and calls Step();
-//   - the compute stream: optimizer().stream() is the device's current
+//     either way, callers read and write the model states (parameters,
+//     gradients, optimizer states, hyperparameter groups, step counters)
+//     through states() (engine/model_states.h), never the optimizer;
+//   - the compute stream: states().stream() is the device's current
 //     stream for the engine's lifetime, so what is allocated without a
 //     stream is that stream's, and the allocator reuses blocks a
 //     collective still reads only after that stream is ordered after it
@@ -53,6 +56,7 @@
 #include "engine/config.h"
 #include "engine/dry_run.h"
 #include "engine/model.h"
+#include "engine/model_states.h"
 #include "engine/trainer.h"
 #include "profiler/memory_profiler.h"
 #include "runtime/communicator.h"
@@ -113,11 +117,18 @@ struct EngineOptions {
 // allowed; else none.
 int64_t PinnedBytes(int64_t flag, int64_t capacity, const Config& config);
 
+// A parameter of a caller-owned model with its initial values
+// (ShardedOptimizer::ParameterInit: name, shape, values, trainable,
+// hyperparameter group).
+using ParameterInit = ShardedOptimizer::ParameterInit;
 // One explicit unit of a caller-owned model.
 struct ParameterGroup {
   std::string name;
-  std::vector<ShardedOptimizer::ParameterInit> parameters;
+  std::vector<ParameterInit> parameters;
 };
+// What a step did: applied or skipped, the gradient norm, the next loss
+// scale (ShardedOptimizer::StepResult).
+using StepResult = ShardedOptimizer::StepResult;
 
 // The CPU update's threads per rank when `ranks_on_node` ranks share
 // `cores` cores: an even share, at least 1.
@@ -156,7 +167,8 @@ class Engine {
   Communicator& communicator() { return *comm_; }
   Device& device() { return *device_; }
   MemoryProfiler& profiler() { return *profiler_; }
-  ShardedOptimizer& optimizer() { return *optimizer_; }
+  // The model states of either kind of model (engine/model_states.h).
+  ModelStates& states() { return *states_; }
   // Layer models only (null otherwise).
   Trainer* trainer() { return trainer_.get(); }
   // Layer models: one micro-batch's input and target shapes.
@@ -174,12 +186,9 @@ class Engine {
   // group, with nothing updated and the step's gradients dropped
   // (AbortStep): each would otherwise update its shard with its own values.
   // Collective.
-  absl::StatusOr<ShardedOptimizer::StepResult> Step();
+  absl::StatusOr<StepResult> Step();
   // Training steps taken (skipped ones included): the data position.
   int64_t steps() const;
-  // The names of each parameter's f32 optimizer states, master weights
-  // first (sharding/state_tier.h StateNames): as checkpoints name them.
-  std::vector<std::string> state_names() const;
 
   // Training checkpoints (engine/checkpoint.h), of either kind of model;
   // loading also restores steps() (and passes over damaged checkpoints to
@@ -250,6 +259,7 @@ class Engine {
   std::unique_ptr<ShardedOptimizer> owned_optimizer_;  // caller-owned models
   std::unique_ptr<Trainer> trainer_;
   ShardedOptimizer* optimizer_ = nullptr;
+  std::optional<ModelStates> states_;  // of optimizer_
   std::optional<Device::StreamGuard> compute_stream_;  // optimizer_'s stream, current
   std::unique_ptr<SaveDirectory> save_directory_;
   // The checkpoint path last loaded, and the directories saved into: the

@@ -164,6 +164,7 @@ Trainer::Trainer(std::vector<std::unique_ptr<Layer>> layers, std::unique_ptr<Los
       loss_(std::move(loss)),
       device_(device),
       optimizer_(std::move(optimizer)),
+      states_(*optimizer_),
       stream_(&optimizer_->stream()) {
   // Activations are stored in the parameters' dtype (16-bit storage, f32
   // compute; see engine/layer.h).

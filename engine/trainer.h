@@ -28,6 +28,7 @@
 #include "absl/types/span.h"
 #include "checkpointing/plan.h"
 #include "engine/layer.h"
+#include "engine/model_states.h"
 #include "profiler/memory_profiler.h"
 #include "runtime/communicator.h"
 #include "runtime/device.h"
@@ -90,7 +91,10 @@ class Trainer {
   absl::Status SetRecomputationPlan(const RecomputationPlan& plan, const Chain& chain);
   const RecomputationPlan& recomputation_plan() const { return plan_; }
 
+  // The engine's internals and their tests drive the optimizer itself;
+  // other callers read and write the model states through states().
   ShardedOptimizer& optimizer() { return *optimizer_; }
+  ModelStates& states() { return states_; }
   Device& device() { return device_; }
   // Training steps taken (TrainStep calls, skipped steps included): the
   // data position of a resumed run. Set by LoadCheckpoint.
@@ -133,6 +137,7 @@ class Trainer {
   std::unique_ptr<LossFunction> loss_;
   Device& device_;
   std::unique_ptr<ShardedOptimizer> optimizer_;
+  ModelStates states_;  // of optimizer_
   // The optimizer's caller stream: layers compute on it (engine/layer.h).
   Stream* stream_;
   std::vector<std::unique_ptr<LayerContext>> contexts_;

@@ -149,10 +149,10 @@ int main(int argc, char** argv) {
   options.device_bytes = 64 * memwall::kMiB;
   const std::unique_ptr<memwall::Engine> engine = Check(memwall::Engine::Create(
       options, config, {Unit("layer1", kIn, kHidden, 1), Unit("layer2", kHidden, kOut, 2)}));
-  memwall::ShardedOptimizer& opt = engine->optimizer();
+  memwall::ModelStates& states = engine->states();
   const int rank = engine->communicator().rank(), ranks = engine->communicator().world_size();
-  auto param = [&](const char* name) { return static_cast<const float*>(Check(opt.Parameter(name)).data); };
-  auto grad = [&](const char* name) { return static_cast<float*>(Check(opt.Gradient(name)).data); };
+  auto param = [&](const char* name) { return static_cast<const float*>(Check(states.Parameter(name)).data); };
+  auto grad = [&](const char* name) { return static_cast<float*>(Check(states.Gradient(name)).data); };
 
   std::vector<float> x(kBatch * kIn), y(kBatch * kOut), h(kBatch * kHidden), dout(kBatch * kOut),
       dh(kBatch * kHidden);
@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
       Sample(long(step) * ranks * kBatch + rank * kBatch + b, &x[b * kIn], &y[b * kOut]);
     }
     // Forward: stage 3 gathers each unit just before it runs (else no-ops).
-    Check(opt.GatherParameters(0));
-    Check(opt.GatherParameters(1));
+    Check(states.Gather(0));
+    Check(states.Gather(1));
     const Weights w{param("layer1.weight"), param("layer1.bias"), param("layer2.weight"),
                     param("layer2.bias")};
     float loss = 0;
@@ -172,20 +172,20 @@ int main(int argc, char** argv) {
       loss += Layer2Forward(w, &h[b * kHidden], &y[b * kOut], &dout[b * kOut]);
     }
     // Backward in reverse, each unit's gradients reduced right after it.
-    Check(opt.AcquireGradients(1));
+    Check(states.AcquireGradients(1));
     Grads g{nullptr, nullptr, grad("layer2.weight"), grad("layer2.bias")};
     for (int b = 0; b < kBatch; ++b) {
       Layer2Backward(w, &h[b * kHidden], &dout[b * kOut], g, &dh[b * kHidden]);
     }
-    Check(opt.ReduceGradients(1));
-    Check(opt.ReleaseParameters(1));
-    Check(opt.AcquireGradients(0));
+    Check(states.ReduceGradients(1));
+    Check(states.Release(1));
+    Check(states.AcquireGradients(0));
     g.w1 = grad("layer1.weight");
     g.b1 = grad("layer1.bias");
     for (int b = 0; b < kBatch; ++b) Layer1Backward(&x[b * kIn], &h[b * kHidden], &dh[b * kHidden], g);
-    Check(opt.ReduceGradients(0));
-    Check(opt.ReleaseParameters(0));
-    const memwall::ShardedOptimizer::StepResult result = Check(engine->Step());
+    Check(states.ReduceGradients(0));
+    Check(states.Release(0));
+    const memwall::StepResult result = Check(engine->Step());
 
     float mean = loss;
     MPI_Allreduce(MPI_IN_PLACE, &mean, 1, MPI_FLOAT, MPI_SUM, engine->world().comm());

@@ -107,7 +107,7 @@ py::list OwnerList(const std::vector<OwnerBytes>& owners) {
   return out;
 }
 
-py::memoryview ViewOf(const ShardedOptimizer::View& view) {
+py::memoryview ViewOf(const ModelStates::View& view) {
   return py::memoryview::from_memory(view.data,
                                      static_cast<py::ssize_t>(view.numel * DTypeSize(view.dtype)),
                                      /*readonly=*/false);
@@ -168,7 +168,7 @@ class PyEngine {
     for (const auto& [name, parameters] : groups) {
       ParameterGroup group{name, {}};
       for (const ParameterArg& p : parameters) {
-        ShardedOptimizer::ParameterInit init{p.name, p.shape, {}, p.trainable, p.hyper_group};
+        ParameterInit init{p.name, p.shape, {}, p.trainable, p.hyper_group};
         if (p.values != 0) {
           const auto* values = reinterpret_cast<const float*>(p.values);
           init.values.assign(values, values + NumElements(p.shape));
@@ -181,18 +181,18 @@ class PyEngine {
   }
 
   Engine& engine() { return *engine_; }
-  ShardedOptimizer& opt() { return engine_->optimizer(); }
+  ModelStates& states() { return engine_->states(); }
 
-  py::memoryview Parameter(const std::string& name) { return ViewOf(Value(opt().Parameter(name))); }
-  py::memoryview Gradient(const std::string& name) { return ViewOf(Value(opt().Gradient(name))); }
+  py::memoryview Parameter(const std::string& name) { return ViewOf(Value(states().Parameter(name))); }
+  py::memoryview Gradient(const std::string& name) { return ViewOf(Value(states().Gradient(name))); }
 
   void AddGradient(const std::string& name, uintptr_t data, int64_t numel) {
     const auto* values = reinterpret_cast<const float*>(data);
-    Check(opt().AddGradient(name, absl::MakeConstSpan(values, numel)));
+    Check(states().AddGradient(name, absl::MakeConstSpan(values, numel)));
   }
 
   py::dict Step() {
-    const ShardedOptimizer::StepResult r = Value(engine_->Step());
+    const StepResult r = Value(engine_->Step());
     py::dict out;
     out["applied"] = r.applied;
     out["grad_norm"] = r.grad_norm;
@@ -202,38 +202,23 @@ class PyEngine {
 
   void SetHyperparameters(int index, float lr, float beta1, float beta2, float eps,
                           float weight_decay, float momentum) {
-    Check(opt().SetHyperparameters(index, {lr, beta1, beta2, eps, weight_decay, momentum}));
-  }
-
-  std::vector<float> MasterWeights(const std::string& name) {
-    Value(opt().GroupOf(name));  // kNotFound for a name never registered
-    const std::vector<ParameterSpec>& specs = opt().parameters();
-    size_t p = 0;
-    while (specs[p].name != name) ++p;
-    std::vector<float> out(opt().layout().placements[p].numel);
-    Check(opt().MasterWeights(name, absl::MakeSpan(out)));
-    return out;
+    Check(states().SetHyperparameters(index, {lr, beta1, beta2, eps, weight_decay, momentum}));
   }
 
   // Collective: state `which` of group g, all its padded elements, as f32
   // bytes.
   py::bytes GatherState(int g, int which) {
-    const FlatLayout& layout = opt().layout();
-    if (g < 0 || g >= static_cast<int>(layout.groups.size())) {
-      Raise(absl::InvalidArgumentError(absl::StrCat("group ", g, " of ", layout.groups.size())));
-    }
-    std::vector<float> out(layout.groups[g].padded_numel);
-    Check(opt().GatherState(g, which, absl::MakeSpan(out)));
+    const std::vector<float> out = Value(states().GatherState(g, which));
     return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
   }
 
   void SetState(int g, int which, uintptr_t data, int64_t numel) {
     const auto* values = reinterpret_cast<const float*>(data);
-    Check(opt().SetState(g, which, absl::MakeConstSpan(values, numel)));
+    Check(states().SetState(g, which, absl::MakeConstSpan(values, numel)));
   }
 
   py::dict Progress() {
-    const ShardedOptimizer::Progress p = opt().progress();
+    const ModelStates::Progress p = states().progress();
     py::dict out;
     out["steps_applied"] = p.steps_applied;
     out["steps_skipped"] = p.steps_skipped;
@@ -244,13 +229,13 @@ class PyEngine {
   }
 
   void SetProgress(const py::dict& d) {
-    ShardedOptimizer::Progress p;
+    ModelStates::Progress p;
     p.steps_applied = d["steps_applied"].cast<int64_t>();
     p.steps_skipped = d["steps_skipped"].cast<int64_t>();
     p.loss_scale = d["loss_scale"].cast<float>();
     p.clean_steps = d["clean_steps"].cast<int>();
     p.overflows_left = d["overflows_left"].cast<int>();
-    opt().set_progress(p);
+    states().set_progress(p);
   }
 
   // The profiler's peak: {"bytes", "phase", "phase_path", "by_category":
@@ -293,7 +278,7 @@ class PyEngine {
 
   py::list Groups() {
     py::list out;
-    const FlatLayout& layout = opt().layout();
+    const FlatLayout& layout = states().layout();
     for (const FlatGroup& g : layout.groups) {
       py::dict d;
       d["name"] = g.name;
@@ -302,7 +287,7 @@ class PyEngine {
       d["padded_numel"] = g.padded_numel;
       py::list names, offsets;
       for (int p : g.parameters) {
-        names.append(opt().parameters()[p].name);
+        names.append(states().parameters()[p].name);
         offsets.append(layout.placements[p].offset);
       }
       d["parameters"] = names;
@@ -386,35 +371,32 @@ PYBIND11_MODULE(_memwall, m) {
       .def_property_readonly("stage", [](PyEngine& e) { return e.engine().config().zero.stage; })
       .def_property_readonly("param_dtype",
                              [](PyEngine& e) {
-                               return std::string(memwall::DTypeName(e.opt().config().param_dtype()));
+                               return std::string(memwall::DTypeName(e.states().param_dtype()));
                              })
-      .def_property_readonly("loss_scale", [](PyEngine& e) { return e.opt().loss_scale(); })
+      .def_property_readonly("loss_scale", [](PyEngine& e) { return e.states().loss_scale(); })
       .def_property_readonly("steps", [](PyEngine& e) { return e.engine().steps(); })
-      .def_property_readonly("num_hyper_groups", [](PyEngine& e) { return e.opt().num_hyper_groups(); })
+      .def_property_readonly("num_hyper_groups", [](PyEngine& e) { return e.states().num_hyper_groups(); })
       .def("groups", &PyEngine::Groups)
-      .def("group_of", [](PyEngine& e, const std::string& name) { return memwall::Value(e.opt().GroupOf(name)); })
+      .def("group_of", [](PyEngine& e, const std::string& name) { return memwall::Value(e.states().GroupOf(name)); })
       .def("parameter", &PyEngine::Parameter)
       .def("gradient", &PyEngine::Gradient)
       .def("add_gradient", &PyEngine::AddGradient)
-      .def("gather", [](PyEngine& e, int g) { memwall::Check(e.opt().GatherParameters(g)); })
-      .def("release", [](PyEngine& e, int g) { memwall::Check(e.opt().ReleaseParameters(g)); })
-      .def("acquire_gradients", [](PyEngine& e, int g) { memwall::Check(e.opt().AcquireGradients(g)); })
-      .def("reduce_gradients", [](PyEngine& e, int g) { memwall::Check(e.opt().ReduceGradients(g)); })
+      .def("gather", [](PyEngine& e, int g) { memwall::Check(e.states().Gather(g)); })
+      .def("release", [](PyEngine& e, int g) { memwall::Check(e.states().Release(g)); })
+      .def("acquire_gradients", [](PyEngine& e, int g) { memwall::Check(e.states().AcquireGradients(g)); })
+      .def("reduce_gradients", [](PyEngine& e, int g) { memwall::Check(e.states().ReduceGradients(g)); })
       .def("step", &PyEngine::Step)
-      .def("abort_step", [](PyEngine& e) { memwall::Check(e.opt().AbortStep()); })
-      .def("redone_updates", [](PyEngine& e) { return e.opt().redone_updates(); })
+      .def("abort_step", [](PyEngine& e) { memwall::Check(e.states().AbortStep()); })
+      .def("redone_updates", [](PyEngine& e) { return e.states().redone_updates(); })
       .def("set_hyperparameters", &PyEngine::SetHyperparameters)
       .def("learning_rate",
-           [](PyEngine& e, int index) {
-             if (index < 0 || index >= e.opt().num_hyper_groups()) {
-               memwall::Raise(absl::InvalidArgumentError(
-                   absl::StrCat("learning_rate: group ", index, " of ", e.opt().num_hyper_groups())));
-             }
-             return e.opt().LearningRate(index);
-           },
+           [](PyEngine& e, int index) { return memwall::Value(e.states().LearningRate(index)); },
            "The rate group `index` trains with at the next step (the config's scheduler "
            "applied to its lr).")
-      .def("master_weights", &PyEngine::MasterWeights)
+      .def("master_weights",
+           [](PyEngine& e, const std::string& name) {
+             return memwall::Value(e.states().MasterWeights(name));
+           })
       .def("memory", &PyEngine::Memory)
       .def("begin_phase", [](PyEngine& e, const std::string& name) { e.engine().profiler().BeginPhase(name); })
       .def("end_phase", [](PyEngine& e) { return e.engine().profiler().EndPhase(); })
@@ -431,9 +413,9 @@ PYBIND11_MODULE(_memwall, m) {
            [](PyEngine& e, const std::string& dir) {
              memwall::Check(memwall::WriteReports(e.engine().profiler(), dir));
            })
-      .def_property_readonly("num_states", [](PyEngine& e) { return e.opt().num_states(); })
+      .def_property_readonly("num_states", [](PyEngine& e) { return e.states().num_states(); })
       .def_property_readonly("state_names",
-                             [](PyEngine& e) { return e.engine().state_names(); })
+                             [](PyEngine& e) { return e.states().state_names(); })
       .def("gather_state", &PyEngine::GatherState)
       .def("set_state", &PyEngine::SetState)
       .def("progress", &PyEngine::Progress)

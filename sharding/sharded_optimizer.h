@@ -372,6 +372,10 @@ class ShardedOptimizer {
   // weights (the parameters in f32 runs), then Adam's m and v, or SGD's
   // momentum buffer (none without momentum).
   int num_states() const;
+  // Their names, as checkpoints and state dicts name them (state_tier.h
+  // StateNames): "master", then "exp_avg" and "exp_avg_sq", or
+  // "momentum".
+  std::vector<std::string> state_names() const;
   // Collective: state `which` of group g, all padded_numel elements (padding
   // included), into `out` on every rank, wherever its parts live (device,
   // pinned pool, NVMe). kInvalidArgument for a bad group, state or size;

@@ -2,6 +2,7 @@
 // state of a whole group gathered from wherever its parts live, set back
 // from a whole group, and the step counters.
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,12 @@ namespace memwall {
 int ShardedOptimizer::num_states() const {
   if (config_.optimizer.type == OptimizerType::kAdam) return 3;
   return config_.optimizer.momentum > 0 ? 2 : 1;
+}
+
+std::vector<std::string> ShardedOptimizer::state_names() const {
+  return StateNames(config_.optimizer.type == OptimizerType::kAdam ? StateTier::Rule::kAdam
+                                                                   : StateTier::Rule::kSgd,
+                    num_states() == 2);
 }
 
 ShardedOptimizer::Progress ShardedOptimizer::progress() const {

@@ -198,23 +198,23 @@ EngineOptions Options(Backend backend = Backend::kHost) {
 // the gradient views (accumulating over micro-batches where they hold the
 // previous ones), a bf16 one computes f32 gradients and adds them once
 // (AddGradient), as memwall's own LayerContext does.
-void CallerBackward(ShardedOptimizer& opt, int l, const std::vector<float>& w,
+void CallerBackward(ModelStates& states, int l, const std::vector<float>& w,
                     const std::vector<float>& x, const std::vector<float>& y,
                     const std::vector<float>& dy, std::vector<float>& dx) {
   const int in = kWidths[l], out = kWidths[l + 1];
   const std::string weight = LayerName(l) + ".weight", bias = LayerName(l) + ".bias";
   float* dx_or_null = l > 0 ? dx.data() : nullptr;
-  if (opt.config().param_dtype() == DType::kF32) {
-    float* dw = static_cast<float*>(opt.Gradient(weight).value().data);
-    float* db = static_cast<float*>(opt.Gradient(bias).value().data);
+  if (states.param_dtype() == DType::kF32) {
+    float* dw = static_cast<float*>(states.Gradient(weight).value().data);
+    float* db = static_cast<float*>(states.Gradient(bias).value().data);
     DenseBackward(w.data(), x.data(), y.data(), dy.data(), dw, db, dx_or_null, kRows, in, out);
     return;
   }
   std::vector<float> dw(in * out, 0.0f), db(out, 0.0f);
   DenseBackward(w.data(), x.data(), y.data(), dy.data(), dw.data(), db.data(), dx_or_null, kRows,
                 in, out);
-  REQUIRE(opt.AddGradient(weight, dw).ok());
-  REQUIRE(opt.AddGradient(bias, db).ok());
+  REQUIRE(states.AddGradient(weight, dw).ok());
+  REQUIRE(states.AddGradient(bias, db).ok());
 }
 
 // One step of the caller-owned model: per micro-batch, each group gathered
@@ -222,7 +222,7 @@ void CallerBackward(ShardedOptimizer& opt, int l, const std::vector<float>& w,
 // released after its backward; then the optimizer step. Returns the mean
 // loss over the micro-batches (summed in double, as the Trainer does).
 float CallerStep(Engine& engine, int step) {
-  ShardedOptimizer& opt = engine.optimizer();
+  ModelStates& states = engine.states();
   const int layers = static_cast<int>(kWidths.size()) - 1;
   const int accumulation = engine.config().gradient_accumulation_steps;
   double loss = 0;
@@ -232,11 +232,11 @@ float CallerStep(Engine& engine, int step) {
     std::vector<std::vector<float>> w(layers), b(layers);
     for (int l = 0; l < layers; ++l) {
       const int in = kWidths[l], out = kWidths[l + 1];
-      REQUIRE(opt.GatherParameters(l).ok());
+      REQUIRE(states.Gather(l).ok());
       w[l].resize(in * out);
       b[l].resize(out);
-      REQUIRE(opt.ReadParameter(LayerName(l) + ".weight", absl::MakeSpan(w[l])).ok());
-      REQUIRE(opt.ReadParameter(LayerName(l) + ".bias", absl::MakeSpan(b[l])).ok());
+      REQUIRE(states.ReadParameter(LayerName(l) + ".weight", absl::MakeSpan(w[l])).ok());
+      REQUIRE(states.ReadParameter(LayerName(l) + ".bias", absl::MakeSpan(b[l])).ok());
       acts.emplace_back(kRows * out);
       DenseForward(w[l].data(), b[l].data(), acts[l].data(), acts[l + 1].data(), kRows, in, out);
     }
@@ -245,11 +245,11 @@ float CallerStep(Engine& engine, int step) {
     loss += HalfSquaredError(acts.back().data(), target.data(), dy.data(),
                              static_cast<int>(dy.size()));
     for (int l = layers - 1; l >= 0; --l) {
-      REQUIRE(opt.AcquireGradients(l).ok());
+      REQUIRE(states.AcquireGradients(l).ok());
       std::vector<float> dx(kRows * kWidths[l]);
-      CallerBackward(opt, l, w[l], acts[l], acts[l + 1], dy, dx);
-      REQUIRE(opt.ReduceGradients(l).ok());
-      REQUIRE(opt.ReleaseParameters(l).ok());
+      CallerBackward(states, l, w[l], acts[l], acts[l + 1], dy, dx);
+      REQUIRE(states.ReduceGradients(l).ok());
+      REQUIRE(states.Release(l).ok());
       dy = std::move(dx);
     }
   }
@@ -274,13 +274,11 @@ std::vector<Batch> TrainerBatches(Device& device, int step, int accumulation) {
 }
 
 // Every state of every group, gathered (collective).
-std::vector<std::vector<float>> States(ShardedOptimizer& opt) {
+std::vector<std::vector<float>> States(ModelStates& states) {
   std::vector<std::vector<float>> out;
-  for (size_t g = 0; g < opt.layout().groups.size(); ++g) {
-    for (int s = 0; s < opt.num_states(); ++s) {
-      std::vector<float> full(opt.layout().groups[g].padded_numel);
-      REQUIRE(opt.GatherState(static_cast<int>(g), s, absl::MakeSpan(full)).ok());
-      out.push_back(std::move(full));
+  for (size_t g = 0; g < states.layout().groups.size(); ++g) {
+    for (int s = 0; s < states.num_states(); ++s) {
+      out.push_back(states.GatherState(static_cast<int>(g), s).value());
     }
   }
   return out;
@@ -289,7 +287,7 @@ std::vector<std::vector<float>> States(ShardedOptimizer& opt) {
 // The layer model's initial values are drawn from the seed; the caller's
 // are its own. Start both from the same: the caller's values into the
 // Trainer's optimizer (SetState on the master weights sets the parameters).
-void CopyInitialValues(ShardedOptimizer& from_caller, ShardedOptimizer& to) {
+void CopyInitialValues(ModelStates& from_caller, ModelStates& to) {
   const std::vector<std::vector<float>> states = States(from_caller);
   const int per_group = from_caller.num_states();
   for (size_t g = 0; g < to.layout().groups.size(); ++g) {
@@ -311,7 +309,7 @@ TEST_CASE("a caller-owned model through the engine trains bit for bit like the T
             }).value();
         REQUIRE(layers->trainer() != nullptr);
         REQUIRE(caller->trainer() == nullptr);
-        CopyInitialValues(caller->optimizer(), layers->optimizer());
+        CopyInitialValues(caller->states(), layers->states());
         for (int step = 0; step < 3; ++step) {
           const float caller_loss = CallerStep(*caller, step);
           const std::vector<Batch> batches = TrainerBatches(layers->device(), step, accumulation);
@@ -320,7 +318,7 @@ TEST_CASE("a caller-owned model through the engine trains bit for bit like the T
         }
         CHECK(caller->steps() == 3);
         CHECK(layers->steps() == 3);
-        CHECK(States(caller->optimizer()) == States(layers->optimizer()));
+        CHECK(States(caller->states()) == States(layers->states()));
       }
     }
   }
@@ -331,7 +329,7 @@ TEST_CASE("explicit parameter groups are the flat groups, whatever the bucket si
   Config config = ConfigFor(3, true, 1);
   config.zero.reduce_bucket_size = 500'000'000;  // would pack everything into one group
   auto engine = Engine::Create(Options(), config, CallerGroups()).value();
-  const FlatLayout& layout = engine->optimizer().layout();
+  const FlatLayout& layout = engine->states().layout();
   REQUIRE(layout.groups.size() == 2);
   CHECK(layout.groups[0].name == "dense0");
   CHECK(layout.groups[0].parameters == std::vector<int>{0, 1});
@@ -341,24 +339,24 @@ TEST_CASE("explicit parameter groups are the flat groups, whatever the bucket si
 
   // The f32 forms: bf16 storage read back widened exactly, and a
   // gradient added in f32 rounds once to bf16.
-  ShardedOptimizer& opt = engine->optimizer();
-  REQUIRE(opt.GatherParameters(1).ok());
+  ModelStates& states = engine->states();
+  REQUIRE(states.Gather(1).ok());
   std::vector<float> bias(3);
-  REQUIRE(opt.ReadParameter("dense1.bias", absl::MakeSpan(bias)).ok());
+  REQUIRE(states.ReadParameter("dense1.bias", absl::MakeSpan(bias)).ok());
   const std::vector<float> initial = Initial(3, 1, true);
   for (int j = 0; j < 3; ++j) CHECK(bias[j] == Bf16ToF32(F32ToBf16(initial[j])));
   std::vector<float> four(4);
-  const absl::Status wrong = opt.ReadParameter("dense1.bias", absl::MakeSpan(four));
+  const absl::Status wrong = states.ReadParameter("dense1.bias", absl::MakeSpan(four));
   CHECK(wrong.code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(wrong.message()) == "parameter 'dense1.bias': 4 f32 values for 3 elements");
-  REQUIRE(opt.AcquireGradients(1).ok());
-  REQUIRE(opt.AddGradient("dense1.bias", std::vector<float>{1.0f / 3, 2.0f, -0.1f}).ok());
-  const ShardedOptimizer::View grad = opt.Gradient("dense1.bias").value();
+  REQUIRE(states.AcquireGradients(1).ok());
+  REQUIRE(states.AddGradient("dense1.bias", std::vector<float>{1.0f / 3, 2.0f, -0.1f}).ok());
+  const ModelStates::View grad = states.Gradient("dense1.bias").value();
   CHECK(static_cast<const uint16_t*>(grad.data)[0] == F32ToBf16(1.0f / 3));
   CHECK(static_cast<const uint16_t*>(grad.data)[2] == F32ToBf16(-0.1f));
-  REQUIRE(opt.ReduceGradients(1).ok());
-  REQUIRE(opt.ReleaseParameters(1).ok());
-  REQUIRE(opt.AbortStep().ok());
+  REQUIRE(states.ReduceGradients(1).ok());
+  REQUIRE(states.Release(1).ok());
+  REQUIRE(states.AbortStep().ok());
 
   // Bad groups are named, and none of a refused group stays registered.
   auto empty = Engine::Create(Options(), config, {{"g", {}}});
@@ -390,19 +388,19 @@ TEST_CASE("a caller-owned model's checkpoint resumes bit for bit at another stag
   REQUIRE(resumed->LoadCheckpoint(dir).value().path == dir + "/step-00000002");
   CHECK(resumed->steps() == 2);
   for (int step = 2; step < 4; ++step) CallerStep(*resumed, step);
-  CHECK(States(resumed->optimizer()) == States(straight->optimizer()));
-  CHECK(resumed->optimizer().steps_applied() == 4);
+  CHECK(States(resumed->states()) == States(straight->states()));
+  CHECK(resumed->states().steps_applied() == 4);
 
   // Another model's checkpoint is refused before anything changes.
   std::vector<ParameterGroup> other = CallerGroups();
   other[0].parameters[0].name = "dense0.kernel";
   auto stranger = Engine::Create(Options(), ConfigFor(3, true, 1), other).value();
-  const std::vector<std::vector<float>> before = States(stranger->optimizer());
+  const std::vector<std::vector<float>> before = States(stranger->states());
   const absl::StatusOr<LoadedCheckpoint> refused = stranger->LoadCheckpoint(dir);
   CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(refused.status().message()),
              Catch::Contains("no parameter 'dense0.kernel' (the checkpoint is of another model)"));
-  CHECK(States(stranger->optimizer()) == before);
+  CHECK(States(stranger->states()) == before);
 }
 
 TEST_CASE("what the engine cannot run is refused by name", "[engine][errors]") {

@@ -1,0 +1,37 @@
+#include "engine/model_states.h"
+
+#include "absl/strings/str_cat.h"
+#include "runtime/status.h"
+
+namespace memwall {
+
+absl::StatusOr<float> ModelStates::LearningRate(int index) const {
+  if (index < 0 || index >= opt_.num_hyper_groups()) {
+    return absl::InvalidArgumentError(absl::StrCat("learning_rate: hyperparameter group ", index,
+                                                   " of ", opt_.num_hyper_groups()));
+  }
+  return opt_.LearningRate(index);
+}
+
+absl::StatusOr<std::vector<float>> ModelStates::GatherState(int group, int which) {
+  const std::vector<FlatGroup>& groups = opt_.layout().groups;
+  if (group < 0 || group >= static_cast<int>(groups.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gather_state: group ", group, " of ", groups.size()));
+  }
+  std::vector<float> out(groups[group].padded_numel);
+  MW_RETURN_IF_ERROR(opt_.GatherState(group, which, absl::MakeSpan(out)));
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> ModelStates::MasterWeights(absl::string_view name) {
+  MW_RETURN_IF_ERROR(opt_.GroupOf(name).status());
+  const std::vector<ParameterSpec>& specs = opt_.parameters();
+  size_t p = 0;
+  while (specs[p].name != name) ++p;
+  std::vector<float> out(opt_.layout().placements[p].numel);
+  MW_RETURN_IF_ERROR(opt_.MasterWeights(name, absl::MakeSpan(out)));
+  return out;
+}
+
+}  // namespace memwall
