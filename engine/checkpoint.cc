@@ -3,6 +3,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -18,6 +20,7 @@
 #include "engine/durable_file.h"
 #include "engine/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "runtime/json_reader.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -256,13 +259,18 @@ absl::StatusOr<std::string> SaveCheckpoint(ShardedOptimizer& opt, int64_t steps,
   MW_ASSIGN_OR_RETURN(const std::vector<int64_t> files,
                       AllGatherInts(opt, {written.ok() ? 1 : 0, written.ok() ? file->bytes() : 0,
                                           written.ok() ? static_cast<int64_t>(file->crc()) : 0}));
-  if (!written.ok()) return discard(written);
   for (int r = 0; r < world; ++r) {
-    if (files[3 * r] == 0) {
-      return discard(absl::InternalError(absl::StrCat("checkpoint ", out, ": rank ", r,
-                                                      " could not write its file; the previous "
-                                                      "checkpoint stays the newest")));
-    }
+    if (files[3 * r] != 0) continue;
+    // Every rank drops its file (a failed one's temporary file goes with
+    // its writer) before rank 0 removes the directory: a file unlinked
+    // while remove_all walks the directory would stop it half-way.
+    file = absl::CancelledError("discarded");
+    MW_RETURN_IF_ERROR(AllGatherInts(opt, {0}).status());
+    return discard(written.ok() ? absl::InternalError(absl::StrCat(
+                                      "checkpoint ", out, ": rank ", r,
+                                      " could not write its file; the previous checkpoint "
+                                      "stays the newest"))
+                                : written);
   }
   // Rank 0 commits (the manifest) and prunes; every rank learns whether
   // that worked, so none waits for a rank that returned.
@@ -410,97 +418,88 @@ absl::StatusOr<Loaded> ReadVerified(const std::string& at) {
   } catch (const json::exception& e) {
     return absl::DataLossError(absl::StrCat("checkpoint ", manifest_path, ": not JSON: ", e.what()));
   }
-  MW_ASSIGN_OR_RETURN(const std::string schema, CheckpointField<std::string>(m, manifest_path, "schema"));
-  if (schema != kSchema && schema != kSchemaWithoutChecksum) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, ": field 'schema' is '", schema,
-                                                   "', expected '", kSchema, "'"));
-  }
+  MW_ASSIGN_OR_RETURN(JsonReader manifest,
+                      JsonReader::Open(m, "", absl::StrCat("checkpoint ", manifest_path, ": "),
+                                       "manifest"));
+  MW_RETURN_IF_ERROR(manifest.Require({"schema"}));
+  std::string schema;
+  MW_RETURN_IF_ERROR(manifest.Choice("schema", {kSchema, kSchemaWithoutChecksum}, schema));
   Loaded loaded;
   loaded.manifest = manifest_path;
   if (schema == kSchema) {
-    MW_ASSIGN_OR_RETURN(const int64_t crc, CheckpointField<int64_t>(m, manifest_path, "manifest_crc32"));
+    MW_RETURN_IF_ERROR(manifest.Require({"manifest_crc32", "model"}));
+    int64_t crc = 0;
+    MW_RETURN_IF_ERROR(manifest.Int("manifest_crc32", 0, UINT32_MAX, crc));
     if (crc != ManifestCrc(m)) {
       return absl::DataLossError(absl::StrCat(
           "checkpoint ", manifest_path, ": CRC-32 ", ManifestCrc(m), ", its field 'manifest_crc32' says ",
           crc, " (the manifest is corrupted or was edited)"));
     }
-    MW_ASSIGN_OR_RETURN(loaded.model, CheckpointField<std::string>(m, manifest_path, "model"));
+    MW_RETURN_IF_ERROR(manifest.String("model", /*non_empty=*/false, loaded.model));
   }
-  MW_ASSIGN_OR_RETURN(loaded.trainer_steps, CheckpointField<int64_t>(m, manifest_path, "trainer_steps"));
-  const std::string pp = manifest_path + " progress";
-  MW_ASSIGN_OR_RETURN(const json p, CheckpointField<json>(m, manifest_path, "progress"));
-  MW_ASSIGN_OR_RETURN(loaded.progress.steps_applied, CheckpointField<int64_t>(p, pp, "steps_applied"));
-  MW_ASSIGN_OR_RETURN(loaded.progress.steps_skipped, CheckpointField<int64_t>(p, pp, "steps_skipped"));
-  MW_ASSIGN_OR_RETURN(const double loss_scale, CheckpointField<double>(p, pp, "loss_scale"));
-  MW_ASSIGN_OR_RETURN(loaded.progress.clean_steps, CheckpointField<int>(p, pp, "clean_steps"));
-  MW_ASSIGN_OR_RETURN(loaded.progress.overflows_left, CheckpointField<int>(p, pp, "overflows_left"));
   // Values no run writes are refused rather than carried on.
-  const auto out_of_range = [&](const std::string& where, const std::string& field,
-                                const std::string& value, const std::string& expected) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", where, ": field '", field, "' is ",
-                                                   value, "; expected ", expected));
-  };
-  if (loaded.trainer_steps < 0) {
-    return out_of_range(manifest_path, "trainer_steps", absl::StrCat(loaded.trainer_steps), ">= 0");
-  }
-  for (const auto& [field, value] : {std::pair<const char*, int64_t>{"steps_applied", loaded.progress.steps_applied},
-                                     {"steps_skipped", loaded.progress.steps_skipped},
-                                     {"clean_steps", loaded.progress.clean_steps},
-                                     {"overflows_left", loaded.progress.overflows_left}}) {
-    if (value < 0) return out_of_range(pp, field, absl::StrCat(value), ">= 0");
-  }
-  if (!(loss_scale > 0 && loss_scale <= std::numeric_limits<float>::max())) {
-    return out_of_range(pp, "loss_scale", absl::StrCat(loss_scale), "a finite f32 > 0");
-  }
-  loaded.progress.loss_scale = static_cast<float>(loss_scale);
-  MW_ASSIGN_OR_RETURN(loaded.states, CheckpointField<std::vector<std::string>>(m, manifest_path, "states"));
+  MW_RETURN_IF_ERROR(manifest.Require({"trainer_steps", "progress", "states", "parameters", "files"}));
+  MW_RETURN_IF_ERROR(manifest.Int("trainer_steps", 0, INT64_MAX, loaded.trainer_steps));
+  MW_ASSIGN_OR_RETURN(JsonReader progress, manifest.Object("progress"));
+  MW_RETURN_IF_ERROR(progress.Require(
+      {"steps_applied", "steps_skipped", "loss_scale", "clean_steps", "overflows_left"}));
+  MW_RETURN_IF_ERROR(progress.Int("steps_applied", 0, INT64_MAX, loaded.progress.steps_applied));
+  MW_RETURN_IF_ERROR(progress.Int("steps_skipped", 0, INT64_MAX, loaded.progress.steps_skipped));
+  MW_RETURN_IF_ERROR(progress.Float("loss_scale", 0, std::numeric_limits<float>::max(),
+                                    /*min_exclusive=*/true, "a finite f32 > 0",
+                                    loaded.progress.loss_scale));
+  MW_RETURN_IF_ERROR(progress.Int32("clean_steps", 0, INT_MAX, loaded.progress.clean_steps));
+  MW_RETURN_IF_ERROR(progress.Int32("overflows_left", 0, INT_MAX, loaded.progress.overflows_left));
+  MW_RETURN_IF_ERROR(manifest.Strings("states", loaded.states));
   if (loaded.states.empty() || loaded.states[0] != "master") {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path,
-                                                   ": field 'states' must start with \"master\""));
+    return manifest.Error("states", "a list starting with \"master\"", m["states"]);
   }
-  MW_ASSIGN_OR_RETURN(const json parameters, CheckpointField<json>(m, manifest_path, "parameters"));
-  MW_ASSIGN_OR_RETURN(const json files, CheckpointField<json>(m, manifest_path, "files"));
-  if (!parameters.is_array() || !files.is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ", manifest_path, ": fields 'parameters' and 'files' must be lists"));
-  }
-  for (size_t i = 0; i < parameters.size(); ++i) {
-    const std::string where = absl::StrCat(manifest_path, " parameters[", i, "]");
-    MW_ASSIGN_OR_RETURN(const std::string name, CheckpointField<std::string>(parameters[i], where, "name"));
-    MW_ASSIGN_OR_RETURN(const std::vector<int64_t> shape,
-                        CheckpointField<std::vector<int64_t>>(parameters[i], where, "shape"));
+  MW_ASSIGN_OR_RETURN(const json* parameters, manifest.List("parameters"));
+  MW_ASSIGN_OR_RETURN(const json* files, manifest.List("files"));
+  for (size_t i = 0; i < parameters->size(); ++i) {
+    MW_ASSIGN_OR_RETURN(JsonReader entry, JsonReader::Open((*parameters)[i],
+                                                           absl::StrCat("parameters[", i, "]"),
+                                                           manifest.prefix()));
+    MW_RETURN_IF_ERROR(entry.Require({"name", "shape"}));
+    std::string name;
+    std::vector<int64_t> shape;
+    MW_RETURN_IF_ERROR(entry.String("name", /*non_empty=*/true, name));
+    MW_RETURN_IF_ERROR(entry.Ints("shape", 0, INT64_MAX, shape));
     loaded.parameters.emplace_back(name, shape);
-    if (parameters[i].contains("tile_of")) {
-      const std::string at = where + " tile_of";
+    if (entry.Find("tile_of") != nullptr) {
+      MW_ASSIGN_OR_RETURN(JsonReader of, entry.Object("tile_of"));
+      MW_RETURN_IF_ERROR(of.Require({"name", "shape", "row", "column"}));
       ParameterTile tile;
-      MW_ASSIGN_OR_RETURN(const json of, CheckpointField<json>(parameters[i], where, "tile_of"));
-      MW_ASSIGN_OR_RETURN(tile.whole, CheckpointField<std::string>(of, at, "name"));
-      MW_ASSIGN_OR_RETURN(tile.whole_shape, CheckpointField<std::vector<int64_t>>(of, at, "shape"));
-      MW_ASSIGN_OR_RETURN(tile.row, CheckpointField<int64_t>(of, at, "row"));
-      MW_ASSIGN_OR_RETURN(tile.column, CheckpointField<int64_t>(of, at, "column"));
+      MW_RETURN_IF_ERROR(of.String("name", /*non_empty=*/true, tile.whole));
+      MW_RETURN_IF_ERROR(of.Ints("shape", 0, INT64_MAX, tile.whole_shape));
+      MW_RETURN_IF_ERROR(of.Int("row", 0, INT64_MAX, tile.row));
+      MW_RETURN_IF_ERROR(of.Int("column", 0, INT64_MAX, tile.column));
       const std::vector<int64_t>& w = tile.whole_shape;
-      if (shape.size() != 2 || w.size() != 2 || w[0] < 0 || w[1] < 0 ||
-          (w[1] > 0 && w[0] > std::numeric_limits<int64_t>::max() / w[1]) || tile.row < 0 ||
-          tile.column < 0 ||
-          shape[0] < 0 || shape[1] < 0 || tile.row > w[0] - shape[0] ||
-          tile.column > w[1] - shape[1]) {
+      if (shape.size() != 2 || w.size() != 2 ||
+          (w[1] > 0 && w[0] > std::numeric_limits<int64_t>::max() / w[1]) ||
+          tile.row > w[0] - shape[0] || tile.column > w[1] - shape[1]) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "checkpoint ", at, ": a [", absl::StrJoin(shape, ", "), "] tile at row ", tile.row,
-            ", column ", tile.column, " does not lie inside '", tile.whole, "' [",
-            absl::StrJoin(w, ", "), "]"));
+            manifest.prefix(), entry.Path("tile_of"), ": a [", absl::StrJoin(shape, ", "),
+            "] tile at row ", tile.row, ", column ", tile.column, " does not lie inside '",
+            tile.whole, "' [", absl::StrJoin(w, ", "), "]"));
       }
       loaded.tiles[name] = std::move(tile);
     }
   }
   MW_RETURN_IF_ERROR(CheckTileCover(loaded, manifest_path));
   // Every file whole (size and CRC-32), every header sound.
-  for (size_t i = 0; i < files.size(); ++i) {
-    const std::string where = absl::StrCat(manifest_path, " files[", i, "]");
-    MW_ASSIGN_OR_RETURN(const std::string name, CheckpointField<std::string>(files[i], where, "name"));
-    MW_ASSIGN_OR_RETURN(const int64_t bytes, CheckpointField<int64_t>(files[i], where, "bytes"));
-    MW_ASSIGN_OR_RETURN(const int64_t crc, CheckpointField<int64_t>(files[i], where, "crc32"));
-    if (name.find('/') != std::string::npos || bytes < 8) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", where, ": bad file entry ", files[i].dump()));
+  for (size_t i = 0; i < files->size(); ++i) {
+    MW_ASSIGN_OR_RETURN(JsonReader entry, JsonReader::Open((*files)[i],
+                                                           absl::StrCat("files[", i, "]"),
+                                                           manifest.prefix()));
+    MW_RETURN_IF_ERROR(entry.Require({"name", "bytes", "crc32"}));
+    std::string name;
+    int64_t bytes = 0, crc = 0;
+    MW_RETURN_IF_ERROR(entry.String("name", /*non_empty=*/true, name));
+    MW_RETURN_IF_ERROR(entry.Int("bytes", 8, INT64_MAX, bytes));  // at least a header length
+    MW_RETURN_IF_ERROR(entry.Int("crc32", 0, UINT32_MAX, crc));
+    if (name.find('/') != std::string::npos) {
+      return entry.Error("name", "a file name in the checkpoint's directory", (*files)[i]["name"]);
     }
     const std::string path = (fs::path(at) / name).string();
     MW_ASSIGN_OR_RETURN(const uLong actual, FileCrc(path, bytes));

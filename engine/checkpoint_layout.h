@@ -15,8 +15,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 #include "sharding/sharded_optimizer.h"
 
 namespace memwall {
@@ -24,25 +22,6 @@ namespace memwall {
 inline constexpr char kManifest[] = "manifest.json";
 // The lock a saving run holds in its directory (SaveDirectory).
 inline constexpr char kLockFile[] = ".memwall.lock";
-
-// Field `name` of the JSON object `j` (a manifest, a safetensors entry)
-// as a T, or kInvalidArgument naming `path` and the field. Compiled with
-// exceptions (nlohmann's conversions throw).
-template <typename T>
-absl::StatusOr<T> CheckpointField(const nlohmann::json& j, const std::string& path,
-                                  const std::string& name) {
-  if (!j.is_object() || !j.contains(name)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint ", path, ": field '", name, "' is missing"));
-  }
-  try {
-    return j.at(name).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": field '", name,
-                                                   "' has the wrong type (", j.at(name).dump(),
-                                                   ")"));
-  }
-}
 
 // `dir`/step-<steps, 8 digits>.
 std::string StepDir(const std::string& dir, int64_t step);

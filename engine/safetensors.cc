@@ -3,13 +3,16 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <climits>
 #include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/checkpoint_layout.h"
 #include "engine/durable_file.h"
 #include "nlohmann/json.hpp"
+#include "runtime/json_reader.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -124,15 +127,27 @@ absl::StatusOr<std::map<std::string, SafetensorsEntry>> ReadSafetensorsHeader(
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     const std::string where = absl::StrCat(path, " tensor '", it.key(), "'");
-    MW_ASSIGN_OR_RETURN(const std::string dtype,
-                        CheckpointField<std::string>(it.value(), where, "dtype"));
-    MW_ASSIGN_OR_RETURN(const std::vector<int64_t> shape,
-                        CheckpointField<std::vector<int64_t>>(it.value(), where, "shape"));
-    MW_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
-                        CheckpointField<std::vector<int64_t>>(it.value(), where, "data_offsets"));
+    MW_ASSIGN_OR_RETURN(JsonReader entry,
+                        JsonReader::Open(it.value(), "", absl::StrCat("checkpoint ", where, ": "),
+                                         "entry"));
+    MW_RETURN_IF_ERROR(entry.Require({"dtype", "shape", "data_offsets"}));
+    std::string dtype;
+    std::vector<int64_t> shape, offsets;
+    MW_RETURN_IF_ERROR(entry.String("dtype", /*non_empty=*/false, dtype));
+    MW_RETURN_IF_ERROR(entry.Ints("shape", 0, INT64_MAX, shape));
+    MW_RETURN_IF_ERROR(entry.Ints("data_offsets", 0, INT64_MAX, offsets));
+    // A shape whose bytes would overflow 64 bits never fits the file.
     int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    if (dtype != "F32" || offsets.size() != 2 || offsets[0] < 0 || offsets[1] > data_bytes ||
+    for (int64_t d : shape) {
+      if (numel > 0 && d > 0 && numel > INT64_MAX / 4 / d) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", where, ": shape [",
+                                                absl::StrJoin(shape, ", "),
+                                                "] holds more than the file's ", data_bytes,
+                                                " bytes of data"));
+      }
+      numel *= d;
+    }
+    if (dtype != "F32" || offsets.size() != 2 || offsets[1] > data_bytes ||
         offsets[1] - offsets[0] != 4 * numel) {
       return absl::DataLossError(absl::StrCat(
           "checkpoint ", where, ": expected F32 data of ", 4 * numel, " bytes within the file's ",

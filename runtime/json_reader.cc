@@ -140,4 +140,59 @@ absl::Status JsonReader::String(absl::string_view key, bool non_empty, std::stri
   return absl::OkStatus();
 }
 
+absl::Status JsonReader::Ints(absl::string_view key, int64_t min, int64_t max,
+                              std::vector<int64_t>& out) {
+  const Json* v = Find(key);
+  if (v == nullptr) return absl::OkStatus();
+  const std::string expected = max == INT64_MAX
+                                   ? absl::StrCat("a list of integers >= ", min)
+                                   : absl::StrCat("a list of integers ", min, "..", max);
+  if (!v->is_array()) return Error(key, expected, *v);
+  std::vector<int64_t> values;
+  for (const Json& item : *v) {
+    if (!item.is_number_integer() || (item.is_number_unsigned() && item.get<uint64_t>() > INT64_MAX)) {
+      return Error(key, expected, *v);
+    }
+    const int64_t value = item.get<int64_t>();
+    if (value < min || value > max) return Error(key, expected, *v);
+    values.push_back(value);
+  }
+  out = std::move(values);
+  return absl::OkStatus();
+}
+
+absl::Status JsonReader::Strings(absl::string_view key, std::vector<std::string>& out) {
+  const Json* v = Find(key);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_array()) return Error(key, "a list of strings", *v);
+  std::vector<std::string> values;
+  for (const Json& item : *v) {
+    if (!item.is_string()) return Error(key, "a list of strings", *v);
+    values.push_back(item.get<std::string>());
+  }
+  out = std::move(values);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JsonReader> JsonReader::Object(absl::string_view key) {
+  MW_RETURN_IF_ERROR(Require({key}));
+  return Open(*Find(key), Path(key), prefix_);
+}
+
+absl::StatusOr<const JsonReader::Json*> JsonReader::List(absl::string_view key) {
+  MW_RETURN_IF_ERROR(Require({key}));
+  const Json* v = Find(key);
+  if (!v->is_array()) return Error(key, "a list", *v);
+  return v;
+}
+
+absl::Status JsonReader::Require(std::initializer_list<absl::string_view> keys) const {
+  for (absl::string_view key : keys) {
+    if (object_->find(std::string(key)) == object_->end()) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix_, Path(key), ": missing"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace memwall

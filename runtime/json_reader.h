@@ -1,6 +1,7 @@
 // Reading JSON documents users hand memwall (configs, traced model
-// descriptions) with errors that name the key and what was expected, and
-// without exceptions escaping: every typed read checks the type first.
+// descriptions, checkpoint manifests and safetensors headers) with errors
+// that name the key and what was expected, and without exceptions
+// escaping: every typed read checks the type first.
 //
 // A JsonReader reads the keys of one JSON object, remembering which were
 // consumed so that Finish() can reject the rest. Errors are
@@ -11,6 +12,7 @@
 #define MEMWALL_RUNTIME_JSON_READER_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <vector>
@@ -55,6 +57,21 @@ class JsonReader {
                       std::string& out);
   // A string (non-empty when `non_empty`).
   absl::Status String(absl::string_view key, bool non_empty, std::string& out);
+  // A list of integers, each in [min, max]; a list of strings.
+  absl::Status Ints(absl::string_view key, int64_t min, int64_t max, std::vector<int64_t>& out);
+  absl::Status Strings(absl::string_view key, std::vector<std::string>& out);
+  // The object at `key`, read by a reader of its own (its path
+  // "<path>.<key>"); the list at `key`, whose elements a caller opens as
+  // Open(list[i], Path(key) + "[i]", prefix()). kInvalidArgument when the
+  // key is absent or holds something else.
+  absl::StatusOr<JsonReader> Object(absl::string_view key);
+  absl::StatusOr<const Json*> List(absl::string_view key);
+
+  // Keys a document must have: kInvalidArgument "<prefix><path>.<key>:
+  // missing" naming the first absent one. The typed reads above leave
+  // absent keys alone, so a reader of required keys calls this first.
+  absl::Status Require(std::initializer_list<absl::string_view> keys) const;
+  const std::string& prefix() const { return prefix_; }
 
   // kInvalidArgument for `key` holding `got` where `expected` was.
   absl::Status Error(absl::string_view key, absl::string_view expected, const Json& got) const;

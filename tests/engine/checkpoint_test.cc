@@ -227,18 +227,18 @@ TEST_CASE("an edited manifest is refused, and so is any counter out of range",
                 absl::StatusCode::kDataLoss, "(the manifest is corrupted or was edited)");
   // Consistent manifests with values no run writes.
   ExpectRefused("negative-steps", Restamped([](nlohmann::json& m) { m["trainer_steps"] = -1; }),
-                absl::StatusCode::kInvalidArgument, "field 'trainer_steps' is -1; expected >= 0");
+                absl::StatusCode::kInvalidArgument, "manifest.json: trainer_steps: expected an integer >= 0, got -1");
   ExpectRefused("negative-scale",
                 Restamped([](nlohmann::json& m) { m["progress"]["loss_scale"] = -1.0; }),
                 absl::StatusCode::kInvalidArgument,
-                "field 'loss_scale' is -1; expected a finite f32 > 0");
+                "manifest.json: progress.loss_scale: expected a finite f32 > 0, got -1.0");
   ExpectRefused("huge-scale",
                 Restamped([](nlohmann::json& m) { m["progress"]["loss_scale"] = 1e300; }),
                 absl::StatusCode::kInvalidArgument,
-                "field 'loss_scale' is 1e+300; expected a finite f32 > 0");
+                "manifest.json: progress.loss_scale: expected a finite f32 > 0, got 1e+300");
   ExpectRefused("negative-hysteresis",
                 Restamped([](nlohmann::json& m) { m["progress"]["overflows_left"] = -3; }),
-                absl::StatusCode::kInvalidArgument, "field 'overflows_left' is -3; expected >= 0");
+                absl::StatusCode::kInvalidArgument, "manifest.json: progress.overflows_left: expected an integer 0..2147483647, got -3");
 }
 
 TEST_CASE("damaged, truncated, foreign and mismatched checkpoints are refused by name",
@@ -261,10 +261,11 @@ TEST_CASE("damaged, truncated, foreign and mismatched checkpoints are refused by
       absl::StatusCode::kDataLoss, "manifest.json: not JSON");
   ExpectRefused("other-version", InManifest("memwall.checkpoint/2", "memwall.checkpoint/9"),
                 absl::StatusCode::kInvalidArgument,
-                "field 'schema' is 'memwall.checkpoint/9', expected 'memwall.checkpoint/2'");
+                "manifest.json: schema: expected one of \"memwall.checkpoint/2\", "
+                "\"memwall.checkpoint/1\", got \"memwall.checkpoint/9\"");
   ExpectRefused("missing-field",
                 Restamped([](nlohmann::json& m) { m.erase("trainer_steps"); }),
-                absl::StatusCode::kInvalidArgument, "field 'trainer_steps' is missing");
+                absl::StatusCode::kInvalidArgument, "manifest.json: trainer_steps: missing");
   ExpectRefused("another-model",
                 Restamped([](nlohmann::json& m) {
                   for (nlohmann::json& p : m["parameters"]) {
@@ -299,7 +300,7 @@ TEST_CASE("a manifest's tiles that do not make their tensor exactly once are ref
   // fc0.weight is [16, 48], fc1.weight [48, 48].
   ExpectRefused("tile-outside", TileOf("fc0.weight", "w", 16, 1),
                 absl::StatusCode::kInvalidArgument,
-                "parameters[0] tile_of: a [16, 48] tile at row 1, column 0 does not lie inside "
+                "parameters[0].tile_of: a [16, 48] tile at row 1, column 0 does not lie inside "
                 "'w' [16, 48]");
   ExpectRefused("tile-short", TileOf("fc0.weight", "w", 32, 16),
                 absl::StatusCode::kInvalidArgument,
