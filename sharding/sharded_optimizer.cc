@@ -174,19 +174,11 @@ int64_t ShardedOptimizer::host_numel(const FlatGroup& g) const {
   return std::min<int64_t>(n, std::llround(double(config_.zero.offload_optimizer_ratio) * n));
 }
 
-absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group,
-                                             bool shard_on_nvme) {
+absl::Status ShardedOptimizer::AllocateGroup(int g, Group& group) {
+  const FlatGroup& flat = layout_.groups[g];
   const DType dtype = config_.param_dtype();
   const int64_t k = host_numel(flat), n = update_numel(flat) - k;  // host, device parts
-  const int64_t param_bytes = rules_.held_parameters(flat) * DTypeSize(dtype);
-  if (shard_on_nvme) {
-    MW_ASSIGN_OR_RETURN(group.param_slot, param_pages_->store().AddSlot(param_bytes));
-  } else {
-    MW_ASSIGN_OR_RETURN(
-        group.params,
-        paged() ? device_.AllocatePinned(param_bytes, MemoryCategory::kParameter, flat.name)
-                : device_.Allocate(param_bytes, MemoryCategory::kParameter, flat.name));
-  }
+  MW_RETURN_IF_ERROR(residence_->Allocate(g));
   if (flat.trainable && !streams_gradients(flat)) {
     MW_ASSIGN_OR_RETURN(
         group.grads,
@@ -198,7 +190,7 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
   const StateTier::Rule rule = adam ? StateTier::Rule::kAdam : StateTier::Rule::kSgd;
   if (n > 0) {
     // f32 runs: the parameters this rank updates are its master weights.
-    float* f32_params = mixed() ? nullptr : static_cast<float*>(ParamsAt(flat, group, k));
+    float* f32_params = mixed() ? nullptr : static_cast<float*>(ParamsAt(g, k));
     MW_ASSIGN_OR_RETURN(group.device_state,
                         DeviceOptimizerSlice::Create(device_, *comm_stream_, rule, momentum, dtype,
                                                      n, flat.name, f32_params));
@@ -212,7 +204,7 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
       config_.aio.block_size * config_.aio.queue_depth * config_.aio.thread_count;
   options.nvme_buffer_count = config_.zero.offload_buffer_count;
   // Parameters on NVMe: the gradients too, so host memory holds buffers.
-  options.gradients_on_nvme = param_pages_ != nullptr;
+  options.gradients_on_nvme = residence_->pages() != nullptr;
   options.speculative = overlaps_update();  // pinned tier: a spare copy
   options.threads = config_.zero.offload_cpu_threads;
   MW_ASSIGN_OR_RETURN(group.host, HostOptimizerSlice::Create(device_, rule, momentum, dtype, k,
@@ -220,15 +212,18 @@ absl::Status ShardedOptimizer::AllocateGroup(const FlatGroup& flat, Group& group
   return absl::OkStatus();
 }
 
-absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& group) {
+absl::Status ShardedOptimizer::InitializeGroup(int g, Group& group) {
+  const FlatGroup& flat = layout_.groups[g];
   const DType dtype = config_.param_dtype();
   // Meta holds no values but allocates the staging a real run allocates, so
   // that its caching allocator starts the first step as a real run's does.
   const bool values = device_.holds_bytes();
   // The group's initial values in f32, padding zero, for elements
-  // [begin, begin + count) of the padded group.
+  // [begin, begin + count) of the padded group; none on meta.
   auto initial = [&](int64_t begin, int64_t count) {
-    std::vector<float> host(count, 0.0f);
+    std::vector<float> host;
+    if (!values) return host;
+    host.assign(count, 0.0f);
     for (int p : flat.parameters) {
       const ParameterPlacement& place = layout_.placements[p];
       const int64_t lo = std::max(place.offset, begin);
@@ -237,35 +232,15 @@ absl::Status ShardedOptimizer::InitializeGroup(const FlatGroup& flat, Group& gro
     }
     return host;
   };
-  auto upload = [&](int64_t begin, int64_t count, void* dst, DType dst_dtype) -> absl::Status {
-    MW_ASSIGN_OR_RETURN(DeviceBuffer staging,
-                        device_.Allocate(count * 4, MemoryCategory::kWorkspace, "optimizer.init"));
-    if (!values) return absl::OkStatus();
-    const std::vector<float> host = initial(begin, count);
-    MW_RETURN_IF_ERROR(device_.CopyAsync(staging.data(), host.data(), count * 4, *stream_));
-    MW_RETURN_IF_ERROR(
-        kernels::Cast(device_, *stream_, staging.data(), DType::kF32, dst, dst_dtype, count));
-    return stream_->Synchronize();
-  };
-  if (group.param_slot >= 0) {
-    const std::vector<float> host =
-        values ? initial(flat.shard_begin(comm_.rank()), flat.shard_numel) : std::vector<float>();
-    MW_RETURN_IF_ERROR(param_pages_->WriteFromF32(group.param_slot, host.data(), flat.shard_numel,
-                                                  dtype));
-  } else if (paged()) {
-    // The shard is the CPU's memory: rounded there.
-    if (values) {
-      const std::vector<float> host = initial(flat.shard_begin(comm_.rank()), flat.shard_numel);
-      kernels::cpu::Kernels().cast(host.data(), DType::kF32, group.params.data(), dtype,
-                                   flat.shard_numel);
-    }
-  } else {
-    MW_RETURN_IF_ERROR(upload(rules_.held_parameters_begin(flat, comm_.rank()),
-                              rules_.held_parameters(flat), group.params.data(), dtype));
-  }
+  const std::vector<float> held =
+      initial(rules_.held_parameters_begin(flat, comm_.rank()), rules_.held_parameters(flat));
+  MW_RETURN_IF_ERROR(
+      residence_->Write(g, values ? held.data() : nullptr, *stream_, "optimizer.init"));
   const int64_t k = host_numel(flat), n = update_numel(flat) - k;
   if (mixed() && n > 0) {
-    MW_RETURN_IF_ERROR(upload(update_begin(flat) + k, n, group.device_state->master(), DType::kF32));
+    const std::vector<float> master = initial(update_begin(flat) + k, n);
+    MW_RETURN_IF_ERROR(UploadF32(device_, *stream_, values ? master.data() : nullptr, n,
+                                 group.device_state->master(), DType::kF32, "optimizer.init"));
   }
   const int64_t grads = rules_.held_gradients(flat);
   if (!group.grads.empty()) {
@@ -305,39 +280,22 @@ absl::Status ShardedOptimizer::Finalize() {
   auto fail = [&](absl::Status status) {
     groups.clear();
     nvme_.reset();
-    param_pages_.reset();
+    residence_.reset();
     return status;
   };
-  // Parameters on NVMe: the groups past the first max_in_cpu elements of
-  // shards (in group order) keep theirs in the file.
-  std::vector<bool> on_nvme(groups.size(), false);
-  int64_t largest_on_nvme = 0;
-  if (paged() && !config_.zero.offload_param_nvme_path.empty()) {
-    std::unique_ptr<NvmeStore> store;
-    if (absl::Status s = open_store(config_.zero.offload_param_nvme_path, "params", store);
+  std::unique_ptr<NvmeStore> param_file;
+  if (config_.zero.offload_param && !config_.zero.offload_param_nvme_path.empty()) {
+    if (absl::Status s = open_store(config_.zero.offload_param_nvme_path, "params", param_file);
         !s.ok()) {
       return fail(s);
     }
-    param_pages_ = std::make_unique<ParamPages>(device_, std::move(store));
-    int64_t in_cpu = 0;
-    for (size_t g = 0; g < groups.size(); ++g) {
-      const int64_t shard = layout_.groups[g].shard_numel;
-      on_nvme[g] =
-          (g > 0 && on_nvme[g - 1]) || in_cpu + shard > config_.zero.offload_param_max_in_cpu;
-      if (!on_nvme[g]) in_cpu += shard;
-      if (on_nvme[g]) largest_on_nvme = std::max(largest_on_nvme, shard);
-    }
-    if (largest_on_nvme > config_.zero.offload_param_buffer_size) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "zero_optimization.offload_param.buffer_size: expected at least ", largest_on_nvme,
-          " (elements of the largest parameter shard on NVMe, one page buffer each), got ",
-          config_.zero.offload_param_buffer_size)));
-    }
   }
+  absl::StatusOr<std::unique_ptr<ParamResidence>> residence =
+      ParamResidence::Create(config_, layout_, device_, std::move(param_file));
+  if (!residence.ok()) return fail(residence.status());
+  residence_ = *std::move(residence);
   for (size_t g = 0; g < groups.size(); ++g) {
-    if (absl::Status s = AllocateGroup(layout_.groups[g], groups[g], on_nvme[g]); !s.ok()) {
-      return fail(s);
-    }
+    if (absl::Status s = AllocateGroup(static_cast<int>(g), groups[g]); !s.ok()) return fail(s);
   }
   // The NVMe tier's chunk buffers: as many as the group with the most
   // chunks streams through alone, each the size of the largest chunk.
@@ -346,18 +304,9 @@ absl::Status ShardedOptimizer::Finalize() {
     chunk_buffers_.count = std::max(chunk_buffers_.count, group.host->nvme_buffer_count());
     chunk_buffers_.stride = std::max(chunk_buffers_.stride, group.host->nvme_buffer_stride());
   }
-  if (largest_on_nvme > 0) {
-    // The page buffers: each holds the largest shard on NVMe (within
-    // buffer_size).
-    if (absl::Status s = param_pages_->AllocatePages(
-            config_.zero.offload_param_buffer_count,
-            largest_on_nvme * DTypeSize(config_.param_dtype()));
-        !s.ok()) {
-      return fail(s);
-    }
-  }
+  if (absl::Status s = residence_->AllocatePages(); !s.ok()) return fail(s);
   for (size_t g = 0; g < groups.size(); ++g) {
-    if (absl::Status s = InitializeGroup(layout_.groups[g], groups[g]); !s.ok()) return fail(s);
+    if (absl::Status s = InitializeGroup(static_cast<int>(g), groups[g]); !s.ok()) return fail(s);
   }
   groups_ = std::move(groups);
   hyper_.Build(layout_, hyper_of_);
@@ -365,10 +314,8 @@ absl::Status ShardedOptimizer::Finalize() {
     overlapped_->SetGroups(static_cast<int>(groups_.size()), nvme_.get(), chunk_buffers_);
   }
   gatherer_ = std::make_unique<ParameterGatherer>(
-      config_, layout_, device_, comm_, *stream_, *comm_stream_, param_pages_.get(),
-      [this](int g) {
-        return ParameterGatherer::Shard{groups_[g].params.data(), groups_[g].param_slot};
-      },
+      config_, layout_, device_, comm_, *stream_, *comm_stream_, residence_->pages(),
+      [this](int g) { return residence_->shard(g); },
       [this] { return OrderAfterCaller(); });
   initial_.clear();
   initial_.shrink_to_fit();
@@ -417,17 +364,16 @@ absl::StatusOr<int> ShardedOptimizer::GroupOf(absl::string_view name) const {
   return layout_.placements[it->second].group;
 }
 
-ShardedOptimizer::View ShardedOptimizer::ViewOf(absl::string_view name,
-                                                const DeviceBuffer& buffer) const {
+ShardedOptimizer::View ShardedOptimizer::ViewOf(absl::string_view name, void* base) const {
   const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
   const DType dtype = config_.param_dtype();
-  return View{device_.holds_bytes() ? ElementOffset(buffer.data(), place.offset, dtype) : nullptr,
+  return View{device_.holds_bytes() ? ElementOffset(base, place.offset, dtype) : nullptr,
               dtype, place.numel};
 }
 
 absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Parameter(absl::string_view name) {
   MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
-  if (!rules_.shards_parameters()) return ViewOf(name, groups_[g].params);
+  if (!rules_.shards_parameters()) return ViewOf(name, residence_->data(g));
   // A prefetch may still be in flight: only GatherParameters waits for it.
   const DeviceBuffer* gathered = gatherer_->held(g);
   if (gathered == nullptr) {
@@ -435,7 +381,7 @@ absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Parameter(absl::string_
         absl::StrCat("parameter '", name, "': its group ", g, " ('", layout_.groups[g].name,
                      "') is not gathered; call GatherParameters(", g, ") first"));
   }
-  return ViewOf(name, *gathered);
+  return ViewOf(name, gathered->data());
 }
 
 absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Gradient(absl::string_view name) {
@@ -444,13 +390,13 @@ absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Gradient(absl::string_v
     return absl::FailedPreconditionError(
         absl::StrCat("gradient of '", name, "': the parameter is frozen and has none"));
   }
-  if (!rules_.shards_gradients()) return ViewOf(name, groups_[g].grads);
+  if (!rules_.shards_gradients()) return ViewOf(name, groups_[g].grads.data());
   if (groups_[g].grad_bucket.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("gradient of '", name, "': its group ", g, " ('", layout_.groups[g].name,
                      "') has no gradient buffer; call AcquireGradients(", g, ") first"));
   }
-  return ViewOf(name, groups_[g].grad_bucket);
+  return ViewOf(name, groups_[g].grad_bucket.data());
 }
 
 absl::StatusOr<DeviceBuffer> ShardedOptimizer::F32Workspace(absl::string_view name,
@@ -621,12 +567,15 @@ void* ShardedOptimizer::UpdateGradients(const FlatGroup& flat, Group& group) {
 }
 
 
-void* ShardedOptimizer::ParamsAt(const FlatGroup& flat, Group& group, int64_t i) {
-  if (!device_.holds_bytes() || group.param_slot >= 0) return nullptr;
+void* ShardedOptimizer::ParamsAt(int g, int64_t i) {
+  if (!device_.holds_bytes() || residence_->place(g) == ParamResidence::Place::kNvme) {
+    return nullptr;
+  }
+  const FlatGroup& flat = layout_.groups[g];
   // The update range within what the rank holds (the shard itself at
   // stage 3).
   const int64_t at = update_begin(flat) - rules_.held_parameters_begin(flat, comm_.rank()) + i;
-  return static_cast<char*>(group.params.data()) + at * DTypeSize(config_.param_dtype());
+  return static_cast<char*>(residence_->data(g)) + at * DTypeSize(config_.param_dtype());
 }
 
 absl::InlinedVector<ShardedOptimizer::Tier, 2> ShardedOptimizer::TiersOf(const FlatGroup& flat,

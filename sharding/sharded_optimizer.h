@@ -136,8 +136,10 @@
 // The parts behind this class, one concern each: the flat layout of
 // groups and shards (flat_layout.h), the gradients' collectives in pieces
 // and their pacing (gradient_reducer.h), the hyperparameter groups and the
-// update rule each element steps with (hyper_groups.h), the parameter
-// shards on NVMe and their page buffers (param_pages.h), stage 3's gathers
+// update rule each element steps with (hyper_groups.h), where each
+// group's parameters live, device memory, the pinned pool or an NVMe file
+// with its page buffers, and every write to them (param_residence.h over
+// param_pages.h), stage 3's gathers
 // and prefetches (parameter_gatherer.h, in gather_scheduler.h's order), the
 // CPU updates run during backward (overlapped_update.h), the dynamic loss
 // scale (loss_scaler.h), the tiers that hold and update optimizer state
@@ -179,7 +181,7 @@
 #include "sharding/loss_scaler.h"
 #include "sharding/options.h"
 #include "sharding/overlapped_update.h"
-#include "sharding/param_pages.h"
+#include "sharding/param_residence.h"
 #include "sharding/stage_rules.h"
 #include "sharding/parameter_gatherer.h"
 
@@ -345,7 +347,7 @@ class ShardedOptimizer {
   // size for reports, and fault injection for tests.
   NvmeStore* nvme_store() { return nvme_.get(); }
   // Parameters on NVMe: their file (null without offload_param_nvme_path).
-  NvmeStore* param_store() { return param_pages_ != nullptr ? &param_pages_->store() : nullptr; }
+  NvmeStore* param_store() { return residence_ != nullptr ? residence_->store() : nullptr; }
   // Overlapped update: seconds the update thread has spent updating (its
   // own throughput, for benchmarks); 0 without it.
   double overlapped_update_seconds() const {
@@ -401,9 +403,9 @@ class ShardedOptimizer {
   void set_progress(const Progress& progress);
 
  private:
+  // A flat group's gradients and optimizer states; its parameters are
+  // residence_'s.
   struct Group {
-    // param_dtype; full padded size (stages 0-2) or shard (stage 3).
-    DeviceBuffer params;
     // param_dtype; full (stages 0-1), or the shard (2-3).
     DeviceBuffer grads;
     // Stages 2-3: the full-size gradient buffer while acquired.
@@ -416,8 +418,6 @@ class ShardedOptimizer {
     // Reductions into the shard this step (stages 2-3): at the last
     // micro-batch's, the host part's gradients start streaming to host.
     int reductions = 0;
-    // Parameters on NVMe: the shard's slot in param_pages_' store (-1: params).
-    int param_slot = -1;
   };
 
   ShardedOptimizer(const ShardingOptions& config, Device& device, Communicator& comm,
@@ -436,12 +436,13 @@ class ShardedOptimizer {
     int64_t begin;
   };
   absl::InlinedVector<Tier, 2> TiersOf(const FlatGroup& flat, Group& group);
-  // Where element i of group `flat`'s update range sits in the parameters
+  // Where element i of group g's update range sits in the parameters
   // this rank holds (null on meta, and for a shard on NVMe).
-  void* ParamsAt(const FlatGroup& flat, Group& group, int64_t i);
+  void* ParamsAt(int g, int64_t i);
   absl::Status CheckState(absl::string_view call, int g, int which, size_t size) const;
-  // The view of registered parameter `name` inside its group's `buffer`.
-  View ViewOf(absl::string_view name, const DeviceBuffer& buffer) const;
+  // The view of registered parameter `name` inside its group's buffer at
+  // `base`.
+  View ViewOf(absl::string_view name, void* base) const;
   // Elements this rank updates in group g, and where they start.
   int64_t update_numel(const FlatGroup& g) const;
   int64_t update_begin(const FlatGroup& g) const;
@@ -452,9 +453,6 @@ class ShardedOptimizer {
   bool streams_gradients(const FlatGroup& g) const {
     return rules_.shards_gradients() && host_numel(g) > 0 && host_numel(g) == update_numel(g);
   }
-  // Parameter paging: group.params lives in the pinned pool, or (a group
-  // with a param_slot) the shard lives in param_pages_' store.
-  bool paged() const { return config_.zero.offload_param; }
   absl::Status Register(std::string name, std::vector<int64_t> shape,
                         absl::Span<const float> initial_values, std::string group,
                         bool trainable, int hyper_group);
@@ -469,9 +467,11 @@ class ShardedOptimizer {
   absl::Status CheckGroup(int g, absl::string_view call) const;
   // kFailedPrecondition naming `call` for a frozen group.
   absl::Status CheckTrainable(int g, absl::string_view call) const;
-  // `shard_on_nvme`: parameters on NVMe, and this group's shard goes there.
-  absl::Status AllocateGroup(const FlatGroup& flat, Group& group, bool shard_on_nvme);
-  absl::Status InitializeGroup(const FlatGroup& flat, Group& group);
+  // Group g's parameters (residence_), gradients and optimizer states,
+  // allocated, then set to the registered initial values; `group` is g's
+  // (Finalize fills them before they become groups_).
+  absl::Status AllocateGroup(int g, Group& group);
+  absl::Status InitializeGroup(int g, Group& group);
   // ReduceGradients' collectives for group g, queued on the communication
   // stream (stages 2-3).
   absl::Status QueueReduction(int g);
@@ -547,8 +547,8 @@ class ShardedOptimizer {
   std::vector<Group> groups_;
   // The NVMe tier's file, when offload_nvme_path is set.
   std::unique_ptr<NvmeStore> nvme_;
-  // Parameters on NVMe: their file and page buffers.
-  std::unique_ptr<ParamPages> param_pages_;
+  // Where each group's parameters live (set with the groups).
+  std::unique_ptr<ParamResidence> residence_;
   // Stage 3's gathers (set with the groups).
   std::unique_ptr<ParameterGatherer> gatherer_;
   // Overlapped update: its thread and what it keeps (null without it).

@@ -88,11 +88,10 @@ absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> o
 
 absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
   const FlatGroup& flat = layout_.groups[g];
-  Group& group = groups_[g];
   // Stage 3 holds a shard: gathered as GatherParameters gathers, unless it
   // is (or is being) already, and dropped again after.
   bool gathered_now = false;
-  const void* full = group.params.data();
+  const void* full = residence_->data(g);
   if (rules_.shards_parameters()) {
     MW_ASSIGN_OR_RETURN(const DeviceBuffer* gathered, gatherer_->GatherForRead(g, gathered_now));
     full = gathered->data();
@@ -112,43 +111,21 @@ absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float
   MW_RETURN_IF_ERROR(CheckState("SetState", g, which, full.size()));
   const FlatGroup& flat = layout_.groups[g];
   Group& group = groups_[g];
-  const DType dtype = config_.param_dtype();
   const int64_t ub = update_begin(flat);
   for (const Tier& t : TiersOf(flat, group)) {
     MW_RETURN_IF_ERROR(t.tier->WriteState(which, 0, t.tier->numel(), full.data() + ub + t.begin));
   }
-  // What the rank holds of the parameters: the whole group at stages 0-2,
-  // its shard at stage 3.
-  const int64_t held_begin = rules_.held_parameters_begin(flat, comm_.rank());
-  const int64_t held = rules_.held_parameters(flat);
-  if (which == 0 && group.param_slot >= 0) {
-    // Parameters on NVMe: rounded as Step() rounds them, into the file.
-    return param_pages_->WriteFromF32(group.param_slot, full.data() + held_begin,
-                                      flat.shard_numel, dtype);
+  if (which != 0) return comm_stream_->Synchronize();
+  // The parameters the rank holds (the whole group at stages 0-2, its
+  // shard at stage 3), rounded from the master weights as Step() refreshes
+  // them, wherever they live. Host memory is written after the tiers'
+  // writes on the stream have run (an f32 run's device part keeps its
+  // master weights in the parameters themselves).
+  if (residence_->place(g) != ParamResidence::Place::kDevice) {
+    MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
   }
-  if (which == 0 && !mixed()) {
-    // f32: the parameters are the master weights; every copy is set.
-    MW_RETURN_IF_ERROR(device_.CopyAsync(group.params.data(), full.data() + held_begin, held * 4,
-                                         *comm_stream_));
-    return comm_stream_->Synchronize();
-  }
-  if (which == 0) {
-    // The parameters the rank holds, rounded from the master weights as
-    // Step() refreshes them.
-    if (paged()) {
-      kernels::cpu::Kernels().cast(full.data() + held_begin, DType::kF32, group.params.data(),
-                                   dtype, held);
-    } else {
-      MW_ASSIGN_OR_RETURN(DeviceBuffer wide, device_.Allocate(held * 4, MemoryCategory::kWorkspace,
-                                                              absl::StrCat(flat.name, ".state_in")));
-      MW_RETURN_IF_ERROR(
-          device_.CopyAsync(wide.data(), full.data() + held_begin, held * 4, *comm_stream_));
-      MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, wide.data(), DType::kF32,
-                                       group.params.data(), dtype, held));
-      return comm_stream_->Synchronize();
-    }
-  }
-  return comm_stream_->Synchronize();
+  return residence_->Write(g, full.data() + rules_.held_parameters_begin(flat, comm_.rank()),
+                           *comm_stream_, absl::StrCat(flat.name, ".state_in"));
 }
 
 absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<float> out) {

@@ -22,7 +22,7 @@ absl::Status ShardedOptimizer::AbortStep() {
   // finishes first (an error, if any, is the caller's to see).
   const absl::Status drained = comm_stream_->Synchronize();
   if (overlapped_ != nullptr) overlapped_->Wait();
-  if (param_pages_ != nullptr) param_pages_->DropReadAheads();
+  if (residence_ != nullptr) residence_->DropReadAheads();
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& group = groups_[g];
     if (overlapped_ != nullptr) overlapped_->Drop(static_cast<int>(g));
@@ -192,7 +192,7 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
   // Tiers that update without touching their current state (NVMe) commit
   // after every group has updated; the others at once (Note [State tiers]).
   std::vector<std::pair<StateTier*, void*>> uncommitted;
-  std::vector<int> written_shards;  // parameters on NVMe, in their spare copies
+  std::vector<int> written_shards;  // groups whose parameters on NVMe are in spare copies
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
     Group& group = groups_[g];
@@ -204,7 +204,7 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       // Overlapped: its buffers were allocated as it was handed over (Step()
       // hands over any part not handed over in backward).
       args.scratch = overlapped_->params(static_cast<int>(g));
-    } else if (group.param_slot >= 0) {
+    } else if (residence_->place(static_cast<int>(g)) == ParamResidence::Place::kNvme) {
       args.scratch = NvmeStore::AlignUp(workspace.param_scratch.data());
     } else if (group.host != nullptr) {
       args.scratch = two_phase ? workspace.host_scratch[g].data()
@@ -214,7 +214,7 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
       args.grads = device_.holds_bytes()
                        ? static_cast<const char*>(UpdateGradients(flat, group)) + t.begin * size
                        : nullptr;
-      args.params = ParamsAt(flat, group, t.begin);
+      args.params = ParamsAt(static_cast<int>(g), t.begin);
       hyper_.SegmentsOf(static_cast<int>(g), update_begin(flat) + t.begin, t.tier->numel(), rules,
                         segments);
       args.segments = segments;
@@ -242,12 +242,12 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
                                 absl::StrCat("update ", flat.name));
         MW_RETURN_IF_ERROR(t.tier->Update(*comm_stream_, args));
       }
-      if (group.param_slot >= 0) {
+      if (residence_->place(static_cast<int>(g)) == ParamResidence::Place::kNvme) {
         // The refreshed shard goes to its spare copy now (the scratch is
         // the next group's), synced with the others after the last group;
         // the tier's commit then copies nothing.
-        MW_RETURN_IF_ERROR(param_pages_->store().WriteUnsynced(group.param_slot, args.scratch));
-        written_shards.push_back(group.param_slot);
+        MW_RETURN_IF_ERROR(residence_->WriteUpdated(static_cast<int>(g), args.scratch));
+        written_shards.push_back(static_cast<int>(g));
         uncommitted.push_back({t.tier, nullptr});
       } else if (t.tier->two_phase()) {
         uncommitted.push_back({t.tier, args.params});
@@ -257,13 +257,11 @@ absl::Status ShardedOptimizer::UpdateGroups(float grad_scale) {
     }
   }
   if (chunks != nullptr) MW_RETURN_IF_ERROR(chunks->Finish());
-  if (!written_shards.empty()) {
-    MW_RETURN_IF_ERROR(param_pages_->store().FinishWrites(written_shards));
-  }
+  MW_RETURN_IF_ERROR(residence_->FinishUpdates(written_shards));
   for (const auto& [tier, params] : uncommitted) {
     MW_RETURN_IF_ERROR(tier->Commit(*comm_stream_, params));
   }
-  for (int slot : written_shards) MW_RETURN_IF_ERROR(param_pages_->store().Commit(slot));
+  MW_RETURN_IF_ERROR(residence_->CommitUpdates(written_shards));
   if (overlapped_ != nullptr) {
     for (size_t g = 0; g < groups_.size(); ++g) overlapped_->Drop(static_cast<int>(g));
   }
@@ -283,9 +281,9 @@ absl::StatusOr<ShardedOptimizer::UpdateWorkspace> ShardedOptimizer::AllocateUpda
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].host == nullptr) continue;
       grads = std::max(grads, groups_[g].host->grad_buffer_bytes());
-      if (groups_[g].param_slot >= 0) {
+      if (residence_->place(static_cast<int>(g)) == ParamResidence::Place::kNvme) {
         // Written to the file before the next group updates: shared.
-        on_nvme = std::max(on_nvme, param_pages_->store().rounded_bytes(groups_[g].param_slot));
+        on_nvme = std::max(on_nvme, residence_->update_bytes(static_cast<int>(g)));
         continue;
       }
       MW_ASSIGN_OR_RETURN(
@@ -330,7 +328,7 @@ absl::Status ShardedOptimizer::RefreshParameters() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     const FlatGroup& flat = layout_.groups[g];
     if (!flat.trainable) continue;  // unchanged
-    void* full = groups_[g].params.data();
+    void* full = residence_->data(static_cast<int>(g));
     void* own = device_.holds_bytes()
                     ? ElementOffset(full, flat.shard_begin(comm_.rank()), dtype)
                     : nullptr;
@@ -360,7 +358,7 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   gatherer_->EndStep();
   for (Group& group : groups_) group.reductions = 0;
   // Before the update rewrites the shards.
-  if (param_pages_ != nullptr) param_pages_->DropReadAheads();
+  residence_->DropReadAheads();
   // 1. Reduce what stages 0-1 hold in full. 2. Look for inf/nan and take
   // the global norm. 3. Skip, or update (clipping folds into the gradient
   // scale), refresh the parameters and zero the gradients.
