@@ -16,8 +16,9 @@
 // the bound; --profile DIR writes the last overlapped run's profiler
 // reports there (trace.json: the Chrome trace).
 //
-//   bazel build //benchmarks:overlap_benchmark && OPENBLAS_NUM_THREADS=1 MEMWALL_CPU_THREADS=1 \
-//     tools/mpirun.sh 1 bazel-bin/benchmarks/overlap_benchmark [--steps 5 --model SPEC --seq N
+//   bazel build //benchmarks:overlap_benchmark
+//   export OPENBLAS_NUM_THREADS=1 MEMWALL_CPU_THREADS=1
+//   tools/mpirun.sh 1 bazel-bin/benchmarks/overlap_benchmark [--steps 5 --model SPEC --seq N
 //     --micro M --overlap_comm 0|1 --rounds 3 --nvme DIR --profile DIR]
 //
 // The thread settings give backward one core and the update thread

@@ -335,18 +335,7 @@ absl::Status RunTrain(const TrainOptions& given) {
   if (!options.resume_dir.empty()) {
     absl::StrAppend(&engine_options.schedule_description, " --resume ", options.resume_dir);
   }
-  // The keys that change the model's parameters or what trains; tiles and
-  // frozen blocks only when set, so checkpoints without them keep matching.
-  engine_options.model_description =
-      absl::StrFormat("gpt:vocab=%d,seq=%d,hidden=%d,heads=%d,layers=%d", gpt.vocab, gpt.seq,
-                      gpt.hidden, gpt.heads, gpt.layers);
-  if (gpt.tiles > 1) absl::StrAppend(&engine_options.model_description, ",tiles=", gpt.tiles);
-  if (gpt.vocab_tiles > 1) {
-    absl::StrAppend(&engine_options.model_description, ",vocab_tiles=", gpt.vocab_tiles);
-  }
-  if (gpt.frozen_blocks > 0) {
-    absl::StrAppend(&engine_options.model_description, ",frozen_blocks=", gpt.frozen_blocks);
-  }
+  engine_options.model_description = GptDescription(gpt);
   engine_options.plan_command = PlanCommand(
       options, options.backend == Backend::kMeta ? options.simulate_ranks : world->world_size(),
       config.train_micro_batch_size_per_gpu);

@@ -897,6 +897,16 @@ std::pair<int64_t, int64_t> GptVocabTile(const GptConfig& c, int64_t t) {
   return {begin, begin + q + (t < r ? 1 : 0)};
 }
 
+std::string GptDescription(const GptConfig& config) {
+  std::string out = absl::StrFormat("gpt:vocab=%d,seq=%d,hidden=%d,heads=%d,layers=%d",
+                                    config.vocab, config.seq, config.hidden, config.heads,
+                                    config.layers);
+  if (config.tiles > 1) absl::StrAppend(&out, ",tiles=", config.tiles);
+  if (config.vocab_tiles > 1) absl::StrAppend(&out, ",vocab_tiles=", config.vocab_tiles);
+  if (config.frozen_blocks > 0) absl::StrAppend(&out, ",frozen_blocks=", config.frozen_blocks);
+  return out;
+}
+
 int64_t GptParameterCount(const GptConfig& c) {
   const int64_t h = c.hidden;
   const int64_t block = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (4 * h * h + 4 * h) +

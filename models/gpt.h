@@ -78,6 +78,13 @@ absl::StatusOr<GptConfig> GptPreset(const std::string& name);
 // (GptShapeForParameters). Errors name the key or the preset.
 absl::StatusOr<GptConfig> ParseGptModel(const std::string& spec);
 
+// The model as ParseGptModel reads it back, with the keys that change its
+// parameters or what trains ("gpt:vocab=256,seq=64,hidden=64,heads=4,
+// layers=2"; tiles, vocab_tiles and frozen_blocks only when set, so that
+// descriptions made before those keys existed still match): what a
+// checkpoint records of the model it holds.
+std::string GptDescription(const GptConfig& config);
+
 // The shape rule for a parameter count (GPT-3's family): layers = heads =
 // hidden / 128 and 12 layers hidden^2 = `parameters`, hidden rounded to a
 // multiple of 128; vocabulary 50257, sequence 2048. gpt3-175b is the rule's

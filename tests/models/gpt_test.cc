@@ -160,6 +160,20 @@ TEST_CASE("presets match the published parameter counts within 1%", "[gpt]") {
         "gpt hidden: 66 is not divisible by heads 4");
 }
 
+TEST_CASE("a model's description reads back as the same model", "[gpt]") {
+  CHECK(GptDescription(GptPreset("gpt-tiny").value()) ==
+        "gpt:vocab=256,seq=64,hidden=64,heads=4,layers=2");
+  const GptConfig tuned =
+      ParseGptModel("gpt2-124m:layers=4,tiles=2,vocab_tiles=3,frozen_blocks=1").value();
+  const std::string description = GptDescription(tuned);
+  CHECK(description ==
+        "gpt:vocab=50257,seq=1024,hidden=768,heads=12,layers=4,tiles=2,vocab_tiles=3,"
+        "frozen_blocks=1");
+  const GptConfig back = ParseGptModel(description).value();
+  CHECK(GptDescription(back) == description);
+  CHECK(GptParameterCount(back) == GptParameterCount(tuned));
+}
+
 TEST_CASE("vocabulary tiles cover the vocabulary in order, sizes within one", "[gpt][tiles]") {
   GptConfig c = GptPreset("gpt2-124m").value();
   c.vocab_tiles = 8;  // 50257 = 8 x 6282 + 1
