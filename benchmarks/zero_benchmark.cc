@@ -5,13 +5,15 @@
 //   tools/mpirun.sh N bazel-bin/benchmarks/zero_benchmark [--params 8388608] [--groups 8]
 //       [--steps 5] [--compute 0] [--overlap 0|1]
 //
-// The "model" is a stand-in: per group, forward and backward each run
-// `--compute` passes of a scaling kernel over a group-sized f32 buffer (0:
-// no compute, the optimizer's work alone), and backward fills the group's
-// gradients; the driver order is a real one (stage 3: gather for forward,
-// gather again for backward; stages 2-3 reduce each group right after its
-// backward), then Step(). bf16 parameters and gradients, f32 reduction,
-// AdamW. --overlap 1 sets zero_optimization.overlap_comm.
+// The "model" is a stand-in, a caller-owned model of the engine
+// (engine/engine.h) with one parameter per group: per group, forward and
+// backward each run `--compute` passes of a scaling kernel over a
+// group-sized f32 buffer (0: no compute, the optimizer's work alone), and
+// backward fills the group's gradients; the driver order is a real one
+// (stage 3: gather for forward, gather again for backward; stages 2-3
+// reduce each group right after its backward), then the engine's Step().
+// bf16 parameters and gradients, f32 reduction, AdamW. --overlap 1 sets
+// zero_optimization.overlap_comm.
 #include <mpi.h>
 
 #include <algorithm>
@@ -21,11 +23,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/config.h"
+#include "engine/engine.h"
 #include "kernels/ops.h"
 #include "runtime/device.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/units.h"
-#include "sharding/sharded_optimizer.h"
 
 namespace memwall {
 namespace {
@@ -49,25 +52,31 @@ void Check(const absl::Status& s) {
 
 Figures RunStage(MpiCommunicator& comm, int stage, int64_t params, int groups, int steps,
                  int compute, bool overlap) {
-  ShardingOptions options;
-  options.zero.stage = stage;
-  options.zero.overlap_comm = overlap;
-  options.bf16 = true;
+  Config config;
+  config.zero.stage = stage;
+  config.zero.overlap_comm = overlap;
+  config.bf16 = true;
   const int64_t per_group = params / groups;
-  options.zero.reduce_bucket_size = per_group;
+  config.zero.reduce_bucket_size = per_group;
   // Prefetch one group ahead.
-  options.zero.stage3_prefetch_bucket_size = per_group + 4096;
-  auto device = CreateDevice({Backend::kHost, comm.rank(), 4 * kGiB}).value();
-  auto stream = device->CreateStream().value();
-  auto opt = ShardedOptimizer::Create(options, *device, comm).value();
+  config.zero.stage3_prefetch_bucket_size = per_group + 4096;
+  EngineOptions options;
+  options.world = &comm;
+  options.device_bytes = 4 * kGiB;
+  std::vector<ParameterGroup> model;
   for (int g = 0; g < groups; ++g) {
-    Check(opt->AddParameter("layer" + std::to_string(g), {per_group},
-                            std::vector<float>(per_group, 0.01f)));
+    const std::string name = "layer" + std::to_string(g);
+    model.push_back({name, {{name, {per_group}, std::vector<float>(per_group, 0.01f)}}});
   }
-  Check(opt->Finalize());
+  absl::StatusOr<std::unique_ptr<Engine>> created = Engine::Create(options, config, std::move(model));
+  Check(created.status());
+  Engine& engine = **created;
+  ModelStates& states = engine.states();
+  Device& device = engine.device();
+  Stream& stream = states.stream();
   Figures f;
-  f.padded = opt->layout().padded_numel;
-  const AllocatorStats s = device->allocator().stats();
+  f.padded = states.layout().padded_numel;
+  const AllocatorStats s = device.allocator().stats();
   f.model_state = s.by_category[int(MemoryCategory::kParameter)].current +
                   s.by_category[int(MemoryCategory::kGradient)].current +
                   s.by_category[int(MemoryCategory::kOptimizerState)].current;
@@ -75,11 +84,11 @@ Figures RunStage(MpiCommunicator& comm, int stage, int64_t params, int groups, i
   const int64_t formulas[] = {16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N};
   f.formula = formulas[stage];
 
-  auto activations = device->Allocate(per_group * 4, MemoryCategory::kActivation, "compute").value();
-  Check(kernels::Fill(*device, *stream, activations.data(), DType::kF32, per_group, 1.0f));
+  auto activations = device.Allocate(per_group * 4, MemoryCategory::kActivation, "compute").value();
+  Check(kernels::Fill(device, stream, activations.data(), DType::kF32, per_group, 1.0f));
   auto layer_compute = [&] {
     for (int pass = 0; pass < compute; ++pass) {
-      Check(kernels::Scale(*device, *stream, activations.data(), DType::kF32, per_group, 0.999f));
+      Check(kernels::Scale(device, stream, activations.data(), DType::kF32, per_group, 0.999f));
     }
   };
   std::vector<double> times;
@@ -88,20 +97,20 @@ Figures RunStage(MpiCommunicator& comm, int stage, int64_t params, int groups, i
     Check(comm.Barrier());
     const auto start = std::chrono::steady_clock::now();
     for (int g = 0; g < groups; ++g) {
-      Check(opt->GatherParameters(g));
+      Check(states.Gather(g));
       layer_compute();
-      Check(opt->ReleaseParameters(g));
+      Check(states.Release(g));
     }
     for (int g = groups - 1; g >= 0; --g) {
-      Check(opt->GatherParameters(g));
+      Check(states.Gather(g));
       layer_compute();
-      Check(opt->AcquireGradients(g));
-      auto grad = opt->Gradient("layer" + std::to_string(g)).value();
-      Check(kernels::Fill(*device, *stream, grad.data, grad.dtype, grad.numel, 1e-3f));
-      Check(opt->ReduceGradients(g));
-      Check(opt->ReleaseParameters(g));
+      Check(states.AcquireGradients(g));
+      auto grad = states.Gradient("layer" + std::to_string(g)).value();
+      Check(kernels::Fill(device, stream, grad.data, grad.dtype, grad.numel, 1e-3f));
+      Check(states.ReduceGradients(g));
+      Check(states.Release(g));
     }
-    Check(opt->Step().status());
+    Check(engine.Step().status());
     Check(comm.Barrier());
     const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
     if (step > 0) times.push_back(took.count());
