@@ -26,7 +26,16 @@ every collective and update is the engine's. What the glue does:
   the transposed weight of a linear layer) are saved as references
   (saved_tensors_hooks) and re-gathered when backward unpacks them; a group
   gathered for backward is released once its gradients are reduced (at the
-  latest when backward ends).
+  latest when backward ends);
+- the model's own state dict: outside forward a stage-3 parameter holds
+  only a placeholder, so model.state_dict() (save_pretrained,
+  torch.save(model.state_dict())) is refused there rather than saving it;
+  inside `with opt.gathered_parameters():` (collective) every parameter
+  holds its values, at every stage. model.load_state_dict (or any write
+  into the parameters) goes inside `with opt.gathered_parameters(modify=
+  True):`, which makes what was written the master weights as the block
+  ends (outside it the engine's next step would overwrite the write with
+  the master weights at bf16, or lose it at stage 3: refused).
 
 Gradient contract (the engine's): backward adds the gradient of each
 micro-batch's loss (times loss_scale, which backward() applies); step()
@@ -298,6 +307,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._profile_hooks = []
         self._module_stack = []  # names of the modules in forward, innermost last
         self._parameter_storage = set()
+        # Inside gathered_parameters(): every group stays gathered; with
+        # modify, the parameters' values at its start, to find what changed.
+        self._holding_all = False
+        self._modifying = None
         # Stage 3: each released parameter's one element, and by its address
         # the parameter's name. Stages 0-2: each parameter's address.
         self._holders = {id(p): torch.zeros(1, dtype=self._dtype)
@@ -363,6 +376,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._hooks.append(p.register_post_accumulate_grad_hook(on_gradient))
         self._hooks.append(model.register_forward_pre_hook(_weak(self._enter_saving)))
         self._hooks.append(model.register_forward_hook(_weak(self._exit_saving), always_call=True))
+        saving, loading = _weak(self._check_state_dict), _weak(self._check_load_state_dict)
+        for module in model.modules():
+            if any(p is not None for p in module._parameters.values()):
+                self._hooks.append(module.register_state_dict_pre_hook(saving))
+                self._hooks.append(module.register_load_state_dict_pre_hook(loading))
         if self._stage != 3:
             return
         for module in model.modules():
@@ -457,7 +475,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._storage[p.data.data_ptr()] = p
 
     def _release(self, g):
-        if not g.gathered:
+        if not g.gathered or self._holding_all:
             return
         self._release_views(g)
         self._engine.release(g.index)
@@ -478,6 +496,98 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 g.forward_uses -= 1
                 if g.forward_uses == 0 and not g.backward_gathered:
                     self._release(g)
+
+    # -- the model's state dict ---------------------------------------------
+
+    def _check_state_dict(self, module, prefix, keep_vars):
+        if self._stage != 3 or self._holding_all:
+            return
+        name = next(n for n, p in module._parameters.items() if p is not None)
+        raise memwall.Error(
+            "FAILED_PRECONDITION: state_dict(): at ZeRO stage 3 parameter '%s%s' holds only a "
+            "placeholder outside forward; take the state dict inside `with "
+            "opt.gathered_parameters():` (every rank enters it), or use "
+            "opt.full_model_state_dict()" % (prefix, name))
+
+    def _check_load_state_dict(self, module, state_dict, prefix, *args):
+        if self._modifying is not None:
+            return
+        raise memwall.Error(
+            "FAILED_PRECONDITION: load_state_dict(): memwall keeps the master weights the next "
+            "step starts from; load inside `with opt.gathered_parameters(modify=True):` (every "
+            "rank enters it, loading the same values) so that they become the master weights "
+            "(module '%s')" % prefix.rstrip("."))
+
+    @contextlib.contextmanager
+    def gathered_parameters(self, modify=False):
+        """Collective (every rank enters it, in the same order): inside the
+        block every parameter holds its values in full, at every stage, so
+        model.state_dict(), save_pretrained or an evaluation see the trained
+        weights (stage 3 holds only a shard otherwise). modify=True: what the
+        block writes into the parameters (model.load_state_dict, p.copy_)
+        becomes their master weights when it ends without an exception;
+        every rank must write the same values. In bf16 or fp16 the master
+        weights of a parameter whose 16-bit values changed become those
+        values (all the parameter could hold of what was written); one whose
+        values did not change keeps its f32 master weights, which round to
+        them. Between steps only (not inside forward or backward, nor
+        between a backward and step())."""
+        if self._holding_all:
+            raise memwall.Error("FAILED_PRECONDITION: gathered_parameters(): already inside one")
+        self._check_backward_ended("gathered_parameters()")
+        if self._micro_batches or any(g.forward_uses or g.acquired for g in self._groups):
+            raise memwall.Error(
+                "FAILED_PRECONDITION: gathered_parameters(): a step is in progress (%d backward "
+                "passes since the last step); enter it between steps" % self._micro_batches)
+        with self._atomic():
+            if self._stage == 3:
+                for g in self._groups:
+                    self._gather(g)
+            self._holding_all = True
+        try:
+            if modify:
+                self._modifying = {id(p): p.detach().clone() for _, p in self._named()}
+            yield self
+            if modify:
+                self._write_master_weights()
+        finally:
+            self._modifying = None
+            with self._atomic():
+                self._holding_all = False
+                if self._stage == 3:
+                    for g in self._groups:
+                        self._release(g)
+
+    @torch.no_grad()
+    def _write_master_weights(self):
+        """The master weights of every parameter whose values changed since
+        gathered_parameters(modify=True) began: its values in f32. Every
+        group's master weights are gathered (collective, whatever changed),
+        then set where a parameter changed."""
+        offsets = {}
+        for d in self._engine.groups():
+            offsets.update(zip(d["parameters"], d["offsets"]))
+        for g in self._groups:
+            changed = [(n, p) for n, p in g.params
+                       if not torch.equal(p.detach(), self._modifying[id(p)])]
+            masters = torch.frombuffer(bytearray(self._engine.gather_state(g.index, 0)),
+                                       dtype=torch.float32)
+            if not changed:
+                continue
+            for name, p in changed:
+                begin = offsets[name]
+                masters[begin:begin + p.numel()] = p.detach().reshape(-1).to(torch.float32)
+            self._engine.set_state(g.index, 0, masters.data_ptr(), masters.numel())
+
+    def full_model_state_dict(self, rank0_only=False):
+        """Collective: model.state_dict() with every parameter's values, as
+        copies (FSDP's full state dict; DeepSpeed's consolidated 16-bit
+        state dict), in the parameters' dtype. rank0_only: the other ranks
+        return {} (they still take part in the gathers)."""
+        with self.gathered_parameters():
+            if rank0_only and self._engine.rank != 0:
+                return {}
+            return {k: v.detach().clone() for k, v in self._model.state_dict().items()}
 
     # -- saved tensors (stage 3 and profiling) --------------------------------
 
@@ -882,9 +992,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                  % (i, str(error).split("): ", 1)[-1])) from None
 
     def master_weights(self, name):
-        """The f32 master weights of parameter `name` (collective)."""
+        """The f32 master weights of parameter `name` (collective;
+        memwall.NotFoundError for a name the model does not have)."""
+        values = self._engine.master_weights(name)
         shape = next(self._shape[id(p)] for n, p in self._named() if n == name)
-        return torch.tensor(self._engine.master_weights(name)).view(shape)
+        return torch.tensor(values).view(shape)
 
     def memory(self):
         """The engine allocator's bytes by category ({"parameter":

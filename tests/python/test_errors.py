@@ -192,3 +192,35 @@ def test_engine_errors_are_the_python_exceptions_their_codes_mean(tmp_path):
     with pytest.raises(memwall.Error) as state:
         opt.step()
     assert type(state.value) is memwall.Error and isinstance(state.value, RuntimeError)
+
+
+def test_master_weights_of_a_name_the_model_lacks():
+    model = mlp()
+    opt = mt.ZeroOptimizer(model, None, {})
+    with pytest.raises(FileNotFoundError) as error:
+        opt.master_weights("3.weight")
+    assert isinstance(error.value, memwall.NotFoundError)
+    assert str(error.value) == "NOT_FOUND: parameter '3.weight': not registered"
+
+
+def test_gathered_parameters_refused_mid_step_and_nested():
+    model = mlp()
+    opt = mt.ZeroOptimizer(model, None, {"zero_optimization": {"stage": 3},
+                                         "gradient_accumulation_steps": 2})
+    opt.backward(model(torch.ones(2, 4)).sum())
+    with pytest.raises(memwall.Error) as error:
+        with opt.gathered_parameters():
+            pass
+    assert str(error.value) == (
+        "FAILED_PRECONDITION: gathered_parameters(): a step is in progress (1 backward passes "
+        "since the last step); enter it between steps")
+    opt.backward(model(torch.ones(2, 4)).sum())
+    opt.step()
+    with opt.gathered_parameters():
+        with pytest.raises(memwall.Error) as error:
+            with opt.gathered_parameters():
+                pass
+        assert str(error.value) == "FAILED_PRECONDITION: gathered_parameters(): already inside one"
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for name, w in weights.items():
+        assert torch.equal(w, opt.master_weights(name)), name
