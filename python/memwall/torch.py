@@ -882,8 +882,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         every rank (collective): per trainable parameter "step",
         "exp_avg" and "exp_avg_sq" (or "momentum_buffer"), and
         "master_weight" (the f32 master weights, which the model's own
-        parameters are only in f32 runs); frozen ones have no state, as in
-        torch."""
+        parameters are only in f32 runs) with "master_weight_step", the
+        step they are of (an int: a torch optimizer that loads the dict
+        carries both along unchanged while its "step" counts on, which is
+        how load_state_dict tells master weights it trained past); frozen
+        ones have no state, as in torch."""
         gathered = {g.index: self._gather_states(g) for g in self._groups if g.trainable}
         step = torch.tensor(float(self._engine.progress()["steps_applied"]))
         state = {}
@@ -891,7 +894,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             states = gathered[g.index]
             shape = self._shape[id(p)]
             entry = {"step": step.clone(),
-                     "master_weight": states[0][offset:offset + numel].clone().view(shape)}
+                     "master_weight": states[0][offset:offset + numel].clone().view(shape),
+                     "master_weight_step": int(step)}
             for which, key in enumerate(self._state_names(), start=1):
                 entry[key] = states[which][offset:offset + numel].clone().view(shape)
             state[index] = entry
@@ -907,8 +911,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Loads a state_dict of this class or of torch.optim.AdamW / SGD
         (collective: every rank passes the same one). The param_groups'
         hyperparameters are taken; each parameter's moments and step are
-        set, and its master weights when the dict has them (torch's own
-        optimizers keep none: the model's parameters are the weights then).
+        set, and its master weights when the dict has them and they are of
+        its step (torch's own optimizers keep none, and a dict of this class
+        that a torch optimizer loaded and trained on holds master weights of
+        an earlier step, "master_weight_step": the model's parameters are
+        the weights then, so load the model that optimizer trained).
         Everything is checked before anything changes."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
@@ -947,7 +954,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             current = self._gather_states(g)
             for index, p, _, offset, numel in by_group[g.index]:
                 entry = states[ids[index]]
+                trained_past = ("step" in entry and "master_weight_step" in entry
+                                and float(entry["step"]) != float(entry["master_weight_step"]))
                 for which, key in enumerate(names):
+                    if key == "master_weight" and trained_past:
+                        continue
                     if key in entry:
                         current[which][offset:offset + numel] = \
                             entry[key].detach().reshape(-1).to(torch.float32)

@@ -37,4 +37,5 @@ def test_sgd_with_momentum_matches_torch(stage):
     for name, p in reference.named_parameters():
         assert torch.allclose(opt.master_weights(name), p.detach(), rtol=0, atol=1e-6), name
     state = opt.state_dict()
-    assert sorted(state["state"][0]) == ["master_weight", "momentum_buffer", "step"]
+    assert sorted(state["state"][0]) == ["master_weight", "master_weight_step",
+                                         "momentum_buffer", "step"]

@@ -64,7 +64,9 @@ def test_a_zero_state_loads_into_torch_adamw(stage):
     opt = mt.ZeroOptimizer(model, groups(model), {**CONFIG, "zero_optimization": {"stage": stage}})
     train(model, opt, data[:3], zero=True)
     state = opt.state_dict()
-    assert sorted(state["state"][0]) == ["exp_avg", "exp_avg_sq", "master_weight", "step"]
+    assert sorted(state["state"][0]) == ["exp_avg", "exp_avg_sq", "master_weight",
+                                         "master_weight_step", "step"]
+    assert state["state"][0]["master_weight_step"] == 3
     assert float(state["state"][0]["step"]) == 3.0
     assert [g["params"] for g in state["param_groups"]] == [[0, 1], [2, 3, 4, 5]]
     # torch's model: the master weights (f32 here, so also the parameters).
@@ -95,7 +97,40 @@ def test_a_state_for_another_optimizer_is_refused_before_anything_changes():
     after = opt.state_dict()
     for i in before["state"]:
         for key, value in before["state"][i].items():
-            assert torch.equal(after["state"][i][key], value)
+            if key == "master_weight_step":
+                assert after["state"][i][key] == value
+            else:
+                assert torch.equal(after["state"][i][key], value)
     with pytest.raises(ValueError) as error:
         opt.load_state_dict({"state": {}, "param_groups": state["param_groups"][:1]})
     assert str(error.value) == "load_state_dict: 1 param_groups, this optimizer has 2"
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_memwall_then_torch_then_memwall_trains_on_from_where_torch_stopped(stage):
+    """The three-leg round trip: memwall trains, torch's AdamW loads its
+    state dict and trains on (carrying memwall's master weights along
+    unchanged), memwall loads torch's state dict into the model torch
+    trained: the stale master weights must not replace torch's weights."""
+    model, data = model_and_data()
+    zero_config = {**CONFIG, "zero_optimization": {"stage": stage}}
+    opt = mt.ZeroOptimizer(model, groups(model), zero_config)
+    train(model, opt, data[:2], zero=True)
+    plain, _ = model_and_data()
+    with torch.no_grad():
+        for name, p in plain.named_parameters():
+            p.copy_(opt.master_weights(name))
+    ref_opt = torch.optim.AdamW(groups(plain), lr=1e-2, weight_decay=0.05)
+    ref_opt.load_state_dict(opt.state_dict())
+    train(plain, ref_opt, data[2:4], zero=False)
+    state = ref_opt.state_dict()
+    assert float(state["state"][0]["step"]) == 4.0
+    assert state["state"][0]["master_weight_step"] == 2  # carried along, stale
+    again = copy.deepcopy(plain)
+    opt2 = mt.ZeroOptimizer(again, groups(again), zero_config)
+    opt2.load_state_dict(state)
+    train(plain, ref_opt, data[4:], zero=False)
+    train(again, opt2, data[4:], zero=True)
+    want, got = weights(plain), weights(again, opt2)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=0, atol=1e-6), name
