@@ -95,6 +95,34 @@ def _weak(method):
     return call
 
 
+# torch.optim param_group options memwall's update does not implement, with
+# the value that asks for nothing (torch's default): any other is refused.
+_UNIMPLEMENTED = {"amsgrad": False, "maximize": False, "nesterov": False, "dampening": 0,
+                  "capturable": False, "differentiable": False}
+# The options memwall's update reads, and what lr schedulers and users add
+# for themselves; foreach and fused choose among torch's own kernels, and
+# memwall's kernels run the update whatever they say.
+_READ = {"params", "lr", "betas", "eps", "weight_decay", "momentum"}
+_CARRIED = {"initial_lr", "name", "foreach", "fused"}
+
+
+def _check_group_options(param_groups):
+    """ValueError naming the first option a param_group sets that memwall's
+    update would not honour (it would train otherwise than asked)."""
+    for i, group in enumerate(param_groups):
+        for key, value in group.items():
+            if key in _READ or key in _CARRIED:
+                continue
+            if key not in _UNIMPLEMENTED:
+                raise ValueError(
+                    "param_groups[%d]: unknown option '%s'; memwall's update takes lr, betas, "
+                    "eps, weight_decay and momentum" % (i, key))
+            if value is not None and value != _UNIMPLEMENTED[key]:
+                raise ValueError(
+                    "param_groups[%d]: %s=%r is not implemented by memwall's update (only %r "
+                    "is)" % (i, key, value, _UNIMPLEMENTED[key]))
+
+
 def _group_defaults(config):
     """torch param_group defaults from the config's optimizer section, as
     written (Python floats, which lr schedulers scale; the engine, which
@@ -225,8 +253,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     model: the torch.nn.Module whose parameters the engine takes over.
     params: what torch optimizers take (model.parameters() or param_group
-        dicts with per-group lr, betas, eps, weight_decay); None: every
-        parameter of the model in one group. Every parameter that requires
+        dicts with per-group lr, betas, eps, weight_decay, momentum); None:
+        every parameter of the model in one group. Options the update does
+        not implement (maximize, amsgrad, nesterov, dampening, ...) are
+        refused unless at torch's defaults; foreach and fused are accepted
+        (memwall's kernels run the update); add_param_group after
+        construction is refused. Every parameter that requires
         grad must be in it; parameters that do not are frozen (no gradient,
         no optimizer state) whether listed or not.
     config: the DeepSpeed-style config (a dict, JSON text or a file path);
@@ -263,6 +295,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if params is None:
             params = list(model.parameters())
         super().__init__(params, _group_defaults(parsed))
+        _check_group_options(self.param_groups)
         self._model = model
         self._names = {}  # id(param) -> name
         self._shape = {}  # id(param) -> its shape (stage 3 empties the tensor)
@@ -780,6 +813,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._module_stack.pop()
         if block:
             self._engine.end_phase()
+
+    def add_param_group(self, param_group):
+        """torch.optim's, while the constructor builds the param_groups;
+        afterwards refused (the engine's groups are fixed when it is built:
+        give every param_group to ZeroOptimizer)."""
+        if getattr(self, "_engine", None) is not None:
+            raise memwall.Error(
+                "FAILED_PRECONDITION: add_param_group: the engine's parameters and groups are "
+                "fixed when the ZeroOptimizer is built; pass every param_group to it")
+        super().add_param_group(param_group)
 
     def zero_grad(self, set_to_none=True):
         """Gradients live in the engine, which zeroes them at each step; the

@@ -224,3 +224,37 @@ def test_gathered_parameters_refused_mid_step_and_nested():
         weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     for name, w in weights.items():
         assert torch.equal(w, opt.master_weights(name)), name
+
+
+@pytest.mark.parametrize("options,config,message", [
+    ({"maximize": True}, {}, "param_groups[0]: maximize=True is not implemented by memwall's "
+                             "update (only False is)"),
+    ({"amsgrad": True}, {}, "param_groups[0]: amsgrad=True is not implemented by memwall's "
+                            "update (only False is)"),
+    ({"nesterov": True, "momentum": 0.9}, {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}},
+     "param_groups[0]: nesterov=True is not implemented by memwall's update (only False is)"),
+    ({"dampening": 0.1}, {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}},
+     "param_groups[0]: dampening=0.1 is not implemented by memwall's update (only 0 is)"),
+    ({"lr_decay": 0.5}, {}, "param_groups[0]: unknown option 'lr_decay'; memwall's update takes "
+                            "lr, betas, eps, weight_decay and momentum"),
+])
+def test_a_param_group_option_the_update_does_not_implement(options, config, message):
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError) as error:
+        mt.ZeroOptimizer(model, [{"params": list(model.parameters()), **options}], config)
+    assert str(error.value) == message
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b)
+
+
+def test_torch_defaults_and_kernel_choices_are_accepted_and_add_param_group_refused():
+    model = mlp()
+    opt = mt.ZeroOptimizer(model, [{"params": list(model.parameters()), "maximize": False,
+                                    "amsgrad": False, "foreach": True, "fused": None}], {})
+    with pytest.raises(memwall.Error) as error:
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+    assert str(error.value) == (
+        "FAILED_PRECONDITION: add_param_group: the engine's parameters and groups are fixed when "
+        "the ZeroOptimizer is built; pass every param_group to it")
+    assert len(opt.param_groups) == 1
