@@ -849,8 +849,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         """One engine step (every rank calls it): reduces what backward left,
         sends each param_group's hyperparameters (also sent before backward's
-        first gradient, for an overlapped update), updates. Returns the
-        closure's loss, if given."""
+        first gradient, for an overlapped update), updates. Without a
+        backward since the last step it changes nothing, as torch's
+        optimizers do. Returns the closure's loss, if given."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -860,10 +861,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise memwall.Error(
                 "FAILED_PRECONDITION: step(): the last backward did not finish (interrupted?); "
                 "this step's gradients were dropped: run its micro-batches again")
+        if self._micro_batches == 0:
+            # No backward since the last step: as torch's optimizers skip
+            # parameters without gradients, nothing changes (no weight
+            # decay, no step counted).
+            return loss
         # One change of both sides: an exception (or Ctrl-C, held until the
         # end) leaves the step undone and forgotten, never half done.
         with self._atomic():
-            if self._micro_batches not in (0, self._accumulation):
+            if self._micro_batches != self._accumulation:
                 # Their gradients are dropped (_atomic): the next step
                 # starts afresh.
                 raise memwall.Error(

@@ -99,7 +99,8 @@ def test_a_hyperparameter_the_update_refuses():
     assert model[0].weight.data_ptr() == before  # still torch's own memory
     opt = mt.ZeroOptimizer(model, None, {})
     opt.param_groups[0]["lr"] = -1.0  # as a broken schedule would
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ValueError) as error:  # sent before the step's first gradient
+        opt.backward(model(torch.ones(2, 4)).sum())
         opt.step()
     assert str(error.value) == "param_groups[0]: adam lr: expected a finite value >= 0, got -1"
 
@@ -258,3 +259,23 @@ def test_torch_defaults_and_kernel_choices_are_accepted_and_add_param_group_refu
         "FAILED_PRECONDITION: add_param_group: the engine's parameters and groups are fixed when "
         "the ZeroOptimizer is built; pass every param_group to it")
     assert len(opt.param_groups) == 1
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_step_without_backward_changes_nothing_as_in_torch(stage):
+    """torch's AdamW skips parameters without gradients: no weight decay,
+    no step counted. So does ZeroOptimizer, and torch's reference agrees."""
+    model = mlp()
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference.load_state_dict(model.state_dict())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.1, weight_decay=0.5)
+    opt = mt.ZeroOptimizer(model, None, {"zero_optimization": {"stage": stage},
+                                         "optimizer": {"type": "AdamW",
+                                                       "params": {"lr": 0.1,
+                                                                  "weight_decay": 0.5}}})
+    ref_opt.step()
+    opt.step()
+    assert opt.engine.progress()["steps_applied"] == 0
+    assert ref_opt.state_dict()["state"] == {}
+    for name, p in reference.named_parameters():
+        assert torch.equal(opt.master_weights(name), p.detach()), name
