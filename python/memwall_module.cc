@@ -49,12 +49,14 @@ PyObject* error_type = nullptr;
 PyObject* invalid_argument_type = nullptr;
 PyObject* not_found_type = nullptr;
 PyObject* out_of_memory_type = nullptr;
+PyObject* deadline_exceeded_type = nullptr;
 
 PyObject* ErrorTypeFor(absl::StatusCode code) {
   switch (code) {
     case absl::StatusCode::kInvalidArgument: return invalid_argument_type;
     case absl::StatusCode::kNotFound: return not_found_type;
     case absl::StatusCode::kResourceExhausted: return out_of_memory_type;
+    case absl::StatusCode::kDeadlineExceeded: return deadline_exceeded_type;
     default: return error_type;
   }
 }
@@ -154,7 +156,8 @@ class PyEngine {
   PyEngine(const std::string& config_json,
            const std::vector<std::pair<std::string, std::vector<ParameterArg>>>& groups,
            const std::string& backend, const std::string& device_memory,
-           const std::string& pinned_memory, int simulate_ranks, uint64_t seed) {
+           const std::string& pinned_memory, int simulate_ranks, uint64_t seed,
+           double collective_timeout) {
     Config config = Value(ParseConfig(config_json));
     EngineOptions options;
     options.backend = Value(ParseBackend(backend));
@@ -162,6 +165,12 @@ class PyEngine {
     options.pinned_bytes = Value(ParseBytes(pinned_memory, "pinned_memory"));
     options.simulate_ranks = simulate_ranks;
     options.seed = seed;
+    if (!(collective_timeout >= 0)) {
+      Raise(absl::InvalidArgumentError(absl::StrCat(
+          "collective_timeout: expected seconds >= 0 (0: wait forever), got ", collective_timeout)));
+    }
+    options.collective_timeout = collective_timeout == 0 ? absl::InfiniteDuration()
+                                                         : absl::Seconds(collective_timeout);
     options.oom_advice = false;  // the auto strategy needs memwall's own layers
     options.save_names = {"save_checkpoint", "load_checkpoint"};
     std::vector<ParameterGroup> parameter_groups;
@@ -314,6 +323,8 @@ PYBIND11_MODULE(_memwall, m) {
   memwall::not_found_type = memwall::ErrorSubclass(m, "NotFoundError", PyExc_FileNotFoundError);
   memwall::out_of_memory_type =
       memwall::ErrorSubclass(m, "OutOfMemoryError", PyExc_MemoryError);
+  memwall::deadline_exceeded_type =
+      memwall::ErrorSubclass(m, "DeadlineExceededError", PyExc_TimeoutError);
   m.def("blas_description", &memwall::kernels::cpu::BlasDescription,
         "The OpenBLAS kernel set this process runs its GEMMs with, and how it was chosen.");
   m.def(
@@ -361,10 +372,12 @@ PYBIND11_MODULE(_memwall, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::string&,
                     const std::vector<std::pair<std::string, std::vector<memwall::ParameterArg>>>&,
-                    const std::string&, const std::string&, const std::string&, int, uint64_t>(),
+                    const std::string&, const std::string&, const std::string&, int, uint64_t,
+                    double>(),
            py::arg("config_json"), py::arg("groups"), py::arg("backend") = "host",
            py::arg("device_memory") = "1GiB", py::arg("pinned_memory") = "0",
-           py::arg("simulate_ranks") = 1, py::arg("seed") = 1)
+           py::arg("simulate_ranks") = 1, py::arg("seed") = 1,
+           py::arg("collective_timeout") = 600.0)
       .def_property_readonly("rank", [](PyEngine& e) { return e.engine().communicator().rank(); })
       .def_property_readonly("world_size",
                              [](PyEngine& e) { return e.engine().communicator().world_size(); })

@@ -25,9 +25,10 @@ from memwall._memwall import (  # noqa: E402,F401
     Engine, Error, Parameter, abort_ranks, blas_description)
 # Error's subclasses by the engine's status code, each also the Python
 # exception it means: InvalidArgumentError is a ValueError, NotFoundError a
-# FileNotFoundError, OutOfMemoryError a MemoryError.
+# FileNotFoundError, OutOfMemoryError a MemoryError, DeadlineExceededError
+# (a collective some rank never joined) a TimeoutError.
 from memwall._memwall import (  # noqa: E402,F401
-    InvalidArgumentError, NotFoundError, OutOfMemoryError)
+    DeadlineExceededError, InvalidArgumentError, NotFoundError, OutOfMemoryError)
 from memwall._memwall import better_blas_core as _better_blas_core  # noqa: E402
 from memwall._memwall import choose_blas_core as _choose_blas_core  # noqa: E402
 

@@ -123,6 +123,18 @@ def _check_group_options(param_groups):
                     "is)" % (i, key, value, _UNIMPLEMENTED[key]))
 
 
+@contextlib.contextmanager
+def _collective(call):
+    """A collective call of the glue's: a rank that waited past the
+    collective timeout is told which call every rank must make."""
+    try:
+        yield
+    except memwall.DeadlineExceededError as e:
+        raise memwall.DeadlineExceededError(
+            "DEADLINE_EXCEEDED: %s is collective: every rank calls it, in the same order, and "
+            "not every rank did (%s)" % (call, str(e).split(": ", 1)[-1])) from None
+
+
 def _group_defaults(config):
     """torch param_group defaults from the config's optimizer section, as
     written (Python floats, which lr schedulers scale; the engine, which
@@ -267,6 +279,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         so far).
     device_memory / pinned_memory: the engine device's capacity and pinned
         pool ("8GiB"; pinned "0": derived from the config).
+    collective_timeout: the seconds a rank waits in a collective for the
+        others (0: forever) before memwall.DeadlineExceededError (a
+        TimeoutError) names the collective: what a call only some ranks
+        make, such as state_dict() under `if rank == 0`, ends in.
 
     Launch one process per rank (mpirun -np K python train.py, or
     memwall launch --ranks K -- python train.py); every rank builds the same
@@ -274,7 +290,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, model, params=None, config=None, *, backend="host",
-                 device_memory="4GiB", pinned_memory="0"):
+                 device_memory="4GiB", pinned_memory="0", collective_timeout=600.0):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("model: expected a torch.nn.Module, got %s" % type(model).__name__)
         devices = {p.device.type for p in model.parameters()}
@@ -319,7 +335,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._groups, specs, values = self._plan_groups(model, hyper_of)
         self._engine = memwall.Engine(text, specs, backend=backend,
                                       device_memory=device_memory,
-                                      pinned_memory=pinned_memory)
+                                      pinned_memory=pinned_memory,
+                                      collective_timeout=collective_timeout)
         del values  # the engine has its copy
         self._send_hyperparameters()  # refused values leave the model untouched
         self._stage = self._engine.stage
@@ -936,7 +953,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         carries both along unchanged while its "step" counts on, which is
         how load_state_dict tells master weights it trained past); frozen
         ones have no state, as in torch."""
-        gathered = {g.index: self._gather_states(g) for g in self._groups if g.trainable}
+        with _collective("state_dict()"):
+            gathered = {g.index: self._gather_states(g) for g in self._groups if g.trainable}
         step = torch.tensor(float(self._engine.progress()["steps_applied"]))
         state = {}
         for index, p, g, offset, numel in self._slices():
@@ -1054,7 +1072,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def master_weights(self, name):
         """The f32 master weights of parameter `name` (collective;
         memwall.NotFoundError for a name the model does not have)."""
-        values = self._engine.master_weights(name)
+        with _collective("master_weights()"):
+            values = self._engine.master_weights(name)
         shape = next(self._shape[id(p)] for n, p in self._named() if n == name)
         return torch.tensor(values).view(shape)
 

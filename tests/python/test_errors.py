@@ -279,3 +279,26 @@ def test_a_step_without_backward_changes_nothing_as_in_torch(stage):
     assert ref_opt.state_dict()["state"] == {}
     for name, p in reference.named_parameters():
         assert torch.equal(opt.master_weights(name), p.detach()), name
+
+
+def test_a_collective_called_on_rank_0_alone_times_out_by_name(ranks_runner):
+    """`if rank == 0: opt.state_dict()` with collective_timeout=2: rank 0
+    gets a TimeoutError naming the call every rank must make, not a 600 s
+    hang (workers/rank0_only_state_dict.py)."""
+    results = ranks_runner(2, "rank0_only_state_dict.py")
+    assert results[0]["is_memwall_error"]
+    assert results[0]["error"] == (
+        "DeadlineExceededError: DEADLINE_EXCEEDED: state_dict() is collective: every rank calls "
+        "it, in the same order, and not every rank did (MPI_Iallreduce (agreement check) on rank "
+        "0 of 2: not every rank joined within 2s (a rank failed, is stuck or stopped calling "
+        "collectives); the communicator is unusable now: end the job and resume from the last "
+        "checkpoint)")
+    assert results[1]["error"] == ""
+
+
+def test_a_collective_timeout_below_zero_is_refused():
+    model = mlp()
+    with pytest.raises(ValueError) as error:
+        mt.ZeroOptimizer(model, None, {}, collective_timeout=-1)
+    assert str(error.value) == (
+        "INVALID_ARGUMENT: collective_timeout: expected seconds >= 0 (0: wait forever), got -1")
