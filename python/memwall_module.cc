@@ -382,6 +382,10 @@ PYBIND11_MODULE(_memwall, m) {
       .def_property_readonly("world_size",
                              [](PyEngine& e) { return e.engine().communicator().world_size(); })
       .def_property_readonly("stage", [](PyEngine& e) { return e.engine().config().zero.stage; })
+      .def_property_readonly(
+          "overlaps_update",
+          [](PyEngine& e) { return e.engine().config().zero.offload_overlap_step; },
+          "Whether the offloaded update runs during backward (offload_optimizer.overlap_step).")
       .def_property_readonly("param_dtype",
                              [](PyEngine& e) {
                                return std::string(memwall::DTypeName(e.states().param_dtype()));

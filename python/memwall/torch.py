@@ -375,6 +375,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._release_views(g)
             else:
                 self._point_at_engine(g)
+        # Stages 0-2: each parameter's version counter when its values were
+        # last the engine's; an in-place write (torch counts it) is adopted
+        # as the master weights before the next update uses them.
+        self._versions = {}
+        self._record_versions()
         self._install_hooks(model)
 
     # -- set-up -------------------------------------------------------------
@@ -576,7 +581,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         weights (stage 3 holds only a shard otherwise). modify=True: what the
         block writes into the parameters (model.load_state_dict, p.copy_)
         becomes their master weights when it ends without an exception;
-        every rank must write the same values. In bf16 or fp16 the master
+        every rank must write the same values (at stages 0-2 in-place
+        writes become the master weights at the next step anyway; at stage
+        3 a write inside a block without modify is refused as it ends). In bf16 or fp16 the master
         weights of a parameter whose 16-bit values changed become those
         values (all the parameter could hold of what was written); one whose
         values did not change keeps its f32 master weights, which round to
@@ -597,9 +604,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
         try:
             if modify:
                 self._modifying = {id(p): p.detach().clone() for _, p in self._named()}
+            versions = {id(p): p._version for _, p in self._named()}
             yield self
             if modify:
                 self._write_master_weights()
+            elif self._stage == 3:
+                for name, p in self._named():
+                    if p._version != versions[id(p)]:
+                        raise memwall.Error(
+                            "FAILED_PRECONDITION: gathered_parameters(): parameter '%s' was "
+                            "written inside the block, which discards what it gathered at "
+                            "stage 3; write inside gathered_parameters(modify=True)" % name)
         finally:
             self._modifying = None
             with self._atomic():
@@ -608,26 +623,34 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     for g in self._groups:
                         self._release(g)
 
-    @torch.no_grad()
     def _write_master_weights(self):
         """The master weights of every parameter whose values changed since
         gathered_parameters(modify=True) began: its values in f32. Every
-        group's master weights are gathered (collective, whatever changed),
-        then set where a parameter changed."""
+        group's master weights are gathered (collective, whatever changed)."""
+        changed = {g.index: [(n, p) for n, p in g.params
+                             if not torch.equal(p.detach(), self._modifying[id(p)])]
+                   for g in self._groups}
+        self._set_master_weights(changed)
+        self._record_versions()
+
+    @torch.no_grad()
+    def _set_master_weights(self, changed):
+        """For each group index in `changed` (in order; collective: its
+        master weights are gathered), the master weights of its listed
+        (name, parameter) pairs become the parameters' values in f32 (and
+        the parameters those rounded, which they already are)."""
         offsets = {}
         for d in self._engine.groups():
             offsets.update(zip(d["parameters"], d["offsets"]))
-        for g in self._groups:
-            changed = [(n, p) for n, p in g.params
-                       if not torch.equal(p.detach(), self._modifying[id(p)])]
-            masters = torch.frombuffer(bytearray(self._engine.gather_state(g.index, 0)),
+        for index in sorted(changed):
+            masters = torch.frombuffer(bytearray(self._engine.gather_state(index, 0)),
                                        dtype=torch.float32)
-            if not changed:
+            if not changed[index]:
                 continue
-            for name, p in changed:
+            for name, p in changed[index]:
                 begin = offsets[name]
                 masters[begin:begin + p.numel()] = p.detach().reshape(-1).to(torch.float32)
-            self._engine.set_state(g.index, 0, masters.data_ptr(), masters.numel())
+            self._engine.set_state(index, 0, masters.data_ptr(), masters.numel())
 
     def full_model_state_dict(self, rank0_only=False):
         """Collective: model.state_dict() with every parameter's values, as
@@ -746,7 +769,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 # Before the first gradient of a step: an update overlapped
                 # with backward (offload_optimizer.overlap_step) then runs
                 # with the step's values, as a scheduler set them after the
-                # last step.
+                # last step, and from the weights as the user left them.
+                self._adopt_edits()
                 self._send_hyperparameters()
                 self._sent_hyperparameters = True
             if not g.acquired:
@@ -901,6 +925,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 if self._stage == 3:
                     g.forward_uses = 0
                     self._release(g)
+            self._adopt_edits()
             self._send_hyperparameters()
             if self._profile is not None:
                 self._engine.begin_phase("optimizer step")
@@ -910,6 +935,36 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 if self._profile is not None:
                     self._engine.end_phase()
         return loss
+
+    def _record_versions(self):
+        if self._stage != 3:
+            self._versions = {id(p): p._version for _, p in self._named()}
+
+    def _adopt_edits(self):
+        """Stages 0-2: parameters written in place since the engine last
+        set them (torch's version counter moved: p.mul_, p.copy_ under
+        no_grad) become their master weights, as the weights the next
+        update starts from are the model's in torch. Every rank must make
+        the same writes (the groups' master weights are gathered,
+        collective). REQUIRES: inside _atomic."""
+        if self._stage == 3:
+            return
+        changed = {}
+        for g in self._groups:
+            edited = [(n, p) for n, p in g.params if p._version != self._versions[id(p)]]
+            if edited:
+                changed[g.index] = edited
+        if not changed:
+            return
+        if self._backward_open or self._micro_batches:
+            if self._engine.overlaps_update:
+                raise memwall.Error(
+                    "FAILED_PRECONDITION: step(): parameter '%s' was written in place after "
+                    "backward began; with offload_optimizer.overlap_step the update has started "
+                    "from the weights before the write: write between steps"
+                    % changed[min(changed)][0][0])
+        self._set_master_weights(changed)
+        self._record_versions()
 
     # -- state ----------------------------------------------------------------
 
