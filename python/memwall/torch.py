@@ -350,6 +350,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._sent_hyperparameters = False  # this step's, to the engine
         self._atomic_depth = 0  # nesting of _atomic sections
         self._backward_open = False  # a backward's gradients arrive; not ended yet
+        # The loss of the backward under way was multiplied by the loss
+        # scale: by backward(), or by scale() for the next backward.
+        self._scaling = False
+        self._scaled_next = False
         self._accumulation = read["gradient_accumulation_steps"]
         self._hooks = []
         self._saving = None
@@ -742,9 +746,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return p.data.as_strided(shape, stride, offset)
 
     def _open_backward(self):
-        """Inside a backward: its end (_end_backward) is queued once."""
+        """Inside a backward: its end (_end_backward) is queued once. With
+        a loss scale (fp16) its loss must have been scaled."""
         if self._backward_open or torch._C._current_autograd_node() is None:
             return
+        scaled, self._scaled_next = self._scaling or self._scaled_next, False
+        if not scaled and self._engine.loss_scale != 1:
+            raise memwall.Error(
+                "FAILED_PRECONDITION: backward: fp16 training multiplies the loss by the loss "
+                "scale (%g) before backward, and the engine divides it out at the step; call "
+                "opt.backward(loss), or opt.scale(loss).backward()" % self._engine.loss_scale)
         self._backward_open = True
         torch.autograd.Variable._execution_engine.queue_callback(_weak(self._end_backward))
 
@@ -806,8 +817,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._check_backward_ended("backward")
         if self._profile is not None:
             self._engine.begin_phase("backward")
+        self._scaling = True
         try:
-            (loss * self._engine.loss_scale if self._engine.loss_scale != 1 else loss).backward()
+            self.scale(loss).backward()
         except BaseException:
             # Part of this micro-batch's gradients may have reached the
             # engine: the step is forgotten, as it would be for a failure
@@ -816,8 +828,20 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._abort_step()
             raise
         finally:
+            self._scaling = False
+            self._scaled_next = False
             if self._profile is not None:
                 self._engine.end_phase()
+
+    def scale(self, loss):
+        """The loss times the engine's loss scale (fp16; the loss itself
+        otherwise), for a backward of the caller's own (as torch's
+        GradScaler.scale): `opt.scale(loss).backward()`. A plain
+        loss.backward() works where the scale is 1 (f32, bf16)."""
+        if self._engine.loss_scale == 1:
+            return loss
+        self._scaled_next = True
+        return loss * self._engine.loss_scale
 
     def profile(self, directory="memwall-profile"):
         """A Profile of the run inside the `with` block (memwall.torch.profile)."""

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+import memwall
 import memwall.torch as mt
 
 CONFIG = {"fp16": {"enabled": True, "initial_scale_power": 8, "hysteresis": 1},
@@ -58,3 +59,28 @@ def test_an_overflowing_step_is_skipped_and_the_scale_halved():
     opt.backward(model(x).float().sum())  # the next step trains again
     opt.step()
     assert opt.last_step["applied"]
+
+
+def test_an_unscaled_backward_is_refused_and_scale_matches_backward():
+    """fp16: a plain loss.backward() would hand the engine gradients the
+    loss scale too small; it is refused with the two ways to scale, and the
+    step's gradients so far are dropped. opt.scale(loss).backward() trains
+    exactly as opt.backward(loss)."""
+    model, twin = model_pair()
+    opt = mt.ZeroOptimizer(model, None, CONFIG)
+    opt2 = mt.ZeroOptimizer(twin, None, CONFIG)
+    x, y = torch.randn(16, 8), torch.randn(16, 4)
+    with pytest.raises(memwall.Error) as error:
+        torch.nn.functional.mse_loss(model(x.half()).float(), y).backward()
+    assert str(error.value) == (
+        "FAILED_PRECONDITION: backward: fp16 training multiplies the loss by the loss scale (256) "
+        "before backward, and the engine divides it out at the step; call opt.backward(loss), or "
+        "opt.scale(loss).backward()")
+    for _ in range(3):
+        x, y = torch.randn(16, 8), torch.randn(16, 4)
+        opt.scale(torch.nn.functional.mse_loss(model(x.half()).float(), y)).backward()
+        opt.step()
+        opt2.backward(torch.nn.functional.mse_loss(twin(x.half()).float(), y))
+        opt2.step()
+    for name, _ in model.named_parameters():
+        assert torch.equal(opt.master_weights(name), opt2.master_weights(name)), name
