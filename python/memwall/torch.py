@@ -165,6 +165,24 @@ class _Group:
         self.pending = 0            # trainable parameters still to get a gradient
 
 
+class _EngineGradient(torch.Tensor):
+    """What p.grad holds once a backward has ended: the gradient itself is
+    in the engine's buffers (summed over this rank's micro-batches, reduced
+    across ranks at the step, sharded at stages 2-3), which no tensor here
+    shows, so every use of this one raises, naming what to do instead
+    (torch.nn.utils.clip_grad_norm_ would otherwise clip nothing and return
+    0). Setting p.grad = None (model.zero_grad()) drops the step's
+    gradients, as in torch."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise memwall.Error(
+            "FAILED_PRECONDITION: p.grad: memwall's engine holds the gradients (reduced across "
+            "ranks at the step, sharded at stages 2-3), not the parameters' .grad: clip them "
+            "with the config's gradient_clipping (the global norm, applied at the step; "
+            "opt.last_step['grad_norm'] reports it), and drop them with opt.zero_grad()")
+
+
 class _Counted:
     """A saved tensor's share of a storage the profiler counts: the last one
     released (autograd frees what it saved after the node that used it)
@@ -354,6 +372,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         # scale: by backward(), or by scale() for the next backward.
         self._scaling = False
         self._scaled_next = False
+        # id(param) -> the _EngineGradient its .grad holds between the end
+        # of a backward and the next forward, step() or zero_grad().
+        self._engine_grads = {}
         self._accumulation = read["gradient_accumulation_steps"]
         self._hooks = []
         self._saving = None
@@ -492,6 +513,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._micro_batches = 0
         self._sent_hyperparameters = False
         self._backward_open = False
+        self._engine_grads = {}
         for g in self._groups:
             g.acquired = False
             g.pending = 0
@@ -513,7 +535,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
             return False
         # A gradient autograd accumulated whose hook never ran (the backward
         # ended before it) counts too: the next backward would add to it.
-        if not self._backward_open and all(p.grad is None for _, p in self._named()):
+        if not self._backward_open and all(p.grad is None or
+                                           p.grad is self._engine_grads.get(id(p))
+                                           for _, p in self._named()):
             return False
         with self._atomic():
             self._abort_step()
@@ -669,6 +693,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     # -- saved tensors (stage 3 and profiling) --------------------------------
 
     def _enter_saving(self, module, args):
+        self._take_back_gradients("forward")
         self._check_backward_ended("forward")
         # Pushing torch's saved-tensor hooks and remembering them is one
         # change: an interrupt between the two would leave hooks pushed and
@@ -768,7 +793,39 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for g in self._groups:
                 if g.backward_gathered and g.forward_uses == 0:
                     self._release(g)
+            for _, p in self._named():
+                if p.requires_grad:
+                    grad = torch.Tensor._make_subclass(
+                        _EngineGradient, torch.zeros(1, dtype=p.dtype).expand(p.shape))
+                    p.grad = grad
+                    self._engine_grads[id(p)] = grad
 
+    def _take_back_gradients(self, where):
+        """Ends the p.grad placeholders of the last backward (before a
+        forward, a step or zero_grad). Cleared everywhere (p.grad = None,
+        model.zero_grad()): the step's gradients are dropped, as torch's
+        would be; cleared for some parameters only, or replaced by a
+        tensor: refused, since the engine cannot honour it."""
+        if not self._engine_grads:
+            return
+        named = [(n, p) for n, p in self._named() if id(p) in self._engine_grads]
+        cleared = [n for n, p in named if p.grad is None]
+        replaced = [n for n, p in named
+                    if p.grad is not None and p.grad is not self._engine_grads[id(p)]]
+        for _, p in named:
+            p.grad = None
+        self._engine_grads = {}
+        if replaced or (cleared and len(cleared) != len(named)):
+            with self._atomic():
+                self._abort_step()
+            raise memwall.Error(
+                "FAILED_PRECONDITION: %s: parameter '%s' had its .grad %s after backward; the "
+                "engine holds the gradients and cannot take that: the step's gradients were "
+                "dropped (opt.zero_grad() or model.zero_grad() drop them all)"
+                % (where, (replaced or cleared)[0], "replaced" if replaced else "cleared"))
+        if cleared:
+            with self._atomic():
+                self._abort_step()
     # -- gradients ----------------------------------------------------------
 
     def _on_gradient(self, p):
@@ -890,8 +947,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def zero_grad(self, set_to_none=True):
-        """Gradients live in the engine, which zeroes them at each step; the
-        parameters' .grad is already None."""
+        """Drops the gradients accumulated since the last step, as torch's
+        zero_grad does (they live in the engine's buffers, which the step
+        zeroes; the parameters' .grad is None again): after backward(),
+        zero_grad(), step() changes nothing. Every rank calls it alike."""
+        for _, p in self._named():
+            if id(p) in self._engine_grads:
+                p.grad = None
+        self._engine_grads = {}
+        if self._micro_batches or self._backward_open or \
+                any(g.acquired for g in self._groups):
+            with self._atomic():
+                self._abort_step()
 
     def _check_model(self):
         current = {name: p for name, p in self._model.named_parameters()}
@@ -921,6 +988,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._take_back_gradients("step()")
         self._check_model()
         if self._check_backward_ended("step()"):
             raise memwall.Error(

@@ -302,3 +302,85 @@ def test_a_collective_timeout_below_zero_is_refused():
         mt.ZeroOptimizer(model, None, {}, collective_timeout=-1)
     assert str(error.value) == (
         "INVALID_ARGUMENT: collective_timeout: expected seconds >= 0 (0: wait forever), got -1")
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_zero_grad_drops_the_accumulated_gradients_as_in_torch(stage):
+    """backward, zero_grad, backward, step: only the second backward's
+    gradients update, in torch and in memwall alike."""
+    model = mlp()
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference.load_state_dict(model.state_dict())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.1, weight_decay=0.0)
+    opt = mt.ZeroOptimizer(model, None, {"zero_optimization": {"stage": stage},
+                                         "optimizer": {"type": "AdamW",
+                                                       "params": {"lr": 0.1,
+                                                                  "weight_decay": 0.0}}})
+    first, second = torch.randn(3, 4), torch.randn(3, 4)
+    for m, o in ((reference, ref_opt), (model, opt)):
+        m(first).pow(2).sum().backward()
+        o.zero_grad()
+        m(second).sum().backward()
+        o.step()
+    assert opt.engine.progress()["steps_applied"] == 1
+    for name, p in reference.named_parameters():
+        assert torch.allclose(opt.master_weights(name), p.detach(), rtol=0, atol=1e-6), name
+
+
+GRAD_MESSAGE = (
+    "FAILED_PRECONDITION: p.grad: memwall's engine holds the gradients (reduced across ranks at "
+    "the step, sharded at stages 2-3), not the parameters' .grad: clip them with the config's "
+    "gradient_clipping (the global norm, applied at the step; opt.last_step['grad_norm'] "
+    "reports it), and drop them with opt.zero_grad()")
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_p_grad_after_backward_refuses_use_instead_of_reading_as_nothing(stage):
+    """torch.nn.utils.clip_grad_norm_ over .grad that is None clips nothing
+    and returns 0; after a backward memwall's .grad placeholders raise,
+    naming gradient_clipping. The step goes on, as without the call."""
+    model = mlp()
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference.load_state_dict(model.state_dict())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.1, weight_decay=0.0)
+    opt = mt.ZeroOptimizer(model, None, {"zero_optimization": {"stage": stage},
+                                         "optimizer": {"type": "AdamW",
+                                                       "params": {"lr": 0.1,
+                                                                  "weight_decay": 0.0}}})
+    x = torch.randn(3, 4)
+    model(x).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(memwall.Error) as error:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    assert str(error.value) == GRAD_MESSAGE
+    with pytest.raises(memwall.Error) as error:
+        model[0].weight.grad.norm()
+    assert str(error.value) == GRAD_MESSAGE
+    opt.step()
+    assert all(p.grad is None for p in model.parameters())
+    reference(x).sum().backward()
+    ref_opt.step()
+    for name, p in reference.named_parameters():
+        assert torch.allclose(opt.master_weights(name), p.detach(), rtol=0, atol=1e-6), name
+
+
+def test_model_zero_grad_drops_the_gradients_and_a_partial_clear_is_refused():
+    model = mlp()
+    opt = mt.ZeroOptimizer(model, None, {})
+    before = {n: opt.master_weights(n) for n, _ in model.named_parameters()}
+    model(torch.randn(3, 4)).sum().backward()
+    model.zero_grad()  # torch: the gradients are gone, the step changes nothing
+    opt.step()
+    assert opt.engine.progress()["steps_applied"] == 0
+    for name, w in before.items():
+        assert torch.equal(opt.master_weights(name), w), name
+    model(torch.randn(3, 4)).sum().backward()
+    model[0].weight.grad = None
+    with pytest.raises(memwall.Error) as error:
+        opt.step()
+    assert str(error.value) == (
+        "FAILED_PRECONDITION: step(): parameter '0.weight' had its .grad cleared after backward; "
+        "the engine holds the gradients and cannot take that: the step's gradients were dropped "
+        "(opt.zero_grad() or model.zero_grad() drop them all)")
+    opt.step()
+    assert opt.engine.progress()["steps_applied"] == 0
