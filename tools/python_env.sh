@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes the project virtual environment .venv (from Debian's /usr/bin/python3:
 # Debian 12 forbids system-wide pip) with what the Python front end and its
-# tests use from PyPI (torch 2.x, torchvision, transformers, pytest), builds the memwall
+# tests use from PyPI (torch 2.x, torchvision, transformers, accelerate (which
+# transformers' Trainer runs on), pytest), builds the memwall
 # extension with Bazel and puts the package in the environment (a .pth
 # file pointing at python/, so edits to the glue take effect at once).
 # Idempotent: installs only what is missing. Prints the interpreter's path.
@@ -14,9 +15,11 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "memwall: creating $venv" >&2
   /usr/bin/python3 -m venv "$venv" >&2
 fi
-if ! "$venv/bin/python" -c "import torch, torchvision, transformers, pytest" 2>/dev/null; then
-  echo "memwall: installing torch, torchvision, transformers and pytest into $venv (pip)" >&2
-  "$venv/bin/pip" install -q "torch>=2.1" torchvision transformers pytest >&2
+if ! "$venv/bin/python" -c "import torch, torchvision, transformers, accelerate, pytest" \
+    2>/dev/null; then
+  echo "memwall: installing torch, torchvision, transformers, accelerate and pytest into $venv" \
+    "(pip)" >&2
+  "$venv/bin/pip" install -q "torch>=2.1" torchvision transformers accelerate pytest >&2
 fi
 bazel build "${memwall_bazel_flags[@]}" //python:_memwall.so >&2
 install -m 0755 bazel-bin/python/_memwall.so python/memwall/_memwall.so

@@ -868,6 +868,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def loss_scale(self):
         return self._engine.loss_scale
 
+    @property
+    def accumulation_steps(self):
+        """The config's gradient_accumulation_steps: the backward passes
+        each step() takes."""
+        return self._accumulation
+
     def backward(self, loss):
         """loss.backward() with the engine's loss scale (fp16). Each backward
         that ends counts a micro-batch for step()'s accumulation check."""
