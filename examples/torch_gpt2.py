@@ -1,5 +1,5 @@
 # A transformers GPT-2 trained with memwall's ZeRO stage 3 (README "PyTorch").
-#   memwall launch --ranks 2 -- .venv/bin/python examples/torch_gpt2.py
+#   memwall launch --ranks 2 -- .venv/bin/python examples/torch_gpt2.py [STEPS [SAVE_DIR]]
 import sys
 import torch, transformers
 import memwall.torch
@@ -17,9 +17,13 @@ text = torch.tensor(list(b"memwall shards what torch trains. " * 40))
 for step in range(int(sys.argv[1]) if len(sys.argv) > 1 else 30):
     start = (step * 97 + opt.engine.rank * 31) % (len(text) - 90)  # this rank's batch
     batch = torch.stack([text[start + i:start + i + 64] for i in range(0, 32, 8)])
+    opt.zero_grad()
     loss = model(batch, labels=batch).loss
-    opt.backward(loss)
+    loss.backward()          # torch's own loop: only the optimizer line changed
     opt.step()
     warmup.step()
     if opt.engine.rank == 0 and step % 10 == 0:
         print(f"step {step} loss {loss.item():.3f}")
+with opt.gathered_parameters():  # stage 3: every rank gathers, rank 0 saves the real weights
+    if opt.engine.rank == 0 and len(sys.argv) > 2:
+        model.save_pretrained(sys.argv[2])

@@ -10,14 +10,32 @@ from conftest import ROOT, WORKERS, clean_env
 MEMWALL = os.path.join(ROOT, "bazel-bin", "cli", "memwall")
 
 
-def test_the_readme_example_trains_under_memwall_launch():
+def test_the_readme_example_trains_under_memwall_launch(tmp_path):
+    """A plain torch loop (zero_grad, loss.backward(), step) at stage 3 on 2
+    ranks; the weights rank 0 saves inside gathered_parameters() are the
+    trained ones: from_pretrained reads them back, and their loss on the
+    text is the trained model's, far below the initial model's."""
+    saved = tmp_path / "gpt2"
     done = subprocess.run([MEMWALL, "launch", "--ranks", "2", "--", sys.executable,
-                           os.path.join(ROOT, "examples", "torch_gpt2.py")],
+                           os.path.join(ROOT, "examples", "torch_gpt2.py"), "30", str(saved)],
                           capture_output=True, text=True, timeout=300, env=clean_env())
     assert done.returncode == 0, done.stderr[-3000:]
     losses = [float(x) for x in re.findall(r"^step \d+ loss ([0-9.]+)$", done.stdout, re.M)]
     assert len(losses) == 3  # rank 0 prints steps 0, 10 and 20
     assert losses[2] < 0.5 * losses[0]
+    import torch
+    import transformers
+    text = torch.tensor(list(b"memwall shards what torch trains. " * 40))
+    batch = torch.stack([text[i:i + 64] for i in range(0, 32, 8)])
+    torch.manual_seed(0)
+    initial = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4, bos_token_id=0,
+        eos_token_id=0))
+    trained = transformers.GPT2LMHeadModel.from_pretrained(saved)
+    with torch.no_grad():
+        before = initial(batch, labels=batch).loss.item()
+        after = trained(batch, labels=batch).loss.item()
+    assert after < 0.5 * before, (before, after)
 
 
 def test_an_uncaught_exception_on_one_rank_ends_every_rank():
