@@ -987,9 +987,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         """One engine step (every rank calls it): reduces what backward left,
         sends each param_group's hyperparameters (also sent before backward's
-        first gradient, for an overlapped update), updates. Without a
-        backward since the last step it changes nothing, as torch's
-        optimizers do. Returns the closure's loss, if given."""
+        first gradient, for an overlapped update), updates. The step
+        consumes the gradients, as if zero_grad() followed it: without a
+        backward since the last step it changes nothing (torch's optimizers
+        do the same after zero_grad(); without one they would apply the
+        last gradients again). Returns the closure's loss, if given."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
