@@ -838,7 +838,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 # with backward (offload_optimizer.overlap_step) then runs
                 # with the step's values, as a scheduler set them after the
                 # last step, and from the weights as the user left them.
-                self._adopt_edits()
+                self._adopt_edits(after_backward=False)
                 self._send_hyperparameters()
                 self._sent_hyperparameters = True
             if not g.acquired:
@@ -1025,7 +1025,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 if self._stage == 3:
                     g.forward_uses = 0
                     self._release(g)
-            self._adopt_edits()
+            self._adopt_edits(after_backward=True)
             self._send_hyperparameters()
             if self._profile is not None:
                 self._engine.begin_phase("optimizer step")
@@ -1040,12 +1040,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self._stage != 3:
             self._versions = {id(p): p._version for _, p in self._named()}
 
-    def _adopt_edits(self):
+    def _adopt_edits(self, after_backward):
         """Stages 0-2: parameters written in place since the engine last
         set them (torch's version counter moved: p.mul_, p.copy_ under
         no_grad) become their master weights, as the weights the next
-        update starts from are the model's in torch. Every rank must make
-        the same writes (the groups' master weights are gathered,
+        update starts from are the model's in torch. Called at a step's
+        first gradient and at step() (`after_backward`: an overlapped
+        update may have started from the weights before). Every rank must
+        make the same writes (the groups' master weights are gathered,
         collective). REQUIRES: inside _atomic."""
         if self._stage == 3:
             return
@@ -1056,13 +1058,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 changed[g.index] = edited
         if not changed:
             return
-        if self._backward_open or self._micro_batches:
-            if self._engine.overlaps_update:
-                raise memwall.Error(
-                    "FAILED_PRECONDITION: step(): parameter '%s' was written in place after "
-                    "backward began; with offload_optimizer.overlap_step the update has started "
-                    "from the weights before the write: write between steps"
-                    % changed[min(changed)][0][0])
+        if after_backward and self._engine.overlaps_update:
+            raise memwall.Error(
+                "FAILED_PRECONDITION: step(): parameter '%s' was written in place after "
+                "backward began; with offload_optimizer.overlap_step the update has started "
+                "from the weights before the write: write between steps"
+                % changed[min(changed)][0][0])
         self._set_master_weights(changed)
         self._record_versions()
 
