@@ -25,11 +25,8 @@ absl::StatusOr<std::vector<float>> ModelStates::GatherState(int group, int which
 }
 
 absl::StatusOr<std::vector<float>> ModelStates::MasterWeights(absl::string_view name) {
-  MW_RETURN_IF_ERROR(opt_.GroupOf(name).status());
-  const std::vector<ParameterSpec>& specs = opt_.parameters();
-  size_t p = 0;
-  while (specs[p].name != name) ++p;
-  std::vector<float> out(opt_.layout().placements[p].numel);
+  MW_ASSIGN_OR_RETURN(const ParameterPlacement* place, opt_.Placement(name));
+  std::vector<float> out(place->numel);
   MW_RETURN_IF_ERROR(opt_.MasterWeights(name, absl::MakeSpan(out)));
   return out;
 }

@@ -134,6 +134,10 @@ class ModelStates {
   float loss_scale() const { return opt_.loss_scale(); }
   int64_t steps_applied() const { return opt_.steps_applied(); }
   int64_t steps_skipped() const { return opt_.steps_skipped(); }
+  // Whether the offloaded update runs during backward
+  // (offload_optimizer.overlap_step): the weights it starts from are those
+  // before backward.
+  bool overlaps_update() const { return opt_.overlaps_update(); }
   // Overlapped update: steps whose speculative updates were computed again,
   // and the seconds the update thread has spent updating (0 without it).
   int64_t redone_updates() const { return opt_.redone_updates(); }

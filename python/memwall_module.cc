@@ -384,7 +384,7 @@ PYBIND11_MODULE(_memwall, m) {
       .def_property_readonly("stage", [](PyEngine& e) { return e.engine().config().zero.stage; })
       .def_property_readonly(
           "overlaps_update",
-          [](PyEngine& e) { return e.engine().config().zero.offload_overlap_step; },
+          [](PyEngine& e) { return e.states().overlaps_update(); },
           "Whether the offloaded update runs during backward (offload_optimizer.overlap_step).")
       .def_property_readonly("param_dtype",
                              [](PyEngine& e) {

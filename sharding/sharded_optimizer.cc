@@ -355,25 +355,32 @@ absl::Status ShardedOptimizer::SetHyperparameters(int index, const Hyperparamete
   return hyper_.Set(index, values);
 }
 
-absl::StatusOr<int> ShardedOptimizer::GroupOf(absl::string_view name) const {
+absl::StatusOr<const ParameterPlacement*> ShardedOptimizer::Placement(
+    absl::string_view name) const {
   auto it = index_.find(name);
   if (it == index_.end()) {
     return absl::NotFoundError(absl::StrCat("parameter '", name, "': not registered"));
   }
   MW_RETURN_IF_ERROR(RequireFinalized(absl::StrCat("parameter '", name, "'")));
-  return layout_.placements[it->second].group;
+  return &layout_.placements[it->second];
 }
 
-ShardedOptimizer::View ShardedOptimizer::ViewOf(absl::string_view name, void* base) const {
-  const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
+absl::StatusOr<int> ShardedOptimizer::GroupOf(absl::string_view name) const {
+  MW_ASSIGN_OR_RETURN(const ParameterPlacement* place, Placement(name));
+  return place->group;
+}
+
+ShardedOptimizer::View ShardedOptimizer::ViewOf(const ParameterPlacement& place,
+                                                void* base) const {
   const DType dtype = config_.param_dtype();
   return View{device_.holds_bytes() ? ElementOffset(base, place.offset, dtype) : nullptr,
               dtype, place.numel};
 }
 
 absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Parameter(absl::string_view name) {
-  MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
-  if (!rules_.shards_parameters()) return ViewOf(name, residence_->data(g));
+  MW_ASSIGN_OR_RETURN(const ParameterPlacement* place, Placement(name));
+  const int g = place->group;
+  if (!rules_.shards_parameters()) return ViewOf(*place, residence_->data(g));
   // A prefetch may still be in flight: only GatherParameters waits for it.
   const DeviceBuffer* gathered = gatherer_->held(g);
   if (gathered == nullptr) {
@@ -381,22 +388,23 @@ absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Parameter(absl::string_
         absl::StrCat("parameter '", name, "': its group ", g, " ('", layout_.groups[g].name,
                      "') is not gathered; call GatherParameters(", g, ") first"));
   }
-  return ViewOf(name, gathered->data());
+  return ViewOf(*place, gathered->data());
 }
 
 absl::StatusOr<ShardedOptimizer::View> ShardedOptimizer::Gradient(absl::string_view name) {
-  MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
+  MW_ASSIGN_OR_RETURN(const ParameterPlacement* place, Placement(name));
+  const int g = place->group;
   if (!layout_.groups[g].trainable) {
     return absl::FailedPreconditionError(
         absl::StrCat("gradient of '", name, "': the parameter is frozen and has none"));
   }
-  if (!rules_.shards_gradients()) return ViewOf(name, groups_[g].grads.data());
+  if (!rules_.shards_gradients()) return ViewOf(*place, groups_[g].grads.data());
   if (groups_[g].grad_bucket.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("gradient of '", name, "': its group ", g, " ('", layout_.groups[g].name,
                      "') has no gradient buffer; call AcquireGradients(", g, ") first"));
   }
-  return ViewOf(name, groups_[g].grad_bucket.data());
+  return ViewOf(*place, groups_[g].grad_bucket.data());
 }
 
 absl::StatusOr<DeviceBuffer> ShardedOptimizer::F32Workspace(absl::string_view name,

@@ -283,7 +283,10 @@ class ShardedOptimizer {
   // Every registered parameter, in registration order (layout().placements'
   // order).
   const std::vector<ParameterSpec>& parameters() const { return specs_; }
-  // Index of the group holding `name`, or kNotFound.
+  // Where parameter `name` lies in the flat layout (its group, offset and
+  // numel), or kNotFound; kFailedPrecondition before Finalize().
+  absl::StatusOr<const ParameterPlacement*> Placement(absl::string_view name) const;
+  // Index of the group holding `name` (Placement's group).
   absl::StatusOr<int> GroupOf(absl::string_view name) const;
 
   // The parameter as the model reads it (param_dtype). Stage 3: only while
@@ -348,6 +351,13 @@ class ShardedOptimizer {
   NvmeStore* nvme_store() { return nvme_.get(); }
   // Parameters on NVMe: their file (null without offload_param_nvme_path).
   NvmeStore* param_store() { return residence_ != nullptr ? residence_->store() : nullptr; }
+  // Whether the offloaded part of the update runs during backward (Note
+  // [Overlapped update]: offload_optimizer.overlap_step at stages 2-3 with
+  // an offloaded part).
+  bool overlaps_update() const {
+    return config_.zero.offload_overlap_step && rules_.shards_gradients() &&
+           config_.zero.offload_optimizer_ratio > 0;
+  }
   // Overlapped update: seconds the update thread has spent updating (its
   // own throughput, for benchmarks); 0 without it.
   double overlapped_update_seconds() const {
@@ -440,9 +450,9 @@ class ShardedOptimizer {
   // this rank holds (null on meta, and for a shard on NVMe).
   void* ParamsAt(int g, int64_t i);
   absl::Status CheckState(absl::string_view call, int g, int which, size_t size) const;
-  // The view of registered parameter `name` inside its group's buffer at
+  // The view of the parameter at `place` inside its group's buffer at
   // `base`.
-  View ViewOf(absl::string_view name, void* base) const;
+  View ViewOf(const ParameterPlacement& place, void* base) const;
   // Elements this rank updates in group g, and where they start.
   int64_t update_numel(const FlatGroup& g) const;
   int64_t update_begin(const FlatGroup& g) const;
@@ -509,13 +519,8 @@ class ShardedOptimizer {
     DeviceBuffer nvme_buffers;
   };
   absl::StatusOr<UpdateWorkspace> AllocateUpdateWorkspace(bool two_phase);
-  // Overlapped update (Note [Overlapped update]): whether this optimizer
-  // overlaps it, and handing group g's host update to its thread with the
-  // rule the step would use if nothing clips.
-  bool overlaps_update() const {
-    return config_.zero.offload_overlap_step && rules_.shards_gradients() &&
-           config_.zero.offload_optimizer_ratio > 0;
-  }
+  // Overlapped update (Note [Overlapped update]): handing group g's host
+  // update to its thread with the rule the step would use if nothing clips.
   absl::Status Speculate(int g);
   // Stages 1-2: all-gathers the updated shards into the full parameters.
   absl::Status RefreshParameters();

@@ -129,8 +129,9 @@ absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float
 }
 
 absl::Status ShardedOptimizer::MasterWeights(absl::string_view name, absl::Span<float> out) {
-  MW_ASSIGN_OR_RETURN(const int g, GroupOf(name));
-  const ParameterPlacement& place = layout_.placements[index_.find(name)->second];
+  MW_ASSIGN_OR_RETURN(const ParameterPlacement* found, Placement(name));
+  const ParameterPlacement& place = *found;
+  const int g = place.group;
   if (static_cast<int64_t>(out.size()) != place.numel) {
     return absl::InvalidArgumentError(absl::StrCat("MasterWeights('", name, "'): ", out.size(),
                                                    " slots for ", place.numel, " elements"));

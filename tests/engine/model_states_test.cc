@@ -156,6 +156,8 @@ TEST_CASE("what is out of range is named", "[model_states][errors]") {
   bad.lr = -1.0f;
   const absl::Status refused = states.SetHyperparameters(0, bad);
   CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(refused.message()) ==
+        "SetHyperparameters(0): adam lr: expected a finite value >= 0, got -1");
   CHECK(states.LearningRate(0).value() == 0.01f);  // unchanged
 }
 
