@@ -368,13 +368,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._sent_hyperparameters = False  # this step's, to the engine
         self._atomic_depth = 0  # nesting of _atomic sections
         self._backward_open = False  # a backward's gradients arrive; not ended yet
-        # The loss of the backward under way was multiplied by the loss
-        # scale: by backward(), or by scale() for the next backward.
-        self._scaling = False
+        # scale() multiplied a loss by the loss scale for the next backward
+        # (backward() calls it).
         self._scaled_next = False
-        # id(param) -> the _EngineGradient its .grad holds between the end
-        # of a backward and the next forward, step() or zero_grad().
-        self._engine_grads = {}
+        # Whether the trainable parameters' .grad hold their placeholders
+        # (from the end of a backward to the next forward, step() or
+        # zero_grad()).
+        self._grads_out = False
         self._accumulation = read["gradient_accumulation_steps"]
         self._hooks = []
         self._saving = None
@@ -383,9 +383,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._module_stack = []  # names of the modules in forward, innermost last
         self._parameter_storage = set()
         # Inside gathered_parameters(): every group stays gathered; with
-        # modify, the parameters' values at its start, to find what changed.
+        # modify, writes to the parameters are taken as they are made.
         self._holding_all = False
-        self._modifying = None
+        self._modifying = False
         # Stage 3: each released parameter's one element, and by its address
         # the parameter's name. Stages 0-2: each parameter's address.
         self._holders = {id(p): torch.zeros(1, dtype=self._dtype)
@@ -400,11 +400,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._release_views(g)
             else:
                 self._point_at_engine(g)
-        # Stages 0-2: each parameter's version counter when its values were
-        # last the engine's; an in-place write (torch counts it) is adopted
-        # as the master weights before the next update uses them.
+        # Each parameter's version counter when its values were last the
+        # engine's: torch counts every in-place write (and not the .data
+        # swaps of stage 3's gathers), so a moved counter finds a write.
         self._versions = {}
         self._record_versions()
+        # Where each parameter starts in its group (the layout is fixed).
+        self._offsets = {name: offset for d in self._engine.groups()
+                         for name, offset in zip(d["parameters"], d["offsets"])}
+        # What .grad shows between a backward and the step (_EngineGradient).
+        self._placeholders = {
+            id(p): torch.Tensor._make_subclass(
+                _EngineGradient, torch.zeros(1, dtype=self._dtype).expand(self._shape[id(p)]))
+            for _, p in self._named() if p.requires_grad}
         self._install_hooks(model)
 
     # -- set-up -------------------------------------------------------------
@@ -513,7 +521,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._micro_batches = 0
         self._sent_hyperparameters = False
         self._backward_open = False
-        self._engine_grads = {}
+        self._grads_out = False
         for g in self._groups:
             g.acquired = False
             g.pending = 0
@@ -536,7 +544,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         # A gradient autograd accumulated whose hook never ran (the backward
         # ended before it) counts too: the next backward would add to it.
         if not self._backward_open and all(p.grad is None or
-                                           p.grad is self._engine_grads.get(id(p))
+                                           p.grad is self._placeholders.get(id(p))
                                            for _, p in self._named()):
             return False
         with self._atomic():
@@ -593,7 +601,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             "opt.full_model_state_dict()" % (prefix, name))
 
     def _check_load_state_dict(self, module, state_dict, prefix, *args):
-        if self._modifying is not None:
+        if self._modifying:
             return
         raise memwall.Error(
             "FAILED_PRECONDITION: load_state_dict(): memwall keeps the master weights the next "
@@ -611,12 +619,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         becomes their master weights when it ends without an exception;
         every rank must write the same values (at stages 0-2 in-place
         writes become the master weights at the next step anyway; at stage
-        3 a write inside a block without modify is refused as it ends). In bf16 or fp16 the master
-        weights of a parameter whose 16-bit values changed become those
-        values (all the parameter could hold of what was written); one whose
-        values did not change keeps its f32 master weights, which round to
-        them. Between steps only (not inside forward or backward, nor
-        between a backward and step())."""
+        3 a write inside a block without modify is refused as it ends). A
+        parameter written (torch's version counter moved) gets master
+        weights equal to its values: in bf16 or fp16 all it could hold of
+        what was written; one not written keeps its f32 master weights.
+        Between steps only (not inside forward or backward, nor between a
+        backward and step())."""
         if self._holding_all:
             raise memwall.Error("FAILED_PRECONDITION: gathered_parameters(): already inside one")
         self._check_backward_ended("gathered_parameters()")
@@ -628,38 +636,35 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if self._stage == 3:
                 for g in self._groups:
                     self._gather(g)
+                self._record_versions()  # stage 3 takes no writes between steps
             self._holding_all = True
         try:
-            if modify:
-                self._modifying = {id(p): p.detach().clone() for _, p in self._named()}
-            versions = {id(p): p._version for _, p in self._named()}
+            self._modifying = modify
             yield self
+            edited = {g.index: self._edited(g) for g in self._groups}
             if modify:
-                self._write_master_weights()
-            elif self._stage == 3:
-                for name, p in self._named():
-                    if p._version != versions[id(p)]:
-                        raise memwall.Error(
-                            "FAILED_PRECONDITION: gathered_parameters(): parameter '%s' was "
-                            "written inside the block, which discards what it gathered at "
-                            "stage 3; write inside gathered_parameters(modify=True)" % name)
+                # Every group listed: gathering its master weights is collective.
+                self._set_master_weights(edited)
+                self._record_versions()
+            elif self._stage == 3 and any(edited.values()):
+                self._record_versions()
+                raise memwall.Error(
+                    "FAILED_PRECONDITION: gathered_parameters(): parameter '%s' was written "
+                    "inside the block, which discards what it gathered at stage 3; write inside "
+                    "gathered_parameters(modify=True)"
+                    % next(n for e in edited.values() for n, _ in e))
         finally:
-            self._modifying = None
+            self._modifying = False
             with self._atomic():
                 self._holding_all = False
                 if self._stage == 3:
                     for g in self._groups:
                         self._release(g)
 
-    def _write_master_weights(self):
-        """The master weights of every parameter whose values changed since
-        gathered_parameters(modify=True) began: its values in f32. Every
-        group's master weights are gathered (collective, whatever changed)."""
-        changed = {g.index: [(n, p) for n, p in g.params
-                             if not torch.equal(p.detach(), self._modifying[id(p)])]
-                   for g in self._groups}
-        self._set_master_weights(changed)
-        self._record_versions()
+    def _edited(self, g):
+        """Group g's (name, parameter) pairs written since their values were
+        last the engine's."""
+        return [(n, p) for n, p in g.params if p._version != self._versions[id(p)]]
 
     @torch.no_grad()
     def _set_master_weights(self, changed):
@@ -667,16 +672,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         master weights are gathered), the master weights of its listed
         (name, parameter) pairs become the parameters' values in f32 (and
         the parameters those rounded, which they already are)."""
-        offsets = {}
-        for d in self._engine.groups():
-            offsets.update(zip(d["parameters"], d["offsets"]))
         for index in sorted(changed):
-            masters = torch.frombuffer(bytearray(self._engine.gather_state(index, 0)),
-                                       dtype=torch.float32)
+            masters = self._gather_state(index, 0)
             if not changed[index]:
                 continue
             for name, p in changed[index]:
-                begin = offsets[name]
+                begin = self._offsets[name]
                 masters[begin:begin + p.numel()] = p.detach().reshape(-1).to(torch.float32)
             self._engine.set_state(index, 0, masters.data_ptr(), masters.numel())
 
@@ -775,7 +776,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         a loss scale (fp16) its loss must have been scaled."""
         if self._backward_open or torch._C._current_autograd_node() is None:
             return
-        scaled, self._scaled_next = self._scaling or self._scaled_next, False
+        scaled, self._scaled_next = self._scaled_next, False
         if not scaled and self._engine.loss_scale != 1:
             raise memwall.Error(
                 "FAILED_PRECONDITION: backward: fp16 training multiplies the loss by the loss "
@@ -794,11 +795,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 if g.backward_gathered and g.forward_uses == 0:
                     self._release(g)
             for _, p in self._named():
-                if p.requires_grad:
-                    grad = torch.Tensor._make_subclass(
-                        _EngineGradient, torch.zeros(1, dtype=p.dtype).expand(p.shape))
-                    p.grad = grad
-                    self._engine_grads[id(p)] = grad
+                if id(p) in self._placeholders:
+                    p.grad = self._placeholders[id(p)]
+            self._grads_out = True
 
     def _take_back_gradients(self, where):
         """Ends the p.grad placeholders of the last backward (before a
@@ -806,15 +805,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
         model.zero_grad()): the step's gradients are dropped, as torch's
         would be; cleared for some parameters only, or replaced by a
         tensor: refused, since the engine cannot honour it."""
-        if not self._engine_grads:
+        if not self._grads_out:
             return
-        named = [(n, p) for n, p in self._named() if id(p) in self._engine_grads]
+        named = [(n, p) for n, p in self._named() if id(p) in self._placeholders]
         cleared = [n for n, p in named if p.grad is None]
         replaced = [n for n, p in named
-                    if p.grad is not None and p.grad is not self._engine_grads[id(p)]]
+                    if p.grad is not None and p.grad is not self._placeholders[id(p)]]
         for _, p in named:
             p.grad = None
-        self._engine_grads = {}
+        self._grads_out = False
         if replaced or (cleared and len(cleared) != len(named)):
             with self._atomic():
                 self._abort_step()
@@ -880,7 +879,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._check_backward_ended("backward")
         if self._profile is not None:
             self._engine.begin_phase("backward")
-        self._scaling = True
         try:
             self.scale(loss).backward()
         except BaseException:
@@ -891,7 +889,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._abort_step()
             raise
         finally:
-            self._scaling = False
             self._scaled_next = False
             if self._profile is not None:
                 self._engine.end_phase()
@@ -957,10 +954,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         zero_grad does (they live in the engine's buffers, which the step
         zeroes; the parameters' .grad is None again): after backward(),
         zero_grad(), step() changes nothing. Every rank calls it alike."""
-        for _, p in self._named():
-            if id(p) in self._engine_grads:
-                p.grad = None
-        self._engine_grads = {}
+        if self._grads_out:
+            for _, p in self._named():
+                if id(p) in self._placeholders:
+                    p.grad = None
+            self._grads_out = False
         if self._micro_batches or self._backward_open or \
                 any(g.acquired for g in self._groups):
             with self._atomic():
@@ -1037,8 +1035,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return loss
 
     def _record_versions(self):
-        if self._stage != 3:
-            self._versions = {id(p): p._version for _, p in self._named()}
+        self._versions = {id(p): p._version for _, p in self._named()}
 
     def _adopt_edits(self, after_backward):
         """Stages 0-2: parameters written in place since the engine last
@@ -1051,11 +1048,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         collective). REQUIRES: inside _atomic."""
         if self._stage == 3:
             return
-        changed = {}
-        for g in self._groups:
-            edited = [(n, p) for n, p in g.params if p._version != self._versions[id(p)]]
-            if edited:
-                changed[g.index] = edited
+        changed = {g.index: e for g in self._groups for e in [self._edited(g)] if e}
         if not changed:
             return
         if after_backward and self._engine.overlaps_update:
@@ -1076,26 +1069,25 @@ class ZeroOptimizer(torch.optim.Optimizer):
         torch_name = {"momentum": "momentum_buffer"}
         return [torch_name.get(n, n) for n in self._engine.state_names[1:]]
 
+    def _gather_state(self, index, which):
+        """State `which` of memwall group `index` (collective), f32, padded."""
+        return torch.frombuffer(bytearray(self._engine.gather_state(index, which)),
+                                dtype=torch.float32)
+
     def _gather_states(self, g):
         """Every state of memwall group g (collective), f32, padded."""
-        return [torch.frombuffer(bytearray(self._engine.gather_state(g.index, which)),
-                                 dtype=torch.float32)
-                for which in range(self._engine.num_states)]
+        return [self._gather_state(g.index, which) for which in range(self._engine.num_states)]
 
     def _slices(self):
         """(torch state index, param, memwall group, offset, numel) of every
         trainable parameter in param_groups order."""
-        offsets = {}
-        for info in self._engine.groups():
-            for name, offset in zip(info["parameters"], info["offsets"]):
-                offsets[name] = offset
         out, index = [], 0
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad:
                     g = self._group_of[id(p)]
                     numel = torch.Size(self._shape[id(p)]).numel()
-                    out.append((index, p, g, offsets[self._names[id(p)]], numel))
+                    out.append((index, p, g, self._offsets[self._names[id(p)]], numel))
                 index += 1
         return out
 

@@ -11,7 +11,8 @@ Launched as K ranks (memwall launch --ranks K -- python train.py), each rank
 runs the Trainer; what the adapter changes, and why:
 
 - data: each global batch of args.per_device_train_batch_size x K samples
-  is split into K equal parts, rank r taking part r, so K ranks train on
+  is split into K equal parts, rank r taking part r (a last partial batch
+  cannot be split evenly: on K > 1 ranks it needs dataloader_drop_last), so K ranks train on
   what one process with the whole batch would (set
   per_device_train_batch_size to the per-rank share, as with DDP); the
   order is the dataset's ("sequential") or one permutation drawn from
@@ -24,9 +25,10 @@ runs the Trainer; what the adapter changes, and why:
   accumulation count, so the two averages are one, and scales it for fp16
   (ZeroOptimizer.scale);
 - clipping and the gradient norm: the engine clips (the config's
-  gradient_clipping) and reports the global norm at its step, so
-  args.max_grad_norm must be 0 and the logged grad_norm is the step's
-  (from the engine, one step late: the Trainer logs before the step);
+  gradient_clipping) and takes the global norm at its step, after the
+  Trainer has asked for it, so args.max_grad_norm must be 0 and no
+  grad_norm is logged (ZeroOptimizer.last_step["grad_norm"] holds it when
+  clipping or fp16 made the engine take it);
 - saving: the model's state dict is taken inside
   ZeroOptimizer.gathered_parameters() on every rank and written by rank 0;
 - the ranks: under mpirun, accelerate (which the Trainer runs on) would
@@ -72,12 +74,16 @@ class TrainingArguments(transformers.TrainingArguments):
 
 class _RankShare(torch.utils.data.Sampler):
     """Rank r's part of each global batch of `global_batch` samples drawn
-    in `order` (the indices one process would use)."""
+    in `order` (the indices one process would use). On several ranks a
+    last partial batch is left out (the DataLoader, told to drop it, drops
+    it as one process would; split unevenly, some ranks would run a
+    micro-batch the others do not); one rank takes all of `order`."""
 
     def __init__(self, order, global_batch, rank, ranks):
         self._indices = []
         share = global_batch // ranks
-        for start in range(0, len(order) - global_batch + 1, global_batch):
+        end = len(order) if ranks == 1 else len(order) - len(order) % global_batch
+        for start in range(0, end, global_batch):
             batch = order[start:start + global_batch]
             self._indices.extend(batch[rank * share:(rank + 1) * share])
 
@@ -114,15 +120,9 @@ class Trainer(transformers.Trainer):
                 "TrainingArguments.gradient_accumulation_steps: %d, the config's "
                 "gradient_accumulation_steps is %d; they must be equal"
                 % (self.args.gradient_accumulation_steps, zero.accumulation_steps))
-        backward = self.accelerator.backward
-
         def engine_backward(loss, **kwargs):
             # The Trainer divided by its accumulation; the engine divides too.
-            loss = loss * self.current_gradient_accumulation_steps
-            if zero.loss_scale != 1:
-                zero.scale(loss).backward()
-            else:
-                backward(loss, **kwargs)
+            zero.scale(loss * self.current_gradient_accumulation_steps).backward()
         self.accelerator.backward = engine_backward
 
     def _get_train_sampler(self, train_dataset=None):
@@ -139,11 +139,16 @@ class Trainer(transformers.Trainer):
             raise ValueError("TrainingArguments.train_sampling_strategy: %r; memwall.trainer "
                              "splits random or sequential batches across its ranks" % strategy)
         global_batch = self.args.per_device_train_batch_size * ranks
+        if ranks > 1 and len(order) % global_batch and not self.args.dataloader_drop_last:
+            raise ValueError(
+                "TrainingArguments.dataloader_drop_last: %d samples are not whole global batches "
+                "of %d (%d per rank x %d ranks), and the last one cannot be split evenly across "
+                "the ranks: set dataloader_drop_last=True"
+                % (len(order), global_batch, self.args.per_device_train_batch_size, ranks))
         return _RankShare(order, global_batch, self._zero.engine.rank, ranks)
 
     def _get_grad_norm(self, model, grad_norm=None):
-        step = getattr(self._zero, "last_step", None)
-        return None if step is None else float(step["grad_norm"])
+        return None  # the engine takes it at its step, after the Trainer asks
 
     def _save(self, output_dir=None, state_dict=None):
         with self._zero.gathered_parameters():

@@ -25,14 +25,11 @@ import torch
 import transformers
 
 import memwall.torch as mt
+from tiny_gpt2 import tiny_gpt2
 
 out, stage, dtype, save_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 BATCH, SEQ = 8, 16
-torch.manual_seed(0)
-config = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                 bos_token_id=0, eos_token_id=0)
-model = transformers.GPT2LMHeadModel(config)
+config, model = tiny_gpt2()
 reference = copy.deepcopy(model)
 initial = {n: p.detach().clone() for n, p in model.named_parameters()}
 opt = mt.ZeroOptimizer(model, None, {

@@ -22,9 +22,9 @@ import copy
 import json
 
 import torch
-import transformers
 
 import memwall.torch as mt
+from tiny_gpt2 import tiny_gpt2
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
@@ -36,11 +36,7 @@ parser.add_argument("--resume")
 args = parser.parse_args()
 
 ACCUMULATION, BATCH, SEQ = 2, 8, 16
-torch.manual_seed(0)
-config = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                 bos_token_id=0, eos_token_id=0)
-model = transformers.GPT2LMHeadModel(config)
+config, model = tiny_gpt2()
 model.transformer.wpe.weight.requires_grad_(False)  # a frozen embedding
 reference = copy.deepcopy(model)
 
