@@ -39,6 +39,9 @@ def edit(model):
     {"stage": 0},
     {"stage": 2},
     {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 1}},
+    # The host part updates during backward: a write between steps is taken
+    # at the step's first gradient, before that update starts.
+    {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 1, "overlap_step": True}},
 ])
 def test_an_inplace_write_trains_on_as_in_torch(zero):
     model, data = model_and_data()
@@ -96,24 +99,14 @@ def test_a_write_inside_gathered_parameters_without_modify_is_refused_at_stage_3
     assert torch.equal(opt.master_weights("0.weight"), before * 0.5)
 
 
-def test_with_the_update_overlapped_a_write_between_steps_counts_and_one_after_backward_is_refused():
+def test_with_the_update_overlapped_a_write_after_backward_is_refused():
     """offload_optimizer.overlap_step updates the host part during backward:
-    a write before the step's first gradient is taken (as in torch); one
-    after backward would come after the update started, and is refused,
-    dropping the step's gradients."""
+    a write after backward would come after that update started, and is
+    refused, dropping the step's gradients."""
     zero = {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 1, "overlap_step": True}}
     model, data = model_and_data()
-    reference = copy.deepcopy(model)
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.05)
     opt = mt.ZeroOptimizer(model, None, {**CONFIG, "zero_optimization": zero})
-    train(reference, ref_opt, data[:1])
     train(model, opt, data[:1])
-    edit(reference)
-    edit(model)
-    train(reference, ref_opt, data[1:3])
-    train(model, opt, data[1:3])
-    for name, p in reference.named_parameters():
-        assert torch.allclose(opt.master_weights(name), p.detach(), rtol=0, atol=1e-6), name
     x, y = data[3]
     torch.nn.functional.mse_loss(model(x), y).backward()
     edit(model)

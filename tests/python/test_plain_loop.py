@@ -3,8 +3,16 @@ ZeroOptimizer on 1 and 2 real MPI ranks at every stage, including what such
 loops do between steps: a step() after zero_grad() with no backward,
 zero_grad() dropping a backward's gradients, an in-place write to a weight (workers/plain_loop.py).
 The master weights equal torch's AdamW on the whole batch in one process
-within 1e-6 (f32; the ranks' gradient sums run in another order)."""
+within 1e-6 (f32; the ranks' gradient sums run in another order). In one
+process: how the gradients behave where torch's calls meet memwall's engine
+(zero_grad, model.zero_grad, p.grad)."""
+import copy
+
 import pytest
+import torch
+
+import memwall
+import memwall.torch as mt
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
@@ -13,3 +21,98 @@ def test_a_torch_loop_runs_unchanged(ranks_runner, stage, ranks):
     for r, result in enumerate(ranks_runner(ranks, "plain_loop.py", stage)):
         assert result["steps"] == 3, r
         assert result["weight_error"] <= 1e-6, (r, result["weight_error"])
+
+
+def with_reference(stage, weight_decay):
+    """An MLP under a ZeroOptimizer, and its copy under torch's AdamW
+    (lr 0.1, the same weight decay)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.1, weight_decay=weight_decay)
+    opt = mt.ZeroOptimizer(model, None, {
+        "zero_optimization": {"stage": stage},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "weight_decay": weight_decay}}})
+    return model, opt, reference, ref_opt
+
+
+def assert_weights_match(opt, reference):
+    for name, p in reference.named_parameters():
+        assert torch.allclose(opt.master_weights(name), p.detach(), rtol=0, atol=1e-6), name
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_step_without_backward_changes_nothing_as_in_torch(stage):
+    """torch's AdamW skips parameters without gradients: no weight decay,
+    no step counted. So does ZeroOptimizer."""
+    model, opt, reference, ref_opt = with_reference(stage, weight_decay=0.5)
+    ref_opt.step()
+    opt.step()
+    assert opt.engine.progress()["steps_applied"] == 0
+    assert ref_opt.state_dict()["state"] == {}
+    for name, p in reference.named_parameters():
+        assert torch.equal(opt.master_weights(name), p.detach()), name
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_zero_grad_drops_the_accumulated_gradients_as_in_torch(stage):
+    """backward, zero_grad, backward, step: only the second backward's
+    gradients update, in torch and in memwall alike."""
+    model, opt, reference, ref_opt = with_reference(stage, weight_decay=0.0)
+    first, second = torch.randn(3, 4), torch.randn(3, 4)
+    for m, o in ((reference, ref_opt), (model, opt)):
+        m(first).pow(2).sum().backward()
+        o.zero_grad()
+        m(second).sum().backward()
+        o.step()
+    assert opt.engine.progress()["steps_applied"] == 1
+    assert_weights_match(opt, reference)
+
+
+GRAD_MESSAGE = (
+    "FAILED_PRECONDITION: p.grad: memwall's engine holds the gradients (reduced across ranks at "
+    "the step, sharded at stages 2-3), not the parameters' .grad: clip them with the config's "
+    "gradient_clipping (the global norm, applied at the step; opt.last_step['grad_norm'] "
+    "reports it), and drop them with opt.zero_grad()")
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_p_grad_after_backward_refuses_use_instead_of_reading_as_nothing(stage):
+    """torch.nn.utils.clip_grad_norm_ over .grad that is None clips nothing
+    and returns 0; after a backward memwall's .grad placeholders raise,
+    naming gradient_clipping. The step goes on, as without the call."""
+    model, opt, reference, ref_opt = with_reference(stage, weight_decay=0.0)
+    x = torch.randn(3, 4)
+    model(x).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(memwall.Error) as error:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    assert str(error.value) == GRAD_MESSAGE
+    with pytest.raises(memwall.Error) as error:
+        model[0].weight.grad.norm()
+    assert str(error.value) == GRAD_MESSAGE
+    opt.step()
+    assert all(p.grad is None for p in model.parameters())
+    reference(x).sum().backward()
+    ref_opt.step()
+    assert_weights_match(opt, reference)
+
+
+def test_model_zero_grad_drops_the_gradients_and_a_partial_clear_is_refused():
+    model, opt, reference, _ = with_reference(0, weight_decay=0.0)
+    model(torch.randn(3, 4)).sum().backward()
+    model.zero_grad()  # torch: the gradients are gone, the step changes nothing
+    opt.step()
+    assert opt.engine.progress()["steps_applied"] == 0
+    for name, p in reference.named_parameters():
+        assert torch.equal(opt.master_weights(name), p.detach()), name
+    model(torch.randn(3, 4)).sum().backward()
+    model[0].weight.grad = None
+    with pytest.raises(memwall.Error) as error:
+        opt.step()
+    assert str(error.value) == (
+        "FAILED_PRECONDITION: step(): parameter '0.weight' had its .grad cleared after backward; "
+        "the engine holds the gradients and cannot take that: the step's gradients were dropped "
+        "(opt.zero_grad() or model.zero_grad() drop them all)")
+    opt.step()
+    assert opt.engine.progress()["steps_applied"] == 0

@@ -42,6 +42,22 @@ def weights(model, opt=None):
     return {n: opt.master_weights(n) for n, _ in model.named_parameters()}
 
 
+def torch_model_of(opt):
+    """torch's own model holding `opt`'s master weights (f32 here, so also
+    its parameters)."""
+    plain, _ = model_and_data()
+    with torch.no_grad():
+        for name, p in plain.named_parameters():
+            p.copy_(opt.master_weights(name))
+    return plain
+
+
+def assert_trained_alike(reference, model, opt):
+    want, got = weights(reference), weights(model, opt)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=0, atol=1e-6), name
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_a_torch_adamw_state_loads_and_training_goes_on_as_torchs(stage):
     model, data = model_and_data()
@@ -53,9 +69,7 @@ def test_a_torch_adamw_state_loads_and_training_goes_on_as_torchs(stage):
     assert opt.param_groups[1]["weight_decay"] == 0.0
     train(model, ref_opt, data[3:], zero=False)
     train(resumed, opt, data[3:], zero=True)
-    want, got = weights(model), weights(resumed, opt)
-    for name in want:
-        assert torch.allclose(got[name], want[name], rtol=0, atol=1e-6), name
+    assert_trained_alike(model, resumed, opt)
 
 
 @pytest.mark.parametrize("stage", [0, 3])
@@ -69,19 +83,12 @@ def test_a_zero_state_loads_into_torch_adamw(stage):
     assert state["state"][0]["master_weight_step"] == 3
     assert float(state["state"][0]["step"]) == 3.0
     assert [g["params"] for g in state["param_groups"]] == [[0, 1], [2, 3, 4, 5]]
-    # torch's model: the master weights (f32 here, so also the parameters).
-    plain, _ = model_and_data()
-    named = dict(plain.named_parameters())
-    with torch.no_grad():
-        for name, p in named.items():
-            p.copy_(opt.master_weights(name))
+    plain = torch_model_of(opt)
     ref_opt = torch.optim.AdamW(groups(plain), lr=1e-2, weight_decay=0.05)
     ref_opt.load_state_dict(state)
     train(plain, ref_opt, data[3:], zero=False)
     train(model, opt, data[3:], zero=True)
-    want, got = weights(plain), weights(model, opt)
-    for name in want:
-        assert torch.allclose(got[name], want[name], rtol=0, atol=1e-6), name
+    assert_trained_alike(plain, model, opt)
 
 
 def test_a_state_for_another_optimizer_is_refused_before_anything_changes():
@@ -116,10 +123,7 @@ def test_memwall_then_torch_then_memwall_trains_on_from_where_torch_stopped(stag
     zero_config = {**CONFIG, "zero_optimization": {"stage": stage}}
     opt = mt.ZeroOptimizer(model, groups(model), zero_config)
     train(model, opt, data[:2], zero=True)
-    plain, _ = model_and_data()
-    with torch.no_grad():
-        for name, p in plain.named_parameters():
-            p.copy_(opt.master_weights(name))
+    plain = torch_model_of(opt)
     ref_opt = torch.optim.AdamW(groups(plain), lr=1e-2, weight_decay=0.05)
     ref_opt.load_state_dict(opt.state_dict())
     train(plain, ref_opt, data[2:4], zero=False)
@@ -131,6 +135,4 @@ def test_memwall_then_torch_then_memwall_trains_on_from_where_torch_stopped(stag
     opt2.load_state_dict(state)
     train(plain, ref_opt, data[4:], zero=False)
     train(again, opt2, data[4:], zero=True)
-    want, got = weights(plain), weights(again, opt2)
-    for name in want:
-        assert torch.allclose(got[name], want[name], rtol=0, atol=1e-6), name
+    assert_trained_alike(plain, again, opt2)
