@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   MW_ASSIGN_OR_RETURN(e.owned_optimizer_,
                       ShardedOptimizer::Create(e.config_, *e.device_, *e.comm_));
   e.optimizer_ = e.owned_optimizer_.get();
-  e.states_.emplace(*e.optimizer_);
+  e.owned_states_.emplace(*e.optimizer_);
   e.compute_stream_.emplace(*e.device_, e.optimizer_->stream());
   for (ParameterGroup& group : groups) {
     MW_RETURN_IF_ERROR(
@@ -278,7 +278,6 @@ absl::Status Engine::BuildTrainer(const EngineOptions& options) {
   MW_RETURN_IF_ERROR(Explain(created.status()));
   trainer_ = std::move(created).value();
   optimizer_ = &trainer_->optimizer();
-  states_.emplace(*optimizer_);
   compute_stream_.emplace(*device_, optimizer_->stream());
   trainer_->set_profiler(profiler_.get());
   const int rank = comm_->rank(), world = comm_->world_size();

@@ -168,7 +168,7 @@ class Engine {
   Device& device() { return *device_; }
   MemoryProfiler& profiler() { return *profiler_; }
   // The model states of either kind of model (engine/model_states.h).
-  ModelStates& states() { return *states_; }
+  ModelStates& states() { return trainer_ != nullptr ? trainer_->states() : *owned_states_; }
   // Layer models only (null otherwise).
   Trainer* trainer() { return trainer_.get(); }
   // Layer models: one micro-batch's input and target shapes.
@@ -259,7 +259,7 @@ class Engine {
   std::unique_ptr<ShardedOptimizer> owned_optimizer_;  // caller-owned models
   std::unique_ptr<Trainer> trainer_;
   ShardedOptimizer* optimizer_ = nullptr;
-  std::optional<ModelStates> states_;  // of optimizer_
+  std::optional<ModelStates> owned_states_;  // caller-owned models: of owned_optimizer_
   std::optional<Device::StreamGuard> compute_stream_;  // optimizer_'s stream, current
   std::unique_ptr<SaveDirectory> save_directory_;
   // The checkpoint path last loaded, and the directories saved into: the

@@ -25,19 +25,21 @@ absl::StatusOr<std::unique_ptr<ParamResidence>> ParamResidence::Create(
     std::unique_ptr<NvmeStore> store) {
   std::unique_ptr<ParamResidence> r(new ParamResidence(config, layout, device));
   const size_t n = layout.groups.size();
-  r->places_.assign(n, config.zero.offload_param ? Place::kPinned : Place::kDevice);
   r->groups_.resize(n);
+  for (Group& group : r->groups_) {
+    group.place = config.zero.offload_param ? Place::kPinned : Place::kDevice;
+  }
   if (store == nullptr) return r;
   int64_t in_cpu = 0;
   for (size_t g = 0; g < n; ++g) {
     const int64_t shard = layout.groups[g].shard_numel;
-    const bool on_nvme = (g > 0 && r->places_[g - 1] == Place::kNvme) ||
+    const bool on_nvme = (g > 0 && r->groups_[g - 1].place == Place::kNvme) ||
                          in_cpu + shard > config.zero.offload_param_max_in_cpu;
     if (!on_nvme) {
       in_cpu += shard;
       continue;
     }
-    r->places_[g] = Place::kNvme;
+    r->groups_[g].place = Place::kNvme;
     r->largest_on_nvme_ = std::max(r->largest_on_nvme_, shard);
   }
   if (r->largest_on_nvme_ > config.zero.offload_param_buffer_size) {
@@ -54,12 +56,12 @@ absl::Status ParamResidence::Allocate(int g) {
   const FlatGroup& flat = layout_.groups[g];
   const int64_t bytes = rules_.held_parameters(flat) * DTypeSize(config_.param_dtype());
   Group& group = groups_[g];
-  if (places_[g] == Place::kNvme) {
+  if (group.place == Place::kNvme) {
     MW_ASSIGN_OR_RETURN(group.slot, pages_->store().AddSlot(bytes));
     return absl::OkStatus();
   }
   MW_ASSIGN_OR_RETURN(group.held,
-                      places_[g] == Place::kPinned
+                      group.place == Place::kPinned
                           ? device_.AllocatePinned(bytes, MemoryCategory::kParameter, flat.name)
                           : device_.Allocate(bytes, MemoryCategory::kParameter, flat.name));
   return absl::OkStatus();
@@ -76,7 +78,7 @@ absl::Status ParamResidence::Write(int g, const float* values, Stream& stream,
   const FlatGroup& flat = layout_.groups[g];
   const DType dtype = config_.param_dtype();
   const int64_t held = rules_.held_parameters(flat);
-  switch (places_[g]) {
+  switch (groups_[g].place) {
     case Place::kNvme:
       return pages_->WriteFromF32(groups_[g].slot, values, held, dtype);
     case Place::kPinned:
@@ -92,7 +94,7 @@ absl::Status ParamResidence::Write(int g, const float* values, Stream& stream,
 }
 
 int64_t ParamResidence::update_bytes(int g) const {
-  return places_[g] == Place::kNvme ? pages_->store().rounded_bytes(groups_[g].slot) : 0;
+  return groups_[g].place == Place::kNvme ? pages_->store().rounded_bytes(groups_[g].slot) : 0;
 }
 
 absl::Status ParamResidence::WriteUpdated(int g, const void* scratch) {

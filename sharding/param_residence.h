@@ -73,7 +73,7 @@ class ParamResidence {
   // there); nothing without the file.
   absl::Status AllocatePages();
 
-  Place place(int g) const { return places_[g]; }
+  Place place(int g) const { return groups_[g].place; }
   // The parameters the rank holds of group g (device or pinned memory);
   // null for a group on NVMe.
   void* data(int g) const { return groups_[g].held.data(); }
@@ -108,8 +108,9 @@ class ParamResidence {
 
  private:
   struct Group {
-    DeviceBuffer held;  // device or pinned memory
-    int slot = -1;      // on NVMe: the slot in pages_' store
+    Place place = Place::kDevice;
+    DeviceBuffer held;  // kDevice, kPinned
+    int slot = -1;      // kNvme: the slot in pages_' store
   };
   ParamResidence(const ShardingOptions& config, const FlatLayout& layout, Device& device)
       : config_(config), layout_(layout), device_(device) {}
@@ -118,7 +119,6 @@ class ParamResidence {
   const FlatLayout& layout_;
   Device& device_;
   const StageRules rules_{config_.zero.stage};
-  std::vector<Place> places_;
   std::vector<Group> groups_;
   std::unique_ptr<ParamPages> pages_;
   int64_t largest_on_nvme_ = 0;  // elements
