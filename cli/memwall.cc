@@ -23,11 +23,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/demo.h"
-#include "cli/profile.h"
 #include "cli/train.h"
 #include "engine/checkpoint.h"
 #include "engine/progress.h"
 #include "engine/version.h"
+#include "jobs/profile.h"
 #include "kernels/cpu/blas_core.h"
 #include "nlohmann/json.hpp"
 #include "offload/aio_tune.h"
@@ -498,7 +498,7 @@ int MaxParams() {
 }
 
 int Demo() {
-  memwall::DemoOptions options;
+  memwall::SelfCheckOptions options;
   auto backend = BackendFlag(memwall::Backend::kHost);
   if (!backend.ok()) return Fail(backend.status());
   options.backend = *backend;
@@ -623,8 +623,27 @@ int Profile() {
   options.seq = absl::GetFlag(FLAGS_seq);
   options.image = absl::GetFlag(FLAGS_image);
   options.steps = StepsFlag(1);
-  const absl::Status status = memwall::RunProfile(options);
-  return status.ok() ? 0 : FailRanks(status);
+  const absl::StatusOr<memwall::ProfileSummary> summary = memwall::RunProfile(options);
+  if (!summary.ok()) return FailRanks(summary.status());
+  if (summary->rank != 0) return 0;
+  if (!summary->recomputation.empty()) {
+    std::printf("activation recomputation: %s\n", summary->recomputation.c_str());
+  }
+  std::printf("%s", summary->report.c_str());
+  std::printf("per-rank peaks over %d rank%s (max / min / imbalance = (max - min) / max):\n",
+              summary->world_size, summary->world_size == 1 ? "" : "s");
+  for (int i = 0; i < memwall::ProfileSummary::kFields; ++i) {
+    const int64_t max = summary->peak_max[i], min = summary->peak_min[i];
+    if (max == 0 && i > 0) continue;
+    const std::string name = i == 0 ? "total"
+                                    : std::string(memwall::MemoryCategoryName(
+                                          memwall::kAllMemoryCategories[i - 1]));
+    std::printf("  %-24s %12s / %12s / %5.1f%%\n", name.c_str(),
+                memwall::FormatBytes(max).c_str(), memwall::FormatBytes(min).c_str(),
+                max ? 100.0 * (max - min) / max : 0.0);
+  }
+  std::printf("reports: %s/rank*/\n", options.out_dir.c_str());
+  return 0;
 }
 
 int Train() {
@@ -634,13 +653,12 @@ int Train() {
   options.data_path = absl::GetFlag(FLAGS_data);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.log_every = absl::GetFlag(FLAGS_log_every);
-  options.log_format = absl::GetFlag(FLAGS_log_format);
   options.save_dir = absl::GetFlag(FLAGS_save);
   options.save_every = absl::GetFlag(FLAGS_save_every);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   options.resume_dir = absl::GetFlag(FLAGS_resume);
   if (!absl::GetFlag(FLAGS_out).empty()) options.oom_dir = absl::GetFlag(FLAGS_out);
-  const absl::Status status = memwall::RunTrain(options);
+  const absl::Status status = memwall::RunTrainCommand(options, absl::GetFlag(FLAGS_log_format));
   return status.ok() ? 0 : FailRanks(status);
 }
 

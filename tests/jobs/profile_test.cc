@@ -1,9 +1,9 @@
-// `memwall profile` end to end: the memory-wall analysis (activations dwarf
+// The profile job end to end: the memory-wall analysis (activations dwarf
 // model states for a ResNeSt-269-like CNN at 416x416; model states dominate
 // GPT-2 1.5B at batch 1), reports of an out-of-memory moment, and the HTML
 // report rendered by headless Chromium (when the chromium package is
 // installed; tools/install_deps.sh installs it for the tests).
-#include "cli/profile.h"
+#include "jobs/profile.h"
 
 #include "engine/config.h"
 
@@ -58,9 +58,21 @@ TEST_CASE("GPT-2 1.5B at batch 1: model states dominate", "[profile]") {
   o.batch = 1;
   o.capacity_bytes = 80 * kGiB;
   o.out_dir = TempDir("gpt2");
-  REQUIRE(RunProfile(o).ok());
+  const absl::StatusOr<ProfileSummary> summary = RunProfile(o);
+  REQUIRE(summary.ok());
   const nlohmann::json peak = ReadJson(o.out_dir + "/rank0/profile.json").at("peak");
   CHECK(peak.at("model_state").get<double>() > 2 * peak.at("activation").get<double>());
+  // The summary's figures are the report's: one rank, so max = min.
+  CHECK(summary->world_size == 1);
+  CHECK(summary->recomputation.empty());
+  CHECK_THAT(summary->report, Catch::StartsWith("memory profile of meta:0 (capacity 80.00 GiB)"));
+  CHECK(summary->peak_max[0] == peak.at("bytes").get<int64_t>());
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    const std::string name(MemoryCategoryName(kAllMemoryCategories[c]));
+    INFO(name);
+    CHECK(summary->peak_max[1 + c] == peak.at("by_category").at(name).get<int64_t>());
+  }
+  CHECK(summary->peak_min == summary->peak_max);
 }
 
 TEST_CASE("out of memory writes the reports of that moment and says where", "[profile]") {
@@ -70,7 +82,7 @@ TEST_CASE("out of memory writes the reports of that moment and says where", "[pr
   o.image = 416;
   o.capacity_bytes = 16 * kGiB;
   o.out_dir = TempDir("oom");
-  const absl::Status status = RunProfile(o);
+  const absl::Status status = RunProfile(o).status();
   REQUIRE(status.code() == absl::StatusCode::kResourceExhausted);
   CHECK_THAT(std::string(status.message()),
              Catch::Contains("Memory reports of this moment: " + o.out_dir + "/rank0/profile.{txt,json,html}"));
@@ -79,7 +91,7 @@ TEST_CASE("out of memory writes the reports of that moment and says where", "[pr
   CHECK(std::filesystem::exists(o.out_dir + "/rank0/profile.html"));
   ProfileOptions bad = o;
   bad.model = "alexnet";
-  CHECK(RunProfile(bad).code() == absl::StatusCode::kNotFound);
+  CHECK(RunProfile(bad).status().code() == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("configs/gpt-tiny-zero2.json is the built-in training config", "[config]") {

@@ -1,20 +1,16 @@
-#include "cli/profile.h"
+#include "jobs/profile.h"
 
 #include <mpi.h>
 
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "cli/session.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "jobs/session.h"
 #include "models/spec.h"
 #include "profiler/memory_profiler.h"
 #include "profiler/report.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/status.h"
-#include "runtime/units.h"
 
 namespace memwall {
 
@@ -53,7 +49,7 @@ absl::StatusOr<std::vector<Batch>> SyntheticBatches(Engine& engine, int count) {
 
 }  // namespace
 
-absl::Status RunProfile(const ProfileOptions& given) {
+absl::StatusOr<ProfileSummary> RunProfile(const ProfileOptions& given) {
   ProfileOptions options = given;
   if (options.steps < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--steps: expected >= 1, got ", options.steps));
@@ -75,50 +71,42 @@ absl::Status RunProfile(const ProfileOptions& given) {
   engine_options.schedule_description = absl::StrCat("--steps ", options.steps);
   MW_ASSIGN_OR_RETURN(
       std::unique_ptr<Engine> engine,
-      Engine::Create(engine_options, config,
-                     SpecModel(options.model, options.seq, options.image)));
-  const MemoryProfiler& profiler = engine->profiler();
-  const std::string dir = absl::StrCat(options.out_dir, "/rank", engine->communicator().rank());
-  if (engine->recomputation_plan().planner != "none" && world->rank() == 0) {
+      Engine::Create(engine_options, config, SpecModel(options.model, options.seq, options.image)));
+  ProfileSummary summary;
+  summary.rank = world->rank();
+  summary.world_size = world->world_size();
+  if (engine->recomputation_plan().planner != "none") {
     MW_ASSIGN_OR_RETURN(const Chain chain, engine->trainer()->ChainFor(engine->input_shape()));
-    std::printf("activation recomputation: %s\n",
-                PlanSummary(chain, engine->recomputation_plan()).c_str());
+    summary.recomputation = PlanSummary(chain, engine->recomputation_plan());
   }
   for (int64_t step = 0; step < options.steps; ++step) {
     MW_ASSIGN_OR_RETURN(std::vector<Batch> batches,
                         SyntheticBatches(*engine, config.gradient_accumulation_steps));
     MW_RETURN_IF_ERROR(engine->TrainStep(batches).status());
   }
-  MW_RETURN_IF_ERROR(WriteReports(profiler, dir));
-  // Per-rank figures at each rank's peak, gathered as max and min: the
-  // total first, then every category (max, and -min through the same MAX).
+  const MemoryProfiler& profiler = engine->profiler();
+  MW_RETURN_IF_ERROR(WriteReports(
+      profiler, absl::StrCat(options.out_dir, "/rank", engine->communicator().rank())));
+  summary.report = TerminalReport(profiler);
+  // Max and min over the ranks in one MAX reduction: the figures, then
+  // their negations.
+  constexpr int kFields = ProfileSummary::kFields;
   const PeakSnapshot peak = profiler.peak();
-  constexpr int kFields = 1 + kNumMemoryCategories;
-  int64_t extremes[2 * kFields];
+  std::array<int64_t, 2 * kFields> extremes;
   for (int i = 0; i < kFields; ++i) {
     const int64_t v = i == 0 ? peak.bytes : peak.by_category[i - 1];
     extremes[i] = v;
     extremes[kFields + i] = -v;
   }
   if (options.backend != Backend::kMeta) {
-    MW_RETURN_IF_ERROR(world->AllReduceHost(extremes, 2 * kFields, MPI_INT64_T, MPI_MAX,
+    MW_RETURN_IF_ERROR(world->AllReduceHost(extremes.data(), 2 * kFields, MPI_INT64_T, MPI_MAX,
                                             "the per-rank peaks"));
   }
-  if (world->rank() == 0) {
-    std::printf("%s", TerminalReport(profiler).c_str());
-    std::printf("per-rank peaks over %d rank%s (max / min / imbalance = (max - min) / max):\n",
-                world->world_size(), world->world_size() == 1 ? "" : "s");
-    for (int i = 0; i < kFields; ++i) {
-      const int64_t max = extremes[i], min = -extremes[kFields + i];
-      if (max == 0 && i > 0) continue;
-      std::printf("  %-24s %12s / %12s / %5.1f%%\n",
-                  i == 0 ? "total" : std::string(MemoryCategoryName(kAllMemoryCategories[i - 1])).c_str(),
-                  FormatBytes(max).c_str(), FormatBytes(min).c_str(),
-                  max ? 100.0 * (max - min) / max : 0.0);
-    }
-    std::printf("reports: %s/rank*/\n", options.out_dir.c_str());
+  for (int i = 0; i < kFields; ++i) {
+    summary.peak_max[i] = extremes[i];
+    summary.peak_min[i] = -extremes[kFields + i];
   }
-  return absl::OkStatus();
+  return summary;
 }
 
 }  // namespace memwall

@@ -1,4 +1,4 @@
-#include "cli/session.h"
+#include "jobs/session.h"
 
 #include "absl/strings/str_cat.h"
 #include "engine/dry_run.h"
