@@ -68,9 +68,11 @@ absl::Status DeviceOptimizerSlice::Update(Stream& stream, const UpdateArgs& args
                                              dtype_, Offset(first, s.begin),
                                              Offset(second, s.begin), low_at, dtype_, s.count));
     } else {
+      // A param_group without momentum keeps no buffer, as torch's SGD: its
+      // part of the buffer stays zero.
+      float* buffer = s.sgd.momentum > 0.0f ? Offset(first, s.begin) : nullptr;
       MW_RETURN_IF_ERROR(kernels::SgdUpdate(device_, stream, s.sgd, Offset(master_, s.begin), g,
-                                            dtype_, Offset(first, s.begin), low_at, dtype_,
-                                            s.count));
+                                            dtype_, buffer, low_at, dtype_, s.count));
     }
   }
   return absl::OkStatus();

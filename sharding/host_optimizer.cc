@@ -349,7 +349,9 @@ void HostOptimizerSlice::Apply(const Segment& s, int64_t i, int64_t n, float* ma
     kernels::cpu::ParallelAdam(cpu, kernels::MakeAdamConstants(s.adam), master, g + i * size,
                                dtype_, m, v, low, dtype_, n, threads_);
   } else {
-    cpu.sgd(s.sgd, master, g + i * size, dtype_, m, low, dtype_, n);
+    // A param_group without momentum keeps no buffer (torch's SGD).
+    cpu.sgd(s.sgd, master, g + i * size, dtype_, s.sgd.momentum > 0.0f ? m : nullptr, low,
+            dtype_, n);
   }
 }
 

@@ -170,5 +170,65 @@ TEST_CASE("host and device tiers end bit for bit alike through StateTier", "[sta
   }
 }
 
+
+TEST_CASE("a param_group without momentum in a tier that keeps buffers: torch's plain SGD",
+          "[state_tier]") {
+  // torch's SGD keeps no momentum buffer for a param_group whose momentum
+  // is 0: p -= lr * g every step. Its part of the tier's buffer stays zero;
+  // the other half (momentum 0.9) follows buf = 0.9 buf + g.
+  DeviceOptions o{Backend::kHost, 0, 64 * kMiB};
+  o.pinned_capacity_bytes = 16 * kMiB;
+  auto device = CreateDevice(o).value();
+  auto stream = device->CreateStream().value();
+  const std::vector<float> p0 = Values(5, 0.5f), g = Values(6, 0.1f);
+  auto grads = device->Allocate(kN * 4, MemoryCategory::kGradient, "g").value();
+  REQUIRE(device->CopyAsync(grads.data(), g.data(), kN * 4, *stream).ok());
+  auto params = device->Allocate(kN * 4, MemoryCategory::kParameter, "p").value();
+  for (bool host : {false, true}) {
+    INFO((host ? "host tier" : "device tier"));
+    std::unique_ptr<StateTier> tier;
+    if (host) {
+      tier = HostOptimizerSlice::Create(*device, StateTier::Rule::kSgd, true, DType::kF32, kN,
+                                        "host")
+                 .value();
+    } else {
+      tier = DeviceOptimizerSlice::Create(*device, *stream, StateTier::Rule::kSgd, true,
+                                          DType::kF32, kN, "dev",
+                                          static_cast<float*>(params.data()))
+                 .value();
+    }
+    REQUIRE(tier->WriteState(0, 0, kN, p0.data()).ok());
+    auto scratch = device->AllocatePinned(std::max<int64_t>(tier->scratch_bytes(), 1),
+                                          MemoryCategory::kWorkspace, "scratch")
+                       .value();
+    StateTier::Segment halves[2] = {{0, kN / 2}, {kN / 2, kN - kN / 2}};
+    for (StateTier::Segment& h : halves) h.sgd.lr = 0.05f;
+    halves[0].sgd.momentum = 0.9f;
+    for (int step = 0; step < 2; ++step) {
+      if (host) {
+        REQUIRE(static_cast<HostOptimizerSlice&>(*tier).StageGradients(*stream, grads.data()).ok());
+      }
+      StateTier::UpdateArgs args;
+      args.segments = halves;
+      args.grads = grads.data();
+      args.params = params.data();
+      args.scratch = scratch.data();
+      REQUIRE(tier->Update(*stream, args).ok());
+      REQUIRE(tier->Commit(*stream, params.data()).ok());
+    }
+    std::vector<float> p(kN), m(kN);
+    REQUIRE(tier->ReadState(0, 0, kN, p.data()).ok());
+    REQUIRE(tier->ReadState(1, 0, kN, m.data()).ok());
+    for (int64_t i = 0; i < kN; ++i) {
+      const double gi = g[i];
+      const bool momentum = i < kN / 2;
+      // Two steps: the buffer is g, then 0.9 g + g.
+      const double want = p0[i] - 0.05 * gi - 0.05 * (momentum ? 1.9 * gi : gi);
+      CHECK(p[i] == Approx(want).margin(1e-6));
+      CHECK(m[i] == Approx(momentum ? 1.9 * gi : 0.0).margin(1e-7));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace memwall
