@@ -42,11 +42,13 @@ micro-batch's loss (times loss_scale, which backward() applies); step()
 averages over ranks and over the config's gradient_accumulation_steps
 micro-batches, so losses are not divided by the accumulation count.
 """
+import collections.abc
 import contextlib
 import copy
 import json
 import os
 import signal
+import types
 import warnings
 import weakref
 
@@ -183,6 +185,108 @@ class _EngineGradient(torch.Tensor):
             "opt.last_step['grad_norm'] reports it), and drop them with opt.zero_grad()")
 
 
+class _StateSnapshot(torch.Tensor):
+    """An optimizer state as opt.state shows it: a copy of the engine's
+    (which holds the states, sharded at stages 1-3). Reading works as on
+    any tensor; writing into it would change nothing the engine holds, so
+    an in-place operation on it (or on a view of it) raises."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        target = kwargs.get("out", args[0] if args else None)
+        inplace = name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))
+        if isinstance(target, cls) and (inplace or "out" in kwargs):
+            raise memwall.Error(
+                "FAILED_PRECONDITION: opt.state: the optimizer states are the engine's; these "
+                "tensors are copies of them, so %s would change nothing: set states with "
+                "opt.load_state_dict()" % (name or "the write"))
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        return _snapshot_views(out, args[0] if args else None)
+
+
+def _snapshot_views(out, source):
+    """`out`, with each tensor in it that shares `source`'s storage (a view)
+    made a _StateSnapshot too."""
+    if isinstance(out, (tuple, list)):
+        return type(out)(_snapshot_views(o, source) for o in out)
+    if (type(out) is torch.Tensor and isinstance(source, torch.Tensor)
+            and out.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()):
+        return out.as_subclass(_StateSnapshot)
+    return out
+
+
+class _OptimizerState(collections.abc.Mapping):
+    """opt.state: torch's AdamW's (or SGD's) per-parameter state, read from
+    the engine. Empty until a step has been applied (as torch's, which
+    creates a parameter's state at its first step); then every trainable
+    parameter maps to {"step", "exp_avg", "exp_avg_sq"} of the parameter's
+    shape (SGD: {"momentum_buffer"}, and nothing in a param_group without
+    momentum, as torch's SGD), frozen ones to nothing. The states are
+    gathered from every rank (collective: every rank reads opt.state, or
+    none) once per step and held until the next step or load; they are
+    copies that refuse writes (_StateSnapshot)."""
+
+    def __init__(self, optimizer):
+        self._opt = optimizer
+        self._key = None  # (steps applied, loads) the snapshot is of
+        self._snapshot = {}
+
+    def _entries(self):
+        opt = self._opt
+        key = (opt._engine.progress()["steps_applied"], opt._loads)
+        if key != self._key:
+            self._snapshot = {}
+            if key[0] > 0:
+                with _collective("opt.state"):
+                    gathered = {g.index: opt._gather_states(g)
+                                for g in opt._groups if g.trainable}
+                names = opt._state_names()
+                sgd = names == ["momentum_buffer"]
+                momentum = {id(p): group.get("momentum", 0.0)
+                            for group in opt.param_groups for p in group["params"]}
+                for _, p, g, offset, numel in opt._slices():
+                    if sgd and momentum[id(p)] == 0:
+                        continue  # torch's SGD keeps no buffer without momentum
+                    entry = {} if sgd else {
+                        "step": torch.tensor(float(key[0])).as_subclass(_StateSnapshot)}
+                    for which, name in enumerate(names, start=1):
+                        entry[name] = gathered[g.index][which][offset:offset + numel].clone() \
+                            .view(opt._shape[id(p)]).as_subclass(_StateSnapshot)
+                    self._snapshot[p] = entry
+            self._key = key
+        return self._snapshot
+
+    def __getitem__(self, p):
+        entries = self._entries()
+        if p not in entries and any(p is q for _, q in self._opt._named()):
+            return types.MappingProxyType({})  # torch's defaultdict(dict): no state yet
+        return entries[p]
+
+    def __contains__(self, p):
+        return p in self._entries()
+
+    def __iter__(self):
+        return iter(self._entries())
+
+    def __len__(self):
+        return len(self._entries())
+
+    def __setitem__(self, p, value):
+        raise memwall.Error(
+            "FAILED_PRECONDITION: opt.state: the optimizer states are the engine's; set them "
+            "with opt.load_state_dict()")
+
+    __delitem__ = __setitem__
+
+    def __repr__(self):
+        # Not len(self): a repr (a debugger's, a traceback's) must not be
+        # a collective.
+        return "ZeroOptimizer.state (a mapping read from every rank at once)"
+
+
 class _Counted:
     """A saved tensor's share of a storage the profiler counts: the last one
     released (autograd frees what it saved after the node that used it)
@@ -290,7 +394,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         (memwall's kernels run the update); add_param_group after
         construction is refused. Every parameter that requires
         grad must be in it; parameters that do not are frozen (no gradient,
-        no optimizer state) whether listed or not.
+        no optimizer state) whether listed or not, and stay so (a
+        requires_grad changed later is refused at the step).
     config: the DeepSpeed-style config (a dict, JSON text or a file path);
         its optimizer.params are the param_groups' defaults.
     backend: "host" (CPU tensors, MPI ranks; the only one the glue drives
@@ -330,6 +435,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             params = list(model.parameters())
         super().__init__(params, _group_defaults(parsed))
         _check_group_options(self.param_groups)
+        self.state = _OptimizerState(self)
+        self._loads = 0  # load_state_dict/load_checkpoint calls: opt.state's snapshot is older
         self._model = model
         self._names = {}  # id(param) -> name
         self._shape = {}  # id(param) -> its shape (stage 3 empties the tensor)
@@ -976,6 +1083,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 raise memwall.Error(
                     "FAILED_PRECONDITION: the model changed after wrapping: parameter '%s' was "
                     "removed or replaced" % name)
+            if p.requires_grad != (id(p) in self._placeholders):
+                raise memwall.Error(
+                    "FAILED_PRECONDITION: the model changed after wrapping: parameter '%s' was "
+                    "%s after the ZeroOptimizer was built, which took it as %s; set "
+                    "requires_grad before building it" % (
+                        name, "unfrozen" if p.requires_grad else "frozen",
+                        "frozen (no optimizer state)" if p.requires_grad else
+                        "trainable (its update would go on: weight decay, moments)"))
             if self._stage != 3 and p.data.data_ptr() != self._homes[id(p)]:
                 raise memwall.Error(
                     "FAILED_PRECONDITION: the model changed after wrapping: parameter '%s' no "
@@ -1185,6 +1300,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             progress = self._engine.progress()
             progress["steps_applied"] = steps
             self._engine.set_progress(progress)
+        self._loads += 1
 
     def save_checkpoint(self, directory, keep=2):
         """A memwall training checkpoint (engine/checkpoint.h: the format of
@@ -1200,7 +1316,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def load_checkpoint(self, path):
         """Loads the newest intact checkpoint under `path` (or that
         checkpoint); collective. Returns {"path", "steps", "skipped"}."""
-        return self._engine.load_checkpoint(str(path))
+        loaded = self._engine.load_checkpoint(str(path))
+        self._loads += 1
+        return loaded
 
     def _send_hyperparameters(self):
         """Each param_group's values to its engine hyperparameter group (a

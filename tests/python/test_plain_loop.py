@@ -21,13 +21,19 @@ def test_a_torch_loop_runs_unchanged(ranks_runner, stage, ranks):
     for r, result in enumerate(ranks_runner(ranks, "plain_loop.py", stage)):
         assert result["steps"] == 3, r
         assert result["weight_error"] <= 1e-6, (r, result["weight_error"])
+        # opt.state holds torch's keys, its step count and its moments.
+        assert all(result["state_keys"]), (r, result["state_keys"])
+        assert result["state_steps"] == result["torch_steps"] == [3.0] * 4, r
+        assert result["state_error"] <= 1e-6, (r, result["state_error"])
 
 
-def with_reference(stage, weight_decay):
+def with_reference(stage, weight_decay, frozen_bias=False):
     """An MLP under a ZeroOptimizer, and its copy under torch's AdamW
-    (lr 0.1, the same weight decay)."""
+    (lr 0.1, the same weight decay); with frozen_bias the last bias is
+    frozen first."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model[2].bias.requires_grad_(not frozen_bias)
     reference = copy.deepcopy(model)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.1, weight_decay=weight_decay)
     opt = mt.ZeroOptimizer(model, None, {
@@ -116,3 +122,70 @@ def test_model_zero_grad_drops_the_gradients_and_a_partial_clear_is_refused():
         "(opt.zero_grad() or model.zero_grad() drop them all)")
     opt.step()
     assert opt.engine.progress()["steps_applied"] == 0
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_opt_state_is_torchs_and_refuses_writes(stage):
+    """opt.state as torch's AdamW keeps it: empty before the first step,
+    then per trainable parameter "step", "exp_avg" and "exp_avg_sq" of its
+    shape, frozen parameters without state; read after each step. Its
+    tensors are copies of the engine's states, so writes into them (or a
+    view of them) and into the mapping are refused."""
+    model, opt, reference, ref_opt = with_reference(stage, weight_decay=0.01, frozen_bias=True)
+    frozen, ref_frozen = model[2].bias, reference[2].bias
+    assert len(opt.state) == len(ref_opt.state) == 0
+    x = torch.randn(5, 4)
+    for step in (1, 2):
+        for m, o in ((reference, ref_opt), (model, opt)):
+            m(x * step).pow(2).sum().backward()
+            o.step()
+            o.zero_grad()
+        assert len(opt.state) == len(ref_opt.state) == 3
+        assert frozen not in opt.state and ref_frozen not in ref_opt.state
+        for p, q in zip(model.parameters(), reference.parameters()):
+            if p is frozen:
+                continue
+            mine, torchs = opt.state[p], ref_opt.state[q]
+            assert sorted(mine) == sorted(torchs)
+            assert torch.equal(mine["step"], torchs["step"])
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert mine[key].shape == torchs[key].shape
+                assert torch.allclose(mine[key], torchs[key], rtol=0, atol=1e-6), key
+    # Read anyway, a parameter without state shows an empty one (torch's
+    # defaultdict(dict) inserts it; the engine's state cannot grow one).
+    assert dict(opt.state[frozen]) == ref_opt.state[ref_frozen] == {}
+    state = opt.state[model[0].weight]
+    message = ("FAILED_PRECONDITION: opt.state: the optimizer states are the engine's; these "
+               "tensors are copies of them, so %s would change nothing: set states with "
+               "opt.load_state_dict()")
+    with pytest.raises(memwall.Error) as error:
+        state["exp_avg"].zero_()
+    assert str(error.value) == message % "zero_"
+    with pytest.raises(memwall.Error) as error:
+        state["exp_avg_sq"][0].mul_(2)  # a view of it
+    assert str(error.value) == message % "mul_"
+    with pytest.raises(memwall.Error) as error:
+        opt.state[model[0].weight] = {}
+    assert str(error.value) == ("FAILED_PRECONDITION: opt.state: the optimizer states are the "
+                                "engine's; set them with opt.load_state_dict()")
+    # Reading: plain results, the engine's states unchanged.
+    assert type(state["exp_avg"] * 2) is torch.Tensor
+    assert torch.equal(opt.state[model[0].weight]["exp_avg"], state["exp_avg"])
+
+
+@pytest.mark.parametrize("frozen_bias", [False, True])
+def test_freezing_or_unfreezing_after_wrapping_is_refused_at_the_step(frozen_bias):
+    """torch's AdamW skips a parameter frozen after it was built (no
+    gradient) and updates one unfrozen; the engine fixed which parameters
+    train when it was built, so the step refuses the change by name."""
+    model, opt, _, _ = with_reference(0, weight_decay=0.01, frozen_bias=frozen_bias)
+    model[2].bias.requires_grad_(frozen_bias)
+    model(torch.randn(3, 4)).sum().backward()
+    with pytest.raises(memwall.Error) as error:
+        opt.step()
+    change, taken = (("unfrozen", "frozen (no optimizer state)") if frozen_bias else
+                     ("frozen", "trainable (its update would go on: weight decay, moments)"))
+    assert str(error.value) == (
+        "FAILED_PRECONDITION: the model changed after wrapping: parameter '2.bias' was %s after "
+        "the ZeroOptimizer was built, which took it as %s; set requires_grad before building it"
+        % (change, taken))

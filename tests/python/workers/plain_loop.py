@@ -8,7 +8,8 @@ nothing); backward, zero_grad, backward, step (only the second counts); an
 in-place write of a weight between steps (inside gathered_parameters(
 modify=True) at stage 3), then a step. Writes OUT.rank<r>: {"weight_error":
 the largest |master weight - torch's weight|, "steps": the engine's steps
-applied}."""
+applied, "state_keys"/"state_steps"/"state_error": opt.state against torch's
+AdamW's state (keys, steps, the largest |moment difference|)}."""
 import copy
 import json
 import sys
@@ -60,8 +61,15 @@ for m, o, whole in ((reference, ref_opt, True), (model, opt, False)):
     backward(m, batches[3], whole)
     o.step()
 
+# opt.state (collective: every rank reads it) against torch's.
+pairs = list(zip(model.parameters(), reference.parameters()))
 result = {"weight_error": max((opt.master_weights(n) - p.detach()).abs().max().item()
                               for n, p in reference.named_parameters()),
-          "steps": opt.engine.progress()["steps_applied"]}
+          "steps": opt.engine.progress()["steps_applied"],
+          "state_keys": [sorted(opt.state[p]) == sorted(ref_opt.state[q]) for p, q in pairs],
+          "state_steps": [float(opt.state[p]["step"]) for p, _ in pairs],
+          "torch_steps": [float(ref_opt.state[q]["step"]) for _, q in pairs],
+          "state_error": max((opt.state[p][k] - ref_opt.state[q][k]).abs().max().item()
+                             for p, q in pairs for k in ("exp_avg", "exp_avg_sq"))}
 with open("%s.rank%d" % (out, rank), "w") as f:
     json.dump(result, f)
