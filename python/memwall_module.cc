@@ -348,6 +348,11 @@ PYBIND11_MODULE(_memwall, m) {
       "Where OpenBLAS fell back to a generic kernel on a CPU it does not know and the user "
       "did not set OPENBLAS_CORETYPE, switches this process to the better core in place; "
       "returns the environment variables that records (empty when nothing changed).");
+  m.def("world_size", [] { return memwall::Value(memwall::MpiWorld()).size; },
+        "The number of MPI ranks this process runs among (1 without mpirun); initialises "
+        "MPI, no collective.");
+  m.def("rank", [] { return memwall::Value(memwall::MpiWorld()).rank; },
+        "This process's MPI rank (0 without mpirun); initialises MPI, no collective.");
   m.def("abort_ranks", &memwall::AbortRanks, py::arg("code") = 1,
         "Ends every rank of a multi-rank MPI job (no-op on one rank).");
   m.def("config_values", &memwall::ConfigValues, py::arg("config"),

@@ -115,6 +115,21 @@ void FinalizeMpi() {
   if (!finalized) MPI_Finalize();
 }
 
+// MPI initialised (asking for MPI_THREAD_MULTIPLE) unless it is, and
+// finalised at exit.
+absl::Status StartMpi() {
+  int initialized = 0;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Initialized(&initialized), "MPI_Initialized"));
+  if (!initialized) {
+    int provided = 0;
+    MW_RETURN_IF_ERROR(MpiStatus(
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided),
+        "MPI_Init_thread"));
+    std::atexit(FinalizeMpi);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckHostStream(const Stream& stream, absl::string_view call) {
   if (stream.native_handle() != nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -146,17 +161,17 @@ absl::Status MpiStatus(int code, absl::string_view call) {
   return absl::InternalError(absl::StrCat(call, ": ", absl::string_view(text, length)));
 }
 
+absl::StatusOr<MpiPlace> MpiWorld() {
+  MW_RETURN_IF_ERROR(StartMpi());
+  MpiPlace place;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(MPI_COMM_WORLD, &place.rank), "MPI_Comm_rank"));
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(MPI_COMM_WORLD, &place.size), "MPI_Comm_size"));
+  return place;
+}
+
 absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
     CommunicatorOptions options) {
-  int initialized = 0;
-  MW_RETURN_IF_ERROR(MpiStatus(MPI_Initialized(&initialized), "MPI_Initialized"));
-  if (!initialized) {
-    int provided = 0;
-    MW_RETURN_IF_ERROR(MpiStatus(
-        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided),
-        "MPI_Init_thread"));
-    std::atexit(FinalizeMpi);
-  }
+  MW_RETURN_IF_ERROR(StartMpi());
   MW_RETURN_IF_ERROR(InitTypes());
   MPI_Comm comm = MPI_COMM_NULL;
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup"));

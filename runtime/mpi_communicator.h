@@ -31,6 +31,15 @@ absl::Status MpiStatus(int code, absl::string_view call);
 // running or the job has one rank.
 void AbortRanks(int code);
 
+// This process's rank in MPI_COMM_WORLD and the number of processes in it
+// (0 of 1 without mpirun), MPI initialised as MpiCommunicator::Create does;
+// no collective.
+struct MpiPlace {
+  int rank = 0;
+  int size = 1;
+};
+absl::StatusOr<MpiPlace> MpiWorld();
+
 class MpiCommunicator final : public Communicator {
  public:
   // Initialises MPI if no one has (asking for MPI_THREAD_MULTIPLE and taking

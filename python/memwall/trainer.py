@@ -1,11 +1,30 @@
 """memwall.trainer.Trainer: Hugging Face transformers' Trainer (its own
-training loop) with a memwall.torch.ZeroOptimizer as its optimizer.
+training loop) with a memwall.torch.ZeroOptimizer as its optimizer, built
+from the DeepSpeed config a Trainer user already has:
 
-    opt = memwall.torch.ZeroOptimizer(model, groups, config)
-    args = memwall.trainer.TrainingArguments(output_dir=..., max_grad_norm=0, ...)
+    args = memwall.trainer.TrainingArguments(output_dir=..., ...)
     trainer = memwall.trainer.Trainer(model=model, args=args, train_dataset=data,
-                                      optimizers=(opt, scheduler))
+                                      config="ds_config.json")
     trainer.train()
+
+or given ready-made (optimizers=(ZeroOptimizer(model, groups, config),
+scheduler), with args.max_grad_norm=0).
+
+config: as with TrainingArguments(deepspeed=...), its "auto" values are
+filled from the arguments the way transformers' DeepSpeed integration
+fills them (train_micro_batch_size_per_gpu, gradient_accumulation_steps,
+train_batch_size over memwall's ranks, gradient_clipping from
+max_grad_norm, the optimizer's lr, betas, eps and weight_decay, fp16/bf16,
+the scheduler's warmup_min_lr, warmup_max_lr, warmup_num_steps and
+total_num_steps, and the hidden-size based bucket sizes), and a value
+that is not "auto" must agree with the argument (ValueError listing every
+mismatch). The parameters are grouped as the Trainer groups them (weight
+decay except on biases and norms). With a "scheduler" section the
+engine schedules the rate (the Trainer's lr_scheduler reports it);
+without one the Trainer's own lr_scheduler_type schedules it. DeepSpeed
+settings memwall has no counterpart for are taken out with a warning
+naming them (_DEEPSPEED_ONLY), or refused where memwall cannot do what
+they ask.
 
 Launched as K ranks (memwall launch --ranks K -- python train.py), each rank
 runs the Trainer; what the adapter changes, and why:
@@ -40,12 +59,17 @@ runs the Trainer; what the adapter changes, and why:
 Checks at construction name the argument at fault.
 """
 import contextlib
+import copy
+import json
 import os
+import warnings
 
 import torch
 import transformers
 
+import memwall
 import memwall.torch
+from memwall.torch import _config_text
 
 # What accelerate reads to find a multi-process CPU world (MPI launchers'
 # variables among them).
@@ -72,6 +96,169 @@ class TrainingArguments(transformers.TrainingArguments):
             super().__post_init__()
 
 
+# DeepSpeed settings without a memwall counterpart: None, a tuning or
+# logging knob of DeepSpeed's own (taken out, with a warning); a value, what
+# memwall always does (taken out when so, refused otherwise).
+_DEEPSPEED_ONLY = {
+    "steps_per_print": None,
+    "wall_clock_breakdown": None,
+    "zero_allow_untested_optimizer": None,
+    "zero_optimization.sub_group_size": None,
+    "zero_optimization.stage3_param_persistence_threshold": None,
+    "zero_optimization.stage3_max_reuse_distance": None,
+    "zero_optimization.contiguous_gradients": True,
+    "zero_optimization.allgather_partitions": True,
+    "zero_optimization.reduce_scatter": True,
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save": True,
+}
+
+
+def _node(config, key):
+    """(the dict holding dotted `key`, its last part), or (None, part)."""
+    *path, last = key.split(".")
+    for part in path:
+        config = config.get(part) if isinstance(config, dict) else None
+    return (config if isinstance(config, dict) else None), last
+
+
+def _hidden_size(model):
+    """The model's hidden size, where transformers' DeepSpeed integration
+    looks for it (config.hidden_size, the largest of hidden_sizes, or its
+    text_config's)."""
+    for c in (getattr(model, "config", None),
+              getattr(getattr(model, "config", None), "text_config", None)):
+        if getattr(c, "hidden_size", None) is not None:
+            return c.hidden_size
+        if getattr(c, "hidden_sizes", None):
+            return max(c.hidden_sizes)
+    return None
+
+
+def fill_auto(config, args, model, ranks, num_training_steps):
+    """`config` (a dict, JSON text or a file path: a DeepSpeed config as
+    TrainingArguments(deepspeed=...) takes it) with its "auto" values
+    filled as transformers' DeepSpeed integration fills them for `args`
+    (transformers.TrainingArguments) on `ranks` ranks training
+    `num_training_steps` steps; a value that disagrees with its argument is
+    refused (ValueError listing every one). Returns a new dict."""
+    config = copy.deepcopy(json.loads(_config_text(config)))
+    mismatches = []
+
+    def fill(key, value, argument=None):
+        node, last = _node(config, key)
+        if node is None or last not in node:
+            return
+        if node[last] == "auto":
+            node[last] = value
+        elif argument is not None and node[last] != value:
+            mismatches.append("- %s=%r vs %s=%r" % (key, node[last], argument, value))
+
+    batch = args.per_device_train_batch_size
+    fill("train_micro_batch_size_per_gpu", batch, "per_device_train_batch_size")
+    fill("gradient_accumulation_steps", args.gradient_accumulation_steps,
+         "gradient_accumulation_steps")
+    fill("train_batch_size", ranks * batch * args.gradient_accumulation_steps,
+         "train_batch_size (ranks x per_device_train_batch_size x gradient_accumulation_steps)")
+    fill("gradient_clipping", args.max_grad_norm, "max_grad_norm")
+    fill("optimizer.params.lr", args.learning_rate, "learning_rate")
+    fill("optimizer.params.betas", [args.adam_beta1, args.adam_beta2], "adam_beta1+adam_beta2")
+    fill("optimizer.params.eps", args.adam_epsilon, "adam_epsilon")
+    fill("optimizer.params.weight_decay", args.weight_decay, "weight_decay")
+    fill("fp16.enabled", bool(args.fp16 or args.fp16_full_eval), "fp16|fp16_full_eval")
+    fill("bf16.enabled", bool(args.bf16 or args.bf16_full_eval), "bf16|bf16_full_eval")
+    fill("scheduler.params.warmup_min_lr", 0)
+    fill("scheduler.params.warmup_max_lr", args.learning_rate, "learning_rate")
+    fill("scheduler.params.total_num_steps", num_training_steps, "num_training_steps")
+    fill("scheduler.params.warmup_num_steps", max(1, args.get_warmup_steps(num_training_steps)),
+         "warmup_steps")
+    hidden_keys = [k for k in ("zero_optimization.reduce_bucket_size",
+                               "zero_optimization.stage3_prefetch_bucket_size",
+                               "zero_optimization.stage3_param_persistence_threshold")
+                   if _node(config, k)[0] is not None
+                   and _node(config, k)[0].get(_node(config, k)[1]) == "auto"]
+    if hidden_keys:
+        hidden = _hidden_size(model)
+        if hidden is None:
+            raise ValueError("config: %s are \"auto\", filled from the model's hidden size, "
+                             "which its config does not give: set them" % ", ".join(hidden_keys))
+        fill("zero_optimization.reduce_bucket_size", hidden * hidden)
+        fill("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * hidden * hidden))
+        fill("zero_optimization.stage3_param_persistence_threshold", 10 * hidden)
+    if mismatches:
+        raise ValueError("config: values that disagree with the TrainingArguments (set them to "
+                         "\"auto\" to take the arguments'):\n" + "\n".join(mismatches))
+    return config
+
+
+def deepspeed_config(config, args, model, ranks, num_training_steps):
+    """fill_auto's config as memwall's engine reads it: train_batch_size
+    (checked there against the ranks' global batch) and the DeepSpeed-only
+    knobs taken out (a warning names the knobs), the DeepSpeed settings
+    memwall cannot honour and "auto" left where the integration fills none
+    refused (ValueError naming them)."""
+    config = fill_auto(config, args, model, ranks, num_training_steps)
+    left = []
+
+    def find_auto(node, prefix):
+        for k, v in node.items():
+            if isinstance(v, dict):
+                find_auto(v, prefix + k + ".")
+            elif v == "auto" and prefix + k != "zero_optimization.stage":
+                left.append(prefix + k)
+    find_auto(config, "")
+    if left:
+        raise ValueError("config: %s: \"auto\" is filled only where transformers' DeepSpeed "
+                         "integration fills it; give a value" % ", ".join(left))
+    config.pop("train_batch_size", None)
+    dropped = []
+    for key, always in _DEEPSPEED_ONLY.items():
+        node, last = _node(config, key)
+        if node is None or last not in node:
+            continue
+        value = node.pop(last)
+        if always is None:
+            dropped.append(key)
+        elif value != always:
+            raise ValueError("config: %s=%r: memwall cannot do that (it always runs as with %r)"
+                             % (key, value, always))
+    if dropped:
+        warnings.warn("memwall.trainer: DeepSpeed settings with no memwall counterpart, not "
+                      "applied: " + ", ".join(dropped), stacklevel=3)
+    return config
+
+
+class _EngineSchedule:
+    """The Trainer's lr_scheduler when the config schedules the rate (its
+    "scheduler" section): the engine sets each step's rate, and this
+    reports the rate the last step trained with (before any step, the
+    first's). Saving and loading it carry nothing: the engine's checkpoint
+    holds its step."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+        self._last = self._rates()
+        optimizer.register_step_pre_hook(lambda *unused: self._record())
+
+    def _rates(self):
+        return [self._optimizer.engine.learning_rate(i)
+                for i in range(len(self._optimizer.param_groups))]
+
+    def _record(self):
+        self._last = self._rates()
+
+    def get_last_lr(self):
+        return list(self._last)
+
+    def step(self):
+        pass  # the engine's step advances the schedule
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state_dict):
+        pass
+
+
 class _RankShare(torch.utils.data.Sampler):
     """Rank r's part of each global batch of `global_batch` samples drawn
     in `order` (the indices one process would use). On several ranks a
@@ -96,38 +283,78 @@ class _RankShare(torch.utils.data.Sampler):
 
 class Trainer(transformers.Trainer):
     """transformers.Trainer whose optimizer is a ZeroOptimizer (see the
-    module's comment): optimizers=(ZeroOptimizer, scheduler or None)."""
+    module's comment): config=DeepSpeed config (the optimizer built at
+    train() from it, the arguments and the model; ZeroOptimizer options
+    such as device_memory in zero_options), or optimizers=(ZeroOptimizer,
+    scheduler or None)."""
 
-    def __init__(self, *args, optimizers=(None, None), **kwargs):
+    def __init__(self, *args, optimizers=(None, None), config=None, zero_options=None,
+                 **kwargs):
         zero = optimizers[0]
-        if not isinstance(zero, memwall.torch.ZeroOptimizer):
+        if config is not None and zero is not None:
+            raise ValueError("config and optimizers: give one (config builds the ZeroOptimizer)")
+        if config is None and not isinstance(zero, memwall.torch.ZeroOptimizer):
             raise ValueError("optimizers: expected (memwall.torch.ZeroOptimizer, scheduler), got "
                              "%s" % type(zero).__name__)
         super().__init__(*args, optimizers=optimizers, **kwargs)
-        self._zero = zero
+        self._config, self._zero_options = config, dict(zero_options or {})
         if self.args.world_size != 1:
             raise ValueError(
                 "args: accelerate set the Trainer up for %d torch.distributed processes; memwall "
                 "connects the ranks itself: use memwall.trainer.TrainingArguments"
                 % self.args.world_size)
-        if self.args.max_grad_norm and self.args.max_grad_norm > 0:
-            raise ValueError(
-                "TrainingArguments.max_grad_norm: %g; memwall's engine clips the global norm at "
-                "its step: set max_grad_norm=0 and the config's gradient_clipping"
-                % self.args.max_grad_norm)
+        if zero is not None:
+            if self.args.max_grad_norm and self.args.max_grad_norm > 0:
+                raise ValueError(
+                    "TrainingArguments.max_grad_norm: %g; memwall's engine clips the global norm "
+                    "at its step: set max_grad_norm=0 and the config's gradient_clipping"
+                    % self.args.max_grad_norm)
+            self._adopt(zero)
+
+    def _adopt(self, zero):
+        """Makes `zero` the Trainer's optimizer: backward through it."""
         if self.args.gradient_accumulation_steps != zero.accumulation_steps:
             raise ValueError(
                 "TrainingArguments.gradient_accumulation_steps: %d, the config's "
                 "gradient_accumulation_steps is %d; they must be equal"
                 % (self.args.gradient_accumulation_steps, zero.accumulation_steps))
+        self._zero = zero
+        self.optimizer = zero
+
         def engine_backward(loss, **kwargs):
             # The Trainer divided by its accumulation; the engine divides too.
             zero.scale(loss * self.current_gradient_accumulation_steps).backward()
         self.accelerator.backward = engine_backward
 
+    @property
+    def zero_optimizer(self):
+        """The ZeroOptimizer (self.optimizer is accelerate's wrapper of it once
+        training starts); None before train() when config built it."""
+        return getattr(self, "_zero", None)
+
+    def _prepare_for_training(self, max_steps, *args, **kwargs):
+        # Where transformers' DeepSpeed integration builds its engine: the
+        # number of steps (for the config's "auto" schedule) is known here.
+        if self._config is not None and self.optimizer is None:
+            ranks = memwall.world_size()
+            config = deepspeed_config(self._config, self.args, self.model, ranks, max_steps)
+            decay = set(self.get_decay_parameter_names(self.model))
+            named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+            groups = [{"params": [p for n, p in named if n in decay]},
+                      {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+            zero = memwall.torch.ZeroOptimizer(self.model, [g for g in groups if g["params"]],
+                                               config, **self._zero_options)
+            self._adopt(zero)
+            if "scheduler" in config:
+                self.lr_scheduler = _EngineSchedule(zero)
+        return super()._prepare_for_training(max_steps, *args, **kwargs)
+
+    def _clip_grad_norm(self, model):
+        return None  # the engine clips (the config's gradient_clipping) at its step
+
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        ranks = self._zero.engine.world_size
+        ranks = memwall.world_size()
         strategy = self.args.train_sampling_strategy
         if strategy == "sequential":
             order = list(range(len(dataset)))
@@ -145,7 +372,7 @@ class Trainer(transformers.Trainer):
                 "of %d (%d per rank x %d ranks), and the last one cannot be split evenly across "
                 "the ranks: set dataloader_drop_last=True"
                 % (len(order), global_batch, self.args.per_device_train_batch_size, ranks))
-        return _RankShare(order, global_batch, self._zero.engine.rank, ranks)
+        return _RankShare(order, global_batch, memwall.rank(), ranks)
 
     def _get_grad_norm(self, model, grad_norm=None):
         return None  # the engine takes it at its step, after the Trainer asks

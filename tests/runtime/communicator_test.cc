@@ -5,6 +5,7 @@
 #include "runtime/communicator.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -32,6 +33,15 @@ Stream& HostStream() {
 
 // Counts that are not powers of two, and 0 and 1.
 const std::vector<size_t> kCounts = {0, 1, 7, 1000, 1025};
+
+TEST_CASE("MpiWorld is this process's place in MPI_COMM_WORLD, as the communicator's", "[mpi]") {
+  const MpiPlace place = MpiWorld().value();
+  CHECK(place.rank == World().rank());
+  CHECK(place.size == World().world_size());
+  const char* started = std::getenv("OMPI_COMM_WORLD_SIZE");  // what mpirun started
+  REQUIRE(started != nullptr);
+  CHECK(place.size == std::stoi(started));
+}
 
 TEST_CASE("AllReduce sums, maxes and mins f32 exactly", "[mpi]") {
   MpiCommunicator& comm = World();
