@@ -11,10 +11,15 @@
            host device and with the optimizer offloaded to the CPU (ratio 1),
            at 1 and 2 threads (torch.set_num_threads, MEMWALL_CPU_THREADS);
   memory   model-state bytes per rank from memwall's allocator, stages 0
-           and 3 on 1, 2 and 4 ranks, next to the ZeRO formula.
+           and 3 on 1, 2 and 4 ranks, next to the ZeRO formula;
+  rss      each process's resident memory (VmRSS, and its peak VmHWM) on 2
+           MPI ranks: after the imports, after building the optimizer, after
+           3 training steps of the GPT-2 above, torch.optim.AdamW alone (a
+           process per rank, no communication) vs ZeroOptimizer at stages 0
+           and 3: what the front end costs beyond the model states.
 
 Usage (after tools/python_env.sh):
-  .venv/bin/python benchmarks/torch_frontend.py [--steps N] [--parts step,ranks,adam,memory]
+  .venv/bin/python benchmarks/torch_frontend.py [--steps N] [--parts step,ranks,adam,memory,rss]
 Times are medians over --steps steps after 2 warm-up steps.
 """
 import argparse
@@ -256,13 +261,81 @@ def part_memory():
                     formula))
 
 
+def resident_mib():
+    """(VmRSS, VmHWM) of this process in MiB."""
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(rest.split()[0]) / 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
+def rss_worker(kind, out):
+    """One rank of the `rss` part: its resident memory at each phase."""
+    import torch
+    import transformers  # noqa: F401 (what a Trainer user's script imports)
+    if kind != "torch":
+        import memwall.torch as mt
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    torch.set_num_threads(1)
+    phases = {"imported": resident_mib()[0]}
+    model = gpt2()
+    phases["model built"] = resident_mib()[0]
+    if kind == "torch":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    else:
+        opt = mt.ZeroOptimizer(model, None, zero_config(int(kind)))
+    phases["optimizer built"] = resident_mib()[0]
+    for tokens in batches(3, batch=4):
+        opt.zero_grad()
+        model(tokens, labels=tokens).loss.backward()
+        opt.step()
+    phases["3 steps"], peak = resident_mib()
+    phases["peak"] = peak
+    states = 0
+    if kind != "torch":
+        memory = opt.memory()
+        states = sum(memory[c]["current"] for c in ("parameter", "gradient", "optimizer_state"))
+    with open("%s.rank%d" % (out, rank), "w") as f:
+        json.dump({"phases": phases, "states": states}, f)
+
+
+def part_rss():
+    kinds = (("torch", "torch AdamW"), ("0", "ZeroOptimizer stage 0"),
+             ("3", "ZeroOptimizer stage 3"))
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, _ in kinds:
+            out = os.path.join(tmp, kind)
+            spawn(2, "--rss-worker", kind, "--out", out)
+            rows[kind] = []
+            for rank in (0, 1):
+                with open("%s.rank%d" % (out, rank)) as f:
+                    rows[kind].append(json.load(f))
+    phases = list(rows["torch"][0]["phases"])
+    print("rss: resident MiB per rank on 2 MPI ranks (rank 0 / rank 1), GPT-2 above, "
+          "4 sequences a step; model states in memwall's allocator last")
+    print("  %-24s" % "" + "".join(" %17s" % p for p in phases) + " %12s" % "states MiB")
+    for kind, name in kinds:
+        cells = "".join(" %8.0f /%7.0f" % tuple(r["phases"][p] for r in rows[kind])
+                        for p in phases)
+        print("  %-24s%s %12.1f" % (name, cells, rows[kind][0]["states"] / 2**20))
+    for kind, name in kinds[1:]:
+        extra = [rows[kind][r]["phases"]["3 steps"] - rows["torch"][r]["phases"]["3 steps"]
+                 for r in (0, 1)]
+        print("  %s after 3 steps vs torch AdamW: %+.0f / %+.0f MiB" % ((name,) + tuple(extra)))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--parts", default="step,ranks,adam,memory")
+    parser.add_argument("--parts", default="step,ranks,adam,memory,rss")
     parser.add_argument("--worker")
     parser.add_argument("--adam-worker")
     parser.add_argument("--memory-worker", type=int)
+    parser.add_argument("--rss-worker")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -272,6 +345,8 @@ def main():
         return adam_worker(args.adam_worker, args.threads, args.steps, args.out)
     if args.memory_worker is not None:
         return memory_worker(args.memory_worker, args.out)
+    if args.rss_worker:
+        return rss_worker(args.rss_worker, args.out)
     parts = args.parts.split(",")
     if "step" in parts:
         part_step(args.steps)
@@ -281,6 +356,8 @@ def main():
         part_adam(args.steps)
     if "memory" in parts:
         part_memory()
+    if "rss" in parts:
+        part_rss()
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ int64_t ActivationBytesOf(const CategoryBytes& b) {
   return b[int(MemoryCategory::kActivation)] + b[int(MemoryCategory::kCheckpointedActivation)];
 }
 
-MemoryProfiler::MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity)
+MemoryProfiler::MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity,
+                               absl::string_view device_name)
     : allocator_(allocator),
-      device_name_(allocator.device_name()),
+      device_name_(device_name.empty() ? allocator.device_name() : std::string(device_name)),
       capacity_(allocator.capacity()),
       ring_capacity_(std::max<size_t>(ring_capacity, 1)),
       start_(std::chrono::steady_clock::now()) {

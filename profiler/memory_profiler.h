@@ -111,8 +111,12 @@ class MemoryProfiler : public MemoryListener {
   static constexpr int kTopOwners = 10;
 
   // Registers with `allocator` (which must outlive the profiler) and takes
-  // the allocator's current books as the starting point.
-  MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity = 1 << 16);
+  // the allocator's current books as the starting point. The reports name
+  // `device_name`, or when empty the allocator's device ("host:0"): a
+  // framework's memory declared through RecordExternal names its own
+  // ("cpu").
+  MemoryProfiler(CachingAllocator& allocator, size_t ring_capacity = 1 << 16,
+                 absl::string_view device_name = {});
   ~MemoryProfiler() override;
   MemoryProfiler(const MemoryProfiler&) = delete;
   MemoryProfiler& operator=(const MemoryProfiler&) = delete;

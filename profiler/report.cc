@@ -76,13 +76,22 @@ std::string Escape(absl::string_view text) {
 std::string TerminalReport(const MemoryProfiler& profiler) {
   const PeakSnapshot peak = profiler.peak();
   const CategoryBytes peaks = profiler.category_peaks();
-  std::string out = absl::StrFormat(
-      "memory profile of %s (capacity %s)\npeak %s requested, %s in blocks, %s reserved "
-      "(%s cached or fragmented), in phase '%s'\n",
-      profiler.device_name(), FormatBytes(profiler.capacity()), FormatBytes(peak.bytes),
-      FormatBytes(peak.allocated), FormatBytes(peak.reserved),
-      FormatBytes(peak.reserved - peak.allocated),
-      peak.phase_path.empty() ? "(none)" : absl::StrJoin(peak.phase_path, " > "));
+  const std::string phase =
+      peak.phase_path.empty() ? "(none)" : absl::StrJoin(peak.phase_path, " > ");
+  std::string out = absl::StrFormat("memory profile of %s (capacity %s)\n",
+                                    profiler.device_name(), FormatBytes(profiler.capacity()));
+  if (peak.reserved == 0 && peak.bytes > 0) {
+    // Every byte was declared (a framework's tensors): memwall's allocator
+    // reserved nothing, so it has no blocks or cache to report.
+    absl::StrAppendFormat(&out, "peak %s held (the framework's tensors), in phase '%s'\n",
+                          FormatBytes(peak.bytes), phase);
+  } else {
+    absl::StrAppendFormat(
+        &out, "peak %s requested, %s in blocks, %s reserved (%s cached or fragmented), in phase "
+        "'%s'\n",
+        FormatBytes(peak.bytes), FormatBytes(peak.allocated), FormatBytes(peak.reserved),
+        FormatBytes(peak.reserved - peak.allocated), phase);
+  }
   absl::StrAppendFormat(&out, "  %-24s %12s %7s %14s\n", "category", "at peak", "share",
                         "own peak");
   for (MemoryCategory c : kAllMemoryCategories) {

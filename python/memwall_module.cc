@@ -151,6 +151,55 @@ std::string PlanTraced(const std::string& description, const std::string& config
 }
 
 // The engine with the Python-facing calls.
+// The profiler's peak: {"bytes", "phase", "phase_path", "by_category":
+// {...}, "top_owners": [(owner, category, bytes)]}.
+py::dict PeakOf(const MemoryProfiler& profiler) {
+  const PeakSnapshot peak = profiler.peak();
+  py::dict out, by_category;
+  out["bytes"] = peak.bytes;
+  out["phase"] = peak.phase;
+  out["phase_path"] = peak.phase_path;
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    by_category[CategoryName(static_cast<MemoryCategory>(c))] = peak.by_category[c];
+  }
+  out["by_category"] = by_category;
+  out["top_owners"] = OwnerList(peak.top_owners);
+  return out;
+}
+
+// memwall.Profiler: the memory profiler over a framework's own memory,
+// declared record by record (memwall.torch.profile of a loop without a
+// ZeroOptimizer). It reports as `memwall profile` does, naming `device`.
+class PyProfiler {
+ public:
+  PyProfiler(const std::string& device, int64_t capacity_bytes) {
+    if (capacity_bytes < 1) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("capacity_bytes: expected >= 1, got ", capacity_bytes)));
+    }
+    // A meta device: its allocator, which holds nothing, only carries the
+    // capacity; every byte is a declared record.
+    device_ = Value(CreateDevice({Backend::kMeta, 0, capacity_bytes}));
+    profiler_ = std::make_unique<MemoryProfiler>(device_->allocator(), size_t{1} << 16, device);
+  }
+
+  // `bytes` (negative: released) of `category` ("parameter", "gradient",
+  // ...) held by `owner`.
+  void Record(const std::string& category, const std::string& owner, int64_t bytes) {
+    for (MemoryCategory c : kAllMemoryCategories) {
+      if (MemoryCategoryName(c) == category) return profiler_->RecordExternal(c, owner, bytes);
+    }
+    Raise(absl::InvalidArgumentError(absl::StrCat("category: expected a memory category name, "
+                                                  "got '", category, "'")));
+  }
+
+  MemoryProfiler& profiler() { return *profiler_; }
+
+ private:
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<MemoryProfiler> profiler_;
+};
+
 class PyEngine {
  public:
   PyEngine(const std::string& config_json,
@@ -247,21 +296,7 @@ class PyEngine {
     states().set_progress(p);
   }
 
-  // The profiler's peak: {"bytes", "phase", "phase_path", "by_category":
-  // {...}, "top_owners": [(owner, category, bytes)]}.
-  py::dict Peak() {
-    const PeakSnapshot peak = engine_->profiler().peak();
-    py::dict out, by_category;
-    out["bytes"] = peak.bytes;
-    out["phase"] = peak.phase;
-    out["phase_path"] = peak.phase_path;
-    for (int c = 0; c < kNumMemoryCategories; ++c) {
-      by_category[CategoryName(static_cast<MemoryCategory>(c))] = peak.by_category[c];
-    }
-    out["by_category"] = by_category;
-    out["top_owners"] = OwnerList(peak.top_owners);
-    return out;
-  }
+  py::dict Peak() { return PeakOf(engine_->profiler()); }
 
   // Bytes by category: {"parameter": {"current": ..., "peak": ...}, ...},
   // from the device's allocator, and under "pinned" its pinned pool's.
@@ -373,6 +408,36 @@ PYBIND11_MODULE(_memwall, m) {
            }),
            py::arg("name"), py::arg("shape"), py::arg("values") = 0, py::arg("trainable") = true,
            py::arg("hyper_group") = 0);
+
+  py::class_<memwall::PyProfiler>(m, "Profiler",
+                         "The memory profiler over a framework's own memory, declared record by "
+                         "record: profile.txt/.json, trace.json and profile.html as `memwall "
+                         "profile` writes them, naming `device`.")
+      .def(py::init<const std::string&, int64_t>(), py::arg("device"), py::arg("capacity_bytes"))
+      .def("record", &memwall::PyProfiler::Record, py::arg("category"), py::arg("owner"),
+           py::arg("bytes"),
+           "Declares `bytes` (negative: released) of `category` (a memory category's name) "
+           "held by `owner`.")
+      .def("begin_phase", [](memwall::PyProfiler& p, const std::string& name) { p.profiler().BeginPhase(name); })
+      .def("end_phase", [](memwall::PyProfiler& p) { return p.profiler().EndPhase(); })
+      .def("peak", [](memwall::PyProfiler& p) { return memwall::PeakOf(p.profiler()); })
+      .def("current",
+           [](memwall::PyProfiler& p) {
+             const memwall::CategoryBytes current = p.profiler().current();
+             py::dict out;
+             for (int c = 0; c < memwall::kNumMemoryCategories; ++c) {
+               out[memwall::CategoryName(static_cast<memwall::MemoryCategory>(c))] = current[c];
+             }
+             return out;
+           },
+           "The bytes held now by category.")
+      .def("owners", [](memwall::PyProfiler& p) { return memwall::OwnerList(p.profiler().owners()); },
+           "Live bytes per (owner, category, bytes), largest first.")
+      .def("terminal_report",
+           [](memwall::PyProfiler& p) { return memwall::TerminalReport(p.profiler()); })
+      .def("write_reports", [](memwall::PyProfiler& p, const std::string& dir) {
+        memwall::Check(memwall::WriteReports(p.profiler(), dir));
+      });
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::string&,

@@ -22,7 +22,7 @@ except ImportError:
     pass
 
 from memwall._memwall import (  # noqa: E402,F401
-    Engine, Error, Parameter, abort_ranks, blas_description, rank, world_size)
+    Engine, Error, Parameter, Profiler, abort_ranks, blas_description, rank, world_size)
 # Error's subclasses by the engine's status code, each also the Python
 # exception it means: InvalidArgumentError is a ValueError, NotFoundError a
 # FileNotFoundError, OutOfMemoryError a MemoryError, DeadlineExceededError

@@ -376,10 +376,22 @@ class Profile:
             self._opt._engine.record_activation(entry[0], -entry[1])
 
 
-def profile(optimizer, directory="memwall-profile"):
+def profile(optimizer, directory="memwall-profile", model=None):
     """memwall's memory reports of the training run inside the `with`
-    block (Profile); `optimizer` is the run's ZeroOptimizer."""
-    return Profile(optimizer, directory)
+    block. `optimizer`: the run's ZeroOptimizer (Profile: the engine's
+    exact books plus the activations), or any torch.optim.Optimizer with
+    the `model` it trains (memwall.loop_profile.LoopProfile: every tensor
+    the loop holds, by category, owner and phase)."""
+    if isinstance(optimizer, ZeroOptimizer):
+        if model is not None and model is not optimizer._model:
+            raise ValueError("model: not the model this ZeroOptimizer wraps (leave it out)")
+        return Profile(optimizer, directory)
+    if model is None:
+        raise ValueError("model: profiling a loop with %s needs the model it trains "
+                         "(memwall.torch.profile(opt, directory, model=model))"
+                         % type(optimizer).__name__)
+    from memwall.loop_profile import LoopProfile
+    return LoopProfile(model, optimizer, directory)
 
 
 class ZeroOptimizer(torch.optim.Optimizer):

@@ -62,7 +62,6 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 from memwall import _groups
 
@@ -217,6 +216,9 @@ def _flops(func, args, kwargs, out):
     the grouped matrix product mixture-of-experts layers run (Mixtral's
     experts in transformers), which they lack: 2 x output elements x the
     shared dimension."""
+    # Imported here, not with the module: torch.utils.flop_counter imports
+    # triton (some 70 MiB of every rank's memory), which only a trace needs.
+    from torch.utils.flop_counter import flop_registry
     packet = func._overloadpacket
     if packet in flop_registry:
         return flop_registry[packet](*args, **kwargs, out_val=out)

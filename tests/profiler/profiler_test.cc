@@ -110,6 +110,26 @@ TEST_CASE("memory declared from outside the allocator joins the books, peaks and
   CHECK(phases[1].end_bytes == 1300);
 }
 
+TEST_CASE("a framework's memory declared alone: the reports name its device and no blocks",
+          "[profiler][external]") {
+  auto device = CreateDevice({Backend::kMeta, 0, 8 * kGiB}).value();
+  MemoryProfiler profiler(device->allocator(), 1 << 10, "cpu");
+  profiler.BeginPhase("forward");
+  profiler.RecordExternal(MemoryCategory::kParameter, "fc", 3 * kMiB);
+  profiler.RecordExternal(MemoryCategory::kActivation, "fc", kMiB);
+  profiler.EndPhase();
+  CHECK(profiler.device_name() == "cpu");
+  CHECK(profiler.peak().bytes == 4 * kMiB);
+  CHECK(profiler.peak().reserved == 0);
+  const std::string report = TerminalReport(profiler);
+  CHECK_THAT(report, Catch::StartsWith(
+                         "memory profile of cpu (capacity 8.00 GiB)\n"
+                         "peak 4.00 MiB held (the framework's tensors), in phase 'forward'\n"));
+  // Without a name the allocator's device is named.
+  MemoryProfiler unnamed(device->allocator());
+  CHECK(unnamed.device_name() == "meta:0");
+}
+
 TEST_CASE("phases nest and know their own peaks", "[profiler]") {
   auto device = CreateDevice({Backend::kMeta, 0, kGiB}).value();
   MemoryProfiler profiler(device->allocator());
