@@ -1,7 +1,8 @@
 """memwall.torch.profile of a training loop that keeps torch's own optimizer
-(torch.optim.AdamW, SGD, any torch.optim.Optimizer; the model plain, under
-DDP or FSDP2): memwall's memory reports of the steps run inside the `with`
-block, as `memwall profile` writes them for memwall's engine.
+(torch.optim.AdamW, SGD, any torch.optim.Optimizer): memwall's memory
+reports of the steps run inside the `with` block, as `memwall profile`
+writes them for memwall's engine. Tested on plain models in one process;
+DTensor parameters (FSDP2) are not unwrapped.
 
     with memwall.torch.profile(opt, "memwall-profile", model=model) as p:
         for batch in data:              # the user's loop, unchanged
