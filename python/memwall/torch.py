@@ -751,7 +751,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise memwall.Error(
                 "FAILED_PRECONDITION: gathered_parameters(): a step is in progress (%d backward "
                 "passes since the last step); enter it between steps" % self._micro_batches)
-        with self._atomic():
+        with self._atomic(), _collective("gathered_parameters()"):
             if self._stage == 3:
                 for g in self._groups:
                     self._gather(g)
@@ -763,7 +763,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             edited = {g.index: self._edited(g) for g in self._groups}
             if modify:
                 # Every group listed: gathering its master weights is collective.
-                self._set_master_weights(edited)
+                with _collective("gathered_parameters(modify=True)"):
+                    self._set_master_weights(edited)
                 self._record_versions()
             elif self._stage == 3 and any(edited.values()):
                 self._record_versions()
@@ -1289,6 +1290,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         by_group = {}
         for item in slices:
             by_group.setdefault(item[2].index, []).append(item)
+        with _collective("load_state_dict()"):
+            self._load_states(by_group, states, ids, names)
+        self._loads += 1
+
+    def _load_states(self, by_group, states, ids, names):
+        """load_state_dict's collective part: each group's states gathered,
+        the dict's entries written in, set back; the step count."""
         steps = None
         for g in self._groups:
             if g.index not in by_group:
@@ -1312,7 +1320,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
             progress = self._engine.progress()
             progress["steps_applied"] = steps
             self._engine.set_progress(progress)
-        self._loads += 1
 
     def save_checkpoint(self, directory, keep=2):
         """A memwall training checkpoint (engine/checkpoint.h: the format of
@@ -1323,12 +1330,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         into a directory locks it against other runs and refuses one that
         holds another run's checkpoints (unless this optimizer loaded from
         it), so pruning to the newest `keep` never deletes them."""
-        return self._engine.save_checkpoint(str(directory), keep)
+        with _collective("save_checkpoint()"):
+            return self._engine.save_checkpoint(str(directory), keep)
 
     def load_checkpoint(self, path):
         """Loads the newest intact checkpoint under `path` (or that
         checkpoint); collective. Returns {"path", "steps", "skipped"}."""
-        loaded = self._engine.load_checkpoint(str(path))
+        with _collective("load_checkpoint()"):
+            loaded = self._engine.load_checkpoint(str(path))
         self._loads += 1
         return loaded
 

@@ -261,16 +261,22 @@ def test_torch_defaults_and_kernel_choices_are_accepted_and_add_param_group_refu
     assert len(opt.param_groups) == 1
 
 
-def test_a_collective_called_on_rank_0_alone_times_out_by_name(ranks_runner):
-    """`if rank == 0: opt.state_dict()` with collective_timeout=2: rank 0
-    gets a TimeoutError naming the call every rank must make, not a 600 s
-    hang (workers/rank0_only_state_dict.py)."""
-    results = ranks_runner(2, "rank0_only_state_dict.py")
+@pytest.mark.parametrize("call, named", [
+    ("state_dict", "state_dict()"), ("load_state_dict", "load_state_dict()"),
+    ("gathered_parameters", "gathered_parameters()"), ("opt.state", "opt.state"),
+    ("save_checkpoint", "save_checkpoint()")])
+def test_a_collective_called_on_rank_0_alone_times_out_by_name(ranks_runner, call, named):
+    """`if rank == 0: opt.state_dict()` (or another collective call) with
+    collective_timeout=2 at stage 3: rank 0 gets a TimeoutError naming the
+    call every rank must make, not a 600 s hang
+    (workers/rank0_only_state_dict.py)."""
+    results = ranks_runner(2, "rank0_only_state_dict.py", call)
     assert results[0]["is_memwall_error"]
-    assert results[0]["error"] == (
-        "DeadlineExceededError: DEADLINE_EXCEEDED: state_dict() is collective: every rank calls "
-        "it, in the same order, and not every rank did (MPI_Iallreduce (agreement check) on rank "
-        "0 of 2: not every rank joined within 2s (a rank failed, is stuck or stopped calling "
+    assert results[0]["error"].startswith(
+        "DeadlineExceededError: DEADLINE_EXCEEDED: %s is collective: every rank calls it, in "
+        "the same order, and not every rank did (" % named)
+    assert results[0]["error"].endswith(
+        "not every rank joined within 2s (a rank failed, is stuck or stopped calling "
         "collectives); the communicator is unusable now: end the job and resume from the last "
         "checkpoint)")
     assert results[1]["error"] == ""
