@@ -1,7 +1,8 @@
 """ZeroOptimizer's state_dict is torch.optim.AdamW's: a state saved by
 torch's AdamW loads into a ZeroOptimizer and the run goes on as torch's
-would, and the other way round (one process; multi-rank resumption is in
-test_checkpoint.py)."""
+would, and the other way round, and round again (one process, and the
+three-leg round trip on 1 and 2 ranks; multi-rank resumption from memwall's
+own checkpoints is in test_checkpoint.py)."""
 import copy
 
 import pytest
@@ -136,3 +137,17 @@ def test_memwall_then_torch_then_memwall_trains_on_from_where_torch_stopped(stag
     train(plain, ref_opt, data[4:], zero=False)
     train(again, opt2, data[4:], zero=True)
     assert_trained_alike(plain, again, opt2)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("stage", [0, 3])
+def test_the_round_trip_on_real_ranks_with_accumulation_through_loss_backward(ranks_runner,
+                                                                              stage, ranks):
+    """The three-leg round trip on 1 and 2 MPI ranks, each memwall step two
+    plain loss.backward() micro-batches of each rank's share: the master
+    weights after memwall, torch's AdamW and memwall again equal torch's
+    AdamW alone on the whole batch within 1e-6 (workers/round_trip.py)."""
+    for r, result in enumerate(ranks_runner(ranks, "round_trip.py", stage)):
+        assert result["torch_step"] == 4.0 and result["master_weight_step"] == 2, r
+        assert result["steps"] == 6, r
+        assert result["weight_error"] <= 1e-6, (r, result["weight_error"])
