@@ -247,6 +247,10 @@ class LoopProfile:
             raise NotADirectoryError("profile directory %s: not a directory" % self.directory)
         self._where = os.path.join(self.directory, "rank%d" % memwall.rank())
         os.makedirs(self._where, exist_ok=True)
+        for full, p in self._model.named_parameters():
+            if type(p.data) is not torch.Tensor:
+                raise TypeError("parameter '%s' is a %s (FSDP2's DTensor?): the loop profile "
+                                "counts plain tensors' storages" % (full, type(p.data).__name__))
         devices = {p.device for p in self._model.parameters()} or {torch.device("cpu")}
         if len(devices) != 1:
             raise ValueError("model: parameters on %s; a profile covers one device"

@@ -121,6 +121,11 @@ def _node(config, key):
     return (config if isinstance(config, dict) else None), last
 
 
+def _is_auto(config, key):
+    node, last = _node(config, key)
+    return node is not None and node.get(last) == "auto"
+
+
 def _hidden_size(model):
     """The model's hidden size, where transformers' DeepSpeed integration
     looks for it (config.hidden_size, the largest of hidden_sizes, or its
@@ -171,19 +176,21 @@ def fill_auto(config, args, model, ranks, num_training_steps):
     fill("scheduler.params.total_num_steps", num_training_steps, "num_training_steps")
     fill("scheduler.params.warmup_num_steps", max(1, args.get_warmup_steps(num_training_steps)),
          "warmup_steps")
+    # The bucket sizes from the hidden size; stage 3's own two at stage 3 only.
+    stage3 = config.get("zero_optimization", {}).get("stage") == 3
     hidden_keys = [k for k in ("zero_optimization.reduce_bucket_size",
                                "zero_optimization.stage3_prefetch_bucket_size",
                                "zero_optimization.stage3_param_persistence_threshold")
-                   if _node(config, k)[0] is not None
-                   and _node(config, k)[0].get(_node(config, k)[1]) == "auto"]
+                   if _is_auto(config, k) and (stage3 or k.endswith("reduce_bucket_size"))]
     if hidden_keys:
         hidden = _hidden_size(model)
         if hidden is None:
             raise ValueError("config: %s are \"auto\", filled from the model's hidden size, "
                              "which its config does not give: set them" % ", ".join(hidden_keys))
         fill("zero_optimization.reduce_bucket_size", hidden * hidden)
-        fill("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * hidden * hidden))
-        fill("zero_optimization.stage3_param_persistence_threshold", 10 * hidden)
+        if stage3:
+            fill("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * hidden * hidden))
+            fill("zero_optimization.stage3_param_persistence_threshold", 10 * hidden)
     if mismatches:
         raise ValueError("config: values that disagree with the TrainingArguments (set them to "
                          "\"auto\" to take the arguments'):\n" + "\n".join(mismatches))
@@ -325,6 +332,14 @@ class Trainer(transformers.Trainer):
             # The Trainer divided by its accumulation; the engine divides too.
             zero.scale(loss * self.current_gradient_accumulation_steps).backward()
         self.accelerator.backward = engine_backward
+
+    def create_optimizer(self, model=None):
+        if self._config is not None and getattr(self, "_zero", None) is None:
+            # The Trainer's own would be a torch optimizer the run then kept.
+            raise ValueError("create_optimizer: with config=, memwall.trainer builds the "
+                             "ZeroOptimizer when train() starts (the config's schedule needs "
+                             "the number of steps)")
+        return super().create_optimizer(model)
 
     @property
     def zero_optimizer(self):

@@ -157,3 +157,18 @@ def test_a_deepspeed_config_is_refused_where_memwall_cannot_follow_it(tmp_path):
     assert str(error.value) == (
         "config: zero_optimization.allgather_bucket_size: \"auto\" is filled only where "
         "transformers' DeepSpeed integration fills it; give a value")
+
+
+def test_with_a_config_the_trainer_makes_no_torch_optimizer_of_its_own(tmp_path):
+    """create_optimizer (which user code may call before train()) would make
+    a torch AdamW the run then kept: with config= it is refused by name."""
+    import memwall.trainer
+    _, model = tiny_gpt2()
+    args = memwall.trainer.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                             report_to=[], max_steps=1)
+    trainer = memwall.trainer.Trainer(model=model, args=args, train_dataset=[], config=AUTO)
+    with pytest.raises(ValueError) as error:
+        trainer.create_optimizer()
+    assert str(error.value) == (
+        "create_optimizer: with config=, memwall.trainer builds the ZeroOptimizer when train() "
+        "starts (the config's schedule needs the number of steps)")
