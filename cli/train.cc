@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "runtime/units.h"
 
@@ -50,6 +51,7 @@ class TrainLog : public TrainObserver {
       if (!s.blas.empty()) record["blas"] = s.blas;
       if (!s.auto_strategy.empty()) record["auto_strategy"] = s.auto_strategy;
       if (!s.recomputation.empty()) record["recomputation"] = s.recomputation;
+      if (!s.not_applied.empty()) record["not_applied"] = s.not_applied;
       if (s.cpu_update_threads > 0) record["cpu_update_threads"] = s.cpu_update_threads;
       return Emit("", record);
     }
@@ -69,6 +71,10 @@ class TrainLog : public TrainObserver {
         s.gradient_accumulation_steps, static_cast<long long>(s.seq), s.ranks);
     if (!s.blas.empty()) std::printf("BLAS: %s\n", s.blas.c_str());
     if (!s.auto_strategy.empty()) std::printf("auto strategy: %s\n", s.auto_strategy.c_str());
+    if (!s.not_applied.empty()) {
+      std::printf("config: DeepSpeed settings with no memwall counterpart, not applied: %s\n",
+                  absl::StrJoin(s.not_applied, ", ").c_str());
+    }
     if (!s.recomputation.empty()) {
       std::printf("activation recomputation: %s\n", s.recomputation.c_str());
     }

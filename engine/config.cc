@@ -131,7 +131,29 @@ absl::Status ReadFp16(const Json& value, Config& out) {
   return r.Finish();
 }
 
-absl::Status ReadZero(const Json& value, ZeroConfig& out) {
+// A DeepSpeed setting memwall has no counterpart for (Config::not_applied):
+// with `always` null, a knob of DeepSpeed's own, read and listed; else the
+// value memwall always runs as, and why.
+struct DeepSpeedOnly {
+  const char* key;
+  const char* always;
+};
+
+absl::Status ReadDeepSpeedOnly(JsonReader& r, std::initializer_list<DeepSpeedOnly> settings,
+                               std::vector<std::string>& not_applied) {
+  for (const DeepSpeedOnly& s : settings) {
+    const Json* v = r.Find(s.key);
+    if (v == nullptr) continue;
+    if (s.always == nullptr) {
+      not_applied.push_back(r.Path(s.key));
+    } else if (!v->is_boolean() || !v->get<bool>()) {
+      return r.Error(s.key, absl::StrCat("true (", s.always, ")"), *v);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadZero(const Json& value, ZeroConfig& out, std::vector<std::string>& not_applied) {
   MW_ASSIGN_OR_RETURN(JsonReader r, JsonReader::Open(value, "zero_optimization"));
   const Json* stage = r.Find("stage");
   if (stage != nullptr && stage->is_string()) {
@@ -203,6 +225,17 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out) {
     MW_RETURN_IF_ERROR(o.Int("max_in_cpu", 0, INT64_MAX, out.offload_param_max_in_cpu));
     MW_RETURN_IF_ERROR(o.Finish());
   }
+  MW_RETURN_IF_ERROR(ReadDeepSpeedOnly(
+      r,
+      {{"sub_group_size", nullptr},
+       {"stage3_param_persistence_threshold", nullptr},
+       {"stage3_max_reuse_distance", nullptr},
+       {"contiguous_gradients", "memwall's gradients always lie in contiguous flat buckets"},
+       {"allgather_partitions", "memwall gathers parameters with all-gather"},
+       {"reduce_scatter", "memwall reduces sharded gradients with reduce-scatter"},
+       {"stage3_gather_16bit_weights_on_model_save",
+        "memwall's saves gather the weights or keep the master weights whole"}},
+      not_applied));
   MW_RETURN_IF_ERROR(CheckZeroConfig(out));
   // A config asking for stage 3's gathers at another stage says something
   // it does not mean (the trainer gathers nothing on use below stage 3).
@@ -227,7 +260,8 @@ absl::Status ReadAio(const Json& value, AioConfig& out) {
   return r.Finish();
 }
 
-absl::Status ReadRecompute(const Json& value, RecomputeConfig& out) {
+absl::Status ReadRecompute(const Json& value, RecomputeConfig& out,
+                           std::vector<std::string>& not_applied) {
   MW_ASSIGN_OR_RETURN(JsonReader r, JsonReader::Open(value, "activation_checkpointing"));
   if (const Json* v = r.Find("planner")) {
     const std::string expected =
@@ -265,9 +299,11 @@ absl::Status ReadRecompute(const Json& value, RecomputeConfig& out) {
   if (cpu) out.offload = true;
   MW_RETURN_IF_ERROR(r.Float("offload_flops_per_byte", 0, 1e30, true, "a number > 0",
                              out.offload_flops_per_byte));
+  // DeepSpeed's own (its buffers, its synchronisation, its timers).
   for (const char* key : {"contiguous_memory_optimization", "synchronize_checkpoint_boundary",
                           "profile"}) {
     MW_RETURN_IF_ERROR(r.Bool(key, ignored));
+    if (r.Find(key) != nullptr) not_applied.push_back(r.Path(key));
   }
   return r.Finish();
 }
@@ -344,11 +380,19 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
     MW_RETURN_IF_ERROR(b.Bool("enabled", config.bf16));
     MW_RETURN_IF_ERROR(b.Finish());
   }
-  if (const Json* v = r.Find("zero_optimization")) MW_RETURN_IF_ERROR(ReadZero(*v, config.zero));
+  if (const Json* v = r.Find("zero_optimization")) {
+    MW_RETURN_IF_ERROR(ReadZero(*v, config.zero, config.not_applied));
+  }
   if (const Json* v = r.Find("activation_checkpointing")) {
-    MW_RETURN_IF_ERROR(ReadRecompute(*v, config.activation_checkpointing));
+    MW_RETURN_IF_ERROR(ReadRecompute(*v, config.activation_checkpointing, config.not_applied));
   }
   if (const Json* v = r.Find("aio")) MW_RETURN_IF_ERROR(ReadAio(*v, config.aio));
+  MW_RETURN_IF_ERROR(r.Int("train_batch_size", 1, INT64_MAX, config.train_batch_size));
+  MW_RETURN_IF_ERROR(ReadDeepSpeedOnly(r,
+                                       {{"steps_per_print", nullptr},
+                                        {"wall_clock_breakdown", nullptr},
+                                        {"zero_allow_untested_optimizer", nullptr}},
+                                       config.not_applied));
   MW_RETURN_IF_ERROR(r.Finish());
   if (config.fp16 && config.bf16) {
     return absl::InvalidArgumentError(
@@ -379,6 +423,7 @@ std::string ConfigToJson(const Config& c) {
   Json j;
   j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
   j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  if (c.train_batch_size > 0) j["train_batch_size"] = c.train_batch_size;
   j["gradient_clipping"] = Decimal(c.gradient_clipping);
   j["communication_data_type"] = DTypeKey(c.reduce_dtype);
   const OptimizerConfig& o = c.optimizer;

@@ -112,7 +112,16 @@
 //   activation_checkpointing.contiguous_memory_optimization,
 //   activation_checkpointing.synchronize_checkpoint_boundary,
 //   activation_checkpointing.profile  bool, accepted for DeepSpeed configs;
-//                                     no effect in memwall
+//                                     not applied (listed in not_applied)
+//   train_batch_size                  int >= 1: micro-batch x accumulation x
+//                                     ranks, checked by the engine  (absent)
+//   DeepSpeed's own knobs, accepted and listed in Config::not_applied:
+//     steps_per_print, wall_clock_breakdown, zero_allow_untested_optimizer,
+//     zero_optimization.sub_group_size, .stage3_param_persistence_threshold,
+//     .stage3_max_reuse_distance
+//   zero_optimization.contiguous_gradients, .allgather_partitions,
+//   .reduce_scatter, .stage3_gather_16bit_weights_on_model_save
+//                                     true only: what memwall always does
 // Sizes in elements accept JSON numbers such as 5e8 if they are whole.
 // As in DeepSpeed, "Adam" applies decoupled weight decay (AdamW) unless
 // adam_w_mode is false; fp16 and bf16 cannot both be enabled.
@@ -121,6 +130,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -144,7 +154,18 @@ struct RecomputeConfig {
 // which the JSON keys above fill) plus the engine's own keys.
 struct Config : ShardingOptions {
   int64_t train_micro_batch_size_per_gpu = 1;
+  // DeepSpeed's train_batch_size as given (0: absent): the micro-batch x
+  // gradient_accumulation_steps x ranks, which the engine checks against
+  // its world.
+  int64_t train_batch_size = 0;
   RecomputeConfig activation_checkpointing;
+  // The DeepSpeed settings the config gave that memwall reads but has no
+  // counterpart for (DeepSpeed's own logging and tuning knobs:
+  // "steps_per_print", "zero_optimization.sub_group_size", ...), by key
+  // path, for callers to show: nothing is silently dropped. Settings whose
+  // only meaning is what memwall always does ("contiguous_gradients":
+  // true) are accepted at that value and refused at another.
+  std::vector<std::string> not_applied;
 };
 
 // Parses a config from JSON text. Errors are kInvalidArgument and name the

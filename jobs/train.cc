@@ -55,6 +55,7 @@ TrainStart StartOf(const TrainOptions& options, const GptConfig& gpt, Engine& en
       start.micro_batch * start.gradient_accumulation_steps * gpt.seq * start.ranks;
   if (options.backend == Backend::kHost) start.blas = kernels::cpu::BlasDescription();
   start.auto_strategy = engine.auto_choice();
+  start.not_applied = config.not_applied;
   if (engine.recomputation_plan().planner != "none") {
     const absl::StatusOr<Chain> chain = engine.trainer()->ChainFor(engine.input_shape());
     if (chain.ok()) start.recomputation = PlanSummary(*chain, engine.recomputation_plan());

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -68,6 +69,9 @@ struct TrainStart {
   std::string blas;           // the host backend's GEMMs; "" on the others
   std::string auto_strategy;  // what "stage": "auto" chose; "" otherwise
   std::string recomputation;  // the plan in one line; "" without one
+  // The config's DeepSpeed settings memwall has no counterpart for
+  // (Config::not_applied).
+  std::vector<std::string> not_applied;
   // Optimizer offload (0 threads: none): the CPU update's threads, and,
   // with offload_optimizer.overlap_step, the flat groups backward hands it
   // (a model of one group overlaps nothing) and the first group's share

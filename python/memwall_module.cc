@@ -116,13 +116,15 @@ py::memoryview ViewOf(const ModelStates::View& view) {
 }
 
 // What the engine reads from a config that a torch front end needs before
-// an engine exists: the accumulation, the micro-batch and the parameter
-// dtype (errors: the engine's, naming the key).
+// an engine exists: the accumulation, the micro-batch, the parameter dtype
+// and the DeepSpeed settings not applied (errors: the engine's, naming the
+// key).
 py::dict ConfigValues(const std::string& config_json) {
   const Config c = Value(ParseConfig(config_json));
   py::dict d;
   d["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
   d["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
+  d["not_applied"] = c.not_applied;
   d["param_dtype"] = std::string(DTypeName(c.param_dtype()));
   return d;
 }
@@ -392,7 +394,8 @@ PYBIND11_MODULE(_memwall, m) {
         "Ends every rank of a multi-rank MPI job (no-op on one rank).");
   m.def("config_values", &memwall::ConfigValues, py::arg("config"),
         "The values a config sets that a torch front end needs before an engine exists "
-        "(gradient_accumulation_steps, train_micro_batch_size_per_gpu, param_dtype), as the "
+        "(gradient_accumulation_steps, train_micro_batch_size_per_gpu, param_dtype, "
+        "not_applied: DeepSpeed settings memwall has no counterpart for), as the "
         "engine parses them.");
   m.def("plan", &memwall::PlanTraced, py::arg("description"), py::arg("config"),
         py::arg("gpus"), py::arg("device_memory"), py::arg("host_memory"), py::arg("nvme"),

@@ -442,6 +442,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     % (name, p.dtype))
         text = _config_text(config)
         read = memwall._memwall.config_values(text)  # the engine's reading, checked
+        if read["not_applied"]:
+            warnings.warn("memwall: DeepSpeed settings with no memwall counterpart, not "
+                          "applied: " + ", ".join(read["not_applied"]), stacklevel=2)
         parsed = json.loads(text)
         if params is None:
             params = list(model.parameters())

@@ -22,9 +22,9 @@ mismatch). The parameters are grouped as the Trainer groups them (weight
 decay except on biases and norms). With a "scheduler" section the
 engine schedules the rate (the Trainer's lr_scheduler reports it);
 without one the Trainer's own lr_scheduler_type schedules it. DeepSpeed
-settings memwall has no counterpart for are taken out with a warning
-naming them (_DEEPSPEED_ONLY), or refused where memwall cannot do what
-they ask.
+settings memwall has no counterpart for are named in a warning (the
+engine's config reader lists them), or refused where memwall cannot do
+what they ask.
 
 Launched as K ranks (memwall launch --ranks K -- python train.py), each rank
 runs the Trainer; what the adapter changes, and why:
@@ -62,7 +62,6 @@ import contextlib
 import copy
 import json
 import os
-import warnings
 
 import torch
 import transformers
@@ -94,23 +93,6 @@ class TrainingArguments(transformers.TrainingArguments):
     def __post_init__(self):
         with _one_process():
             super().__post_init__()
-
-
-# DeepSpeed settings without a memwall counterpart: None, a tuning or
-# logging knob of DeepSpeed's own (taken out, with a warning); a value, what
-# memwall always does (taken out when so, refused otherwise).
-_DEEPSPEED_ONLY = {
-    "steps_per_print": None,
-    "wall_clock_breakdown": None,
-    "zero_allow_untested_optimizer": None,
-    "zero_optimization.sub_group_size": None,
-    "zero_optimization.stage3_param_persistence_threshold": None,
-    "zero_optimization.stage3_max_reuse_distance": None,
-    "zero_optimization.contiguous_gradients": True,
-    "zero_optimization.allgather_partitions": True,
-    "zero_optimization.reduce_scatter": True,
-    "zero_optimization.stage3_gather_16bit_weights_on_model_save": True,
-}
 
 
 def _node(config, key):
@@ -198,11 +180,10 @@ def fill_auto(config, args, model, ranks, num_training_steps):
 
 
 def deepspeed_config(config, args, model, ranks, num_training_steps):
-    """fill_auto's config as memwall's engine reads it: train_batch_size
-    (checked there against the ranks' global batch) and the DeepSpeed-only
-    knobs taken out (a warning names the knobs), the DeepSpeed settings
-    memwall cannot honour and "auto" left where the integration fills none
-    refused (ValueError naming them)."""
+    """fill_auto's config, with "auto" left where the integration fills
+    none refused (ValueError naming the keys). The engine reads the rest:
+    DeepSpeed knobs it has no counterpart for are named in a warning when
+    the ZeroOptimizer is built (engine/config.h Config::not_applied)."""
     config = fill_auto(config, args, model, ranks, num_training_steps)
     left = []
 
@@ -216,21 +197,6 @@ def deepspeed_config(config, args, model, ranks, num_training_steps):
     if left:
         raise ValueError("config: %s: \"auto\" is filled only where transformers' DeepSpeed "
                          "integration fills it; give a value" % ", ".join(left))
-    config.pop("train_batch_size", None)
-    dropped = []
-    for key, always in _DEEPSPEED_ONLY.items():
-        node, last = _node(config, key)
-        if node is None or last not in node:
-            continue
-        value = node.pop(last)
-        if always is None:
-            dropped.append(key)
-        elif value != always:
-            raise ValueError("config: %s=%r: memwall cannot do that (it always runs as with %r)"
-                             % (key, value, always))
-    if dropped:
-        warnings.warn("memwall.trainer: DeepSpeed settings with no memwall counterpart, not "
-                      "applied: " + ", ".join(dropped), stacklevel=3)
     return config
 
 

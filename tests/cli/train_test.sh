@@ -65,6 +65,21 @@ check "the scheduler's learning rates" "$rates" "0 0.00075 0.0015 0.00225 0.003 
 text=$("$memwall" train --config "$tmp/schedule.json" --steps 2 --log_every 1 2>&1)
 check "the text log shows a scheduled rate" "$text" "step 2/2 | loss " " | lr 0.00075 | "
 
+# A DeepSpeed config as Hugging Face users write them: DeepSpeed's own knobs
+# are named as not applied, train_batch_size is checked against the ranks.
+cat > "$tmp/deepspeed.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 4, "train_batch_size": 8, "steps_per_print": 2000,
+ "wall_clock_breakdown": false,
+ "zero_optimization": {"stage": 2, "contiguous_gradients": true, "sub_group_size": 1e9}}
+JSON
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/deepspeed.json" --steps 1 2>&1)
+check "a DeepSpeed config's knobs" "$out" \
+  "config: DeepSpeed settings with no memwall counterpart, not applied: zero_optimization.sub_group_size, steps_per_print, wall_clock_breakdown" \
+  "summary: 1 steps"
+out=$("$memwall" train --config "$tmp/deepspeed.json" --steps 1 2>&1)
+check "train_batch_size against one rank" "$out" \
+  "memwall: INVALID_ARGUMENT: train_batch_size: expected train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks = 4 x 1 x 1 = 4, got 8"
+
 # The same through `memwall launch`, with a config file and a data file.
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 1 200) > "$tmp/corpus.txt"
 cat > "$tmp/zero3.json" <<'JSON'

@@ -138,6 +138,11 @@ TEST_CASE("activation_checkpointing: DeepSpeed's keys and memwall's planner", "[
   CHECK(r.resolution == 0);
   CHECK_FALSE(r.selective);
   CHECK(r.number_checkpoints == 0);
+  // DeepSpeed's own three are read and named as not applied.
+  CHECK(config->not_applied ==
+        std::vector<std::string>{"activation_checkpointing.contiguous_memory_optimization",
+                                 "activation_checkpointing.synchronize_checkpoint_boundary",
+                                 "activation_checkpointing.profile"});
   auto defaults = ParseConfig("{}");
   REQUIRE(defaults.ok());
   CHECK(defaults->activation_checkpointing.planner == "none");
@@ -217,6 +222,46 @@ TEST_CASE("ZeRO-Offload keys: optimizer offload with a ratio; paging and NVMe re
   CHECK(Error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "disk"}}})") ==
         "zero_optimization.offload_param.device: expected one of \"none\", \"cpu\", \"nvme\", "
         "got \"disk\"");
+}
+
+TEST_CASE("a Hugging Face DeepSpeed config: its knobs named as not applied, train_batch_size "
+          "kept, what memwall cannot do refused", "[config]") {
+  // transformers' documented zero3 layout, its "auto" values filled.
+  const Config c = ParseConfig(R"({
+    "fp16": {"enabled": false, "loss_scale": 0, "loss_scale_window": 1000,
+             "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.999], "eps": 1e-8,
+                                              "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+                          "offload_param": {"device": "cpu", "pin_memory": true},
+                          "overlap_comm": true, "contiguous_gradients": true,
+                          "sub_group_size": 1e9, "reduce_bucket_size": 4096,
+                          "stage3_prefetch_bucket_size": 3686,
+                          "stage3_param_persistence_threshold": 640,
+                          "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                          "stage3_gather_16bit_weights_on_model_save": true},
+    "gradient_accumulation_steps": 2, "gradient_clipping": 1.0, "steps_per_print": 2000,
+    "train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "wall_clock_breakdown": false
+  })").value();
+  CHECK(c.not_applied ==
+        std::vector<std::string>{"zero_optimization.sub_group_size",
+                                 "zero_optimization.stage3_param_persistence_threshold",
+                                 "zero_optimization.stage3_max_reuse_distance", "steps_per_print",
+                                 "wall_clock_breakdown"});
+  CHECK(c.train_batch_size == 16);
+  CHECK(c.zero.stage == 3);
+  CHECK(c.zero.reduce_bucket_size == 4096);
+  CHECK(ParseConfig(ConfigToJson(c)).value().train_batch_size == 16);
+  CHECK(ParseConfig("{}").value().not_applied.empty());
+  CHECK_THAT(ConfigToJson(ParseConfig("{}").value()), !Catch::Contains("train_batch_size"));
+  CHECK(Error(R"({"zero_optimization": {"contiguous_gradients": false}})") ==
+        "zero_optimization.contiguous_gradients: expected true (memwall's gradients always lie "
+        "in contiguous flat buckets), got false");
+  CHECK(Error(R"({"zero_optimization": {"reduce_scatter": 0}})") ==
+        "zero_optimization.reduce_scatter: expected true (memwall reduces sharded gradients "
+        "with reduce-scatter), got 0");
+  CHECK(Error(R"({"train_batch_size": 0})") ==
+        "train_batch_size: expected an integer >= 1, got 0");
 }
 
 TEST_CASE("stage3_gather_on_use: key, round trip, refusal", "[config]") {

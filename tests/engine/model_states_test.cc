@@ -163,3 +163,29 @@ TEST_CASE("what is out of range is named", "[model_states][errors]") {
 
 }  // namespace
 }  // namespace memwall
+
+namespace memwall {
+namespace {
+
+TEST_CASE("train_batch_size is checked against the ranks' global batch", "[model_states]") {
+  const int ranks = testing::World().world_size();
+  Config config;
+  config.train_micro_batch_size_per_gpu = 4;
+  config.gradient_accumulation_steps = 2;
+  EngineOptions options;
+  options.world = &testing::World();
+  options.device_bytes = 16 * kMiB;
+  config.train_batch_size = 8 * ranks;
+  CHECK(Engine::Create(options, config, {{"head", {{"head.bias", {5}, kBias}}}}).ok());
+  config.train_batch_size = 8 * ranks + 1;
+  const absl::Status wrong =
+      Engine::Create(options, config, {{"head", {{"head.bias", {5}, kBias}}}}).status();
+  CHECK(wrong.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(wrong.message()) ==
+        absl::StrCat("train_batch_size: expected train_micro_batch_size_per_gpu x "
+                     "gradient_accumulation_steps x ranks = 4 x 2 x ",
+                     ranks, " = ", 8 * ranks, ", got ", 8 * ranks + 1));
+}
+
+}  // namespace
+}  // namespace memwall

@@ -12,6 +12,7 @@ reference's within 1e-5 relative; every master weight is within 2e-5 of
 AdamW's after 4 steps (as test_zero_optimizer); the saved weights are the
 master weights exactly."""
 import copy
+import json
 import os
 import sys
 
@@ -76,11 +77,11 @@ def test_a_deepspeed_config_with_auto_values_trains_as_the_trainer_with_torch_ad
         assert result["reference_lrs"] == [0.0, 0.0015, 0.003, 0.0015]
         knobs = ["steps_per_print", "wall_clock_breakdown"]
         if stage == 3:
-            knobs += ["zero_optimization.sub_group_size",
-                      "zero_optimization.stage3_param_persistence_threshold",
-                      "zero_optimization.stage3_max_reuse_distance"]
+            knobs = ["zero_optimization.sub_group_size",
+                     "zero_optimization.stage3_param_persistence_threshold",
+                     "zero_optimization.stage3_max_reuse_distance"] + knobs
         assert result["warnings"] == [
-            "memwall.trainer: DeepSpeed settings with no memwall counterpart, not applied: "
+            "memwall: DeepSpeed settings with no memwall counterpart, not applied: "
             + ", ".join(knobs)], r
 
 
@@ -131,6 +132,7 @@ def test_auto_values_are_filled_as_transformers_deepspeed_integration_fills_them
 
 
 def test_a_deepspeed_config_is_refused_where_memwall_cannot_follow_it(tmp_path):
+    import memwall
     import memwall.trainer
     _, model = tiny_gpt2()
     args = memwall.trainer.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
@@ -144,12 +146,15 @@ def test_a_deepspeed_config_is_refused_where_memwall_cannot_follow_it(tmp_path):
         "config: values that disagree with the TrainingArguments (set them to \"auto\" to take "
         "the arguments'):\n- train_micro_batch_size_per_gpu=8 vs per_device_train_batch_size=2\n"
         "- optimizer.params.lr=0.001 vs learning_rate=5e-05")
+    # What memwall cannot do is the engine's to refuse, when it reads the config.
     scattered = copy.deepcopy(AUTO)
     scattered["zero_optimization"]["contiguous_gradients"] = False
     with pytest.raises(ValueError) as error:
-        memwall.trainer.deepspeed_config(scattered, args, model, 2, 10)
-    assert str(error.value) == ("config: zero_optimization.contiguous_gradients=False: memwall "
-                                "cannot do that (it always runs as with True)")
+        memwall._memwall.config_values(
+            json.dumps(memwall.trainer.deepspeed_config(scattered, args, model, 2, 10)))
+    assert str(error.value) == (
+        "INVALID_ARGUMENT: zero_optimization.contiguous_gradients: expected true (memwall's "
+        "gradients always lie in contiguous flat buckets), got false")
     unfilled = copy.deepcopy(AUTO)
     unfilled["zero_optimization"]["allgather_bucket_size"] = "auto"
     with pytest.raises(ValueError) as error:
