@@ -416,12 +416,18 @@ check "the user's OPENBLAS_CORETYPE" "$out" "core Haswell (OPENBLAS_CORETYPE=Has
 # mapping); a traced description or config is read up to a bound; a batch
 # is allocated on the device, whose capacity is checked, before the host
 # fills it.
-truncate -s 3G "$tmp/big.txt"
-out=$(ulimit -d 1048576; "$memwall" train --data "$tmp/big.txt" --steps 2 2>&1)
-rc=$?
-check "a 3 GB data file in 1 GiB" "$out" "data: $tmp/big.txt" "summary: 2 steps (0 skipped)"
-[ $rc -eq 0 ] && pass || fail "train --data on a 3 GB file exited with $rc"
-rm -f "$tmp/big.txt"
+# (Not under AddressSanitizer: its shadow memory alone is more than the
+# 1 GiB data limit.)
+if [ -n "${ASAN_OPTIONS:-}" ]; then
+  echo "skipped under ASan: a 3 GB data file in 1 GiB of data memory" >&2
+else
+  truncate -s 3G "$tmp/big.txt"
+  out=$(ulimit -d 1048576; "$memwall" train --data "$tmp/big.txt" --steps 2 2>&1)
+  rc=$?
+  check "a 3 GB data file in 1 GiB" "$out" "data: $tmp/big.txt" "summary: 2 steps (0 skipped)"
+  [ $rc -eq 0 ] && pass || fail "train --data on a 3 GB file exited with $rc"
+  rm -f "$tmp/big.txt"
+fi
 out=$("$memwall" plan --model traced:/dev/zero 2>&1)
 rc=$?
 check "traced:/dev/zero" "$out" \
