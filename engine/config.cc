@@ -401,6 +401,17 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
   return config;
 }
 
+absl::Status CheckTrainBatchSize(const Config& config, int64_t ranks) {
+  const int64_t global =
+      config.train_micro_batch_size_per_gpu * config.gradient_accumulation_steps * ranks;
+  if (config.train_batch_size == 0 || config.train_batch_size == global) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "train_batch_size: expected train_micro_batch_size_per_gpu x gradient_accumulation_steps "
+      "x ranks = ",
+      config.train_micro_batch_size_per_gpu, " x ", config.gradient_accumulation_steps, " x ",
+      ranks, " = ", global, ", got ", config.train_batch_size));
+}
+
 namespace {
 
 // A float as the shortest decimal that reads back to the same float (0.001,

@@ -168,6 +168,10 @@ struct Config : ShardingOptions {
   std::vector<std::string> not_applied;
 };
 
+// kInvalidArgument naming train_batch_size when the config gives one that is
+// not train_micro_batch_size_per_gpu x gradient_accumulation_steps x `ranks`.
+absl::Status CheckTrainBatchSize(const Config& config, int64_t ranks);
+
 // Parses a config from JSON text. Errors are kInvalidArgument and name the
 // key path and what was expected: "zero_optimization.stage: expected an
 // integer 0..3, got 4".

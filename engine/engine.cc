@@ -140,16 +140,7 @@ absl::Status Engine::StartRanks(const EngineOptions& options) {
     MW_ASSIGN_OR_RETURN(owned_comm_, SimulatedCommunicator::Create(0, options.simulate_ranks));
     comm_ = owned_comm_.get();
   }
-  const int64_t global = config_.train_micro_batch_size_per_gpu *
-                         config_.gradient_accumulation_steps * comm_->world_size();
-  if (config_.train_batch_size > 0 && config_.train_batch_size != global) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train_batch_size: expected train_micro_batch_size_per_gpu x "
-        "gradient_accumulation_steps x ranks = ",
-        config_.train_micro_batch_size_per_gpu, " x ", config_.gradient_accumulation_steps,
-        " x ", comm_->world_size(), " = ", global, ", got ", config_.train_batch_size));
-  }
-  return absl::OkStatus();
+  return CheckTrainBatchSize(config_, comm_->world_size());
 }
 
 absl::Status Engine::StartDevice(const EngineOptions& options) {

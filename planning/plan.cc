@@ -305,6 +305,7 @@ nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const 
   j["collectives"] = collectives;
   j["fits"] = r.fits;
   j["fits_text"] = r.fits_text;
+  if (!config.not_applied.empty()) j["not_applied"] = config.not_applied;
   return j;
 }
 
@@ -329,6 +330,10 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
     with_model.factory = TracedModelFactory(std::make_shared<const TracedModel>(*std::move(traced)));
     return PlanReport(with_model);
   }
+  // The dry run plays rank 0 of --gpus: a train_batch_size for another world
+  // is the config's, said so (the auto strategy keeps micro-batch x
+  // accumulation).
+  MW_RETURN_IF_ERROR(CheckTrainBatchSize(config, options.gpus));
   if (options.auto_strategy || config.zero.stage == kAutoStage) return AutoReport(options, config);
   if (!options.out_path.empty()) {
     return absl::InvalidArgumentError(
@@ -344,6 +349,10 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
       options.gpus == 1 ? "" : "s", config.zero.stage, static_cast<long long>(r.batch),
       r.recompute.planner);
   out += TracedLine(options);
+  if (!config.not_applied.empty()) {
+    absl::StrAppendFormat(&out, "  (config: DeepSpeed settings with no memwall counterpart, not "
+                          "applied: %s)\n", absl::StrJoin(config.not_applied, ", "));
+  }
   if (!r.recompute_note.empty()) {
     absl::StrAppendFormat(&out, "  (%s; planned the least activation peak instead)\n",
                           r.recompute_note);

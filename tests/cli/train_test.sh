@@ -79,6 +79,13 @@ check "a DeepSpeed config's knobs" "$out" \
 out=$("$memwall" train --config "$tmp/deepspeed.json" --steps 1 2>&1)
 check "train_batch_size against one rank" "$out" \
   "memwall: INVALID_ARGUMENT: train_batch_size: expected train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks = 4 x 1 x 1 = 4, got 8"
+out=$("$memwall" plan --model gpt-tiny --config "$tmp/deepspeed.json" --gpus 2 2>&1)
+check "plan names the knobs" "$out" \
+  "(config: DeepSpeed settings with no memwall counterpart, not applied: zero_optimization.sub_group_size, steps_per_print, wall_clock_breakdown)" \
+  "fits: yes"
+out=$("$memwall" plan --model gpt-tiny --config "$tmp/deepspeed.json" --gpus 4 2>&1)
+check "plan checks train_batch_size against --gpus" "$out" \
+  "train_batch_size: expected train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks = 4 x 1 x 4 = 16, got 8"
 
 # The same through `memwall launch`, with a config file and a data file.
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 1 200) > "$tmp/corpus.txt"
