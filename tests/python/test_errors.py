@@ -64,9 +64,11 @@ def test_a_model_moved_out_of_memwalls_memory():
      "needs a model of memwall layers; a caller-owned model names its stage (0..3)"),
     ({"zero_optimization": {"stagee": 1}},
      "INVALID_ARGUMENT: zero_optimization.stagee: unknown key (known here: "
-     "allgather_bucket_size, offload_optimizer, offload_param, overlap_comm, "
-     "reduce_bucket_size, stage, stage3_gather_on_use, stage3_max_live_parameters, "
-     "stage3_prefetch_bucket_size)"),
+     "allgather_bucket_size, allgather_partitions, contiguous_gradients, offload_optimizer, "
+     "offload_param, overlap_comm, reduce_bucket_size, reduce_scatter, stage, "
+     "stage3_gather_16bit_weights_on_model_save, stage3_gather_on_use, "
+     "stage3_max_live_parameters, stage3_max_reuse_distance, "
+     "stage3_param_persistence_threshold, stage3_prefetch_bucket_size, sub_group_size)"),
 ])
 def test_a_config_it_cannot_honour(config, message):
     model = mlp()
