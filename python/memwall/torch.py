@@ -930,13 +930,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
         tensor: refused, since the engine cannot honour it."""
         if not self._grads_out:
             return
-        named = [(n, p) for n, p in self._named() if id(p) in self._placeholders]
-        cleared = [n for n, p in named if p.grad is None]
-        replaced = [n for n, p in named
-                    if p.grad is not None and p.grad is not self._placeholders[id(p)]]
-        for _, p in named:
-            p.grad = None
-        self._grads_out = False
+        # Every placeholder goes, or none: a signal landing between two
+        # parameters would leave some .grad cleared, which the retried call
+        # would take for the user's.
+        with self._atomic():
+            named = [(n, p) for n, p in self._named() if id(p) in self._placeholders]
+            cleared = [n for n, p in named if p.grad is None]
+            replaced = [n for n, p in named
+                        if p.grad is not None and p.grad is not self._placeholders[id(p)]]
+            for _, p in named:
+                p.grad = None
+            self._grads_out = False
         if replaced or (cleared and len(cleared) != len(named)):
             with self._atomic():
                 self._abort_step()
@@ -1077,14 +1081,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         zero_grad does (they live in the engine's buffers, which the step
         zeroes; the parameters' .grad is None again): after backward(),
         zero_grad(), step() changes nothing. Every rank calls it alike."""
-        if self._grads_out:
-            for _, p in self._named():
-                if id(p) in self._placeholders:
-                    p.grad = None
-            self._grads_out = False
-        if self._micro_batches or self._backward_open or \
-                any(g.acquired for g in self._groups):
-            with self._atomic():
+        with self._atomic():  # every placeholder and the step's gradients, or nothing
+            if self._grads_out:
+                for _, p in self._named():
+                    if id(p) in self._placeholders:
+                        p.grad = None
+                self._grads_out = False
+            if self._micro_batches or self._backward_open or \
+                    any(g.acquired for g in self._groups):
                 self._abort_step()
 
     def _check_model(self):
