@@ -49,8 +49,7 @@ absl::StatusOr<std::vector<Batch>> SyntheticBatches(Engine& engine, int count) {
 
 }  // namespace
 
-absl::StatusOr<ProfileSummary> RunProfile(const ProfileOptions& given) {
-  ProfileOptions options = given;
+absl::StatusOr<ProfileSummary> RunProfile(const ProfileOptions& options) {
   if (options.steps < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--steps: expected >= 1, got ", options.steps));
   }
@@ -59,13 +58,11 @@ absl::StatusOr<ProfileSummary> RunProfile(const ProfileOptions& given) {
   }
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
   if (options.batch > 0) config.train_micro_batch_size_per_gpu = options.batch;
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world,
-                      StartWorld(options.collective_timeout));
-  MW_ASSIGN_OR_RETURN(options.capacity_bytes,
-                      DeviceBytesFor(options.backend, options.capacity_bytes, world->rank()));
-  EngineOptions engine_options =
-      CommandEngineOptions(options.backend, options.capacity_bytes, options.pinned_bytes,
-                           options.simulate_ranks, *world);
+  MW_ASSIGN_OR_RETURN(JobSession session,
+                      StartJob(options.backend, options.capacity_bytes, options.pinned_bytes,
+                               options.simulate_ranks, options.collective_timeout));
+  MpiCommunicator* const world = session.world.get();
+  EngineOptions& engine_options = session.engine;
   engine_options.oom_dir = options.out_dir;
   engine_options.oom_advice = false;
   engine_options.schedule_description = absl::StrCat("--steps ", options.steps);

@@ -7,11 +7,7 @@
 
 namespace memwall {
 
-absl::StatusOr<std::unique_ptr<MpiCommunicator>> StartWorld(absl::Duration timeout) {
-  CommunicatorOptions options;
-  options.timeout = timeout;
-  return MpiCommunicator::Create(options);
-}
+namespace {
 
 absl::StatusOr<int64_t> DeviceBytesFor(Backend backend, int64_t given, int rank) {
   if (backend != Backend::kCuda || given > 0) return given;
@@ -26,15 +22,22 @@ absl::StatusOr<int64_t> DeviceBytesFor(Backend backend, int64_t given, int rank)
   return free_bytes - kDeviceRuntimeAllowance;
 }
 
-EngineOptions CommandEngineOptions(Backend backend, int64_t device_bytes, int64_t pinned_bytes,
-                                   int simulate_ranks, MpiCommunicator& world) {
-  EngineOptions options;
-  options.backend = backend;
-  options.device_bytes = device_bytes;
-  options.pinned_bytes = pinned_bytes;
-  options.simulate_ranks = simulate_ranks;
-  options.world = &world;
-  return options;
+}  // namespace
+
+absl::StatusOr<JobSession> StartJob(Backend backend, int64_t capacity, int64_t pinned_bytes,
+                                    int simulate_ranks, absl::Duration collective_timeout) {
+  CommunicatorOptions world_options;
+  world_options.timeout = collective_timeout;
+  JobSession session;
+  MW_ASSIGN_OR_RETURN(session.world, MpiCommunicator::Create(world_options));
+  EngineOptions& engine = session.engine;
+  engine.backend = backend;
+  MW_ASSIGN_OR_RETURN(engine.device_bytes,
+                      DeviceBytesFor(backend, capacity, session.world->rank()));
+  engine.pinned_bytes = pinned_bytes;
+  engine.simulate_ranks = simulate_ranks;
+  engine.world = session.world.get();
+  return session;
 }
 
 }  // namespace memwall

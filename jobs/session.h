@@ -1,5 +1,5 @@
-// What the jobs (train, profile) share: their MPI
-// world, device capacity and engine options.
+// What the jobs (train, profile) share: their MPI world, device capacity
+// and engine options.
 #ifndef MEMWALL_JOBS_SESSION_H_
 #define MEMWALL_JOBS_SESSION_H_
 
@@ -15,20 +15,20 @@
 
 namespace memwall {
 
-// The MPI world a job's ranks run in (initialising MPI), whose
-// collectives wait at most `timeout` for the other ranks.
-absl::StatusOr<std::unique_ptr<MpiCommunicator>> StartWorld(absl::Duration timeout);
-
-// The device capacity of a job's rank: `given`, or with
-// --backend cuda and none given (0) the free memory of the rank's GPU
-// (rank modulo the GPUs, as the engine picks it) less the CUDA runtime's
-// allowance (cuBLAS's and NCCL's memory lies outside memwall's allocator).
-absl::StatusOr<int64_t> DeviceBytesFor(Backend backend, int64_t given, int rank);
-
-// The engine options the jobs (train, profile) set from their options
-// alike; `world` must outlive the engine.
-EngineOptions CommandEngineOptions(Backend backend, int64_t device_bytes, int64_t pinned_bytes,
-                                   int simulate_ranks, MpiCommunicator& world);
+// A job's MPI world (MPI initialised; collectives wait at most
+// `collective_timeout` for the other ranks) and the engine options its
+// options set alike: the backend, the device capacity per rank (`capacity`,
+// or with cuda and 0 given the free memory of the rank's GPU, rank modulo
+// the GPUs as the engine picks it, less the CUDA runtime's allowance, since
+// cuBLAS's and NCCL's memory lies outside memwall's allocator), the pinned
+// pool and the simulated world. `engine.world` points into `world`, which
+// must outlive the engine.
+struct JobSession {
+  std::unique_ptr<MpiCommunicator> world;
+  EngineOptions engine;
+};
+absl::StatusOr<JobSession> StartJob(Backend backend, int64_t capacity, int64_t pinned_bytes,
+                                    int simulate_ranks, absl::Duration collective_timeout);
 
 }  // namespace memwall
 

@@ -192,13 +192,12 @@ absl::Status RunTrain(const TrainOptions& given, TrainObserver& observer) {
   }
   MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(options.model));
   MW_ASSIGN_OR_RETURN(Config config, LoadConfigOrDefault(options.config_path));
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world,
-                      StartWorld(options.collective_timeout));
-  MW_ASSIGN_OR_RETURN(options.capacity_bytes,
-                      DeviceBytesFor(options.backend, options.capacity_bytes, world->rank()));
-  EngineOptions engine_options =
-      CommandEngineOptions(options.backend, options.capacity_bytes, options.pinned_bytes,
-                           options.simulate_ranks, *world);
+  MW_ASSIGN_OR_RETURN(JobSession session,
+                      StartJob(options.backend, options.capacity_bytes, options.pinned_bytes,
+                               options.simulate_ranks, options.collective_timeout));
+  MpiCommunicator* const world = session.world.get();
+  EngineOptions& engine_options = session.engine;
+  options.capacity_bytes = engine_options.device_bytes;  // cuda: what the GPU had free
   engine_options.seed = options.seed;
   engine_options.oom_dir = options.oom_dir;
   std::error_code no_size;

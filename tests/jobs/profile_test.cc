@@ -33,13 +33,19 @@ nlohmann::json ReadJson(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
-TEST_CASE("a ResNeSt-269-like CNN at 416x416: activations dwarf model states", "[profile]") {
+// The ResNeSt-269-like CNN at batch 16 of 416x416 images, in `capacity`.
+ProfileOptions Resnest(int64_t capacity, const std::string& out_dir) {
   ProfileOptions o;
   o.model = "resnest269";
   o.batch = 16;
   o.image = 416;
-  o.capacity_bytes = 80 * kGiB;
-  o.out_dir = TempDir("resnest");
+  o.capacity_bytes = capacity;
+  o.out_dir = TempDir(out_dir);
+  return o;
+}
+
+TEST_CASE("a ResNeSt-269-like CNN at 416x416: activations dwarf model states", "[profile]") {
+  const ProfileOptions o = Resnest(80 * kGiB, "resnest");
   REQUIRE(RunProfile(o).ok());
   const nlohmann::json peak = ReadJson(o.out_dir + "/rank0/profile.json").at("peak");
   const double activation = peak.at("activation").get<double>();
@@ -76,12 +82,7 @@ TEST_CASE("GPT-2 1.5B at batch 1: model states dominate", "[profile]") {
 }
 
 TEST_CASE("out of memory writes the reports of that moment and says where", "[profile]") {
-  ProfileOptions o;
-  o.model = "resnest269";
-  o.batch = 16;
-  o.image = 416;
-  o.capacity_bytes = 16 * kGiB;
-  o.out_dir = TempDir("oom");
+  const ProfileOptions o = Resnest(16 * kGiB, "oom");
   const absl::Status status = RunProfile(o).status();
   REQUIRE(status.code() == absl::StatusCode::kResourceExhausted);
   CHECK_THAT(std::string(status.message()),
@@ -91,7 +92,12 @@ TEST_CASE("out of memory writes the reports of that moment and says where", "[pr
   CHECK(std::filesystem::exists(o.out_dir + "/rank0/profile.html"));
   ProfileOptions bad = o;
   bad.model = "alexnet";
-  CHECK(RunProfile(bad).status().code() == absl::StatusCode::kNotFound);
+  const absl::Status unknown = RunProfile(bad).status();
+  CHECK(unknown.code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(unknown.message()) ==
+        "model 'alexnet': expected one of gpt-tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, "
+        "gpt3-6.7b, gpt3-13b, gpt3-175b; or a zoo model: resnet50, resnest269, llama-7b, "
+        "llama2-70b");
 }
 
 TEST_CASE("configs/gpt-tiny-zero2.json is the built-in training config", "[config]") {

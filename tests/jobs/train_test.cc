@@ -2,7 +2,8 @@
 // observer receives, in order, with their figures (GPT-2's published
 // parameter count, an untrained byte model's loss of ln 256, ZeRO-2's full
 // f32 parameters on every rank), a resumed run that continues bit for bit
-// as if never stopped, and options refused by name before any rank starts.
+// as if never stopped, options refused by name before any rank starts, and a
+// meta dry run (refused on real ranks).
 #include "jobs/train.h"
 
 #include <cmath>
@@ -171,7 +172,6 @@ TEST_CASE("options are refused by name before the run starts", "[train]") {
 }
 
 TEST_CASE("a dry run of GPT-2 124M reports its published size and no loss", "[train]") {
-  if (testing::World().world_size() != 1) return;  // meta runs one process
   TrainOptions options;
   options.backend = Backend::kMeta;
   options.model = "gpt2-124m";
@@ -179,7 +179,16 @@ TEST_CASE("a dry run of GPT-2 124M reports its published size and no loss", "[tr
   options.simulate_ranks = 4;
   options.steps = 1;
   Recorder seen;
-  REQUIRE(RunTrain(options, seen).ok());
+  const absl::Status status = RunTrain(options, seen);
+  if (testing::World().world_size() != 1) {
+    // Meta plays its world from one process: on real ranks it is refused.
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(status.message()) ==
+          "--backend meta: run one process and set --simulate_ranks to the world it plays");
+    CHECK(seen.events.empty());
+    return;
+  }
+  REQUIRE(status.ok());
   CHECK(seen.start.parameters == 124439808);  // GPT-2 small, as published
   CHECK(seen.start.ranks == 4);
   CHECK(seen.start.blas.empty());
