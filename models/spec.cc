@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "models/gpt.h"
 #include "models/layers.h"
 #include "models/zoo.h"
@@ -51,7 +52,13 @@ absl::StatusOr<Model> MakeModel(const std::string& spec, int64_t batch, int64_t 
     }
     return m;
   }
-  MW_ASSIGN_OR_RETURN(GptConfig gpt, ParseGptModel(spec));
+  absl::StatusOr<GptConfig> parsed = ParseGptModel(spec);
+  if (parsed.status().code() == absl::StatusCode::kNotFound) {
+    // Not a GPT preset; the zoo's models are names here too.
+    return absl::NotFoundError(absl::StrCat(parsed.status().message(), "; or a zoo model: ",
+                                            absl::StrJoin(zoo, ", ")));
+  }
+  MW_ASSIGN_OR_RETURN(GptConfig gpt, std::move(parsed));
   if (seq > 0) gpt.seq = seq;
   MW_RETURN_IF_ERROR(CheckBatch(batch, gpt.seq, "tokens"));
   MW_ASSIGN_OR_RETURN(m.layers, MakeGpt(gpt));
