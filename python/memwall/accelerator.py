@@ -29,13 +29,31 @@ differs from accelerate's own Accelerator, and why:
   accelerator.clip_grad_norm_ would read the placeholders ZeroOptimizer
   leaves in .grad, which refuse it by name.
 """
+import contextlib
+import os
+
 import accelerate
 import torch
 from accelerate.data_loader import prepare_data_loader
 
 import memwall
 import memwall.torch
-from memwall.trainer import _one_process
+
+# What accelerate reads to find a multi-process CPU world (MPI launchers'
+# variables among them).
+_WORLD_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE",
+                    "LOCAL_RANK")
+
+
+@contextlib.contextmanager
+def _one_process():
+    """accelerate (and the Trainer on it) sees one process: memwall's
+    engine, not torch.distributed, connects the ranks."""
+    hidden = {k: os.environ.pop(k) for k in _WORLD_VARIABLES if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
 
 
 class Accelerator(accelerate.Accelerator):

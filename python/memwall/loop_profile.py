@@ -49,7 +49,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 import memwall
 from memwall import _groups
-from memwall.trace import block_ids
+from memwall.trace import _tensors, watch_modules
 
 
 class _Held:
@@ -103,17 +103,6 @@ class _State(collections.defaultdict):
     def __missing__(self, p):
         entry = self[p] = _StateEntry(self._profile, self._profile._owner_of(p))
         return entry
-
-
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors(v)
 
 
 class LoopProfile:
@@ -274,15 +263,7 @@ class LoopProfile:
         # optimizer makes them in its first step); its own dicts come back
         # at the end.
         self._opt.state = _State(me, self._opt.state)
-        blocks = block_ids(self._model)
-        for name, module in self._model.named_modules():
-            block = id(module) in blocks
-            self._hooks.append(module.register_forward_pre_hook(
-                lambda m, args, kwargs, name=name, block=block: me._enter(name, block, args,
-                                                                          kwargs),
-                with_kwargs=True))
-            self._hooks.append(module.register_forward_hook(
-                lambda m, args, out, block=block: me._leave(block), always_call=True))
+        self._hooks = watch_modules(self._model, me._enter, me._leave)
         for p in self._model.parameters():
             if p.requires_grad:
                 self._hooks.append(p.register_post_accumulate_grad_hook(me._gradient))

@@ -56,7 +56,7 @@ import torch
 
 import memwall
 from memwall import _groups
-from memwall.trace import block_ids
+from memwall.trace import watch_modules
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -261,7 +261,7 @@ class _OptimizerState(collections.abc.Mapping):
 
     def __getitem__(self, p):
         entries = self._entries()
-        if p not in entries and any(p is q for _, q in self._opt._named()):
+        if p not in entries and id(p) in self._opt._names:
             return types.MappingProxyType({})  # torch's defaultdict(dict): no state yet
         return entries[p]
 
@@ -494,8 +494,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         # (backward() calls it).
         self._scaled_next = False
         # Whether the trainable parameters' .grad hold their placeholders
-        # (from the end of a backward to the next forward, step() or
-        # zero_grad()).
+        # (self._placeholders, made below; from the end of a backward to the
+        # next forward, step() or zero_grad()).
         self._grads_out = False
         self._accumulation = read["gradient_accumulation_steps"]
         self._hooks = []
@@ -922,6 +922,21 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     p.grad = self._placeholders[id(p)]
             self._grads_out = True
 
+    def _end_placeholders(self):
+        """Every trainable parameter's .grad is None again: (the names of
+        those whose placeholder the user cleared, of those whose they
+        replaced, how many there are). REQUIRES: inside _atomic, so that all
+        go or none (a signal landing between two parameters would leave some
+        cleared, which a retried call would take for the user's)."""
+        named = [(n, p) for n, p in self._named() if id(p) in self._placeholders]
+        cleared = [n for n, p in named if p.grad is None]
+        replaced = [n for n, p in named
+                    if p.grad is not None and p.grad is not self._placeholders[id(p)]]
+        for _, p in named:
+            p.grad = None
+        self._grads_out = False
+        return cleared, replaced, len(named)
+
     def _take_back_gradients(self, where):
         """Ends the p.grad placeholders of the last backward (before a
         forward, a step or zero_grad). Cleared everywhere (p.grad = None,
@@ -930,18 +945,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         tensor: refused, since the engine cannot honour it."""
         if not self._grads_out:
             return
-        # Every placeholder goes, or none: a signal landing between two
-        # parameters would leave some .grad cleared, which the retried call
-        # would take for the user's.
         with self._atomic():
-            named = [(n, p) for n, p in self._named() if id(p) in self._placeholders]
-            cleared = [n for n, p in named if p.grad is None]
-            replaced = [n for n, p in named
-                        if p.grad is not None and p.grad is not self._placeholders[id(p)]]
-            for _, p in named:
-                p.grad = None
-            self._grads_out = False
-        if replaced or (cleared and len(cleared) != len(named)):
+            cleared, replaced, trainable = self._end_placeholders()
+        if replaced or (cleared and len(cleared) != trainable):
             with self._atomic():
                 self._abort_step()
             raise memwall.Error(
@@ -1041,14 +1047,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._profile = profile
         self._parameter_storage = {p.data.untyped_storage().data_ptr() for _, p in self._named()}
         self._parameter_storage.update(self._released)
-        blocks = block_ids(self._model)
-        enter, leave = _weak(self._enter_module), _weak(self._exit_module)
-        for name, module in self._model.named_modules():
-            block = id(module) in blocks
-            self._profile_hooks.append(module.register_forward_pre_hook(
-                lambda m, args, name=name, block=block: enter(name, block)))
-            self._profile_hooks.append(module.register_forward_hook(
-                lambda m, args, out, block=block: leave(block), always_call=True))
+        self._profile_hooks = watch_modules(self._model, _weak(self._enter_module),
+                                            _weak(self._exit_module))
 
     def _stop_profile(self):
         for hook in self._profile_hooks:
@@ -1056,7 +1056,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._profile_hooks = []
         self._profile = None
 
-    def _enter_module(self, name, block):
+    def _enter_module(self, name, block, args, kwargs):
         self._module_stack.append(name or "<model>")
         if block:
             self._engine.begin_phase("forward " + name)
@@ -1083,10 +1083,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         zero_grad(), step() changes nothing. Every rank calls it alike."""
         with self._atomic():  # every placeholder and the step's gradients, or nothing
             if self._grads_out:
-                for _, p in self._named():
-                    if id(p) in self._placeholders:
-                        p.grad = None
-                self._grads_out = False
+                self._end_placeholders()
             if self._micro_batches or self._backward_open or \
                     any(g.acquired for g in self._groups):
                 self._abort_step()

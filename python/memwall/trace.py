@@ -65,7 +65,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memwall import _groups
 
-__all__ = ["ATTENTION_KERNELS", "Stage", "Trace", "Unit", "block_ids", "describe", "trace"]
+__all__ = ["ATTENTION_KERNELS", "Stage", "Trace", "Unit", "block_ids", "describe", "trace",
+           "watch_modules"]
 
 ATTENTION_KERNELS = ("auto", "flash", "efficient", "math")
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -157,6 +158,23 @@ def block_ids(model):
         if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
             blocks.update(id(child) for child in module.children())
     return blocks
+
+
+def watch_modules(model, enter, leave):
+    """Forward hooks on every module of `model` for a profile's module
+    stack and phases: enter(name, block, args, kwargs) before a module's
+    forward, leave(block) after it (also when it raises); `block` says the
+    module is one of block_ids'. Returns the hooks' handles."""
+    blocks = block_ids(model)
+    handles = []
+    for name, module in model.named_modules():
+        block = id(module) in blocks
+        handles.append(module.register_forward_pre_hook(
+            lambda m, args, kwargs, name=name, block=block: enter(name, block, args, kwargs),
+            with_kwargs=True))
+        handles.append(module.register_forward_hook(
+            lambda m, args, out, block=block: leave(block), always_call=True))
+    return handles
 
 
 def _structure(model):

@@ -58,32 +58,16 @@ runs the Trainer; what the adapter changes, and why:
 
 Checks at construction name the argument at fault.
 """
-import contextlib
 import copy
 import json
-import os
 
 import torch
 import transformers
 
 import memwall
 import memwall.torch
+from memwall.accelerator import _one_process
 from memwall.torch import _config_text
-
-# What accelerate reads to find a multi-process CPU world (MPI launchers'
-# variables among them).
-_WORLD_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE",
-                    "LOCAL_RANK")
-
-
-@contextlib.contextmanager
-def _one_process():
-    hidden = {k: os.environ.pop(k) for k in _WORLD_VARIABLES if k in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(hidden)
-
 
 class TrainingArguments(transformers.TrainingArguments):
     """transformers.TrainingArguments set up (devices, accelerate's state)
@@ -229,7 +213,10 @@ class _EngineSchedule:
         return {}
 
     def load_state_dict(self, state_dict):
-        pass
+        if state_dict:
+            raise ValueError("lr_scheduler.load_state_dict: the config's scheduler is the "
+                             "engine's, whose step its checkpoint holds; got the state of "
+                             "another scheduler (keys %s)" % ", ".join(sorted(state_dict)))
 
 
 class _RankShare(torch.utils.data.Sampler):

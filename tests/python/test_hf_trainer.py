@@ -177,3 +177,32 @@ def test_with_a_config_the_trainer_makes_no_torch_optimizer_of_its_own(tmp_path)
     assert str(error.value) == (
         "create_optimizer: with config=, memwall.trainer builds the ZeroOptimizer when train() "
         "starts (the config's schedule needs the number of steps)")
+
+
+def test_the_engine_schedule_reports_the_rate_each_step_trained_with():
+    """With the config's scheduler the Trainer's lr_scheduler is the engine's
+    (memwall.trainer._EngineSchedule): get_last_lr() is the rate the last
+    step trained with (linear warm-up over 4 steps to 0.01: 0, then
+    0.0025), and a state saved by another scheduler is refused, not
+    ignored."""
+    import torch
+    import memwall.torch as mt
+    import memwall.trainer
+    model = torch.nn.Linear(4, 2)
+    opt = mt.ZeroOptimizer(model, None, {"scheduler": {"type": "WarmupLR", "params": {
+        "warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 4,
+        "warmup_type": "linear"}}})
+    schedule = memwall.trainer._EngineSchedule(opt)
+    rates = []
+    for _ in range(2):
+        model(torch.ones(3, 4)).sum().backward()
+        opt.step()
+        schedule.step()
+        rates.append(schedule.get_last_lr())
+    assert rates == [[0.0], [pytest.approx(0.0025, rel=1e-6)]]
+    schedule.load_state_dict(schedule.state_dict())  # its own: nothing to carry
+    with pytest.raises(ValueError) as error:
+        schedule.load_state_dict({"last_epoch": 3, "base_lrs": [0.01]})
+    assert str(error.value) == (
+        "lr_scheduler.load_state_dict: the config's scheduler is the engine's, whose step its "
+        "checkpoint holds; got the state of another scheduler (keys base_lrs, last_epoch)")

@@ -108,7 +108,7 @@ def test_a_torch_adamw_loop_against_memtracker_and_torch_profiler(tmp_path):
 def test_the_profiled_loop_trains_as_the_unprofiled_one(tmp_path):
     x = torch.randn(BATCH, WIDTH)
     model, opt = mlp()
-    reference, ref_opt = copy.deepcopy(model), copy.deepcopy(opt)
+    reference = copy.deepcopy(model)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
     with mt.profile(opt, tmp_path, model=model):
         train(model, opt, x)
