@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -116,7 +117,11 @@ absl::StatusOr<SelfCheckReport> RunSelfCheck(const SelfCheckOptions& options) {
   mine.reduce_scatter_bytes = comm.stats(Collective::kReduceScatter).bytes;
   mine.all_gather_bytes = comm.stats(Collective::kAllGather).bytes;
   mine.mismatches = mismatches;
-  static_assert(sizeof(SelfCheckBooks) % sizeof(int64_t) == 0, "books are int64_t fields");
+  // Summed as an array of int64_t: the books must be nothing else.
+  static_assert(std::is_standard_layout_v<SelfCheckBooks> &&
+                    sizeof(SelfCheckBooks) ==
+                        sizeof(int64_t) * (kNumMemoryCategories + 5),
+                "SelfCheckBooks: int64_t fields only");
   constexpr int kFields = sizeof(SelfCheckBooks) / sizeof(int64_t);
   MW_RETURN_IF_ERROR(
       world->AllReduceHost(books.data(), kFields * ranks, MPI_INT64_T, MPI_SUM, "the books"));
