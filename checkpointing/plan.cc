@@ -37,6 +37,14 @@ absl::Status ValidatePlan(const Chain& chain, const RecomputationPlan& plan) {
           "that offers selective recomputation (layer '", chain.layers[s.begin].name, "'",
           chain.layers[s.begin].has_selective ? "" : " does not", ")"));
     }
+    if (s.mode != SegmentMode::kKeep) {
+      for (int l = s.begin; l < s.end; ++l) {
+        if (chain.layers[l].recomputable) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "plan '", plan.planner, "': segment ", k, " is ", SegmentModeName(s.mode),
+            "; layer '", chain.layers[l].name, "' in it cannot be recomputed (keep it)"));
+      }
+    }
     if (s.mode == SegmentMode::kOffload && s.begin == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "plan '", plan.planner, "': segment ", k,
@@ -123,6 +131,7 @@ Prediction PredictPeak(const Chain& chain, const RecomputationPlan& plan) {
     p.extra_flops += terms.back().extra_flops;
     if (s.mode == SegmentMode::kOffload) p.offloaded_bytes += chain.layers[s.begin - 1].output;
   }
+  p.held_after_forward = held;
   p.peak = std::max(p.peak, held + chain.loss_grad);
   for (size_t k = terms.size(); k-- > 0;) {
     held -= terms[k].held;

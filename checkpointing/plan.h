@@ -16,6 +16,10 @@
 //              everything, then runs its backwards: one extra forward;
 //   selective  one layer that offers it (Layer::Selective) keeps less and
 //              recomputes the rest at the start of its backward;
+// A layer may be marked not recomputable (a traced PyTorch stage the front
+// end cannot run again: the embeddings with the glue around them, the head
+// with the loss): recompute, selective and offload segments hold
+// recomputable layers only, and every planner keeps the others.
 //   offload    recompute, and the segment's input (the previous layer's
 //              output) waits in pinned host memory from the end of the
 //              segment's forward until its backward, which copies it back
@@ -48,6 +52,8 @@ struct ChainLayer {
   int64_t selective_saved = 0;
   int64_t selective_recomputed = 0;
   double selective_flops = 0;
+  // Whether a segment other than keep may hold it (see the file comment).
+  bool recomputable = true;
 };
 
 struct Chain {
@@ -75,14 +81,16 @@ struct RecomputationPlan {
   std::string planner;  // which planner made it ("none", "sqrt", ...)
   std::vector<Segment> segments;  // in order, covering every layer once
   int64_t predicted_peak = 0;     // activation bytes, see PredictPeak
+  int64_t held_after_forward = 0; // activation bytes held once forward ends
   double extra_flops = 0;         // recomputation's forward FLOPs (and
                                   // offload's copies, priced as FLOPs)
   int64_t offloaded_bytes = 0;    // pinned host bytes offload holds at most
 };
 
 // kInvalidArgument unless the segments are non-empty, in order, cover
-// [0, n) exactly, selective segments are single layers that offer it, and
-// no offload segment starts at layer 0.
+// [0, n) exactly, selective segments are single layers that offer it,
+// only keep segments hold layers that are not recomputable, and no
+// offload segment starts at layer 0.
 absl::Status ValidatePlan(const Chain& chain, const RecomputationPlan& plan);
 
 // What one segment contributes to the memory timeline, relative to the
@@ -107,6 +115,7 @@ SegmentTerms TermsOf(const Chain& chain, const Segment& segment);
 // must be valid), and its extra FLOPs.
 struct Prediction {
   int64_t peak = 0;
+  int64_t held_after_forward = 0;  // what the segments hold for backward
   double extra_flops = 0;
   int64_t offloaded_bytes = 0;
 };

@@ -22,6 +22,7 @@ RecomputationPlan Finish(const Chain& chain, std::string name, std::vector<Segme
   plan.segments = std::move(segments);
   const Prediction p = PredictPeak(chain, plan);
   plan.predicted_peak = p.peak;
+  plan.held_after_forward = p.held_after_forward;
   plan.extra_flops = p.extra_flops;
   plan.offloaded_bytes = p.offloaded_bytes;
   return plan;
@@ -49,10 +50,13 @@ std::vector<std::vector<Option>> Options(const Chain& chain, bool allow_selectiv
       options[i].push_back({s, TermsOf(chain, s)});
     };
     add(i + 1, SegmentMode::kKeep);
-    if (allow_selective && chain.layers[i].has_selective) add(i + 1, SegmentMode::kSelective);
-    for (int j = i + 1; j <= n; ++j) add(j, SegmentMode::kRecompute);
-    if (allow_offload && i > 0) {
-      for (int j = i + 1; j <= n; ++j) add(j, SegmentMode::kOffload);
+    if (allow_selective && chain.layers[i].has_selective && chain.layers[i].recomputable) {
+      add(i + 1, SegmentMode::kSelective);
+    }
+    // Recompute and offload segments: runs of recomputable layers from i.
+    for (int j = i + 1; j <= n && chain.layers[j - 1].recomputable; ++j) {
+      add(j, SegmentMode::kRecompute);
+      if (allow_offload && i > 0) add(j, SegmentMode::kOffload);
     }
   }
   return options;
@@ -191,21 +195,31 @@ RecomputationPlan NoRecomputation(const Chain& chain) {
 }
 
 RecomputationPlan FullRecomputation(const Chain& chain) {
-  std::vector<Segment> s;
-  for (int l = 0; l < Layers(chain); ++l) s.push_back({l, l + 1, SegmentMode::kRecompute});
-  return Finish(chain, "full", std::move(s));
+  RecomputationPlan plan = UniformRecomputation(chain, 1);
+  plan.planner = "full";
+  return plan;
 }
 
 RecomputationPlan UniformRecomputation(const Chain& chain, int k) {
   std::vector<Segment> s;
-  for (int l = 0; l < Layers(chain); l += k) {
-    s.push_back({l, std::min(l + k, Layers(chain)), SegmentMode::kRecompute});
+  for (int l = 0; l < Layers(chain);) {
+    if (!chain.layers[l].recomputable) {
+      s.push_back({l, l + 1, SegmentMode::kKeep});
+      ++l;
+      continue;
+    }
+    int end = l + 1;
+    while (end < Layers(chain) && end - l < k && chain.layers[end].recomputable) ++end;
+    s.push_back({l, end, SegmentMode::kRecompute});
+    l = end;
   }
   return Finish(chain, absl::StrCat("uniform:", k), std::move(s));
 }
 
 RecomputationPlan SqrtRecomputation(const Chain& chain) {
-  const int k = std::max(1, static_cast<int>(std::ceil(std::sqrt(double(Layers(chain))))));
+  int recomputable = 0;
+  for (const ChainLayer& l : chain.layers) recomputable += l.recomputable ? 1 : 0;
+  const int k = std::max(1, static_cast<int>(std::ceil(std::sqrt(double(recomputable)))));
   RecomputationPlan plan = UniformRecomputation(chain, k);
   plan.planner = "sqrt";
   return plan;
@@ -215,7 +229,9 @@ RecomputationPlan SelectiveRecomputation(const Chain& chain) {
   std::vector<Segment> s;
   for (int l = 0; l < Layers(chain); ++l) {
     s.push_back({l, l + 1,
-                 chain.layers[l].has_selective ? SegmentMode::kSelective : SegmentMode::kKeep});
+                 chain.layers[l].has_selective && chain.layers[l].recomputable
+                     ? SegmentMode::kSelective
+                     : SegmentMode::kKeep});
   }
   return Finish(chain, "selective", std::move(s));
 }

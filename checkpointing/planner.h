@@ -1,11 +1,13 @@
 // Recomputation planners (checkpointing/plan.h for the plans and the memory
 // model). All return a valid RecomputationPlan with its predicted activation peak and
-// extra forward FLOPs:
+// extra forward FLOPs, and keep the layers that are not recomputable:
 //   none          keep everything;
 //   full          recompute every layer from its input (Megatron's "full");
-//   uniform:K     segments of K layers, each recomputed from its input;
-//   sqrt          uniform with K = ceil(sqrt(n)) (Chen et al. 2016: about
-//                 sqrt(n) checkpoints, one extra forward);
+//   uniform:K     segments of K layers, each recomputed from its input (cut
+//                 within each run of recomputable layers);
+//   sqrt          uniform with K = ceil(sqrt(n)), n the recomputable layers
+//                 (Chen et al. 2016: about sqrt(n) checkpoints, one extra
+//                 forward);
 //   selective     selective mode on every layer that offers it (Korthikanti
 //                 et al. 2022), the others kept;
 //   optimal       the least extra FLOPs whose predicted peak fits a budget,

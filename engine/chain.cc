@@ -19,6 +19,7 @@ absl::StatusOr<Chain> ChainOf(const std::vector<std::unique_ptr<Layer>>& layers,
     c.saved = layer->ActivationBytes(shape, dtype) - c.output;
     c.grad_input = layer->InputGradientBytes(shape);
     c.forward_flops = layer->ForwardFlops(shape);
+    c.recomputable = layer->Recomputable();
     if (const auto selective = layer->Selective(shape, dtype)) {
       c.has_selective = true;
       c.selective_saved = selective->saved_bytes - c.output;

@@ -248,6 +248,11 @@ class Layer {
   // recomputation segment starts here and keeps it as its checkpoint): a
   // traced PyTorch unit whose input autograd does not save.
   virtual bool BackwardReadsInput() const { return true; }
+  // Whether a recomputation plan may run it again in backward. False for a
+  // traced PyTorch stage the front end cannot rerun (not a block of its
+  // own: the embeddings with the mask-making around them, the head with
+  // the loss); the planners keep it (checkpointing/plan.h).
+  virtual bool Recomputable() const { return true; }
   // Whether it uses its flat groups one after another rather than all at
   // once: a traced PyTorch unit, whose modules run in turn and whose
   // gradients autograd produces in turn, and whose Forward and Backward

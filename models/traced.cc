@@ -95,6 +95,7 @@ class TracedLayer final : public Layer {
     return 4 * F32Elements(input_grad_);
   }
   bool BackwardReadsInput() const override { return stage_.reads_input; }
+  bool Recomputable() const override { return stage_.recomputable; }
   bool UsesGroupsInTurn() const override { return true; }
   double ForwardFlops(const std::vector<int64_t>&) const override { return flops_; }
 
@@ -273,6 +274,8 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
     }
     stage.reads_input = true;
     MW_RETURN_IF_ERROR(stage_reader.Bool("reads_input", stage.reads_input));
+    stage.recomputable = true;
+    MW_RETURN_IF_ERROR(stage_reader.Bool("recomputable", stage.recomputable));
     m.stages.push_back(std::move(stage));
   }
   for (const TracedStage& stage : m.stages) {
@@ -346,6 +349,7 @@ std::string BlockDifference(const TracedStage& a, const TracedStage& b) {
     if (!SameFigure(*pair.first, *pair.second)) return absl::StrCat("'", field, "'");
   }
   if (a.reads_input != b.reads_input) return "'reads_input'";
+  if (a.recomputable != b.recomputable) return "'recomputable'";
   if (!a.shared.empty() || !b.shared.empty()) return "'shared'";
   return "";
 }

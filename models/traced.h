@@ -33,7 +33,11 @@
 // and its input's gradient (intermediate gradients, parameter gradients
 // until the engine takes them, the loss's f32 gradients); "reads_input": whether
 // autograd saves its input (false lets the engine free it early; see
-// Layer::BackwardReadsInput). Parameter names are local to the stage
+// Layer::BackwardReadsInput); "recomputable" (optional, default true):
+// whether memwall.torch can run the stage again in backward (a block, an
+// item of a ModuleList or Sequential run once per step with no operator
+// outside it until the next unit; see python/memwall/recompute.py), so
+// the planners recompute only such stages (Layer::Recomputable). Parameter names are local to the stage
 // (full name: "<stage>.<name>", torch's); "group" is the flat group
 // memwall.torch.ZeroOptimizer forms for it (the module owning it), so a
 // dry run holds the model states a real run of the front end holds.
@@ -65,6 +69,7 @@ struct TracedStage {
   std::vector<std::string> shared;  // full names of other stages' parameters
   TracedFigure kept, output, input_grad, forward_flops, workspace, backward_workspace;
   bool reads_input = true;
+  bool recomputable = true;
 };
 
 struct TracedModel {

@@ -279,6 +279,15 @@ nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const 
   j["kernel_launches_per_step"] = r.kernel_launches;
   j["transient_bytes_per_step"] = r.transient_bytes;
   j["recomputation"] = r.recompute.planner;
+  // The plan's segments over the model's layers (a traced model's stages),
+  // which memwall.torch executes, and its activation figures.
+  nlohmann::json segments = nlohmann::json::array();
+  for (const Segment& s : r.recompute.segments) {
+    segments.push_back({{"begin", s.begin}, {"end", s.end}, {"mode", SegmentModeName(s.mode)}});
+  }
+  j["recompute_segments"] = segments;
+  j["recompute_predicted_peak"] = r.recompute.predicted_peak;
+  j["recompute_held_after_forward"] = r.recompute.held_after_forward;
   if (!r.recompute_note.empty()) j["recomputation_note"] = r.recompute_note;
   j["device"] = {{"budget", options.device_bytes},
                  {"runtime_allowance", options.runtime_allowance},

@@ -31,7 +31,8 @@ stage before it, or the first stage), each with the bytes of saved storages
 it creates (an operator's fresh output, watched by a dispatch mode) besides
 its output (what it makes that the next stage takes; the last stage's
 is the loss), its output, its input's gradient, whether autograd saves its
-input, its FLOPs, its parameters, and its transient peaks: in forward above
+input, whether memwall.torch can recompute it (Stage.recomputable), its
+FLOPs, its parameters, and its transient peaks: in forward above
 what it keeps and hands on, in backward above its output's and input's
 gradients (tensor lifetimes followed by weakref; parameter gradients are
 dropped once accumulated, as memwall.torch does). Their kept bytes and
@@ -105,6 +106,13 @@ class Stage:
         self.output_grad = 0         # bytes of its floating outputs that need a gradient
         self.input_grad = 0          # bytes
         self.reads_input = True
+        # Whether memwall.torch can run it again in backward: a block (an
+        # item of a ModuleList or Sequential) run once, and no operator
+        # outside every unit while it is the current stage (the mask-making
+        # before the first block, the loss after the head, a residual the
+        # model adds between blocks), so its module's forward alone makes
+        # all it keeps and the next stage reads its output as returned.
+        self.recomputable = False
         self.forward_flops = 0
         self.forward_peak = 0        # bytes live above the stage's start, at most
         self.workspace = 0           # bytes: forward_peak less kept and output
@@ -115,8 +123,9 @@ class Stage:
 
     def __repr__(self):
         return ("Stage(%r, kept=%d, output=%d, workspace=%d, input_grad=%d, reads_input=%s, "
-                "flops=%d)" % (self.name, self.kept, self.output, self.workspace,
-                               self.input_grad, self.reads_input, self.forward_flops))
+                "recomputable=%s, flops=%d)"
+                % (self.name, self.kept, self.output, self.workspace, self.input_grad,
+                   self.reads_input, self.recomputable, self.forward_flops))
 
 
 class Trace:
@@ -429,6 +438,8 @@ class _Tracer:
         self.model = model
         self.attention = _KernelMode(attention)
         self.inner_of, self.outer_of, self.name_of = _structure(model)
+        self.blocks = {self.name_of[i] for i in block_ids(model)}
+        self.glue = set()  # ids of stages that ran an operator outside every unit
         self.units, self.order = {}, []
         self.stages = [Stage(None, None)]  # what runs before the first unit joins it
         self.stages[0]._start = 0
@@ -498,6 +509,8 @@ class _Tracer:
 
     def _on_op(self, func, args, kwargs, out):
         stage = self.stages[-1]
+        if self.phase == "forward" and all(name is None for name in self.unit_stack):
+            self.glue.add(id(stage))
         for t in _fresh_outputs(func, out) if not _MUTED[0] else ():
             key = _key(t)
             self.generation[key] = self.generation.get(key, 0) + 1
@@ -658,6 +671,9 @@ class _Tracer:
         for s in stages:
             # The transient peak above what the stage keeps and hands on.
             s.workspace = max(0, s.forward_peak - s.kept - s.output)
+        for s in stages:
+            s.recomputable = (s.unit in self.blocks and self.seen_units.get(s.unit) == 1
+                              and id(s) not in self.glue)
         for previous, s in zip(stages, stages[1:]):
             s.reads_input = any(k in saved for k in output_keys[id(previous)]) or \
                 not output_keys[id(previous)]
@@ -750,6 +766,7 @@ def describe(model, make_inputs, loss=None, attention="auto", batches=(1, 2)):
             "workspace": figure("workspace", i),
             "backward_workspace": figure("backward_workspace", i),
             "reads_input": s.reads_input,
+            "recomputable": all(t.stages[i].recomputable for t in traces),
         })
     return {
         "format": "memwall.traced/1",

@@ -7,6 +7,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -59,10 +60,12 @@ std::vector<Prediction> AllPlans(const Chain& chain, bool offload) {
       plan.segments.pop_back();
     };
     take({i, i + 1, SegmentMode::kKeep});
-    if (chain.layers[i].has_selective) take({i, i + 1, SegmentMode::kSelective});
-    for (int j = i + 1; j <= n; ++j) take({i, j, SegmentMode::kRecompute});
-    if (offload && i > 0) {
-      for (int j = i + 1; j <= n; ++j) take({i, j, SegmentMode::kOffload});
+    if (chain.layers[i].has_selective && chain.layers[i].recomputable) {
+      take({i, i + 1, SegmentMode::kSelective});
+    }
+    for (int j = i + 1; j <= n && chain.layers[j - 1].recomputable; ++j) {
+      take({i, j, SegmentMode::kRecompute});
+      if (offload && i > 0) take({i, j, SegmentMode::kOffload});
     }
   };
   walk(0);
@@ -207,6 +210,99 @@ TEST_CASE("the fixed planners cut the chain as documented", "[planner]") {
   int64_t all = chain.loss_grad;
   for (const ChainLayer& l : chain.layers) all += l.saved + l.output;
   CHECK(none.predicted_peak >= all);
+}
+
+// A traced model's shape: the first and last layers (embeddings, head with
+// the loss) and one in the middle cannot be recomputed.
+Chain PinnedChain(int n, uint32_t seed) {
+  Chain chain = RandomChain(n, seed);
+  chain.layers.front().recomputable = false;
+  chain.layers[n / 2].recomputable = false;
+  chain.layers.back().recomputable = false;
+  return chain;
+}
+
+TEST_CASE("every planner keeps the layers that cannot be recomputed", "[planner]") {
+  const Chain chain = PinnedChain(11, 4);  // pinned: 0, 5, 10
+  auto kept = [&](const RecomputationPlan& plan) {
+    REQUIRE(ValidatePlan(chain, plan).ok());
+    for (const Segment& s : plan.segments) {
+      for (int l = s.begin; l < s.end; ++l) {
+        if (!chain.layers[l].recomputable) CHECK(s.mode == SegmentMode::kKeep);
+      }
+    }
+  };
+  const RecomputationPlan full = FullRecomputation(chain);
+  kept(full);
+  CHECK(full.segments.size() == 11);
+  double forward = 0;
+  for (int l : {1, 2, 3, 4, 6, 7, 8, 9}) forward += chain.layers[l].forward_flops;
+  CHECK(full.extra_flops == forward);
+  // uniform:3 cuts each run of recomputable layers ([1,5) and [6,10)).
+  const RecomputationPlan uniform = UniformRecomputation(chain, 3);
+  kept(uniform);
+  std::vector<std::pair<int, int>> cuts;
+  for (const Segment& s : uniform.segments) cuts.push_back({s.begin, s.end});
+  CHECK(cuts == std::vector<std::pair<int, int>>{{0, 1}, {1, 4}, {4, 5}, {5, 6}, {6, 9},
+                                                 {9, 10}, {10, 11}});
+  // sqrt counts the 8 recomputable layers: K = 3, the same cuts.
+  const RecomputationPlan sqrt = SqrtRecomputation(chain);
+  CHECK(sqrt.segments.size() == uniform.segments.size());
+  CHECK(sqrt.predicted_peak == uniform.predicted_peak);
+  PlannerOptions o;
+  o.resolution = 0;
+  o.allow_offload = true;
+  kept(MinimumPeakPlan(chain, o));
+  kept(SelectiveRecomputation(chain));
+}
+
+TEST_CASE("optimal equals exhaustive search when some layers cannot be recomputed",
+          "[planner]") {
+  int checked = 0;
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    const bool offload = seed % 2 == 0;
+    const Chain chain = PinnedChain(4 + seed % 5, seed);
+    PlannerOptions exact;
+    exact.resolution = 0;
+    exact.allow_offload = offload;
+    const std::vector<Prediction> all = AllPlans(chain, offload);
+    const int64_t none = NoRecomputation(chain).predicted_peak;
+    const int64_t min_peak = LeastPeak(all);
+    CHECK(MinimumPeakPlan(chain, exact).predicted_peak == min_peak);
+    for (int step = 1; step <= 4; ++step) {
+      exact.budget = min_peak + (none - min_peak) * step / 4;
+      INFO("seed " << seed << ", budget " << exact.budget);
+      const absl::StatusOr<RecomputationPlan> got = OptimalRecomputation(chain, exact);
+      REQUIRE(got.ok());
+      CHECK(got->extra_flops == Approx(Cheapest(all, exact.budget)).epsilon(1e-12));
+      CHECK(ValidatePlan(chain, *got).ok());
+      ++checked;
+    }
+  }
+  CHECK(checked == 80);
+}
+
+TEST_CASE("a plan recomputing a layer that cannot be recomputed is refused", "[planner][errors]") {
+  const Chain chain = PinnedChain(6, 2);  // pinned: 0, 3, 5
+  RecomputationPlan plan;
+  plan.planner = "hand";
+  plan.segments = {{0, 1, SegmentMode::kKeep}, {1, 4, SegmentMode::kRecompute},
+                   {4, 6, SegmentMode::kKeep}};
+  const absl::Status status = ValidatePlan(chain, plan);
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()) ==
+        "plan 'hand': segment 1 is recompute; layer 'l3' in it cannot be recomputed (keep it)");
+}
+
+TEST_CASE("the plan says what it holds once forward ends", "[planner]") {
+  const Chain chain = RandomChain(6, 9);
+  int64_t all = 0;
+  for (const ChainLayer& l : chain.layers) all += l.saved + l.output;
+  CHECK(NoRecomputation(chain).held_after_forward == all);
+  // Full recomputation holds each layer's output (the next one's checkpoint).
+  int64_t outputs = 0;
+  for (const ChainLayer& l : chain.layers) outputs += l.output;
+  CHECK(FullRecomputation(chain).held_after_forward == outputs);
 }
 
 TEST_CASE("budgets no plan meets name the smallest feasible one", "[planner][errors]") {

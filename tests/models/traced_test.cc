@@ -7,6 +7,8 @@
 #include <string>
 
 #include "catch2/catch.hpp"
+#include "checkpointing/planner.h"
+#include "engine/chain.h"
 #include "engine/config.h"
 #include "engine/dry_run.h"
 
@@ -76,6 +78,27 @@ TEST_CASE("a stage that does not save its input frees it after its forward", "[t
   CHECK(reads - frees == 48);  // the embedding's output at micro-batch 3
 }
 
+TEST_CASE("stages marked not recomputable are kept by the planners", "[traced]") {
+  // The embedding and the head pinned (as memwall.trace marks them), the
+  // block not: full recomputation recomputes the block alone.
+  std::string d = Description(false, true);
+  d.replace(d.find(R"("kept": [0, 100])"), 16, R"("recomputable": false, "kept": [0, 100])");
+  d.replace(d.find(R"("kept": [0, 40])"), 15, R"("recomputable": false, "kept": [0, 40])");
+  auto model = std::make_shared<const TracedModel>(ParseTracedModel(d, "toy").value());
+  CHECK_FALSE(model->stages[0].recomputable);
+  CHECK(model->stages[1].recomputable);
+  Model m = TracedModelFactory(model)(3).value();
+  const Chain chain = ChainOf(m.layers, m.input, DType::kF32).value();
+  const RecomputationPlan full = FullRecomputation(chain);
+  REQUIRE(full.segments.size() == 3);
+  CHECK(full.segments[0].mode == SegmentMode::kKeep);
+  CHECK(full.segments[1].mode == SegmentMode::kRecompute);
+  CHECK(full.segments[2].mode == SegmentMode::kKeep);
+  // Held once forward ends: the embedding's 300 + 48, the block's output
+  // 48 (its 8 + 180 kept bytes recomputed), the head's 120 + 4.
+  CHECK(full.held_after_forward == 300 + 48 + 48 + 120 + 4);
+}
+
 TEST_CASE("a traced model refuses another dtype and names it", "[traced]") {
   auto model = std::make_shared<const TracedModel>(
       ParseTracedModel(Description(false, true, "bf16"), "toy").value());
@@ -138,6 +161,11 @@ TEST_CASE("a bad description names its field", "[traced]") {
   reads.replace(reads.find(R"("kept": [0, 100])"), 16, R"("reads_input": "yes", "kept": [0, 100])");
   CHECK(message(reads) ==
         "traced model m.json: stages[0].reads_input: expected a boolean, got \"yes\"");
+  std::string pinned = Description(false, true);
+  pinned.replace(pinned.find(R"("kept": [0, 100])"), 16,
+                 R"("recomputable": 1, "kept": [0, 100])");
+  CHECK(message(pinned) ==
+        "traced model m.json: stages[0].recomputable: expected a boolean, got 1");
   std::string frozen = Description(false, true);
   frozen.replace(frozen.find(R"("shape": [16, 8])"), 16, R"("shape": [16, 8], "trainable": 0)");
   CHECK(message(frozen) ==
