@@ -120,10 +120,18 @@ SegmentTerms TermsOf(const Chain& chain, const Segment& seg) {
   return t;
 }
 
+bool Recomputes(const RecomputationPlan& plan) {
+  for (const Segment& s : plan.segments) {
+    if (s.mode == SegmentMode::kRecompute || s.mode == SegmentMode::kOffload) return true;
+  }
+  return false;
+}
+
 Prediction PredictPeak(const Chain& chain, const RecomputationPlan& plan) {
   Prediction p;
   std::vector<SegmentTerms> terms;
-  int64_t held = 0;
+  const int64_t shared = Recomputes(plan) ? chain.recompute_held : 0;
+  int64_t held = shared;
   for (const Segment& s : plan.segments) {
     terms.push_back(TermsOf(chain, s));
     p.peak = std::max(p.peak, held + terms.back().forward_peak);

@@ -26,6 +26,11 @@
 //              first. Not for a segment starting at layer 0 (the model's
 //              input is the batch, not an activation). Its cost adds the
 //              copies, priced as FLOPs (Chain::offload_flops_per_byte).
+// A plan that recomputes (or offloads) also holds the chain's
+// `recompute_held` bytes from the start of forward to the end of backward:
+// what a recomputed segment must keep to run again besides its input and
+// that nothing else keeps (a traced model's attention mask, which its
+// blocks take but autograd does not save), shared by every such segment.
 // PredictPeak() replays the engine's allocation order (engine/trainer.cc)
 // over these byte counts, so the peak it predicts is the activation peak the
 // allocator records for a real step, to the byte (a test checks it).
@@ -60,6 +65,8 @@ struct Chain {
   std::vector<ChainLayer> layers;
   // The loss's gradient of the last output, allocated after forward.
   int64_t loss_grad = 0;
+  // Held by any plan with a recompute or offload segment (see above).
+  int64_t recompute_held = 0;
   // What moving one byte between device and host costs, in forward FLOPs
   // (the device's FLOP rate over the host link's bandwidth): offload's
   // price per byte each way.
@@ -110,6 +117,10 @@ struct SegmentTerms {
   double extra_flops = 0;
 };
 SegmentTerms TermsOf(const Chain& chain, const Segment& segment);
+
+// Whether `plan` has a recompute or offload segment (and so holds the
+// chain's recompute_held).
+bool Recomputes(const RecomputationPlan& plan);
 
 // The activation peak of one training micro-batch under `plan` (which
 // must be valid), and its extra FLOPs.

@@ -236,21 +236,32 @@ RecomputationPlan SelectiveRecomputation(const Chain& chain) {
   return Finish(chain, "selective", std::move(s));
 }
 
+// The search prices every plan as one that recomputes, holding the chain's
+// recompute_held (exact for plans that do; for the others, keeping
+// everything is compared on its own: a plan of kept and selective layers
+// only may be passed over for a dearer one when recompute_held > 0).
 RecomputationPlan MinimumPeakPlan(const Chain& chain, const PlannerOptions& options) {
   // Cost: (the largest peak so far, extra FLOPs).
-  const int64_t scale = NoRecomputation(chain).predicted_peak;
+  const RecomputationPlan none = NoRecomputation(chain);
+  const int64_t shared = chain.recompute_held;
   const std::vector<Segment> segments = Solve(
-      chain, options, Quantum(scale, options.resolution),
-      [](const State& s, const SegmentTerms& t, Cost& cost) {
-        const double peak = double(s.held + std::max(t.forward_peak, t.backward_peak));
+      chain, options, Quantum(none.predicted_peak, options.resolution),
+      [shared](const State& s, const SegmentTerms& t, Cost& cost) {
+        const double peak = double(shared + s.held + std::max(t.forward_peak, t.backward_peak));
         cost = {std::max(s.cost.first, peak), s.cost.second + t.extra_flops};
         return true;
       },
       [&](const State& s, Cost& cost) {
-        cost = {std::max(s.cost.first, double(s.held + chain.loss_grad)), s.cost.second};
+        cost = {std::max(s.cost.first, double(shared + s.held + chain.loss_grad)),
+                s.cost.second};
         return true;
       });
-  return Finish(chain, "optimal", segments);
+  RecomputationPlan least = Finish(chain, "optimal", segments);
+  if (shared > 0 && none.predicted_peak <= least.predicted_peak) {
+    least = none;
+    least.planner = "optimal";
+  }
+  return least;
 }
 
 absl::StatusOr<RecomputationPlan> OptimalRecomputation(const Chain& chain,
@@ -261,16 +272,26 @@ absl::StatusOr<RecomputationPlan> OptimalRecomputation(const Chain& chain,
         options.budget));
   }
   const int64_t budget = options.budget;
+  // Priced as in MinimumPeakPlan: keeping everything, if it fits, costs
+  // nothing; every other plan holds the chain's recompute_held.
+  const int64_t shared = chain.recompute_held;
+  if (shared > 0) {
+    RecomputationPlan none = NoRecomputation(chain);
+    if (none.predicted_peak <= budget) {
+      none.planner = "optimal";
+      return none;
+    }
+  }
   const std::vector<Segment> segments = Solve(
       chain, options, Quantum(budget, options.resolution),
-      [budget](const State& s, const SegmentTerms& t, Cost& cost) {
-        if (s.held + std::max(t.forward_peak, t.backward_peak) > budget) return false;
+      [budget, shared](const State& s, const SegmentTerms& t, Cost& cost) {
+        if (shared + s.held + std::max(t.forward_peak, t.backward_peak) > budget) return false;
         cost = {s.cost.first + t.extra_flops, 0};
         return true;
       },
       [&](const State& s, Cost& cost) {
         cost = s.cost;
-        return s.held + chain.loss_grad <= budget;
+        return shared + s.held + chain.loss_grad <= budget;
       });
   if (!segments.empty()) return Finish(chain, "optimal", segments);
   // The bucketed search may miss every plan that fits a budget this tight;

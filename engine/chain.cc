@@ -1,5 +1,7 @@
 #include "engine/chain.h"
 
+#include <algorithm>
+
 #include "runtime/status.h"
 
 namespace memwall {
@@ -20,6 +22,7 @@ absl::StatusOr<Chain> ChainOf(const std::vector<std::unique_ptr<Layer>>& layers,
     c.grad_input = layer->InputGradientBytes(shape);
     c.forward_flops = layer->ForwardFlops(shape);
     c.recomputable = layer->Recomputable();
+    chain.recompute_held = std::max(chain.recompute_held, layer->RecomputeHeldBytes());
     if (const auto selective = layer->Selective(shape, dtype)) {
       c.has_selective = true;
       c.selective_saved = selective->saved_bytes - c.output;

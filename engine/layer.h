@@ -253,6 +253,10 @@ class Layer {
   // own: the embeddings with the mask-making around them, the head with
   // the loss); the planners keep it (checkpointing/plan.h).
   virtual bool Recomputable() const { return true; }
+  // Bytes a plan that recomputes holds for the whole step besides each
+  // segment's input (Chain::recompute_held): a traced model's figure, the
+  // same from each of its layers; the chain takes the largest.
+  virtual int64_t RecomputeHeldBytes() const { return 0; }
   // Whether it uses its flat groups one after another rather than all at
   // once: a traced PyTorch unit, whose modules run in turn and whose
   // gradients autograd produces in turn, and whose Forward and Backward

@@ -231,6 +231,7 @@ absl::Status Trainer::SetRecomputationPlan(const RecomputationPlan& plan, const 
   }
   plan_ = plan;
   segment_of_ = std::move(segment_of);
+  recompute_held_ = Recomputes(plan) ? chain.recompute_held : 0;
   return absl::OkStatus();
 }
 
@@ -280,6 +281,12 @@ absl::Status Trainer::Forward(Pass& pass) {
   // next layer does not read them.
   const int n = static_cast<int>(layers_.size());
   ScopedPhase forward(profiler_, "forward");
+  if (recompute_held_ > 0) {
+    const DType dtype = optimizer_->config().param_dtype();
+    MW_ASSIGN_OR_RETURN(pass.recompute_held,
+                        Tensor::Empty(device_, dtype, {recompute_held_ / int64_t(DTypeSize(dtype))},
+                                      MemoryCategory::kActivation, "recomputation inputs"));
+  }
   const std::vector<int> none;
   for (int l = 0; l < n; ++l) {
     ScopedPhase layer(profiler_, layers_[l]->name());
@@ -415,6 +422,7 @@ absl::Status Trainer::Backward(Pass& pass, Tensor grad) {
       acquired.erase(g);
     }
   }
+  pass.recompute_held = Tensor();
   return absl::OkStatus();
 }
 

@@ -120,6 +120,9 @@ class Trainer {
     };
     std::map<int, Offloaded> offloaded;
     std::set<int> gathered;  // groups gathered and not yet released
+    // The chain's recompute_held, from forward's start to backward's end,
+    // when the plan recomputes.
+    Tensor recompute_held;
     const Tensor& input_of(int l) const;
   };
   absl::StatusOr<float> MicroBatch(const Batch& batch);
@@ -151,6 +154,7 @@ class Trainer {
   int64_t steps_ = 0;
   RecomputationPlan plan_;                    // the recomputation plan
   std::vector<int> segment_of_;  // each layer's segment in plan_
+  int64_t recompute_held_ = 0;   // the chain's, when plan_ recomputes
 };
 
 }  // namespace memwall

@@ -41,7 +41,7 @@ absl::Status Bad(const std::string& source, const std::string& field, const std:
 // fall per sample (clamped at 0); what a stage keeps or computes may not.
 absl::StatusOr<TracedFigure> Figure(const json& stage, const char* key, const std::string& source,
                                     const std::string& where, bool may_fall = false) {
-  const std::string field = absl::StrCat(where, ".", key);
+  const std::string field = where.empty() ? std::string(key) : absl::StrCat(where, ".", key);
   if (!stage.contains(key)) return Bad(source, field, "[fixed, per sample], missing");
   const json& v = stage.at(key);
   if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) {
@@ -81,7 +81,8 @@ class TracedLayer final : public Layer {
         input_grad_(Bytes(stage.input_grad, batch)),
         workspace_(Bytes(stage.workspace, batch)),
         backward_workspace_(Bytes(stage.backward_workspace, batch)),
-        flops_(std::max(0.0, stage.forward_flops.At(batch))) {}
+        flops_(std::max(0.0, stage.forward_flops.At(batch))),
+        recompute_held_(Bytes(model.recompute_inputs, batch)) {}
 
   std::vector<ParameterDecl> Parameters() const override { return stage_.parameters; }
   std::vector<std::string> SharedParameters() const override { return stage_.shared; }
@@ -96,6 +97,9 @@ class TracedLayer final : public Layer {
   }
   bool BackwardReadsInput() const override { return stage_.reads_input; }
   bool Recomputable() const override { return stage_.recomputable; }
+  int64_t RecomputeHeldBytes() const override {
+    return static_cast<int64_t>(DTypeSize(dtype_)) * Elements(recompute_held_);
+  }
   bool UsesGroupsInTurn() const override { return true; }
   double ForwardFlops(const std::vector<int64_t>&) const override { return flops_; }
 
@@ -149,6 +153,7 @@ class TracedLayer final : public Layer {
   const DType dtype_;
   const int64_t kept_, output_, input_grad_, workspace_, backward_workspace_;
   const double flops_;
+  const int64_t recompute_held_;
 };
 
 // The loss is part of the last stage (the stage's output is the loss
@@ -209,6 +214,9 @@ absl::StatusOr<TracedModel> ParseTracedModel(const std::string& json_text,
       return Bad(source, "input", absl::StrCat("positive integers, got ", j["input"].dump()));
     }
     m.input.push_back(d.get<int64_t>());
+  }
+  if (j.contains("recompute_inputs")) {
+    MW_ASSIGN_OR_RETURN(m.recompute_inputs, Figure(j, "recompute_inputs", source, ""));
   }
   if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty()) {
     return Bad(source, "stages", "a non-empty array");

@@ -20,6 +20,11 @@
 //                "input_grad": [0, 16777216], "forward_flops": [0, 1.2e12],
 //                "workspace": [0, 67108864], "backward_workspace": [0, 50331648],
 //                "reads_input": false}]}
+// "recompute_inputs" (optional, top level): bytes of the tensors the
+// recomputable stages take from before them (not the hidden state they
+// hand on) that autograd does not save -- an attention mask, position ids
+// -- which memwall.torch holds while any segment is recomputed
+// (Chain::recompute_held).
 // Figures are [fixed, per sample]: at micro-batch b a figure is
 // fixed + b * per_sample (traced at two micro-batch sizes; only the
 // workspaces may fall per sample, and a figure below 0 counts as 0). "kept": bytes
@@ -79,6 +84,9 @@ struct TracedModel {
   std::string attention;  // the attention kernel assumed
   std::vector<int64_t> input;  // one sample's input shape (token ids)
   std::vector<TracedStage> stages;
+  // Bytes a recomputing plan holds besides each segment's input: tensors
+  // the blocks take that autograd does not save (Chain::recompute_held).
+  TracedFigure recompute_inputs;
 };
 
 // Parses a description; errors name `source` and the field, and what was

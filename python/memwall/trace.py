@@ -51,7 +51,10 @@ chooses what the trace accounts: "math" (what runs), "flash" or
 save -- query, key, value, output, the log-sum-exp and their random-number
 state; a test checks against the operators on meta), or "auto" (what
 torch picks on a GPU: flash for 16-bit inputs without an explicit mask,
-else efficient). Models built with attn_implementation="eager" compute
+else efficient), or "cpu" (what torch runs on a CPU, asked of torch for each
+call: its CPU flash kernel, which saves query, key, value, output, the f32
+log-sum-exp [batch, heads, L] and an explicit mask, traced as "cpu-flash";
+math with dropout). Models built with attn_implementation="eager" compute
 attention themselves; the trace then says "none".
 
 Python numbers autograd keeps as 0-dim double tensors bypass saved-tensor
@@ -69,7 +72,7 @@ from memwall import _groups
 __all__ = ["ATTENTION_KERNELS", "Stage", "Trace", "Unit", "block_ids", "describe", "trace",
            "watch_modules"]
 
-ATTENTION_KERNELS = ("auto", "flash", "efficient", "math")
+ATTENTION_KERNELS = ("auto", "flash", "efficient", "math", "cpu")
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -119,6 +122,7 @@ class Stage:
         self.backward_peak = 0       # bytes live above its backward's start, at most
         self.backward_workspace = 0  # bytes: backward_peak less the input gradient
         self._outputs = []           # (storage tag, bytes, gradient bytes) it hands on
+        self._arguments = {}         # storage tag -> bytes: what its unit's forward took
         self._start = 0
 
     def __repr__(self):
@@ -131,14 +135,18 @@ class Stage:
 class Trace:
     """The units and the stages in forward order, and totals.
     inputs_saved: bytes of saved storages the step did not create (its
-    inputs); attention: the kernel accounted, or "none" if the model never
+    inputs); recompute_inputs: see __init__; attention: the kernel accounted, or "none" if the model never
     called scaled_dot_product_attention."""
 
-    def __init__(self, units, stages, inputs_saved, attention):
+    def __init__(self, units, stages, inputs_saved, attention, recompute_inputs=0):
         self.units = units
         self.stages = stages
         self.inputs_saved = inputs_saved
         self.attention = attention
+        # Bytes of the tensors recomputable stages take, besides what
+        # stages hand on, that autograd does not save: what recomputing
+        # them holds (the attention mask, position ids); each storage once.
+        self.recompute_inputs = recompute_inputs
 
     def unit(self, name):
         return next(u for u in self.units if u.name == name)
@@ -308,7 +316,10 @@ class _Attention(torch.autograd.Function):
             out = computed.clone()
         del computed
         batch, heads, length = q.shape[0], q.shape[-3] if q.dim() > 3 else 1, q.shape[-2]
-        if kernel == "flash":
+        if kernel == "cpu-flash":
+            lse = torch.empty((batch, heads, length), dtype=torch.float32, device=q.device)
+            rng = ()
+        elif kernel == "flash":
             lse = torch.empty((batch, heads, length), dtype=torch.float32, device=q.device)
             rng = (torch.empty(2, dtype=torch.uint64, device=q.device),
                    torch.empty((), dtype=torch.uint64, device=q.device))
@@ -317,7 +328,7 @@ class _Attention(torch.autograd.Function):
                               device=q.device)
             rng = (torch.empty((), dtype=torch.int64, device=q.device),
                    torch.empty((), dtype=torch.int64, device=q.device))
-        extra = (attn_mask,) if attn_mask is not None and kernel == "efficient" else ()
+        extra = (attn_mask,) if attn_mask is not None and kernel != "flash" else ()
         ctx.save_for_backward(q, k, v, out, lse, *rng, *extra)
         ctx.args = (sdpa, attn_mask, dropout_p, is_causal, kwargs)
         return out
@@ -350,6 +361,18 @@ def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
 
 
+def _cpu_kernel(q, attn_mask, dropout_p, is_causal):
+    """What torch's CPU scaled_dot_product_attention runs for a call
+    like this one ("cpu-flash" or "math"), asked of torch on one-element
+    CPU tensors of the same dtype, head size and masking."""
+    probe = torch.zeros((1, 1, 1, q.shape[-1]), dtype=q.dtype, requires_grad=q.requires_grad)
+    mask = (None if attn_mask is None else
+            torch.zeros((1, 1, 1, 1), dtype=attn_mask.dtype))
+    choice = torch._fused_sdp_choice(probe, probe, probe, mask, dropout_p, is_causal)
+    flash = torch.nn.attention.SDPBackend.FLASH_ATTENTION.value
+    return "cpu-flash" if choice == flash else "math"
+
+
 class _KernelMode(TorchFunctionMode):
     """Routes scaled_dot_product_attention through _Attention for the
     chosen kernel while tracing, whatever name the model calls it by (a
@@ -370,6 +393,8 @@ class _KernelMode(TorchFunctionMode):
         if chosen == "auto":
             chosen = ("flash" if q.dtype in (torch.float16, torch.bfloat16) and
                       attn_mask is None else "efficient")
+        elif chosen == "cpu":
+            chosen = _cpu_kernel(q, attn_mask, dropout_p, is_causal)
         self.used.add(chosen)
         if chosen == "math":
             return func(*args, **kwargs)
@@ -457,6 +482,7 @@ class _Tracer:
         self.saved_storages = set()  # (key, generation)
         self.saved_created = []      # (stage, (key, generation), bytes) of saved storages it made
         self.inputs_saved = 0
+        self.recompute_inputs = 0
         self.phase = "forward"
         # Backward: the stage whose gradient arrived last, and what was
         # live then.
@@ -470,7 +496,7 @@ class _Tracer:
         self._backward(value)
         used = sorted(self.attention.used)
         return Trace([self.units[name] for name in self.order], self.stages, self.inputs_saved,
-                     "+".join(used) if used else "none")
+                     "+".join(used) if used else "none", self.recompute_inputs)
 
     def _unit(self, name):
         name = "<model>" if name is None or name == "" else name
@@ -581,10 +607,19 @@ class _Tracer:
         previous = self.stages[-1]
         if previous.unit is None:
             previous.unit, previous.name = outer, name
+            self._note_arguments(previous, args, kwargs)
             return
         self._hand_on(previous, _tensors((args, kwargs)))
         self.stages.append(Stage(outer, name))
         self.stages[-1]._start = self.live
+        self._note_arguments(self.stages[-1], args, kwargs)
+
+    def _note_arguments(self, stage, args, kwargs):
+        """The storages the step made that the stage's unit takes."""
+        for t in _tensors((args, kwargs)):
+            key = _key(t)
+            if key in self.created and self.created[key][1] == self.generation[key]:
+                stage._arguments[(key, self.generation[key])] = t.untyped_storage().nbytes()
 
     def _leave(self, m, args, out):
         name = self.unit_stack.pop()
@@ -674,6 +709,14 @@ class _Tracer:
         for s in stages:
             s.recomputable = (s.unit in self.blocks and self.seen_units.get(s.unit) == 1
                               and id(s) not in self.glue)
+        handed_on = set().union(*(output_keys[id(s)] for s in stages))
+        arguments = {}
+        for s in stages:
+            if s.recomputable:
+                arguments.update((tag, n) for tag, n in s._arguments.items()
+                                 if tag not in saved and tag not in handed_on)
+            s._arguments = {}
+        self.recompute_inputs = sum(arguments.values())
         for previous, s in zip(stages, stages[1:]):
             s.reads_input = any(k in saved for k in output_keys[id(previous)]) or \
                 not output_keys[id(previous)]
@@ -777,6 +820,7 @@ def describe(model, make_inputs, loss=None, attention="auto", batches=(1, 2)):
         "parameters": traces[0].parameters,
         "trainable": traces[0].trainable,
         "inputs_saved": _fit([t.inputs_saved for t in traces], batches),
+        "recompute_inputs": _fit([t.recompute_inputs for t in traces], batches),
         "stages": stages,
     }
 

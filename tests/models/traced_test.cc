@@ -97,6 +97,34 @@ TEST_CASE("stages marked not recomputable are kept by the planners", "[traced]")
   // Held once forward ends: the embedding's 300 + 48, the block's output
   // 48 (its 8 + 180 kept bytes recomputed), the head's 120 + 4.
   CHECK(full.held_after_forward == 300 + 48 + 48 + 120 + 4);
+  CHECK(chain.recompute_held == 0);
+}
+
+TEST_CASE("a recomputing plan holds the traced model's recompute inputs for the step",
+          "[traced]") {
+  // 10 bytes per sample of mask-like inputs: 30 at micro-batch 3, held as
+  // 8 f32 elements (32 bytes) from forward's start to backward's end by any
+  // plan that recomputes, and by no other.
+  std::string d = Description(false, true);
+  d.replace(d.find(R"("attention": "none",)"), 20,
+            R"("attention": "none", "recompute_inputs": [0, 10],)");
+  auto model = std::make_shared<const TracedModel>(ParseTracedModel(d, "toy").value());
+  Model m = TracedModelFactory(model)(3).value();
+  const Chain chain = ChainOf(m.layers, m.input, DType::kF32).value();
+  CHECK(chain.recompute_held == 32);
+  const RecomputationPlan none = NoRecomputation(chain), full = FullRecomputation(chain);
+  Chain without = chain;
+  without.recompute_held = 0;
+  CHECK(none.predicted_peak == NoRecomputation(without).predicted_peak);
+  CHECK(full.predicted_peak == FullRecomputation(without).predicted_peak + 32);
+  CHECK(full.held_after_forward == FullRecomputation(without).held_after_forward + 32);
+  // The dry run allocates it: its activation peak is the plan's, to the byte.
+  for (const RecomputationPlan* plan : {&none, &full}) {
+    Model run = TracedModelFactory(model)(3).value();
+    const AllocatorStats s = DryRunStep(std::move(run), ParseConfig("{}").value(), 0, 1,
+                                        int64_t{1} << 40, plan).value();
+    CHECK(Peak(s, MemoryCategory::kActivation) == plan->predicted_peak);
+  }
 }
 
 TEST_CASE("a traced model refuses another dtype and names it", "[traced]") {
@@ -166,6 +194,12 @@ TEST_CASE("a bad description names its field", "[traced]") {
                  R"("recomputable": 1, "kept": [0, 100])");
   CHECK(message(pinned) ==
         "traced model m.json: stages[0].recomputable: expected a boolean, got 1");
+  std::string inputs = Description(false, true);
+  inputs.replace(inputs.find(R"("attention": "none",)"), 20,
+                 R"("attention": "none", "recompute_inputs": [0, -1],)");
+  CHECK(message(inputs) ==
+        "traced model m.json: recompute_inputs: expected finite, per sample >= 0, >= 0 at "
+        "micro-batch 1; got [0,-1]");
   std::string frozen = Description(false, true);
   frozen.replace(frozen.find(R"("shape": [16, 8])"), 16, R"("shape": [16, 8], "trainable": 0)");
   CHECK(message(frozen) ==
