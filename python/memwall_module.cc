@@ -126,6 +126,9 @@ py::dict ConfigValues(const std::string& config_json) {
   d["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
   d["not_applied"] = c.not_applied;
   d["param_dtype"] = std::string(DTypeName(c.param_dtype()));
+  const RecomputeConfig& r = c.activation_checkpointing;
+  d["recomputes"] = r.planner != "none" || r.number_checkpoints > 0;
+  d["offloads_activations"] = r.offload;
   return d;
 }
 
@@ -395,8 +398,9 @@ PYBIND11_MODULE(_memwall, m) {
   m.def("config_values", &memwall::ConfigValues, py::arg("config"),
         "The values a config sets that a torch front end needs before an engine exists "
         "(gradient_accumulation_steps, train_micro_batch_size_per_gpu, param_dtype, "
-        "not_applied: DeepSpeed settings memwall has no counterpart for), as the "
-        "engine parses them.");
+        "not_applied: DeepSpeed settings memwall has no counterpart for, recomputes: "
+        "whether activation_checkpointing asks for a plan other than none, "
+        "offloads_activations: whether it may offload), as the engine parses them.");
   m.def("plan", &memwall::PlanTraced, py::arg("description"), py::arg("config"),
         py::arg("gpus"), py::arg("device_memory"), py::arg("host_memory"), py::arg("nvme"),
         py::arg("batch"), py::arg("auto_strategy"), py::arg("hardware"),

@@ -409,7 +409,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         no optimizer state) whether listed or not, and stay so (a
         requires_grad changed later is refused at the step).
     config: the DeepSpeed-style config (a dict, JSON text or a file path);
-        its optimizer.params are the param_groups' defaults.
+        its optimizer.params are the param_groups' defaults. Its
+        activation_checkpointing (a planner other than "none", with its
+        budget) is planned at the model's first training forward (grad
+        enabled, model.train()): a copy of the model on torch's meta device
+        is traced at that forward's batch size (memwall.trace, attention as
+        torch runs it on the CPU), dry-run under the config as `memwall
+        plan` does, and the plan's recomputed segments of blocks are
+        executed from then on (memwall.recompute; the `recomputation`
+        property says what was chosen). The forward's tensors' first
+        dimension is taken for the batch. Activation offload (offload,
+        cpu_checkpointing) is refused: memwall.torch's tensors are on the
+        CPU already.
     backend: "host" (CPU tensors, MPI ranks; the only one the glue drives
         so far).
     device_memory / pinned_memory: the engine device's capacity and pinned
@@ -446,6 +457,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
             warnings.warn("memwall: DeepSpeed settings with no memwall counterpart, not "
                           "applied: " + ", ".join(read["not_applied"]), stacklevel=2)
         parsed = json.loads(text)
+        if read["recomputes"] and read["offloads_activations"]:
+            raise ValueError(
+                "activation_checkpointing.offload (or cpu_checkpointing): memwall.torch's "
+                "activations are CPU tensors already, with no device memory to offload them "
+                "from; set it false (recomputation alone is planned and applied)")
+        # The recomputation plan is the glue's to execute (at the first
+        # training forward); the engine takes the rest of the config.
+        self._plan_text = text if read["recomputes"] else None
+        self._device_memory = str(device_memory)
+        self._recomputation = None
+        self._recomputation_report = None
+        engine_text = text if not read["recomputes"] else json.dumps(
+            {k: v for k, v in parsed.items() if k != "activation_checkpointing"})
         if params is None:
             params = list(model.parameters())
         super().__init__(params, _group_defaults(parsed))
@@ -473,7 +497,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     "optimizer; pass it in a param_group, or freeze it (requires_grad=False)"
                     % name)
         self._groups, specs, values = self._plan_groups(model, hyper_of)
-        self._engine = memwall.Engine(text, specs, backend=backend,
+        self._engine = memwall.Engine(engine_text, specs, backend=backend,
                                       device_memory=device_memory,
                                       pinned_memory=pinned_memory,
                                       collective_timeout=collective_timeout)
@@ -586,6 +610,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._hooks.append(p.register_post_accumulate_grad_hook(on_gradient))
         self._hooks.append(model.register_forward_pre_hook(_weak(self._enter_saving)))
         self._hooks.append(model.register_forward_hook(_weak(self._exit_saving), always_call=True))
+        if self._plan_text is not None:
+            self._planning = model.register_forward_pre_hook(
+                _weak(self._plan_recomputation), with_kwargs=True)
         saving, loading = _weak(self._check_state_dict), _weak(self._check_load_state_dict)
         for module in model.modules():
             if any(p is not None for p in module._parameters.values()):
@@ -605,6 +632,52 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._hooks.append(module.register_forward_hook(
                 lambda m, args, out, groups=groups: release(groups),
                 always_call=True))
+
+    # -- the recomputation plan ---------------------------------------------
+
+    def _plan_recomputation(self, model, args, kwargs):
+        """At the first training forward: the config's recomputation plan
+        for this model at this batch size, applied (see __init__)."""
+        if not torch.is_grad_enabled() or not model.training:
+            return
+        from memwall import recompute
+        from memwall import trace as tracing
+        inputs, batch = _inputs_of(model, args, kwargs)
+        shadow = _meta_shadow(model, self._shape)
+        description = tracing.describe(
+            shadow, lambda b: _meta_inputs(inputs, batch, b), attention="cpu",
+            batches=(batch, batch + 1))
+        report = json.loads(memwall._memwall.plan(
+            json.dumps(description), self._plan_text, memwall.world_size(), self._device_memory,
+            "512GiB", "0", batch, False, "this-machine"))
+        segments = recompute.segments_of(description, report)
+        self._recomputation = recompute.Recomputation(model, segments)
+        self._recomputation_report = {
+            "planner": report["recomputation"],
+            "note": report.get("recomputation_note", ""),
+            "micro_batch": batch,
+            "segments": segments,
+            "stages": [s["name"] for s in description["stages"]],
+            "held_after_forward": report["recompute_held_after_forward"],
+            "activation_peak": report["recompute_predicted_peak"],
+            "recompute_flops": report["recompute_flops_per_step"],
+            "forward_flops": report["forward_flops_per_step"],
+        }
+        self._planning.remove()
+        self._planning = None
+
+    @property
+    def recomputation(self):
+        """The recomputation plan applied to the model (None before the
+        first training forward, or with none asked for): {"planner",
+        "note" (why the least-peak plan, if no plan met the budget),
+        "micro_batch" it was planned at, "segments" (module names, each
+        list recomputed together), "stages" (the traced chain),
+        "held_after_forward" and "activation_peak" (the plan's activation
+        bytes: what the step keeps once forward ends, and its peak
+        counting gradients), "recompute_flops" / "forward_flops" (per
+        step)}."""
+        return copy.deepcopy(self._recomputation_report)
 
     # -- keeping the glue and the engine in step ------------------------------
 
@@ -1372,6 +1445,64 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """The engine allocator's bytes by category ({"parameter":
         {"current", "peak"}, ...}, "pinned": the pinned pool's)."""
         return self._engine.memory()
+
+
+def _inputs_of(model, args, kwargs):
+    """A forward's arguments as trace() takes them (a tuple, or a dict
+    when any is given by keyword) and its batch size (the first tensor's
+    first dimension)."""
+    import inspect
+    if kwargs:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+        inputs = dict(bound.arguments)
+        extra = inputs.pop(next((n for n, p in inspect.signature(model.forward).parameters.items()
+                                 if p.kind is p.VAR_KEYWORD), None), None)
+        inputs.update(extra or {})
+    else:
+        inputs = tuple(args)
+    from memwall.trace import _tensors
+    first = next((t for t in _tensors(inputs) if t.dim() >= 1), None)
+    if first is None:
+        raise ValueError("activation_checkpointing: the model's forward took no tensor with a "
+                         "batch dimension; memwall plans recomputation at the batch size of "
+                         "its inputs' first dimension")
+    return inputs, first.shape[0]
+
+
+def _meta_inputs(value, batch, b):
+    """`value` with each tensor on meta, its first dimension `b` where it
+    was the batch."""
+    if isinstance(value, torch.Tensor):
+        shape = tuple(value.shape)
+        if shape and shape[0] == batch:
+            shape = (b,) + shape[1:]
+        return torch.empty(shape, dtype=value.dtype, device="meta")
+    if isinstance(value, tuple):
+        return tuple(_meta_inputs(v, batch, b) for v in value)
+    if isinstance(value, list):
+        return [_meta_inputs(v, batch, b) for v in value]
+    if isinstance(value, dict):
+        return {k: _meta_inputs(v, batch, b) for k, v in value.items()}
+    return value
+
+
+def _meta_shadow(model, shapes):
+    """A copy of `model` on torch's meta device (parameters at their
+    shapes even where stage 3 released them), with no hooks: what the
+    recomputation plan traces."""
+    memo = {}
+    for p in model.parameters():
+        memo[id(p)] = torch.nn.Parameter(
+            torch.empty(shapes.get(id(p), tuple(p.shape)), dtype=p.dtype, device="meta"),
+            requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    shadow = copy.deepcopy(model, memo)
+    for module in shadow.modules():
+        for name, value in vars(module).items():
+            if name.startswith("_") and "hooks" in name and isinstance(value, dict):
+                value.clear()
+    return shadow
 
 
 def plan(model, *, inputs=None, seq=None, batch=1, gpus=1, device_memory="32GiB",
