@@ -62,12 +62,18 @@ def segments_of(description, report):
 
 
 class _Slot:
-    """What autograd holds for a tensor saved inside a recomputed segment."""
+    """What autograd holds for a tensor saved inside a recomputed segment.
+    Autograd drops it once the node that saved it has run: its recomputed
+    tensor goes then too, even if that node never unpacked it (a tensor
+    saved for an input that needs no gradient)."""
     __slots__ = ("run", "index")
 
     def __init__(self, run, index):
         self.run = run
         self.index = index
+
+    def __del__(self):
+        self.run.values.pop(self.index, None)
 
 
 class _Run:
@@ -168,7 +174,11 @@ class Recomputation:
             return None
         if run is None or run.segment is not segment:
             return None  # no grad when the segment began, or called on its own
-        template = self._template((args, kwargs), run, first=False, where=segment.names[k])
+        try:
+            template = self._template((args, kwargs), run, first=False, where=segment.names[k])
+        except BaseException:
+            self._close()  # the segment ends here, its hooks popped
+            raise
         run.calls.append((segment.modules[k],) + template)
         return None
 
@@ -250,8 +260,9 @@ class Recomputation:
 
     def _replay(self, run):
         segment = run.segment
-        buffers = [(b, b._version, b.detach().clone())
-                   for m in segment.modules for b in m.buffers()]
+        # Kernels such as batch_norm write running statistics without
+        # moving the buffer's version counter: every buffer is put back.
+        buffers = [(b, b.detach().clone()) for m in segment.modules for b in m.buffers()]
         devices = sorted(run.cuda_rng)
         run.recorded = 0
         run.values = {}
@@ -271,10 +282,9 @@ class Recomputation:
                         previous = _tensors(module(*args, **kwargs))
             finally:
                 self._replaying = False
-        for b, version, value in buffers:
-            if b._version != version:
-                with torch.no_grad():
-                    b.copy_(value)
+        with torch.no_grad():
+            for b, value in buffers:
+                b.copy_(value)
         if run.recorded != len(run.saved):
             raise RuntimeError(
                 "memwall recomputation: segment %s saved %d tensors when run again, %d in its "

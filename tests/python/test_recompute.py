@@ -1,0 +1,338 @@
+"""The recomputation plan executed on torch models (memwall.recompute, and
+ZeroOptimizer's activation_checkpointing).
+
+A plan's segments (memwall.torch.plan of memwall.trace.describe, the dry run
+`memwall plan` makes) applied to Hugging Face GPT-2 (SDPA and eager
+attention), Llama and BERT with dropout on, against the same model stepped
+by plain torch: the loss and every gradient equal bit for bit, and the
+bytes autograd holds for backward once forward ends -- measured by
+saved-tensor hooks, each storage once, parameters, buffers and the batch
+left out -- equal the plan's figure within 1% (they agree to the loss's 4
+bytes), while during backward they stay under the plan's peak (which also
+counts gradients). ZeroOptimizer plans from its config at the first
+training forward, on 1 and 2 real ranks, at stages 0 and 3, losses equal
+to the run without recomputation. What a segment cannot rerun is refused
+by name."""
+import copy
+import json
+
+import pytest
+import torch
+import transformers
+
+import memwall
+import memwall.torch as mt
+from memwall import trace as tracing
+from memwall.recompute import Recomputation, segments_of
+
+BATCH, SEQ, VOCAB = 2, 32, 256
+
+
+def hf_model(kind):
+    torch.manual_seed(0)
+    if kind in ("gpt2", "gpt2-eager"):
+        config = transformers.GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=VOCAB,
+                                          n_positions=64, use_cache=False)
+        cls = transformers.GPT2LMHeadModel
+    elif kind == "llama":
+        config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=64,
+                                          intermediate_size=128, num_attention_heads=4,
+                                          num_key_value_heads=2, vocab_size=VOCAB,
+                                          use_cache=False)
+        cls = transformers.LlamaForCausalLM
+    else:
+        config = transformers.BertConfig(num_hidden_layers=4, hidden_size=64,
+                                         intermediate_size=128, num_attention_heads=4,
+                                         vocab_size=VOCAB)
+        cls = transformers.BertForMaskedLM
+    config._attn_implementation = "eager" if kind == "gpt2-eager" else "sdpa"
+    model = cls(config)
+    model.train()
+    return model
+
+
+def batch_of(b, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed + b)
+    ids = torch.randint(0, VOCAB, (b, SEQ), generator=g)
+    return {"input_ids": ids.to(device), "labels": ids.clone().to(device)}
+
+
+def describe(model):
+    with torch.device("meta"):
+        shadow = type(model)(model.config)
+    return tracing.describe(shadow, lambda b: batch_of(b, "meta"), attention="cpu",
+                            batches=(BATCH, BATCH + 1))
+
+
+class SavedMeter:
+    """Bytes autograd holds for backward: each saved storage once while any
+    saved reference to it lives, leaving out `skip` (parameters, buffers,
+    the batch); the current figure and the peak."""
+
+    def __init__(self, skip):
+        self.skip, self.live, self.bytes, self.peak = skip, {}, 0, 0
+
+    def pack(self, t):
+        key = t.untyped_storage()._cdata
+        if key in self.skip:
+            return t
+        entry = self.live.setdefault(key, [0, t.untyped_storage().nbytes()])
+        if entry[0] == 0:
+            self.bytes += entry[1]
+            self.peak = max(self.peak, self.bytes)
+        entry[0] += 1
+        return _Held(self, key, t)
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+
+class _Held:
+    def __init__(self, meter, key, tensor):
+        self.meter, self.key, self.tensor = meter, key, tensor
+
+    def __del__(self):
+        entry = self.meter.live[self.key]
+        entry[0] -= 1
+        if entry[0] == 0:  # a storage made later may take its address (its key)
+            self.meter.bytes -= entry[1]
+            del self.meter.live[self.key]
+
+
+def measured_step(model, x):
+    """One forward and backward: (loss, gradients, bytes held once forward
+    ended, peak bytes held)."""
+    skip = {t.untyped_storage()._cdata
+            for t in list(model.parameters()) + list(model.buffers()) + list(x.values())}
+    meter = SavedMeter(skip)
+    torch.manual_seed(1)  # dropout's masks, alike in both runs
+    with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+        loss = model(**x).loss
+    held = meter.bytes
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return loss.detach(), grads, held, meter.peak
+
+
+def plan_of(description, planner, budget=0):
+    config = {"train_micro_batch_size_per_gpu": BATCH,
+              "activation_checkpointing": {"planner": planner, "budget_bytes": budget}}
+    return mt.plan(description, config=config, batch=BATCH)
+
+
+PLANNERS = ["none", "full", "sqrt", "uniform:3", "optimal"]
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
+@pytest.mark.parametrize("kind", ["gpt2", "gpt2-eager", "llama", "bert"])
+def test_the_executed_plan_holds_what_it_planned(kind, planner):
+    model = hf_model(kind)
+    description = describe(model)
+    # Blocks are recomputable; the embeddings, final norm and head are not.
+    flags = {s["name"]: s["recomputable"] for s in description["stages"]}
+    assert sum(flags.values()) == 4, flags
+    assert all(".h." in n or ".layers." in n or ".layer." in n for n, f in flags.items() if f)
+    budget = 0
+    if planner == "optimal":  # half way between everything kept and everything recomputed
+        budget = (plan_of(description, "none")["recompute_predicted_peak"] +
+                  plan_of(description, "full")["recompute_predicted_peak"]) // 2
+    report = plan_of(description, planner, budget)
+    segments = segments_of(description, report)
+    reference = copy.deepcopy(model)
+    recomputation = Recomputation(model, segments)
+    x = batch_of(BATCH)
+    loss, grads, held, peak = measured_step(model, x)
+    ref_loss, ref_grads, ref_held, _ = measured_step(reference, x)
+    assert torch.equal(loss, ref_loss)
+    for name, g in ref_grads.items():
+        assert torch.equal(grads[name], g), name
+    planned = report["recompute_held_after_forward"]
+    assert abs(held - planned) <= 0.01 * planned, (held, planned)
+    assert peak <= report["recompute_predicted_peak"], (peak, report["recompute_predicted_peak"])
+    if planner == "none":
+        assert segments == [] and held == ref_held
+    elif planner == "optimal":  # the least recomputation within the budget
+        assert report["recompute_predicted_peak"] <= budget
+        assert segments and held < ref_held, (segments, held, ref_held)
+    else:
+        assert segments and held < ref_held / 2, (segments, held, ref_held)
+    recomputation.remove()
+
+
+def test_eager_attention_masks_are_held_once_for_every_segment():
+    """GPT-2's eager attention adds a [batch, 1, L, L] f32 mask the blocks
+    take and autograd never saves: recomputation must hold it (once), and
+    the trace says so."""
+    description = describe(hf_model("gpt2-eager"))
+    assert description["recompute_inputs"] == [0, SEQ * SEQ * 4]
+    assert describe(hf_model("gpt2"))["recompute_inputs"] == [0, 0]  # SDPA: causal, no mask
+    none = plan_of(description, "none")
+    full = plan_of(description, "full")
+    assert full["recompute_held_after_forward"] > BATCH * SEQ * SEQ * 4
+    assert none["recompute_segments"] == [{"begin": i, "end": i + 1, "mode": "keep"}
+                                          for i in range(len(description["stages"]))]
+
+
+def zero_run(stage, planner, steps=3, measure=False):
+    torch.manual_seed(0)
+    model = hf_model("gpt2")
+    opt = mt.ZeroOptimizer(model, config={
+        "train_micro_batch_size_per_gpu": BATCH, "zero_optimization": {"stage": stage},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "activation_checkpointing": {"planner": planner}})
+    losses, held = [], None
+    for s in range(steps):
+        x = batch_of(BATCH, seed=s)
+        torch.manual_seed(100 + s)
+        if measure and s == 0:
+            skip = {t.untyped_storage()._cdata
+                    for t in list(model.parameters()) + list(model.buffers()) + list(x.values())}
+            meter = SavedMeter(skip)
+            with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+                loss = model(**x).loss
+            held = meter.bytes
+        else:
+            loss = model(**x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, opt.recomputation, held
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_zero_optimizer_plans_and_applies_the_configs_recomputation(stage):
+    reference, none, _ = zero_run(stage, "none")
+    assert none is None
+    losses, chosen, held = zero_run(stage, "sqrt", measure=stage == 0)
+    assert losses == reference
+    assert chosen["planner"] == "sqrt" and chosen["micro_batch"] == BATCH
+    assert chosen["segments"] == [["transformer.h.0", "transformer.h.1"],
+                                  ["transformer.h.2", "transformer.h.3"]]
+    assert chosen["recompute_flops"] > 0
+    if stage == 0:  # stage 3 pushes its own saved-tensor hooks inside the meter's
+        planned = chosen["held_after_forward"]
+        assert abs(held - planned) <= 0.01 * planned, (held, planned)
+
+
+def test_the_plan_is_made_at_the_first_training_forward_only():
+    torch.manual_seed(0)
+    model = hf_model("gpt2")
+    opt = mt.ZeroOptimizer(model, config={"activation_checkpointing": {"planner": "full"}})
+    model.eval()
+    with torch.no_grad():
+        model(**batch_of(BATCH))
+    assert opt.recomputation is None
+    model.train()
+    model(**batch_of(3)).loss.backward()
+    assert opt.recomputation["micro_batch"] == 3
+    assert len(opt.recomputation["segments"]) == 4
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_recomputation_on_real_ranks_changes_no_loss(ranks_runner, ranks):
+    for r, result in enumerate(ranks_runner(ranks, "recompute_loop.py")):
+        assert result["with"] == result["without"], r
+        assert result["segments"] == 4, r
+
+
+def test_activation_offload_is_refused_by_name():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    for key in ("offload", "cpu_checkpointing"):
+        with pytest.raises(ValueError, match=r"activation_checkpointing.offload \(or "
+                                             r"cpu_checkpointing\): memwall.torch's activations "
+                                             r"are CPU tensors already"):
+            mt.ZeroOptimizer(model, config={"activation_checkpointing": {
+                "planner": "full", key: True}})
+
+
+def test_a_key_value_cache_is_refused_with_the_fix():
+    torch.manual_seed(0)
+    model = hf_model("gpt2")
+    model.config.use_cache = True
+    mt.ZeroOptimizer(model, config={"activation_checkpointing": {"planner": "full"}})
+    with pytest.raises(RuntimeError, match=r"segment transformer.h.0 takes a key/value cache "
+                                           r"\(DynamicCache\), which grows when its blocks run "
+                                           r"again; train with use_cache=False"):
+        model(**batch_of(BATCH))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width, norm=False):
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+        self.norm = torch.nn.BatchNorm1d(width) if norm else torch.nn.Identity()
+
+    def forward(self, x):
+        return torch.relu(self.norm(self.linear(x)))
+
+
+class Stack(torch.nn.Module):
+    """Blocks with a residual added between them (outside every block)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(8) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x) + x
+        return x.sum()
+
+
+def test_blocks_with_operators_between_them_are_kept_or_refused():
+    torch.manual_seed(0)
+    model = Stack()
+    description = tracing.describe(model, lambda b: (torch.randn(b, 8),))
+    assert [s["recomputable"] for s in description["stages"]] == [False, False, False]
+    report = mt.plan(description, config={"activation_checkpointing": {"planner": "full"}})
+    assert segments_of(description, report) == []
+    # Forced onto them, the segment finds the second block's input made
+    # between the blocks.
+    Recomputation(model, [["blocks.0", "blocks.1"]])
+    with pytest.raises(RuntimeError, match=r"block 'blocks.1' of segment blocks.0..blocks.1 takes "
+                                           r"a tensor of shape \(2, 8\) that neither the previous "
+                                           r"block returned nor the segment's first block took"):
+        model(torch.randn(2, 8))
+    # The hooks it pushed are gone: a forward without grad runs.
+    with torch.no_grad():
+        model(torch.randn(2, 8))
+
+
+class Moody(torch.nn.Module):
+    """A block whose forward differs each time it runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.linear(x)
+        return torch.tanh(y) if self.calls % 2 else torch.sigmoid(torch.tanh(y))
+
+
+def test_a_segment_that_runs_differently_again_stops_backward_by_name():
+    model = torch.nn.Sequential(Moody(), Moody())
+    Recomputation(model, [["0", "1"]])
+    loss = model(torch.randn(2, 8)).sum()
+    with pytest.raises(RuntimeError, match=r"memwall recomputation: segment 0..1, run again, "
+                                           r"saved a torch.float32 tensor of shape \(2, 8\) as "
+                                           r"its tensor 3; its forward saved \(\(8, 8\)"):
+        loss.backward()
+
+
+def test_batch_norm_statistics_move_once_per_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Block(8, norm=True), Block(8, norm=True), Block(8, norm=True))
+    reference = copy.deepcopy(model)
+    Recomputation(model, [["0", "1", "2"]])
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    reference(x).sum().backward()
+    for (name, b), r in zip(model.named_buffers(), reference.buffers()):
+        assert torch.equal(b, r), name
+    for (name, p), r in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p.grad, r.grad), name
