@@ -81,7 +81,7 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
       options.hardware.empty() ? PresetForMemory(options.device_bytes) : options.hardware;
   MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(preset));
   MW_ASSIGN_OR_RETURN(const AutoResult result, AutoStrategy(ToDryRunOptions(options), config, hw,
-                                                               /*vary_micro_batch=*/true));
+                                                               options.vary_micro_batch));
   const Candidate* best = result.best >= 0 ? &result.candidates[result.best] : nullptr;
   const std::string chosen = best != nullptr ? ConfigToJson(best->config) : "";
   // Tiles belong to the model: the chosen ones are run through its spec.

@@ -54,6 +54,9 @@ struct PlanOptions {
   // empty to pick by device memory.
   bool auto_strategy = false;
   std::string hardware;
+  // Whether the auto strategy may trade micro-batch for accumulation (a
+  // caller whose loop sets the micro-batch, memwall.torch, says false).
+  bool vary_micro_batch = true;
   std::string out_path;
   // Whether an existing `out_path` is replaced (--force); a checkpoint's
   // file never is (engine/checkpoint.h CheckOutputFile).

@@ -136,7 +136,7 @@ py::dict ConfigValues(const std::string& config_json) {
 std::string PlanTraced(const std::string& description, const std::string& config_json,
                        int64_t gpus, const std::string& device_memory,
                        const std::string& host_memory, const std::string& nvme, int64_t batch,
-                       bool auto_strategy, const std::string& hardware) {
+                       bool auto_strategy, const std::string& hardware, bool vary_micro_batch) {
   PlanOptions options;
   auto model = std::make_shared<const TracedModel>(Value(ParseTracedModel(description, "<memory>")));
   options.model = model->model;
@@ -151,6 +151,7 @@ std::string PlanTraced(const std::string& description, const std::string& config
   options.json = true;
   options.auto_strategy = auto_strategy;
   options.hardware = hardware;
+  options.vary_micro_batch = vary_micro_batch;
   if (hardware == "this-machine") options.runtime_allowance = 0;
   return Value(PlanReport(options));
 }
@@ -404,8 +405,10 @@ PYBIND11_MODULE(_memwall, m) {
   m.def("plan", &memwall::PlanTraced, py::arg("description"), py::arg("config"),
         py::arg("gpus"), py::arg("device_memory"), py::arg("host_memory"), py::arg("nvme"),
         py::arg("batch"), py::arg("auto_strategy"), py::arg("hardware"),
+        py::arg("vary_micro_batch") = true,
         "memwall plan of a traced model's description (JSON text): the report's JSON text "
-        "(memwall.plan/1, or memwall.plan-auto/1 with auto_strategy).");
+        "(memwall.plan/1, or memwall.plan-auto/1 with auto_strategy, which with "
+        "vary_micro_batch false keeps the config's micro-batch and accumulation).");
 
   py::class_<memwall::ParameterArg>(m, "Parameter")
       .def(py::init([](std::string name, std::vector<int64_t> shape, uintptr_t values,

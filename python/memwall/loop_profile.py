@@ -49,6 +49,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 import memwall
 from memwall import _groups
+from memwall.recompute import replaying
 from memwall.trace import _tensors, watch_modules
 
 
@@ -187,6 +188,11 @@ class LoopProfile:
             self._profiler.begin_phase("backward")
 
     def _enter(self, name, block, args, kwargs):
+        if replaying() is not None:  # a recomputed block, inside backward
+            self._stack.append(name or "<model>")
+            if block:
+                self._profiler.begin_phase("recompute " + name)
+            return
         if self._forward_depth == 0:
             self._end_backward()
             self._profiler.begin_phase("forward")
@@ -201,6 +207,8 @@ class LoopProfile:
         self._stack.pop()
         if block:
             self._profiler.end_phase()
+        if replaying() is not None:
+            return
         self._forward_depth -= 1
         if self._forward_depth == 0:
             self._profiler.end_phase()

@@ -32,7 +32,18 @@ import torch
 
 from memwall.trace import _tensors
 
-__all__ = ["Recomputation", "segments_of"]
+__all__ = ["Recomputation", "replaying", "segments_of"]
+
+# The segments whose blocks are running again (innermost last): a profile's
+# module hooks see a replay's forward inside backward.
+_REPLAYING = []
+
+
+def replaying():
+    """The label of the segment being recomputed ("blocks.0..blocks.3"),
+    or None outside any replay: for module hooks that must tell a block's
+    forward from its recomputation in backward."""
+    return _REPLAYING[-1] if _REPLAYING else None
 
 
 def segments_of(description, report):
@@ -273,6 +284,7 @@ class Recomputation:
             hooks = torch.autograd.graph.saved_tensors_hooks(
                 lambda t: self._record(run, t), lambda _: None)
             self._replaying = True
+            _REPLAYING.append(segment.label)
             try:
                 with torch.enable_grad(), hooks, _Autocast(run.autocast):
                     inputs = [run.unpack(p) for p in run.inputs]
@@ -281,6 +293,7 @@ class Recomputation:
                         args, kwargs = _fill((args, kwargs), inputs, previous)
                         previous = _tensors(module(*args, **kwargs))
             finally:
+                _REPLAYING.pop()
                 self._replaying = False
         with torch.no_grad():
             for b, value in buffers:

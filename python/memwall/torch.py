@@ -27,6 +27,13 @@ every collective and update is the engine's. What the glue does:
   (saved_tensors_hooks) and re-gathered when backward unpacks them; a group
   gathered for backward is released once its gradients are reduced (at the
   latest when backward ends);
+- recomputation: the config's activation_checkpointing is planned for
+  the model as `memwall plan` plans a traced one (a meta copy traced at the
+  first training forward's batch size, or at construction from
+  example_inputs) and executed by memwall.recompute, whose saved-tensor
+  hooks sit inside stage 3's (a recomputed block gathers its parameters
+  again as its forward runs); stage "auto" takes the auto strategy's
+  choice for the traced model at the loop's micro-batch;
 - the model's own state dict: outside forward a stage-3 parameter holds
   only a placeholder, so model.state_dict() (save_pretrained,
   torch.save(model.state_dict())) is refused there rather than saving it;
@@ -46,6 +53,7 @@ import collections.abc
 import contextlib
 import copy
 import json
+import logging
 import os
 import signal
 import types
@@ -59,6 +67,9 @@ from memwall import _groups
 from memwall.trace import watch_modules
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+# What stage "auto" and the recomputation plan chose, at INFO on rank 0
+# (also the auto_choice and recomputation properties).
+_log = logging.getLogger("memwall")
 
 
 def _config_text(config):
@@ -425,6 +436,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         so far).
     device_memory / pinned_memory: the engine device's capacity and pinned
         pool ("8GiB"; pinned "0": derived from the config).
+    example_inputs: one batch as the model's forward takes it (a dict of
+        keyword arguments, a tuple of positional ones, or one tensor; its
+        first dimension the micro-batch). Required by stage "auto", which
+        traces the model with it and takes the configuration the auto
+        strategy chooses for it (`memwall plan --auto`, rates measured on
+        this machine, the micro-batch and accumulation kept; `auto_choice`
+        says which); with it the recomputation plan is made at
+        construction rather than at the first forward.
     collective_timeout: the seconds a rank waits in a collective for the
         others (0: forever) before memwall.DeadlineExceededError (a
         TimeoutError) names the collective: what a call only some ranks
@@ -436,7 +455,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, model, params=None, config=None, *, backend="host",
-                 device_memory="4GiB", pinned_memory="0", collective_timeout=600.0):
+                 device_memory="4GiB", pinned_memory="0", collective_timeout=600.0,
+                 example_inputs=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("model: expected a torch.nn.Module, got %s" % type(model).__name__)
         devices = {p.device.type for p in model.parameters()}
@@ -457,6 +477,23 @@ class ZeroOptimizer(torch.optim.Optimizer):
             warnings.warn("memwall: DeepSpeed settings with no memwall counterpart, not "
                           "applied: " + ", ".join(read["not_applied"]), stacklevel=2)
         parsed = json.loads(text)
+        self._device_memory = str(device_memory)
+        self._recomputation = None
+        self._recomputation_report = None
+        self._auto_choice = None
+        traced = None  # (description, batch) of example_inputs
+        if example_inputs is not None:
+            traced = _describe(model, example_inputs, dtype=_DTYPES[read["param_dtype"]])
+        if (parsed.get("zero_optimization") or {}).get("stage") == "auto":
+            if traced is None:
+                raise ValueError(
+                    "zero_optimization.stage \"auto\": memwall chooses by tracing the model and "
+                    "dry-running each configuration; pass ZeroOptimizer(..., example_inputs=...): "
+                    "one batch as the model's forward takes it (a dict of keyword arguments, a "
+                    "tuple of positional ones, or one tensor)")
+            text = self._resolve_auto(text, *traced)
+            read = memwall._memwall.config_values(text)
+            parsed = json.loads(text)
         if read["recomputes"] and read["offloads_activations"]:
             raise ValueError(
                 "activation_checkpointing.offload (or cpu_checkpointing): memwall.torch's "
@@ -465,9 +502,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
         # The recomputation plan is the glue's to execute (at the first
         # training forward); the engine takes the rest of the config.
         self._plan_text = text if read["recomputes"] else None
-        self._device_memory = str(device_memory)
-        self._recomputation = None
-        self._recomputation_report = None
         engine_text = text if not read["recomputes"] else json.dumps(
             {k: v for k, v in parsed.items() if k != "activation_checkpointing"})
         if params is None:
@@ -560,6 +594,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 _EngineGradient, torch.zeros(1, dtype=self._dtype).expand(self._shape[id(p)]))
             for _, p in self._named() if p.requires_grad}
         self._install_hooks(model)
+        if self._plan_text is not None and traced is not None:
+            self._apply_recomputation(model, *traced)
+        elif self._plan_text is not None:
+            self._planning = model.register_forward_pre_hook(
+                _weak(self._plan_recomputation), with_kwargs=True)
 
     # -- set-up -------------------------------------------------------------
 
@@ -610,9 +649,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._hooks.append(p.register_post_accumulate_grad_hook(on_gradient))
         self._hooks.append(model.register_forward_pre_hook(_weak(self._enter_saving)))
         self._hooks.append(model.register_forward_hook(_weak(self._exit_saving), always_call=True))
-        if self._plan_text is not None:
-            self._planning = model.register_forward_pre_hook(
-                _weak(self._plan_recomputation), with_kwargs=True)
         saving, loading = _weak(self._check_state_dict), _weak(self._check_load_state_dict)
         for module in model.modules():
             if any(p is not None for p in module._parameters.values()):
@@ -635,18 +671,47 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     # -- the recomputation plan ---------------------------------------------
 
+    def _resolve_auto(self, text, description, batch):
+        """Stage "auto": the auto strategy's choice for the traced model at
+        the example's micro-batch and the config's accumulation (as `memwall
+        plan --auto` chooses, on this machine's measured rates); its config
+        text."""
+        report = json.loads(memwall._memwall.plan(
+            json.dumps(description), text, memwall.world_size(), self._device_memory, "512GiB",
+            "0", batch, True, "this-machine", False))
+        if not report["fits"]:
+            raise memwall.OutOfMemoryError(
+                "RESOURCE_EXHAUSTED: zero_optimization.stage \"auto\": no configuration of %s "
+                "fits device_memory %s at micro-batch %d (tried: %s)" % (
+                    description["model"], self._device_memory, batch,
+                    "; ".join(c["name"] for c in report["candidates"])))
+        self._auto_choice = {"chosen": report["chosen"], "config": report["config"],
+                             "step_seconds": report["step_seconds"]}
+        if memwall.rank() == 0:
+            _log.info("memwall: zero_optimization.stage \"auto\" chose %s (predicted %.3g s "
+                      "per step on this machine)", report["chosen"], report["step_seconds"])
+        return json.dumps(report["config"])
+
+    @property
+    def auto_choice(self):
+        """What stage "auto" chose: {"chosen" (the candidate's name, as
+        `memwall plan --auto` prints it: stage, offload, recomputation,
+        buckets), "config" (the whole config it trains with),
+        "step_seconds" (predicted on this machine)}; None for a named
+        stage."""
+        return copy.deepcopy(self._auto_choice)
+
     def _plan_recomputation(self, model, args, kwargs):
         """At the first training forward: the config's recomputation plan
         for this model at this batch size, applied (see __init__)."""
         if not torch.is_grad_enabled() or not model.training:
             return
+        self._apply_recomputation(model, *_describe(model, (args, kwargs), self._shape))
+        self._planning.remove()
+        self._planning = None
+
+    def _apply_recomputation(self, model, description, batch):
         from memwall import recompute
-        from memwall import trace as tracing
-        inputs, batch = _inputs_of(model, args, kwargs)
-        shadow = _meta_shadow(model, self._shape)
-        description = tracing.describe(
-            shadow, lambda b: _meta_inputs(inputs, batch, b), attention="cpu",
-            batches=(batch, batch + 1))
         report = json.loads(memwall._memwall.plan(
             json.dumps(description), self._plan_text, memwall.world_size(), self._device_memory,
             "512GiB", "0", batch, False, "this-machine"))
@@ -663,8 +728,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             "recompute_flops": report["recompute_flops_per_step"],
             "forward_flops": report["forward_flops_per_step"],
         }
-        self._planning.remove()
-        self._planning = None
+        if memwall.rank() == 0:
+            _log.info("memwall: recomputation %s at micro-batch %d: %d segments %s; activations "
+                      "held after forward %d bytes, peak %d", report["recomputation"], batch,
+                      len(segments), segments, report["recompute_held_after_forward"],
+                      report["recompute_predicted_peak"])
 
     @property
     def recomputation(self):
@@ -1130,9 +1198,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._profile = None
 
     def _enter_module(self, name, block, args, kwargs):
+        from memwall.recompute import replaying
         self._module_stack.append(name or "<model>")
         if block:
-            self._engine.begin_phase("forward " + name)
+            self._engine.begin_phase(("recompute " if replaying() else "forward ") + name)
 
     def _exit_module(self, block):
         self._module_stack.pop()
@@ -1447,6 +1516,29 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return self._engine.memory()
 
 
+def _describe(model, example, shapes=None, dtype=None):
+    """memwall.trace.describe of a meta copy of `model` at the batch size of
+    `example` (a dict of keyword arguments, a tuple of positional ones, one
+    tensor, or an (args, kwargs) pair a forward pre-hook saw) and the next,
+    attention as torch's CPU kernels save it, floating tensors in `dtype`
+    (None: as they are); (description, batch)."""
+    from memwall import trace as tracing
+    if isinstance(example, torch.Tensor):
+        args, kwargs = (example,), {}
+    elif isinstance(example, dict):
+        args, kwargs = (), example
+    elif (isinstance(example, tuple) and len(example) == 2 and isinstance(example[0], tuple)
+          and isinstance(example[1], dict)):
+        args, kwargs = example
+    else:
+        args, kwargs = tuple(example), {}
+    inputs, batch = _inputs_of(model, args, kwargs)
+    shadow = _meta_shadow(model, shapes or {}, dtype)
+    description = tracing.describe(shadow, lambda b: _meta_inputs(inputs, batch, b),
+                                   attention="cpu", batches=(batch, batch + 1))
+    return description, batch
+
+
 def _inputs_of(model, args, kwargs):
     """A forward's arguments as trace() takes them (a tuple, or a dict
     when any is given by keyword) and its batch size (the first tensor's
@@ -1486,17 +1578,19 @@ def _meta_inputs(value, batch, b):
     return value
 
 
-def _meta_shadow(model, shapes):
+def _meta_shadow(model, shapes, dtype=None):
     """A copy of `model` on torch's meta device (parameters at their
-    shapes even where stage 3 released them), with no hooks: what the
-    recomputation plan traces."""
+    shapes even where stage 3 released them; floating ones in `dtype` if
+    given), with no hooks: what the recomputation plan traces."""
+    def cast(t):
+        return dtype if dtype is not None and t.is_floating_point() else t.dtype
     memo = {}
     for p in model.parameters():
         memo[id(p)] = torch.nn.Parameter(
-            torch.empty(shapes.get(id(p), tuple(p.shape)), dtype=p.dtype, device="meta"),
+            torch.empty(shapes.get(id(p), tuple(p.shape)), dtype=cast(p), device="meta"),
             requires_grad=p.requires_grad)
     for b in model.buffers():
-        memo[id(b)] = torch.empty_like(b, device="meta")
+        memo[id(b)] = torch.empty(tuple(b.shape), dtype=cast(b), device="meta")
     shadow = copy.deepcopy(model, memo)
     for module in shadow.modules():
         for name, value in vars(module).items():

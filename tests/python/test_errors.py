@@ -56,12 +56,14 @@ def test_a_model_moved_out_of_memwalls_memory():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"activation_checkpointing": {"planner": "optimal"}},
-     "INVALID_ARGUMENT: activation_checkpointing: a caller-owned model runs its own forward "
-     "and backward, so memwall cannot recompute it; expected planner \"none\", got \"optimal\""),
+    ({"activation_checkpointing": {"planner": "optimal", "offload": True}},
+     "activation_checkpointing.offload (or cpu_checkpointing): memwall.torch's activations are "
+     "CPU tensors already, with no device memory to offload them from; set it false "
+     "(recomputation alone is planned and applied)"),
     ({"zero_optimization": {"stage": "auto"}},
-     "INVALID_ARGUMENT: zero_optimization.stage: \"auto\" dry-runs whole training steps, which "
-     "needs a model of memwall layers; a caller-owned model names its stage (0..3)"),
+     "zero_optimization.stage \"auto\": memwall chooses by tracing the model and dry-running "
+     "each configuration; pass ZeroOptimizer(..., example_inputs=...): one batch as the model's "
+     "forward takes it (a dict of keyword arguments, a tuple of positional ones, or one tensor)"),
     ({"zero_optimization": {"stagee": 1}},
      "INVALID_ARGUMENT: zero_optimization.stagee: unknown key (known here: "
      "allgather_bucket_size, allgather_partitions, contiguous_gradients, offload_optimizer, "

@@ -51,17 +51,17 @@ def hf_model(kind):
     return model
 
 
-def batch_of(b, device="cpu", seed=0):
+def batch_of(b, device="cpu", seed=0, seq=SEQ):
     g = torch.Generator().manual_seed(seed + b)
-    ids = torch.randint(0, VOCAB, (b, SEQ), generator=g)
+    ids = torch.randint(0, VOCAB, (b, seq), generator=g)
     return {"input_ids": ids.to(device), "labels": ids.clone().to(device)}
 
 
-def describe(model):
+def describe(model, batch=BATCH, seq=SEQ):
     with torch.device("meta"):
         shadow = type(model)(model.config)
-    return tracing.describe(shadow, lambda b: batch_of(b, "meta"), attention="cpu",
-                            batches=(BATCH, BATCH + 1))
+    return tracing.describe(shadow, lambda b: batch_of(b, "meta", seq=seq), attention="cpu",
+                            batches=(batch, batch + 1))
 
 
 class SavedMeter:
@@ -336,3 +336,117 @@ def test_batch_norm_statistics_move_once_per_step():
         assert torch.equal(b, r), name
     for (name, p), r in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(p.grad, r.grad), name
+
+
+AUTO = {"zero_optimization": {"stage": "auto"}, "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+
+
+def test_plan_auto_s_config_given_to_zero_optimizer_reproduces_its_plan():
+    """memwall.torch.plan(..., auto=True) on a device too small to keep
+    every activation: its chosen config, given to a ZeroOptimizer with the
+    same device memory, recomputes the segments the plan chose, and a real
+    step holds the model states the plan's dry run holds (the engine
+    allocator's peaks, byte for byte) and the activations it planned (within
+    1% after forward). Llama: GPT-2's tied embedding has its gradient
+    buffer taken at the head in a dry run, after both uses by autograd."""
+    model = hf_model("llama")
+    description = describe(model, batch=1, seq=256)
+    report = mt.plan(description, batch=1, config=AUTO, device_memory="4MiB",
+                     hardware="this-machine", auto=True)
+    assert report["fits"], report["candidates"]
+    chosen = report["plan"]
+    # Only candidates that recompute fit 4 MiB at sequence 256.
+    assert chosen["recomputation"] in ("optimal", "least-peak"), report["chosen"]
+    opt = mt.ZeroOptimizer(model, config=report["config"], device_memory="4MiB")
+    x = batch_of(1, seq=256)
+    skip = {t.untyped_storage()._cdata
+            for t in list(model.parameters()) + list(model.buffers()) + list(x.values())}
+    meter = SavedMeter(skip)
+    torch.manual_seed(1)
+    hooks = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack)
+    with hooks:
+        loss = model(**x).loss
+    held = meter.bytes
+    loss.backward()
+    opt.step()
+    applied = opt.recomputation
+    stages = [s["name"] for s in description["stages"]]
+    assert applied["segments"] == [stages[s["begin"]:s["end"]]
+                                   for s in chosen["recompute_segments"] if s["mode"] != "keep"]
+    assert applied["activation_peak"] == chosen["recompute_predicted_peak"]
+    planned = chosen["recompute_held_after_forward"]
+    if opt.engine.stage != 3:  # stage 3's own saved-tensor hooks sit inside the meter's
+        assert abs(held - planned) <= 0.01 * planned, (held, planned)
+    memory = opt.engine.memory()
+    for category in ("parameter", "gradient", "optimizer_state"):
+        assert chosen["device"]["category_peaks"][category] == memory[category]["peak"], category
+
+
+def test_stage_auto_traces_the_example_and_says_what_it_chose():
+    torch.manual_seed(0)
+    model = hf_model("gpt2")
+    reference = copy.deepcopy(model)
+    x = batch_of(1)
+    opt = mt.ZeroOptimizer(model, config=AUTO, device_memory="2MiB", example_inputs=x)
+    choice = opt.auto_choice
+    assert choice["config"]["zero_optimization"]["stage"] == opt.engine.stage
+    assert choice["chosen"].startswith("stage %d" % opt.engine.stage)
+    assert choice["config"]["train_micro_batch_size_per_gpu"] == 1  # the loop's, kept
+    assert choice["config"]["gradient_accumulation_steps"] == 1
+    # Everything kept does not fit: it recomputes, planned at construction.
+    assert "recomputation optimal" in choice["chosen"]
+    assert opt.recomputation["segments"]
+    torch.manual_seed(1)
+    loss = model(**x).loss
+    torch.manual_seed(1)
+    assert torch.equal(loss, reference(**x).loss)
+    loss.backward()
+    opt.step()
+    assert opt.engine.progress()["steps_applied"] == 1
+
+
+def test_stage_auto_needs_an_example_and_a_device_it_fits():
+    model = hf_model("gpt2")
+    with pytest.raises(ValueError, match=r"zero_optimization.stage \"auto\": memwall chooses by "
+                                         r"tracing the model and dry-running each "
+                                         r"configuration; pass ZeroOptimizer\(\.\.\., "
+                                         r"example_inputs=\.\.\.\)"):
+        mt.ZeroOptimizer(model, config=AUTO)
+    with pytest.raises(MemoryError, match=r"RESOURCE_EXHAUSTED: zero_optimization.stage "
+                                          r"\"auto\": no configuration of GPT2LMHeadModel fits "
+                                          r"device_memory 1MiB at micro-batch 1 \(tried: stage 0, "
+                                          r"recomputation none"):
+        mt.ZeroOptimizer(model, config=AUTO, device_memory="1MiB", example_inputs=batch_of(1))
+
+
+def test_profiles_name_the_recomputation_and_see_only_block_outputs_kept(tmp_path):
+    """memwall.torch.profile of a ZeroOptimizer recomputing every block:
+    each block's forward adds one hidden state to the activations (its
+    output, [2, 32, 64] f32: all it keeps), and backward's replays are
+    phases of their own, "recompute <block>"; the profile of a loop with
+    torch's AdamW names them too."""
+    torch.manual_seed(0)
+    model = hf_model("gpt2")
+    opt = mt.ZeroOptimizer(model, config={"activation_checkpointing": {"planner": "full"}})
+    with mt.profile(opt, tmp_path / "zero"):
+        model(**batch_of(BATCH)).loss.backward()
+        opt.step()
+    with open(tmp_path / "zero" / "rank0" / "profile.json") as f:
+        phases = {p["name"]: p for p in json.load(f)["phases"]}
+    blocks = ["transformer.h.%d" % k for k in range(4)]
+    peaks = [phases["forward " + b]["peak_by_category"]["activation"] for b in blocks]
+    assert [b - a for a, b in zip(peaks, peaks[1:])] == [BATCH * SEQ * 64 * 4] * 3
+    assert all("recompute " + b in phases for b in blocks)
+
+    model = hf_model("gpt2")
+    description = describe(model)
+    Recomputation(model, segments_of(description, plan_of(description, "sqrt")))
+    adamw = torch.optim.AdamW(model.parameters())
+    with mt.profile(adamw, tmp_path / "loop", model=model):
+        model(**batch_of(BATCH)).loss.backward()
+        adamw.step()
+    with open(tmp_path / "loop" / "rank0" / "profile.json") as f:
+        names = {p["name"] for p in json.load(f)["phases"]}
+    assert {"recompute " + b for b in blocks} <= names
+    assert {"forward " + b for b in blocks} <= names
