@@ -431,7 +431,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         property says what was chosen). The forward's tensors' first
         dimension is taken for the batch. Activation offload (offload,
         cpu_checkpointing) is refused: memwall.torch's tensors are on the
-        CPU already.
+        CPU already; so is the "selective" planner (whole blocks are
+        recomputed, a traced block offers no selective mode).
     backend: "host" (CPU tensors, MPI ranks; the only one the glue drives
         so far).
     device_memory / pinned_memory: the engine device's capacity and pinned
@@ -494,6 +495,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             text = self._resolve_auto(text, *traced)
             read = memwall._memwall.config_values(text)
             parsed = json.loads(text)
+        if (parsed.get("activation_checkpointing") or {}).get("planner") == "selective":
+            raise ValueError(
+                "activation_checkpointing.planner \"selective\": memwall.torch recomputes whole "
+                "blocks, and a traced block offers no selective mode (its attention alone); "
+                "use full, uniform:K, sqrt or optimal")
         if read["recomputes"] and read["offloads_activations"]:
             raise ValueError(
                 "activation_checkpointing.offload (or cpu_checkpointing): memwall.torch's "

@@ -60,6 +60,10 @@ def test_a_model_moved_out_of_memwalls_memory():
      "activation_checkpointing.offload (or cpu_checkpointing): memwall.torch's activations are "
      "CPU tensors already, with no device memory to offload them from; set it false "
      "(recomputation alone is planned and applied)"),
+    ({"activation_checkpointing": {"planner": "selective"}},
+     "activation_checkpointing.planner \"selective\": memwall.torch recomputes whole blocks, and "
+     "a traced block offers no selective mode (its attention alone); use full, uniform:K, sqrt "
+     "or optimal"),
     ({"zero_optimization": {"stage": "auto"}},
      "zero_optimization.stage \"auto\": memwall chooses by tracing the model and dry-running "
      "each configuration; pass ZeroOptimizer(..., example_inputs=...): one batch as the model's "
