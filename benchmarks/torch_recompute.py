@@ -30,6 +30,7 @@ import transformers
 import memwall.torch as mt
 from memwall import trace as tracing
 from memwall.recompute import Recomputation, segments_of
+from memwall.trace import SavedMeter
 
 BATCH, SEQ, VOCAB = 4, 256, 8192
 
@@ -48,45 +49,13 @@ def batch(b, device="cpu"):
     return {"input_ids": ids.to(device), "labels": ids.clone().to(device)}
 
 
-class Meter:
-    def __init__(self, skip):
-        self.skip, self.live, self.bytes, self.peak = skip, {}, 0, 0
-
-    def pack(self, t):
-        key = t.untyped_storage()._cdata
-        if key in self.skip:
-            return t
-        entry = self.live.setdefault(key, [0, t.untyped_storage().nbytes()])
-        if entry[0] == 0:
-            self.bytes += entry[1]
-            self.peak = max(self.peak, self.bytes)
-        entry[0] += 1
-        return _Held(self, key, t)
-
-    @staticmethod
-    def unpack(held):
-        return held.tensor if isinstance(held, _Held) else held
-
-
-class _Held:
-    def __init__(self, meter, key, tensor):
-        self.meter, self.key, self.tensor = meter, key, tensor
-
-    def __del__(self):
-        entry = self.meter.live[self.key]
-        entry[0] -= 1
-        if entry[0] == 0:
-            self.meter.bytes -= entry[1]
-            del self.meter.live[self.key]
-
-
 def measure(model, x):
     """(loss, gradients, bytes held after forward, peak bytes held)."""
     for p in model.parameters():
         p.grad = None
     skip = {t.untyped_storage()._cdata
             for t in list(model.parameters()) + list(model.buffers()) + list(x.values())}
-    meter = Meter(skip)
+    meter = SavedMeter(skip)
     torch.manual_seed(1)
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
         loss = model(**x).loss

@@ -30,7 +30,7 @@ import weakref
 
 import torch
 
-from memwall.trace import _tensors
+from memwall.trace import _map, _tensors
 
 __all__ = ["Recomputation", "replaying", "segments_of"]
 
@@ -222,25 +222,27 @@ class Recomputation:
         """`value` with each tensor replaced by where the replay finds it:
         ("input", i) for the first block's i-th tensor, ("output", j) for
         the previous block's j-th output tensor."""
-        if hasattr(value, "get_seq_length") and hasattr(value, "update"):
-            raise RuntimeError(
-                "memwall recomputation: segment %s takes a key/value cache (%s), which grows "
-                "when its blocks run again; train with use_cache=False "
-                "(model.config.use_cache = False), as transformers' gradient checkpointing does"
-                % (run.segment.label, type(value).__name__))
-        if isinstance(value, torch.Tensor):
+        def leaf(item):
+            if hasattr(item, "get_seq_length") and hasattr(item, "update"):
+                raise RuntimeError(
+                    "memwall recomputation: segment %s takes a key/value cache (%s), which "
+                    "grows when its blocks run again; train with use_cache=False "
+                    "(model.config.use_cache = False), as transformers' gradient checkpointing "
+                    "does" % (run.segment.label, type(item).__name__))
+            if not isinstance(item, torch.Tensor):
+                return item
             if first:
-                index = run.input_ids.get(id(value))
+                index = run.input_ids.get(id(item))
                 if index is None:
                     index = len(run.inputs)
-                    run.input_ids[id(value)] = index
-                    run.held.append(value)
-                    run.inputs.append(run.pack(value))
+                    run.input_ids[id(item)] = index
+                    run.held.append(item)
+                    run.inputs.append(run.pack(item))
                 return _Marker("input", index)
             for j, ref in enumerate(run.previous):
-                if ref() is value:
+                if ref() is item:
                     return _Marker("output", j)
-            index = run.input_ids.get(id(value))
+            index = run.input_ids.get(id(item))
             if index is not None:
                 return _Marker("input", index)
             raise RuntimeError(
@@ -248,14 +250,8 @@ class Recomputation:
                 "that neither the previous block returned nor the segment's first block took "
                 "(made between the blocks?): the segment cannot run again; plan with this "
                 "model's blocks kept (activation_checkpointing planner \"none\")"
-                % (where, run.segment.label, tuple(value.shape)))
-        if isinstance(value, tuple) and not hasattr(value, "_fields"):
-            return tuple(self._template(v, run, first, where) for v in value)
-        if isinstance(value, list):
-            return [self._template(v, run, first, where) for v in value]
-        if isinstance(value, dict):
-            return {k: self._template(v, run, first, where) for k, v in value.items()}
-        return value
+                % (where, run.segment.label, tuple(item.shape)))
+        return _map(value, leaf)
 
     def _place(self, run, tensor):
         run.saved.append((tuple(tensor.shape), tensor.dtype))
@@ -326,15 +322,12 @@ class _Marker:
 
 
 def _fill(value, inputs, previous):
-    if isinstance(value, _Marker):
-        return inputs[value.index] if value.kind == "input" else previous[value.index]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_fill(v, inputs, previous) for v in value)
-    if isinstance(value, list):
-        return [_fill(v, inputs, previous) for v in value]
-    if isinstance(value, dict):
-        return {k: _fill(v, inputs, previous) for k, v in value.items()}
-    return value
+    """A template (Recomputation._template) with the replay's tensors in."""
+    def leaf(item):
+        if not isinstance(item, _Marker):
+            return item
+        return inputs[item.index] if item.kind == "input" else previous[item.index]
+    return _map(value, leaf)
 
 
 class _Autocast:

@@ -1570,18 +1570,16 @@ def _inputs_of(model, args, kwargs):
 def _meta_inputs(value, batch, b):
     """`value` with each tensor on meta, its first dimension `b` where it
     was the batch."""
-    if isinstance(value, torch.Tensor):
-        shape = tuple(value.shape)
+    from memwall.trace import _map
+
+    def leaf(item):
+        if not isinstance(item, torch.Tensor):
+            return item
+        shape = tuple(item.shape)
         if shape and shape[0] == batch:
             shape = (b,) + shape[1:]
-        return torch.empty(shape, dtype=value.dtype, device="meta")
-    if isinstance(value, tuple):
-        return tuple(_meta_inputs(v, batch, b) for v in value)
-    if isinstance(value, list):
-        return [_meta_inputs(v, batch, b) for v in value]
-    if isinstance(value, dict):
-        return {k: _meta_inputs(v, batch, b) for k, v in value.items()}
-    return value
+        return torch.empty(shape, dtype=item.dtype, device="meta")
+    return _map(value, leaf)
 
 
 def _meta_shadow(model, shapes, dtype=None):

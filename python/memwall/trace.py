@@ -69,8 +69,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memwall import _groups
 
-__all__ = ["ATTENTION_KERNELS", "Stage", "Trace", "Unit", "block_ids", "describe", "trace",
-           "watch_modules"]
+__all__ = ["ATTENTION_KERNELS", "SavedMeter", "Stage", "Trace", "Unit", "block_ids", "describe",
+           "trace", "watch_modules"]
 
 ATTENTION_KERNELS = ("auto", "flash", "efficient", "math", "cpu")
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -228,8 +228,68 @@ def _tensors(value):
     return []
 
 
+def _map(value, leaf):
+    """`value` with every item that is not a tuple, list or dict (tensors
+    and the rest) replaced by leaf(item), the containers rebuilt."""
+    if isinstance(value, tuple):
+        items = [_map(v, leaf) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        return [_map(v, leaf) for v in value]
+    if isinstance(value, dict):
+        return {k: _map(v, leaf) for k, v in value.items()}
+    return leaf(value)
+
+
 def _key(t):
     return t.untyped_storage()._cdata
+
+
+class SavedMeter:
+    """The bytes autograd holds for backward, as saved-tensor hooks see
+    them: each saved storage once while any saved reference to it lives,
+    storages in `skip` (keys of tensors: parameters, buffers, the batch)
+    left out. `bytes` now, `peak` the most so far.
+
+        meter = SavedMeter(skip={t.untyped_storage()._cdata for t in model.parameters()})
+        with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+            loss = model(x).sum()
+        meter.bytes   # held for backward once forward ended
+
+    Hooks pushed inside these (torch.utils.checkpoint's recomputation)
+    hide what they save from it."""
+
+    def __init__(self, skip=()):
+        self.skip, self.live, self.bytes, self.peak = set(skip), {}, 0, 0
+
+    def pack(self, t):
+        key = _key(t)
+        if key in self.skip:
+            return t
+        entry = self.live.setdefault(key, [0, t.untyped_storage().nbytes()])
+        if entry[0] == 0:
+            self.bytes += entry[1]
+            self.peak = max(self.peak, self.bytes)
+        entry[0] += 1
+        return _Held(self, key, t)
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+
+class _Held:
+    """A saved reference SavedMeter counts, until autograd drops it."""
+
+    def __init__(self, meter, key, tensor):
+        self.meter, self.key, self.tensor = meter, key, tensor
+
+    def __del__(self):
+        entry = self.meter.live[self.key]
+        entry[0] -= 1
+        if entry[0] == 0:  # a storage made later may take its address (its key)
+            self.meter.bytes -= entry[1]
+            del self.meter.live[self.key]
 
 
 class _Watch(TorchDispatchMode):

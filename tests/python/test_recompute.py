@@ -24,6 +24,7 @@ import memwall
 import memwall.torch as mt
 from memwall import trace as tracing
 from memwall.recompute import Recomputation, segments_of
+from memwall.trace import SavedMeter
 
 BATCH, SEQ, VOCAB = 2, 32, 256
 
@@ -64,40 +65,16 @@ def describe(model, batch=BATCH, seq=SEQ):
                             batches=(batch, batch + 1))
 
 
-class SavedMeter:
-    """Bytes autograd holds for backward: each saved storage once while any
-    saved reference to it lives, leaving out `skip` (parameters, buffers,
-    the batch); the current figure and the peak."""
-
-    def __init__(self, skip):
-        self.skip, self.live, self.bytes, self.peak = skip, {}, 0, 0
-
-    def pack(self, t):
-        key = t.untyped_storage()._cdata
-        if key in self.skip:
-            return t
-        entry = self.live.setdefault(key, [0, t.untyped_storage().nbytes()])
-        if entry[0] == 0:
-            self.bytes += entry[1]
-            self.peak = max(self.peak, self.bytes)
-        entry[0] += 1
-        return _Held(self, key, t)
-
-    @staticmethod
-    def unpack(held):
-        return held.tensor if isinstance(held, _Held) else held
-
-
-class _Held:
-    def __init__(self, meter, key, tensor):
-        self.meter, self.key, self.tensor = meter, key, tensor
-
-    def __del__(self):
-        entry = self.meter.live[self.key]
-        entry[0] -= 1
-        if entry[0] == 0:  # a storage made later may take its address (its key)
-            self.meter.bytes -= entry[1]
-            del self.meter.live[self.key]
+def test_the_saved_meter_counts_each_storage_autograd_holds_once():
+    x = torch.randn(4, 8, requires_grad=True)
+    meter = SavedMeter(skip={x.untyped_storage()._cdata})
+    with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+        y = torch.tanh(x)        # saves its output: 128 bytes
+        z = (y * y).sum()        # saves y twice: the same storage, counted once
+        w = (x * 3).exp().sum()  # saves exp's output (x is skipped): 128 more
+    assert meter.bytes == meter.peak == 256
+    (z + w).backward()
+    assert meter.bytes == 0 and meter.peak == 256
 
 
 def measured_step(model, x):
