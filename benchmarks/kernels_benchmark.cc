@@ -53,6 +53,10 @@ int Main(int argc, char** argv) {
   }
   std::vector<float> p(n, 0.5f), g(n, 0.01f), m(n, 0.0f), v(n, 0.0f), y(n, 1.0f);
   std::vector<uint16_t> low(n);
+  // ZeRO++ weight quantization in DeepSpeed's default block of 2048.
+  constexpr size_t kQuantBlock = 2048;
+  std::vector<int8_t> levels(n);
+  std::vector<float> absmax((n + kQuantBlock - 1) / kQuantBlock);
   AdamParams params;
   params.adamw = true;
   params.weight_decay = 0.01f;
@@ -88,6 +92,17 @@ int Main(int argc, char** argv) {
       {"has inf/nan f32", 4,
        [&](Isa isa) {
          const KernelTable& k = Kernels(isa); sink += k.has_inf_or_nan(g.data(), DType::kF32, n); }},
+      // Read twice (absmax, then levels), levels written: 2 + 2 + 1 bytes.
+      {"quantize bf16->int8", 5,
+       [&](Isa isa) {
+         Kernels(isa).quantize_int8(low.data(), DType::kBF16, n, kQuantBlock, levels.data(),
+                                    absmax.data());
+       }},
+      {"dequantize int8->bf16", 3,
+       [&](Isa isa) {
+         Kernels(isa).dequantize_int8(levels.data(), absmax.data(), n, kQuantBlock, low.data(),
+                                      DType::kBF16);
+       }},
   };
   // NN kernels on GPT-2-sized rows: hidden 768, 1024-token causal attention,
   // vocabulary 50257; each case covers about n elements.

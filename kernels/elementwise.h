@@ -99,6 +99,44 @@ MW_HD void SgdElement(const SgdParams& c, float& p, float g, float* buf) {
   p = p - c.lr * g;
 }
 
+// Block-based symmetric int8 quantization (ZeRO++'s qwZ, for the stage-3
+// parameter all-gather): a block of elements travels as int8 levels q in
+// [-127, 127] beside its f32 absmax a (the largest |x| of the block), and
+// an element reads back as a * (q / 127). The quantization step is
+// a / 127; rounding to the nearest level (half to even) puts every element
+// within half a step of its value, up to the rounding of the f32 divisions
+// and the product (a few parts in 10^5 of the step). The block's largest
+// element, and so every element of a constant block, reads back exactly
+// (q = +-127 gives a * 1); a block of zeros has a = 0 and reads back 0. A
+// block holding an inf or a nan has a non-finite absmax and reads back as
+// nans.
+//
+// The absmax is reduced on the bits of |x|: for non-negative floats the
+// unsigned order of the bits is the order of the values, with inf above
+// every finite value and nans above inf. The largest AbsBits of a block
+// is thus its absmax, a nan if it holds one (the same nan on every backend:
+// a max of integers, in any order).
+MW_HD uint32_t AbsBits(float x) { return FloatBits(x) & 0x7fffffffu; }
+
+MW_HD int8_t QuantizeInt8(float x, float absmax) {
+  if (!(absmax > 0.0f) || !(absmax <= 3.402823466e+38f)) return 0;  // zeros; inf, nan
+#if defined(__CUDA_ARCH__)
+  float level = rintf(__fmul_rn(__fdiv_rn(x, absmax), 127.0f));
+#else
+  float level = std::rint((x / absmax) * 127.0f);
+#endif
+  level = level < -127.0f ? -127.0f : (level > 127.0f ? 127.0f : level);
+  return static_cast<int8_t>(level);
+}
+
+MW_HD float DequantizeInt8(int8_t q, float absmax) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(absmax, __fdiv_rn(static_cast<float>(q), 127.0f));
+#else
+  return absmax * (static_cast<float>(q) / 127.0f);
+#endif
+}
+
 // Load/store of one element of each storage type, computing in f32.
 template <DType D>
 struct Storage;

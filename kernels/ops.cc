@@ -110,6 +110,33 @@ absl::Status Axpy(Device& device, Stream& stream, float alpha, const float* x,
       [&] { return MW_CUDA_CALL(cuda::Axpy(alpha, x, y, n, CudaStreamOf(stream)), "Axpy"); });
 }
 
+absl::Status QuantizeInt8(Device& device, Stream& stream, const void* x, DType dtype, size_t n,
+                          size_t block, int8_t* q, float* absmax) {
+  if (block == 0) return absl::InvalidArgumentError("QuantizeInt8: block: expected >= 1, got 0");
+  return Dispatch(
+      device, stream, [=] { cpu::Kernels().quantize_int8(x, dtype, n, block, q, absmax); },
+      [&] {
+        return MW_CUDA_CALL(
+            cuda::QuantizeInt8(x, dtype, n, block, q, absmax, CudaStreamOf(stream)),
+            "QuantizeInt8");
+      });
+}
+
+absl::Status DequantizeInt8(Device& device, Stream& stream, const int8_t* q,
+                            const float* absmax, size_t n, size_t block, void* out,
+                            DType dtype) {
+  if (block == 0) {
+    return absl::InvalidArgumentError("DequantizeInt8: block: expected >= 1, got 0");
+  }
+  return Dispatch(
+      device, stream, [=] { cpu::Kernels().dequantize_int8(q, absmax, n, block, out, dtype); },
+      [&] {
+        return MW_CUDA_CALL(
+            cuda::DequantizeInt8(q, absmax, n, block, out, dtype, CudaStreamOf(stream)),
+            "DequantizeInt8");
+      });
+}
+
 absl::StatusOr<double> SumOfSquares(Device& device, Stream& stream, const void* x,
                                     DType dtype, size_t n) {
   switch (device.backend()) {

@@ -34,6 +34,15 @@ absl::Status Accumulate(Device& device, Stream& stream, const void* src, DType s
                         void* dst, DType dst_dtype, size_t n);
 absl::Status Axpy(Device& device, Stream& stream, float alpha, const float* x,
                   float* y, size_t n);
+// Block-based int8 quantization for a compressed all-gather (ZeRO++ qwZ;
+// kernels/elementwise.h QuantizeInt8): x's n elements in blocks of `block`
+// to n int8 levels and ceil(n / block) f32 absmaxes, and back into out's
+// dtype. kInvalidArgument for block 0.
+absl::Status QuantizeInt8(Device& device, Stream& stream, const void* x, DType dtype, size_t n,
+                          size_t block, int8_t* q, float* absmax);
+absl::Status DequantizeInt8(Device& device, Stream& stream, const int8_t* q,
+                            const float* absmax, size_t n, size_t block, void* out,
+                            DType dtype);
 // Waits for the stream (the result comes back to the host). 0 on meta.
 // On cuda, takes a small workspace from the device allocator.
 absl::StatusOr<double> SumOfSquares(Device& device, Stream& stream, const void* x,

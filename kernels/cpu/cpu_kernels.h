@@ -78,6 +78,16 @@ struct KernelTable {
   // adam.
   void (*sgd)(const SgdParams& params, float* p, const void* g, DType g_dtype,
               float* momentum_buffer, void* p_low, DType low_dtype, size_t n);
+  // Block-based int8 quantization (elementwise.h QuantizeInt8): x's n
+  // elements in blocks of `block` (the last may be shorter) to levels q
+  // (n int8) and each block's absmax (ceil(n / block) floats).
+  // REQUIRES: block >= 1.
+  void (*quantize_int8)(const void* x, DType dtype, size_t n, size_t block, int8_t* q,
+                        float* absmax);
+  // The reverse: out[i] = absmax[i / block] * (q[i] / 127), rounded to
+  // out's dtype.
+  void (*dequantize_int8)(const int8_t* q, const float* absmax, size_t n, size_t block,
+                          void* out, DType dtype);
 };
 
 // REQUIRES: IsaSupported(isa).

@@ -345,11 +345,56 @@ void Sgd(const SgdParams& c, float* p, const void* g, DType g_dtype, float* buf,
   }
 }
 
+template <DType D>
+void QuantizeInt8T(const void* x, size_t n, size_t block, int8_t* q, float* absmax) {
+  const auto* in = static_cast<const T<D>*>(x);
+  for (size_t begin = 0, b = 0; begin < n; begin += block, ++b) {
+    const size_t end = n - begin < block ? n : begin + block;
+    uint32_t bits = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const uint32_t b_i = AbsBits(Storage<D>::Load(in[i]));
+      bits = b_i > bits ? b_i : bits;
+    }
+    const float a = BitsFloat(bits);
+    absmax[b] = a;
+    for (size_t i = begin; i < end; ++i) q[i] = QuantizeInt8(Storage<D>::Load(in[i]), a);
+  }
+}
+
+void QuantizeInt8s(const void* x, DType dtype, size_t n, size_t block, int8_t* q,
+                   float* absmax) {
+  switch (dtype) {
+    case DType::kF32: return QuantizeInt8T<DType::kF32>(x, n, block, q, absmax);
+    case DType::kBF16: return QuantizeInt8T<DType::kBF16>(x, n, block, q, absmax);
+    case DType::kF16: return QuantizeInt8T<DType::kF16>(x, n, block, q, absmax);
+  }
+}
+
+template <DType D>
+void DequantizeInt8T(const int8_t* q, const float* absmax, size_t n, size_t block, void* out) {
+  auto* dst = static_cast<T<D>*>(out);
+  for (size_t begin = 0, b = 0; begin < n; begin += block, ++b) {
+    const size_t end = n - begin < block ? n : begin + block;
+    const float a = absmax[b];
+    for (size_t i = begin; i < end; ++i) dst[i] = Storage<D>::Store(DequantizeInt8(q[i], a));
+  }
+}
+
+void DequantizeInt8s(const int8_t* q, const float* absmax, size_t n, size_t block, void* out,
+                     DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return DequantizeInt8T<DType::kF32>(q, absmax, n, block, out);
+    case DType::kBF16: return DequantizeInt8T<DType::kBF16>(q, absmax, n, block, out);
+    case DType::kF16: return DequantizeInt8T<DType::kF16>(q, absmax, n, block, out);
+  }
+}
+
 }  // namespace
 
 extern const KernelTable kTable;
-const KernelTable kTable = {&Fill,         &Cast,        &Scale, &Accumulate, &Axpy,
-                            &SumOfSquares, &HasInfOrNan, &Adam,  &AdamTo,     &Sgd};
+const KernelTable kTable = {&Fill,         &Cast,        &Scale,         &Accumulate,
+                            &Axpy,         &SumOfSquares, &HasInfOrNan, &Adam,
+                            &AdamTo,       &Sgd,          &QuantizeInt8s, &DequantizeInt8s};
 
 }  // namespace MW_CPU_ISA_NAMESPACE
 }  // namespace cpu

@@ -161,6 +161,53 @@ void LaunchCastFrom(const void* src, void* dst, DType dst_dtype, size_t n,
   }
 }
 
+// One CUDA block per quantization block (grid-stride over blocks): the
+// threads' largest AbsBits reduced in shared memory (a max of integers:
+// the order does not change the result), then each thread quantizes its
+// elements.
+template <DType D>
+__global__ void QuantizeInt8Kernel(const T<D>* x, size_t n, size_t block, int8_t* q,
+                                   float* absmax) {
+  __shared__ uint32_t shared[kThreads];
+  const size_t blocks = (n + block - 1) / block;
+  for (size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const size_t begin = b * block;
+    const size_t end = n - begin < block ? n : begin + block;
+    uint32_t bits = 0;
+    for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      bits = max(bits, AbsBits(Storage<D>::Load(x[i])));
+    }
+    shared[threadIdx.x] = bits;
+    __syncthreads();
+    for (int width = kThreads / 2; width > 0; width /= 2) {
+      if (threadIdx.x < width) {
+        shared[threadIdx.x] = max(shared[threadIdx.x], shared[threadIdx.x + width]);
+      }
+      __syncthreads();
+    }
+    const float a = BitsFloat(shared[0]);
+    if (threadIdx.x == 0) absmax[b] = a;
+    for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      q[i] = kernels::QuantizeInt8(Storage<D>::Load(x[i]), a);
+    }
+    __syncthreads();  // shared[0] read by all before the next block's reduction
+  }
+}
+
+template <DType D>
+__global__ void DequantizeInt8Kernel(const int8_t* q, const float* absmax, size_t n,
+                                     size_t block, T<D>* out) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    out[i] = Storage<D>::Store(kernels::DequantizeInt8(q[i], absmax[i / block]));
+  }
+}
+
+unsigned QuantBlocks(size_t n, size_t block) {
+  const size_t blocks = (n + block - 1) / block;
+  return static_cast<unsigned>(blocks > kMaxBlocks ? kMaxBlocks : blocks);
+}
+
 }  // namespace
 
 cudaError_t Fill(void* dst, DType dtype, size_t n, float value, cudaStream_t stream) {
@@ -342,6 +389,47 @@ cudaError_t Sgd(const SgdParams& c, float* p, const void* g, DType g_dtype, floa
     case DType::kF32: LaunchSgd<DType::kF32>(c, p, g, buf, p_low, low_dtype, n, stream); break;
     case DType::kBF16: LaunchSgd<DType::kBF16>(c, p, g, buf, p_low, low_dtype, n, stream); break;
     case DType::kF16: LaunchSgd<DType::kF16>(c, p, g, buf, p_low, low_dtype, n, stream); break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t QuantizeInt8(const void* x, DType dtype, size_t n, size_t block, int8_t* q,
+                         float* absmax, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned grid = QuantBlocks(n, block);
+  switch (dtype) {
+    case DType::kF32:
+      QuantizeInt8Kernel<DType::kF32><<<grid, kThreads, 0, stream>>>(
+          static_cast<const float*>(x), n, block, q, absmax);
+      break;
+    case DType::kBF16:
+      QuantizeInt8Kernel<DType::kBF16><<<grid, kThreads, 0, stream>>>(
+          static_cast<const uint16_t*>(x), n, block, q, absmax);
+      break;
+    case DType::kF16:
+      QuantizeInt8Kernel<DType::kF16><<<grid, kThreads, 0, stream>>>(
+          static_cast<const uint16_t*>(x), n, block, q, absmax);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t DequantizeInt8(const int8_t* q, const float* absmax, size_t n, size_t block,
+                           void* out, DType dtype, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (dtype) {
+    case DType::kF32:
+      DequantizeInt8Kernel<DType::kF32><<<Blocks(n), kThreads, 0, stream>>>(
+          q, absmax, n, block, static_cast<float*>(out));
+      break;
+    case DType::kBF16:
+      DequantizeInt8Kernel<DType::kBF16><<<Blocks(n), kThreads, 0, stream>>>(
+          q, absmax, n, block, static_cast<uint16_t*>(out));
+      break;
+    case DType::kF16:
+      DequantizeInt8Kernel<DType::kF16><<<Blocks(n), kThreads, 0, stream>>>(
+          q, absmax, n, block, static_cast<uint16_t*>(out));
+      break;
   }
   return cudaGetLastError();
 }

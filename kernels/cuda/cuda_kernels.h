@@ -44,6 +44,12 @@ cudaError_t Sgd(const SgdParams& params, float* p, const void* g, DType g_dtype,
                 float* momentum_buffer, void* p_low, DType low_dtype, size_t n,
                 cudaStream_t stream);
 
+// As KernelTable::quantize_int8 and dequantize_int8 (block >= 1).
+cudaError_t QuantizeInt8(const void* x, DType dtype, size_t n, size_t block, int8_t* q,
+                         float* absmax, cudaStream_t stream);
+cudaError_t DequantizeInt8(const int8_t* q, const float* absmax, size_t n, size_t block,
+                           void* out, DType dtype, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace memwall

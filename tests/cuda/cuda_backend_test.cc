@@ -263,5 +263,45 @@ TEST_CASE("CUDA SGD with momentum equals the CPU SGD bit for bit", "[cuda][kerne
   CHECK(std::memcmp(gb.data(), b.data(), n * 4) == 0);
 }
 
+TEST_CASE("CUDA int8 block quantization equals the CPU kernels bit for bit",
+          "[cuda][kernels][quantize]") {
+  Gpu gpu = MakeGpu();
+  // Partial last blocks, a zero block, a constant one, inf and nan blocks,
+  // and block sizes above and below the CUDA block's 256 threads.
+  for (size_t block : {size_t{1}, size_t{100}, size_t{256}, size_t{4096}}) {
+    INFO("block " << block);
+    const size_t n = 70001;
+    std::vector<float> x = RandomFloats(n, 12, 3.0f);
+    for (size_t i = 0; i < 300; ++i) x[i] = 0.0f;
+    for (size_t i = 300; i < 700; ++i) x[i] = -0.75f;
+    x[5000] = std::numeric_limits<float>::infinity();
+    x[9000] = std::numeric_limits<float>::quiet_NaN();
+    const size_t blocks = (n + block - 1) / block;
+    std::vector<int8_t> q(n);
+    std::vector<float> absmax(blocks), back(n);
+    kernels::cpu::Kernels().quantize_int8(x.data(), DType::kF32, n, block, q.data(),
+                                          absmax.data());
+    kernels::cpu::Kernels().dequantize_int8(q.data(), absmax.data(), n, block, back.data(),
+                                            DType::kF32);
+    DeviceBuffer dx = Upload(gpu, x.data(), n * 4, "x");
+    auto dq = gpu.device->Allocate(n, MemoryCategory::kOther, "q");
+    auto da = gpu.device->Allocate(blocks * 4, MemoryCategory::kOther, "absmax");
+    auto dback = gpu.device->Allocate(n * 4, MemoryCategory::kOther, "back");
+    REQUIRE((dq.ok() && da.ok() && dback.ok()));
+    REQUIRE(kernels::QuantizeInt8(*gpu.device, *gpu.stream, dx.data(), DType::kF32, n, block,
+                                  static_cast<int8_t*>(dq->data()),
+                                  static_cast<float*>(da->data()))
+                .ok());
+    REQUIRE(kernels::DequantizeInt8(*gpu.device, *gpu.stream,
+                                    static_cast<const int8_t*>(dq->data()),
+                                    static_cast<const float*>(da->data()), n, block,
+                                    dback->data(), DType::kF32)
+                .ok());
+    CHECK(Download<int8_t>(gpu, *dq, n) == q);
+    CheckSameBits(Download<float>(gpu, *da, blocks), absmax, [](float v) { return v; });
+    CheckSameBits(Download<float>(gpu, *dback, n), back, [](float v) { return v; });
+  }
+}
+
 }  // namespace
 }  // namespace memwall

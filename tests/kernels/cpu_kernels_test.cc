@@ -567,3 +567,123 @@ TEST_CASE("Adam on several threads equals one thread bit for bit", "[adam][paral
 
 }  // namespace
 }  // namespace memwall::kernels::cpu
+
+namespace memwall::kernels::cpu {
+namespace {
+
+// Quantizes x (f32) in blocks of `block` with `k`; returns the levels, the
+// absmaxes and what they read back as (f32).
+struct Quantized {
+  std::vector<int8_t> q;
+  std::vector<float> absmax, back;
+};
+
+Quantized RoundTrip(const KernelTable& k, const std::vector<float>& x, size_t block) {
+  const size_t n = x.size(), blocks = (n + block - 1) / block;
+  Quantized r{std::vector<int8_t>(n), std::vector<float>(blocks), std::vector<float>(n)};
+  k.quantize_int8(x.data(), DType::kF32, n, block, r.q.data(), r.absmax.data());
+  k.dequantize_int8(r.q.data(), r.absmax.data(), n, block, r.back.data(), DType::kF32);
+  return r;
+}
+
+TEST_CASE("int8 block quantization reads every element back within half a step",
+          "[quantize]") {
+  // Blocks whose elements span many magnitudes (a normal scaled per block
+  // by 2^-120 .. 2^120), with partial last blocks. The step is the block's
+  // absmax / 127; half a step, widened by the f32 roundings of the
+  // division, the product and the read-back (bounded by 2^-12 of the step;
+  // the derivation is in kernels/elementwise.h), bounds every error.
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> exponent(-120, 120);
+  ForEachIsa([&](Isa, const KernelTable& k) {
+    for (size_t block : {size_t{1}, size_t{7}, size_t{64}, size_t{2048}}) {
+      for (size_t n : {size_t{1}, size_t{100}, size_t{4099}}) {
+        std::vector<float> x = RandomFloats(n, uint32_t(block * 31 + n));
+        for (size_t b = 0; b * block < n; ++b) {
+          const float scale = std::ldexp(1.0f, exponent(rng));
+          for (size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) x[i] *= scale;
+        }
+        const Quantized r = RoundTrip(k, x, block);
+        for (size_t i = 0; i < n; ++i) {
+          INFO("block " << block << " n " << n << " element " << i << " x " << x[i]);
+          double absmax = 0;
+          for (size_t j = i / block * block; j < std::min(n, (i / block + 1) * block); ++j) {
+            absmax = std::max(absmax, std::fabs(double(x[j])));
+          }
+          REQUIRE(double(r.absmax[i / block]) == absmax);
+          const double step = absmax / 127;
+          REQUIRE(std::fabs(double(r.back[i]) - double(x[i])) <=
+                  0.5 * step * (1 + std::ldexp(1.0, -12)));
+          // The level is the nearest one to x / step, but where x lies
+          // within rounding of half-way between two.
+          REQUIRE(std::fabs(double(r.q[i]) - double(x[i]) / step) <= 0.5 + 1e-4);
+        }
+      }
+    }
+  });
+}
+
+TEST_CASE("zero and constant blocks, and each block's largest element, read back exactly",
+          "[quantize]") {
+  ForEachIsa([](Isa, const KernelTable& k) {
+    const std::vector<float> x = {0.0f, 0.0f, 0.0f,        // zeros
+                                  0.1f, 0.1f, 0.1f,        // constant
+                                  -3e38f, -3e38f, -3e38f,  // constant, near the largest float
+                                  1e-40f, -2e-41f, 5e-41f,  // subnormals
+                                  2.5f, -7.25f, 1.0f};     // mixed: -7.25 is the absmax
+    const Quantized r = RoundTrip(k, x, 3);
+    for (size_t i = 0; i < 9; ++i) REQUIRE(r.back[i] == x[i]);
+    REQUIRE(r.absmax == std::vector<float>{0.0f, 0.1f, 3e38f, 1e-40f, 7.25f});
+    REQUIRE(r.q[6] == -127);
+    REQUIRE(r.back[9] == 1e-40f);    // the subnormal block's largest
+    REQUIRE(r.back[13] == -7.25f);   // the mixed block's largest
+    REQUIRE(r.q[13] == -127);
+    REQUIRE(r.q[12] == 44);          // 2.5 / 7.25 * 127 = 43.79
+  });
+}
+
+TEST_CASE("quantization is deterministic and identical on every ISA, for every dtype",
+          "[quantize]") {
+  const std::vector<float> x = RandomFloats(10007, 3, 5.0f);
+  const Quantized want = RoundTrip(Kernels(Isa::kGeneric), x, 256);
+  ForEachIsa([&](Isa, const KernelTable& k) {
+    for (int run = 0; run < 2; ++run) {
+      const Quantized got = RoundTrip(k, x, 256);
+      REQUIRE(got.q == want.q);
+      REQUIRE(testing::SameBits(got.absmax, want.absmax));
+      REQUIRE(testing::SameBits(got.back, want.back));
+    }
+    // 16-bit inputs quantize as their f32 widening; a 16-bit read-back is
+    // the f32 one rounded once.
+    std::vector<uint16_t> bf(x.size()), back(x.size());
+    std::vector<float> wide(x.size());
+    for (size_t i = 0; i < x.size(); ++i) wide[i] = Bf16ToF32(bf[i] = F32ToBf16(x[i]));
+    const Quantized ref = RoundTrip(k, wide, 256);
+    std::vector<int8_t> q(x.size());
+    std::vector<float> absmax(ref.absmax.size());
+    k.quantize_int8(bf.data(), DType::kBF16, x.size(), 256, q.data(), absmax.data());
+    REQUIRE(q == ref.q);
+    REQUIRE(testing::SameBits(absmax, ref.absmax));
+    k.dequantize_int8(q.data(), absmax.data(), x.size(), 256, back.data(), DType::kF16);
+    for (size_t i = 0; i < x.size(); ++i) REQUIRE(back[i] == F32ToF16(ref.back[i]));
+  });
+}
+
+TEST_CASE("a block holding inf or nan reads back as nans; the other blocks are untouched",
+          "[quantize]") {
+  ForEachIsa([](Isa, const KernelTable& k) {
+    const float inf = std::numeric_limits<float>::infinity();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> x = {1.0f, inf, 2.0f, nan, 3.0f, 4.0f, -1.0f, 0.5f};
+    const Quantized r = RoundTrip(k, x, 2);
+    REQUIRE(std::isinf(r.absmax[0]));
+    REQUIRE(std::isnan(r.absmax[1]));
+    for (size_t i = 0; i < 4; ++i) REQUIRE(std::isnan(r.back[i]));
+    REQUIRE(r.back[5] == 4.0f);
+    REQUIRE(r.back[6] == -1.0f);
+    REQUIRE(std::fabs(r.back[4] - 3.0f) <= 0.5 * 4.0 / 127);
+  });
+}
+
+}  // namespace
+}  // namespace memwall::kernels::cpu

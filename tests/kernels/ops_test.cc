@@ -85,4 +85,28 @@ TEST_CASE("meta ops compute nothing and touch no bytes", "[ops][meta]") {
 }
 
 }  // namespace
+TEST_CASE("int8 quantization round-trips on the host device and refuses block 0", "[ops]") {
+  auto device = CreateDevice({Backend::kHost, 0, 16 * kMiB}).value();
+  auto stream = device->CreateStream().value();
+  const std::vector<float> x = {1.0f, -2.0f, 0.5f, 4.0f, 4.0f};
+  std::vector<int8_t> q(5);
+  std::vector<float> absmax(3), back(5);
+  REQUIRE(QuantizeInt8(*device, *stream, x.data(), DType::kF32, 5, 2, q.data(), absmax.data())
+              .ok());
+  REQUIRE(DequantizeInt8(*device, *stream, q.data(), absmax.data(), 5, 2, back.data(),
+                         DType::kF32)
+              .ok());
+  CHECK(absmax == std::vector<float>{2.0f, 4.0f, 4.0f});
+  CHECK(q == std::vector<int8_t>{64, -127, 16, 127, 127});  // 63.5 -> 64 (even), 15.875 -> 16
+  CHECK(back[1] == -2.0f);
+  CHECK(back[4] == 4.0f);
+  const absl::Status zero =
+      QuantizeInt8(*device, *stream, x.data(), DType::kF32, 5, 0, q.data(), absmax.data());
+  CHECK(zero.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(zero.message() == "QuantizeInt8: block: expected >= 1, got 0");
+  const absl::Status back_zero = DequantizeInt8(*device, *stream, q.data(), absmax.data(), 5, 0,
+                                                back.data(), DType::kF32);
+  CHECK(back_zero.message() == "DequantizeInt8: block: expected >= 1, got 0");
+}
+
 }  // namespace memwall::kernels
