@@ -217,8 +217,8 @@ absl::Status Engine::AgreeOnRun(const EngineOptions& options, uint32_t model_crc
       options.data_description.empty() ? "" : absl::StrCat("'", options.data_description, "'"),
       options.schedule_description.empty() ? ""
                                            : absl::StrCat("'", options.schedule_description, "'")};
-  std::array<int64_t, 5> min, max;
-  MW_RETURN_IF_ERROR(world_->MinMaxOverRanks(mine, min, max));
+  std::vector<int64_t> min, max;
+  MW_RETURN_IF_ERROR(world_->MinMaxOverRanks({mine.begin(), mine.end()}, min, max));
   std::vector<std::string> differ, shown;
   for (int i = 0; i < 5; ++i) {
     if (min[i] == max[i]) continue;
@@ -338,15 +338,15 @@ absl::Status Engine::AgreeOnHyperparameters() {
   // collectives still in flight (MPI matches collectives in call order).
   MW_RETURN_IF_ERROR(optimizer_->WaitForCommunication());
   const int groups = optimizer_->num_hyper_groups();  // the same on every rank: the model agreed
-  std::array<int64_t, 5> min, max;
-  MW_RETURN_IF_ERROR(world_->MinMaxOverRanks({HyperCrc(*optimizer_, 0, groups), 0, 0, 0, 0}, min, max));
+  std::vector<int64_t> min, max;
+  MW_RETURN_IF_ERROR(world_->MinMaxOverRanks({HyperCrc(*optimizer_, 0, groups)}, min, max));
   if (min[0] == max[0]) return absl::OkStatus();
   // Which group differs: halve the range that does (a round per halving).
   int first = 0, last = groups;
   while (last - first > 1) {
     const int mid = (first + last) / 2;
     MW_RETURN_IF_ERROR(
-        world_->MinMaxOverRanks({HyperCrc(*optimizer_, first, mid), 0, 0, 0, 0}, min, max));
+        world_->MinMaxOverRanks({HyperCrc(*optimizer_, first, mid)}, min, max));
     if (min[0] != max[0]) {
       last = mid;
     } else {

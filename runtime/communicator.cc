@@ -1,7 +1,11 @@
 #include "runtime/communicator.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -97,6 +101,36 @@ absl::Status Communicator::Prepare(const Signature& signature,
     return agreed;
   }
   return local;
+}
+
+absl::Status Communicator::AgreeTimed(const Signature& signature, const MinMax& min_max) {
+  // Fields 5 and 6: the last round's wait (us), and wait * 2^20 + rank, whose
+  // minimum names the rank that waited least (ties: the lower rank).
+  constexpr int64_t kRankBits = 20;
+  const std::array<int64_t, 5> encoded = Encode(signature);
+  std::vector<int64_t> values(encoded.begin(), encoded.end());
+  values.push_back(previous_wait_us_);
+  values.push_back(previous_wait_us_ < 0 ? -1 : (previous_wait_us_ << kRankBits) + rank_);
+  std::vector<int64_t> min, max;
+  const absl::Time start = absl::Now();
+  MW_RETURN_IF_ERROR(min_max(values, min, max));
+  previous_wait_us_ = std::min<int64_t>(absl::ToInt64Microseconds(absl::Now() - start),
+                                        (int64_t{1} << 40) - 1);
+  if (min[5] >= 0) {
+    if (arrivals_.last.empty()) arrivals_.last.assign(world_size_, 0);
+    ++arrivals_.calls;
+    ++arrivals_.last[min[6] & ((int64_t{1} << kRankBits) - 1)];
+    arrivals_.waited_seconds += double(max[5] - min[5]) * 1e-6;
+  }
+  const std::array<int64_t, 5> lo = {min[0], min[1], min[2], min[3], min[4]};
+  const std::array<int64_t, 5> hi = {max[0], max[1], max[2], max[3], max[4]};
+  if (lo == hi) return absl::OkStatus();
+  return DisagreementError(signature, lo, hi);
+}
+
+void Communicator::ResetArrivals() {
+  arrivals_ = Arrivals();
+  arrivals_.last.assign(world_size_, 0);
 }
 
 absl::Status Communicator::health() const {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -65,6 +66,19 @@ absl::string_view ReduceOpName(ReduceOp op);
 struct CollectiveStats {
   int64_t calls = 0;
   int64_t bytes = 0;
+};
+
+// The bucket effect: the slowest rank sets the pace. Each collective's
+// agreement round (CommunicatorOptions::check_agreement) is where ranks
+// wait for the last to arrive, so each rank times its wait there, and the
+// next round shares those times: the rank that waited least arrived last,
+// and the longest wait less the shortest is the time it cost the others.
+// Clock-free (each rank times its own wait), the same on every rank, one
+// call behind (the last call's arrivals are compared at the next one).
+struct Arrivals {
+  int64_t calls = 0;          // collectives whose arrivals were compared
+  std::vector<int64_t> last;  // per rank: of those, how many it arrived last to
+  double waited_seconds = 0;  // SUM over them of the wait the last rank caused
 };
 
 struct CommunicatorOptions {
@@ -148,6 +162,10 @@ class Communicator {
   // SUM of bytes over all collectives.
   int64_t total_bytes() const;
   void ResetStats() { stats_ = {}; }
+  // See Arrivals; empty without check_agreement. Reset with ResetStats's
+  // caller's period in mind: ResetArrivals starts a new count.
+  const Arrivals& arrivals() const { return arrivals_; }
+  void ResetArrivals();
 
  protected:
   // What one rank passed to one collective.
@@ -182,6 +200,14 @@ class Communicator {
   // Returns the same error on every rank unless all ranks passed `signature`.
   // Only called when options.check_agreement is set.
   virtual absl::Status Agree(const Signature& signature) = 0;
+  // Per-field minima and maxima over the ranks of `values` (the same
+  // length on every rank).
+  using MinMax = std::function<absl::Status(const std::vector<int64_t>& values,
+                                            std::vector<int64_t>& min,
+                                            std::vector<int64_t>& max)>;
+  // Agree() for implementations with a min/max exchange: the signature's
+  // fields and the arrival fields (Arrivals) in one round, timed.
+  absl::Status AgreeTimed(const Signature& signature, const MinMax& min_max);
 
   virtual absl::Status DoAllReduce(const void* send, void* recv, size_t count,
                                    DType dtype, ReduceOp op, Stream& stream) = 0;
@@ -214,6 +240,8 @@ class Communicator {
   const int world_size_;
   const CommunicatorOptions options_;
   std::array<CollectiveStats, kNumCollectives> stats_{};
+  Arrivals arrivals_;
+  int64_t previous_wait_us_ = -1;  // this rank's wait in the last round; -1: none
 
   // std::mutex, which ThreadSanitizer sees (see runtime/host_device.cc).
 

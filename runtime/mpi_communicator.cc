@@ -249,20 +249,21 @@ absl::StatusOr<int> MpiCommunicator::RanksOnThisNode() {
   return size;
 }
 
-absl::Status MpiCommunicator::MinMaxOverRanks(const std::array<int64_t, 5>& values,
-                                              std::array<int64_t, 5>& min,
-                                              std::array<int64_t, 5>& max) {
+absl::Status MpiCommunicator::MinMaxOverRanks(const std::vector<int64_t>& values,
+                                              std::vector<int64_t>& min,
+                                              std::vector<int64_t>& max) {
   // One all-reduce of (v, -v) per field gives each field's max and min.
-  int64_t both[10];
-  for (int i = 0; i < 5; ++i) {
+  const size_t n = values.size();
+  std::vector<int64_t> both(2 * n);
+  for (size_t i = 0; i < n; ++i) {
     both[i] = values[i];
-    both[5 + i] = -values[i];
+    both[n + i] = -values[i];
   }
-  MW_RETURN_IF_ERROR(AllReduceHost(both, 10, MPI_INT64_T, MPI_MAX, "agreement check"));
-  for (int i = 0; i < 5; ++i) {
-    max[i] = both[i];
-    min[i] = -both[5 + i];
-  }
+  MW_RETURN_IF_ERROR(AllReduceHost(both.data(), static_cast<int>(2 * n), MPI_INT64_T, MPI_MAX,
+                                   "agreement check"));
+  max.assign(both.begin(), both.begin() + n);
+  min.resize(n);
+  for (size_t i = 0; i < n; ++i) min[i] = -both[n + i];
   return absl::OkStatus();
 }
 
@@ -273,10 +274,10 @@ absl::Status MpiCommunicator::Execute(Stream& stream,
 }
 
 absl::Status MpiCommunicator::Agree(const Signature& signature) {
-  std::array<int64_t, 5> min, max;
-  MW_RETURN_IF_ERROR(MinMaxOverRanks(Encode(signature), min, max));
-  if (min == max) return absl::OkStatus();
-  return DisagreementError(signature, min, max);
+  return AgreeTimed(signature, [this](const std::vector<int64_t>& values,
+                                      std::vector<int64_t>& min, std::vector<int64_t>& max) {
+    return MinMaxOverRanks(values, min, max);
+  });
 }
 
 absl::Status MpiCommunicator::DoAllReduce(const void* send, void* recv,

@@ -68,8 +68,8 @@ class MpiCommunicator final : public Communicator {
   absl::StatusOr<int> RanksOnThisNode();
   // Per-field minimum and maximum of `values` over the ranks (one
   // AllReduceHost). Used by the agreement checks of MPI and NCCL.
-  absl::Status MinMaxOverRanks(const std::array<int64_t, 5>& values,
-                               std::array<int64_t, 5>& min, std::array<int64_t, 5>& max);
+  absl::Status MinMaxOverRanks(const std::vector<int64_t>& values, std::vector<int64_t>& min,
+                               std::vector<int64_t>& max);
 
  private:
   MpiCommunicator(MPI_Comm comm, int rank, int world_size, CommunicatorOptions options,

@@ -74,10 +74,10 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 NcclCommunicator::~NcclCommunicator() { (void)ncclCommDestroy(comm_); }
 
 absl::Status NcclCommunicator::Agree(const Signature& signature) {
-  std::array<int64_t, 5> min, max;
-  MW_RETURN_IF_ERROR(bootstrap_.MinMaxOverRanks(Encode(signature), min, max));
-  if (min == max) return absl::OkStatus();
-  return DisagreementError(signature, min, max);
+  return AgreeTimed(signature, [this](const std::vector<int64_t>& values,
+                                      std::vector<int64_t>& min, std::vector<int64_t>& max) {
+    return bootstrap_.MinMaxOverRanks(values, min, max);
+  });
 }
 
 absl::Status NcclCommunicator::DoAllReduce(const void* send, void* recv,
