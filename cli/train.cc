@@ -168,6 +168,21 @@ class TrainLog : public TrainObserver {
       record["last_loss"] = *s.last_loss;
       record["ln_vocab"] = s.ln_vocab;
     }
+    if (s.straggler) {
+      const Straggler& w = *s.straggler;
+      absl::StrAppendFormat(&text,
+                            "; the ranks waited %.3f s in collectives for the last to arrive, "
+                            "%.3f s of it (%.0f%%) for rank %d (last to %lld of %lld)",
+                            w.waited_seconds, w.cost_seconds,
+                            w.waited_seconds > 0 ? 100.0 * w.cost_seconds / w.waited_seconds : 0.0,
+                            w.rank, static_cast<long long>(w.last),
+                            static_cast<long long>(w.calls));
+      record["straggler"] = {{"rank", w.rank},
+                             {"cost_s", w.cost_seconds},
+                             {"waited_s", w.waited_seconds},
+                             {"last", w.last},
+                             {"collectives", w.calls}};
+    }
     Emit(text, record);
   }
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/dry_run.h"
@@ -118,6 +119,7 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
   if (first_step >= options.steps && world.rank() == 0 && options.steps > 0) {
     observer.NothingToTrain(first_step);
   }
+  engine.communicator().ResetArrivals();
   for (int64_t step = first_step; step < options.steps; ++step) {
     std::vector<Batch> batches;
     for (int u = 0; u < accumulation; ++u) {
@@ -126,6 +128,7 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
       batches.push_back(std::move(b));
     }
     const float lr = engine.states().LearningRate(0).value();  // memwall's layers use one group
+    if (rank == options.slow_rank) absl::SleepFor(options.slow_step);
     const auto start = std::chrono::steady_clock::now();
     MW_ASSIGN_OR_RETURN(const Trainer::StepReport report, engine.TrainStep(batches));
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
@@ -166,6 +169,14 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
       summary.last_loss = last_loss;
     }
     summary.ln_vocab = std::log(double(gpt.vocab));
+    const Arrivals& arrivals = engine.communicator().arrivals();
+    if (ranks > 1 && arrivals.calls > 0) {
+      const int slowest = static_cast<int>(
+          std::max_element(arrivals.cost.begin(), arrivals.cost.end()) - arrivals.cost.begin());
+      summary.straggler =
+          Straggler{slowest, arrivals.cost[slowest], arrivals.waited_seconds,
+                    arrivals.last[slowest], arrivals.calls};
+    }
     observer.Finished(summary);
   }
   return absl::OkStatus();

@@ -54,6 +54,10 @@ struct TrainOptions {
   // Where each rank writes its memory reports if it runs out of memory
   // (<oom_dir>/rank<k>/).
   std::string oom_dir = "memwall-oom";
+  // Tests only (no flag): rank `slow_rank` sleeps `slow_step` before each
+  // step, a straggler on purpose for the summary to name. -1: none.
+  int slow_rank = -1;
+  absl::Duration slow_step;
 };
 
 // The run, once the engine is built.
@@ -96,11 +100,22 @@ struct TrainStep {
   int64_t peak = 0;
 };
 
+// The rank the others waited for longest over the run's collectives (the
+// bucket effect; runtime/communicator.h Arrivals).
+struct Straggler {
+  int rank = 0;
+  double cost_seconds = 0;    // the others' wait for it, arriving last
+  double waited_seconds = 0;  // the others' wait for whichever rank was last
+  int64_t last = 0;           // collectives it arrived last to
+  int64_t calls = 0;          // collectives compared
+};
+
 struct TrainSummary {
   int64_t steps = 0, skipped = 0;
   double tokens_per_second = 0;
   std::optional<float> first_loss, last_loss;  // none on meta
   double ln_vocab = 0;                         // a uniform guess's loss
+  std::optional<Straggler> straggler;          // none on one rank or on meta
 };
 
 // What the job reports, in order: Started; Resumed when it loaded a

@@ -75,10 +75,13 @@ struct CollectiveStats {
 // and the longest wait less the shortest is the time it cost the others.
 // Clock-free (each rank times its own wait), the same on every rank, one
 // call behind (the last call's arrivals are compared at the next one).
+// Between ranks arriving within noise of each other the last one is
+// chance; `cost` weighs each call by the wait it caused.
 struct Arrivals {
   int64_t calls = 0;          // collectives whose arrivals were compared
   std::vector<int64_t> last;  // per rank: of those, how many it arrived last to
-  double waited_seconds = 0;  // SUM over them of the wait the last rank caused
+  std::vector<double> cost;   // per rank: seconds the others waited for it, arriving last
+  double waited_seconds = 0;  // SUM over the calls of the wait the last rank caused
 };
 
 struct CommunicatorOptions {

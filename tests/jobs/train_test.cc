@@ -152,6 +152,31 @@ TEST_CASE("a resumed run continues bit for bit and reports where it resumed", "[
   CHECK(*resumed.steps[1].loss == *whole.steps[4].loss);
 }
 
+TEST_CASE("the summary names the rank the others waited for", "[train][arrivals]") {
+  // The last rank sleeps 50 ms before each of 4 steps: on 2 ranks the
+  // others waited for it the most, at least most of those 200 ms (the
+  // first collective of each step; in the rest the last to arrive is
+  // chance). One rank has nobody to wait for.
+  const int n = testing::World().world_size();
+  TrainOptions options = Tiny(4);
+  options.slow_rank = n - 1;
+  options.slow_step = absl::Milliseconds(50);
+  Recorder seen;
+  REQUIRE(RunTrain(options, seen).ok());
+  if (testing::World().rank() != 0) return;
+  if (n == 1) {
+    CHECK_FALSE(seen.summary.straggler.has_value());
+    return;
+  }
+  REQUIRE(seen.summary.straggler.has_value());
+  const Straggler& s = *seen.summary.straggler;
+  CHECK(s.rank == n - 1);
+  CHECK(s.calls > 4);
+  CHECK(s.last >= 4);
+  CHECK(s.cost_seconds >= 4 * 0.035);
+  CHECK(s.cost_seconds >= 0.75 * s.waited_seconds);
+}
+
 TEST_CASE("options are refused by name before the run starts", "[train]") {
   Recorder seen;
   TrainOptions steps = Tiny(-1);

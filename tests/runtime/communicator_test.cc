@@ -407,8 +407,9 @@ TEST_CASE("a rank that arrives late but within the timeout is waited for", "[mpi
 TEST_CASE("the rank that arrives last to the collectives is named, and what it cost",
           "[mpi][arrivals]") {
   // The last rank sleeps 30 ms before each of 12 collectives: of the 11
-  // compared (each round shares the one before), it arrives last to all on
-  // every rank, and the others waited about 30 ms each time.
+  // compared (each round shares the one before), it arrives last to (all,
+  // on an idle machine) nearly all, on every rank alike, and the others
+  // waited about 30 ms each time, nearly all of it for it.
   const int n = World().world_size(), r = World().rank();
   std::unique_ptr<MpiCommunicator> comm = Fresh(absl::Seconds(60));
   CHECK(comm->arrivals().calls == 0);
@@ -423,9 +424,10 @@ TEST_CASE("the rank that arrives last to the collectives is named, and what it c
   REQUIRE(a.last.size() == size_t(n));
   CHECK(std::accumulate(a.last.begin(), a.last.end(), int64_t{0}) == 11);
   if (n > 1) {
-    CHECK(a.last[n - 1] == 11);
+    CHECK(a.last[n - 1] >= 9);
     CHECK(a.waited_seconds >= 11 * 0.025);
     CHECK(a.waited_seconds <= 11 * 0.5);
+    CHECK(a.cost[n - 1] >= 0.75 * a.waited_seconds);
   }
   // Every rank counted the same.
   int64_t mine[2] = {a.last.back(), -a.last.back()};
@@ -434,6 +436,7 @@ TEST_CASE("the rank that arrives last to the collectives is named, and what it c
   comm->ResetArrivals();
   CHECK(comm->arrivals().calls == 0);
   CHECK(comm->arrivals().last == std::vector<int64_t>(n, 0));
+  CHECK(comm->arrivals().cost == std::vector<double>(n, 0.0));
 }
 
 TEST_CASE("the simulated communicator validates and counts without bytes", "[simulated]") {
