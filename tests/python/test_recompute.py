@@ -361,18 +361,21 @@ def test_plan_auto_s_config_given_to_zero_optimizer_reproduces_its_plan():
 
 
 def test_stage_auto_traces_the_example_and_says_what_it_chose():
+    """The Llama above at sequence 256 on 4 MiB, where every candidate that
+    fits recomputes (which one wins depends on this machine's measured
+    rates: any may)."""
     torch.manual_seed(0)
-    model = hf_model("gpt2")
+    model = hf_model("llama")
     reference = copy.deepcopy(model)
-    x = batch_of(1)
-    opt = mt.ZeroOptimizer(model, config=AUTO, device_memory="2MiB", example_inputs=x)
+    x = batch_of(1, seq=256)
+    opt = mt.ZeroOptimizer(model, config=AUTO, device_memory="4MiB", example_inputs=x)
     choice = opt.auto_choice
     assert choice["config"]["zero_optimization"]["stage"] == opt.engine.stage
     assert choice["chosen"].startswith("stage %d" % opt.engine.stage)
     assert choice["config"]["train_micro_batch_size_per_gpu"] == 1  # the loop's, kept
     assert choice["config"]["gradient_accumulation_steps"] == 1
-    # Everything kept does not fit: it recomputes, planned at construction.
-    assert "recomputation optimal" in choice["chosen"]
+    # It recomputes, planned at construction.
+    assert "recomputation optimal" in choice["chosen"], choice["chosen"]
     assert opt.recomputation["segments"]
     torch.manual_seed(1)
     loss = model(**x).loss
