@@ -18,6 +18,7 @@
 // kNotFound memwall.NotFoundError (a FileNotFoundError), kResourceExhausted
 // memwall.OutOfMemoryError (a MemoryError); every other code memwall.Error
 // itself (kDataLoss's message names the file).
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -130,6 +131,29 @@ py::dict ConfigValues(const std::string& config_json) {
   d["recomputes"] = r.planner != "none" || r.number_checkpoints > 0;
   d["offloads_activations"] = r.offload;
   return d;
+}
+
+// Rank 0's `text` on every rank of MPI_COMM_WORLD: what one rank decided
+// (a choice made from rates measured on it) taken by all. Collective; a
+// rank waits at most `timeout` seconds (0: forever) for the others.
+std::string ShareFromRank0(const std::string& text, double timeout) {
+  const MpiPlace place = Value(MpiWorld());
+  if (place.size == 1) return text;
+  CommunicatorOptions options;
+  options.timeout = timeout == 0 ? absl::InfiniteDuration() : absl::Seconds(timeout);
+  const std::unique_ptr<MpiCommunicator> comm = Value(MpiCommunicator::Create(options));
+  int64_t length = place.rank == 0 ? static_cast<int64_t>(text.size()) : 0;
+  Check(comm->AllReduceHost(&length, 1, MPI_INT64_T, MPI_MAX, "the shared text's length"));
+  if (length > INT_MAX) {
+    Raise(absl::InvalidArgumentError(absl::StrCat("share_from_rank0: ", length,
+                                                  " bytes exceed MPI's int count")));
+  }
+  // Every other rank contributes zeros: the maximum is rank 0's bytes.
+  std::string shared(static_cast<size_t>(length), '\0');
+  if (place.rank == 0) shared = text;
+  Check(comm->AllReduceHost(shared.data(), static_cast<int>(length), MPI_UNSIGNED_CHAR, MPI_MAX,
+                            "the shared text"));
+  return shared;
 }
 
 // memwall plan for a traced model (models/traced.h): the report's JSON.
@@ -402,6 +426,9 @@ PYBIND11_MODULE(_memwall, m) {
         "not_applied: DeepSpeed settings memwall has no counterpart for, recomputes: "
         "whether activation_checkpointing asks for a plan other than none, "
         "offloads_activations: whether it may offload), as the engine parses them.");
+  m.def("share_from_rank0", &memwall::ShareFromRank0, py::arg("text"), py::arg("timeout"),
+        "Rank 0's text on every rank (collective; waits at most timeout seconds, 0: "
+        "forever).");
   m.def("plan", &memwall::PlanTraced, py::arg("description"), py::arg("config"),
         py::arg("gpus"), py::arg("device_memory"), py::arg("host_memory"), py::arg("nvme"),
         py::arg("batch"), py::arg("auto_strategy"), py::arg("hardware"),

@@ -479,6 +479,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                           "applied: " + ", ".join(read["not_applied"]), stacklevel=2)
         parsed = json.loads(text)
         self._device_memory = str(device_memory)
+        self._collective_timeout = collective_timeout
         self._recomputation = None
         self._recomputation_report = None
         self._auto_choice = None
@@ -682,9 +683,22 @@ class ZeroOptimizer(torch.optim.Optimizer):
         the example's micro-batch and the config's accumulation (as `memwall
         plan --auto` chooses, on this machine's measured rates); its config
         text."""
-        report = json.loads(memwall._memwall.plan(
-            json.dumps(description), text, memwall.world_size(), self._device_memory, "512GiB",
-            "0", batch, True, "this-machine", False))
+        # The rates are measured on rank 0 and its choice taken by every
+        # rank: ranks measuring each for themselves could choose apart.
+        said = ""
+        if memwall.rank() == 0:
+            try:
+                said = "ok\n" + memwall._memwall.plan(
+                    json.dumps(description), text, memwall.world_size(), self._device_memory,
+                    "512GiB", "0", batch, True, "this-machine", False)
+            except Exception as error:  # the other ranks raise it too, not hang
+                said = "error\n%s\n%s" % (type(error).__name__, error)
+        said = memwall._memwall.share_from_rank0(said, self._collective_timeout)
+        kind, rest = said.split("\n", 1)
+        if kind == "error":
+            name, message = rest.split("\n", 1)
+            raise getattr(memwall, name, memwall.Error)(message)
+        report = json.loads(rest)
         if not report["fits"]:
             raise memwall.OutOfMemoryError(
                 "RESOURCE_EXHAUSTED: zero_optimization.stage \"auto\": no configuration of %s "

@@ -214,6 +214,17 @@ def test_recomputation_on_real_ranks_changes_no_loss(ranks_runner, ranks):
         assert result["segments"] == 4, r
 
 
+def test_stage_auto_on_two_ranks_takes_rank_0_s_choice(ranks_runner):
+    """The auto strategy's rates are measured on rank 0 and its choice
+    taken by both ranks (each measuring for itself could choose apart, and
+    the engine would refuse configs that differ)."""
+    first, second = ranks_runner(2, "recompute_loop.py", "auto")
+    assert first["chosen"] == second["chosen"]
+    assert first["stage"] == second["stage"]
+    assert first["segments"] == second["segments"] > 0
+    assert first["steps"] == second["steps"] == 1
+
+
 def test_activation_offload_is_refused_by_name():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     for key in ("offload", "cpu_checkpointing"):

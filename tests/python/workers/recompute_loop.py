@@ -1,7 +1,9 @@
 """Worker: a small GPT-2 under a ZeroOptimizer at stage 3 on this rank,
 three steps with activation_checkpointing "full" and three with "none"
 from the same start; writes each run's losses and the segments recomputed
-to OUT.rank<r> (tests/python/test_recompute.py)."""
+to OUT.rank<r> (tests/python/test_recompute.py). With "auto": a small
+Llama at sequence 256 under stage "auto" on a 4 MiB device, one step;
+writes the choice, the stage, the segments recomputed and the loss."""
 import json
 import sys
 
@@ -36,12 +38,37 @@ def run(planner):
     return losses, len(chosen["segments"]) if chosen else 0
 
 
+def auto():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=128,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      vocab_size=256, use_cache=False)
+    model = transformers.LlamaForCausalLM(config)
+    model.train()
+    g = torch.Generator().manual_seed(memwall.rank())
+    ids = torch.randint(0, 256, (1, 256), generator=g)
+    batch = {"input_ids": ids, "labels": ids}
+    opt = mt.ZeroOptimizer(model, config={
+        "zero_optimization": {"stage": "auto"}, "train_micro_batch_size_per_gpu": 1},
+        device_memory="4MiB", example_inputs=batch)
+    loss = model(**batch).loss
+    loss.backward()
+    opt.step()
+    return {"chosen": opt.auto_choice["chosen"], "stage": opt.engine.stage,
+            "segments": len(opt.recomputation["segments"]), "loss": loss.item(),
+            "steps": opt.engine.progress()["steps_applied"]}
+
+
 def main():
     out = sys.argv[1]
-    with_losses, segments = run("full")
-    without, _ = run("none")
+    if sys.argv[2:] == ["auto"]:
+        result = auto()
+    else:
+        with_losses, segments = run("full")
+        without, _ = run("none")
+        result = {"with": with_losses, "without": without, "segments": segments}
     with open("%s.rank%d" % (out, memwall.rank()), "w") as f:
-        json.dump({"with": with_losses, "without": without, "segments": segments}, f)
+        json.dump(result, f)
 
 
 if __name__ == "__main__":
