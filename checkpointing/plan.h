@@ -16,16 +16,16 @@
 //              everything, then runs its backwards: one extra forward;
 //   selective  one layer that offers it (Layer::Selective) keeps less and
 //              recomputes the rest at the start of its backward;
-// A layer may be marked not recomputable (a traced PyTorch stage the front
-// end cannot run again: the embeddings with the glue around them, the head
-// with the loss): recompute, selective and offload segments hold
-// recomputable layers only, and every planner keeps the others.
 //   offload    recompute, and the segment's input (the previous layer's
 //              output) waits in pinned host memory from the end of the
 //              segment's forward until its backward, which copies it back
 //              first. Not for a segment starting at layer 0 (the model's
 //              input is the batch, not an activation). Its cost adds the
 //              copies, priced as FLOPs (Chain::offload_flops_per_byte).
+// A layer may be marked not recomputable (a traced PyTorch stage the front
+// end cannot run again: the embeddings with the glue around them, the head
+// with the loss): recompute, selective and offload segments hold
+// recomputable layers only, and every planner keeps the others.
 // A plan that recomputes (or offloads) also holds the chain's
 // `recompute_held` bytes from the start of forward to the end of backward:
 // what a recomputed segment must keep to run again besides its input and

@@ -37,11 +37,12 @@ struct Option {
 };
 
 // Every segment starting at each layer: the layer kept, recomputed alone
-// or with the following layers (with its input offloaded too, if allowed),
-// or selective. A kept run of several layers is the same as the layers
-// kept one by one, so only single kept layers are offered.
+// or with the following layers (with its input offloaded too, if allowed;
+// neither without `recompute`), or selective. A kept run of several layers
+// is the same as the layers kept one by one, so only single kept layers
+// are offered.
 std::vector<std::vector<Option>> Options(const Chain& chain, bool allow_selective,
-                                         bool allow_offload) {
+                                         bool allow_offload, bool recompute) {
   const int n = Layers(chain);
   std::vector<std::vector<Option>> options(n);
   for (int i = 0; i < n; ++i) {
@@ -54,7 +55,7 @@ std::vector<std::vector<Option>> Options(const Chain& chain, bool allow_selectiv
       add(i + 1, SegmentMode::kSelective);
     }
     // Recompute and offload segments: runs of recomputable layers from i.
-    for (int j = i + 1; j <= n && chain.layers[j - 1].recomputable; ++j) {
+    for (int j = i + 1; recompute && j <= n && chain.layers[j - 1].recomputable; ++j) {
       add(j, SegmentMode::kRecompute);
       if (allow_offload && i > 0) add(j, SegmentMode::kOffload);
     }
@@ -112,16 +113,17 @@ class Frontier {
   std::map<int64_t, State> states_;
 };
 
-// Runs the programme. `step(state, terms, cost)` sets the cost of taking a
-// segment from a state, or returns false when that breaks the budget;
-// `final_cost(state, cost)` scores a complete plan, or returns false when
-// it is infeasible. Returns the best plan's segments, empty if none.
+// Runs the programme over the plans that may recompute (`recompute`) or
+// not. `step(state, terms, cost)` sets the cost of taking a segment from a
+// state, or returns false when that breaks the budget; `final_cost(state,
+// cost)` scores a complete plan, or returns false when it is infeasible.
+// Returns the best plan's segments, empty if none.
 template <typename Step, typename Final>
-std::vector<Segment> Solve(const Chain& chain, const PlannerOptions& planner, int64_t quantum,
-                           Step step, Final final_cost) {
+std::vector<Segment> Solve(const Chain& chain, const PlannerOptions& planner, bool recompute,
+                           int64_t quantum, Step step, Final final_cost) {
   const int n = Layers(chain);
   const std::vector<std::vector<Option>> options =
-      Options(chain, planner.allow_selective, planner.allow_offload);
+      Options(chain, planner.allow_selective, planner.allow_offload, recompute);
   std::vector<Frontier> frontiers(n + 1, Frontier(quantum));
   std::vector<std::vector<State>> pareto(n + 1);
   frontiers[0].Offer(State{});
@@ -164,6 +166,14 @@ std::vector<Segment> Solve(const Chain& chain, const PlannerOptions& planner, in
   std::reverse(segments.begin(), segments.end());
   return segments;
 }
+
+// The chain's recompute_held is held by a plan only if some segment
+// recomputes, which a search segment by segment learns too late (it is held
+// from the start of forward). So the searches run over the plans that may
+// recompute, priced as holding it (exact for those that do), and, when it
+// is not 0, over those that do not (kept and selective layers, holding
+// none of it); the planners keep the better of the two.
+bool SearchesApart(const Chain& chain) { return chain.recompute_held > 0; }
 
 int64_t Quantum(int64_t scale, int resolution) {
   return resolution > 0 ? std::max<int64_t>(1, (scale + resolution - 1) / resolution) : 1;
@@ -236,30 +246,32 @@ RecomputationPlan SelectiveRecomputation(const Chain& chain) {
   return Finish(chain, "selective", std::move(s));
 }
 
-// The search prices every plan as one that recomputes, holding the chain's
-// recompute_held (exact for plans that do; for the others, keeping
-// everything is compared on its own: a plan of kept and selective layers
-// only may be passed over for a dearer one when recompute_held > 0).
 RecomputationPlan MinimumPeakPlan(const Chain& chain, const PlannerOptions& options) {
   // Cost: (the largest peak so far, extra FLOPs).
-  const RecomputationPlan none = NoRecomputation(chain);
-  const int64_t shared = chain.recompute_held;
-  const std::vector<Segment> segments = Solve(
-      chain, options, Quantum(none.predicted_peak, options.resolution),
-      [shared](const State& s, const SegmentTerms& t, Cost& cost) {
-        const double peak = double(shared + s.held + std::max(t.forward_peak, t.backward_peak));
-        cost = {std::max(s.cost.first, peak), s.cost.second + t.extra_flops};
-        return true;
-      },
-      [&](const State& s, Cost& cost) {
-        cost = {std::max(s.cost.first, double(shared + s.held + chain.loss_grad)),
-                s.cost.second};
-        return true;
-      });
-  RecomputationPlan least = Finish(chain, "optimal", segments);
-  if (shared > 0 && none.predicted_peak <= least.predicted_peak) {
-    least = none;
-    least.planner = "optimal";
+  const int64_t quantum = Quantum(NoRecomputation(chain).predicted_peak, options.resolution);
+  auto search = [&](bool recompute) {
+    const int64_t shared = recompute ? chain.recompute_held : 0;
+    return Finish(chain, "optimal", Solve(
+        chain, options, recompute, quantum,
+        [shared](const State& s, const SegmentTerms& t, Cost& cost) {
+          const double peak =
+              double(shared + s.held + std::max(t.forward_peak, t.backward_peak));
+          cost = {std::max(s.cost.first, peak), s.cost.second + t.extra_flops};
+          return true;
+        },
+        [&](const State& s, Cost& cost) {
+          cost = {std::max(s.cost.first, double(shared + s.held + chain.loss_grad)),
+                  s.cost.second};
+          return true;
+        }));
+  };
+  RecomputationPlan least = search(true);
+  if (SearchesApart(chain)) {
+    RecomputationPlan kept = search(false);
+    if (kept.predicted_peak < least.predicted_peak ||
+        (kept.predicted_peak == least.predicted_peak && kept.extra_flops < least.extra_flops)) {
+      least = std::move(kept);
+    }
   }
   return least;
 }
@@ -272,27 +284,28 @@ absl::StatusOr<RecomputationPlan> OptimalRecomputation(const Chain& chain,
         options.budget));
   }
   const int64_t budget = options.budget;
-  // Priced as in MinimumPeakPlan: keeping everything, if it fits, costs
-  // nothing; every other plan holds the chain's recompute_held.
-  const int64_t shared = chain.recompute_held;
-  if (shared > 0) {
-    RecomputationPlan none = NoRecomputation(chain);
-    if (none.predicted_peak <= budget) {
-      none.planner = "optimal";
-      return none;
+  auto search = [&](bool recompute) {
+    const int64_t shared = recompute ? chain.recompute_held : 0;
+    return Solve(
+        chain, options, recompute, Quantum(budget, options.resolution),
+        [budget, shared](const State& s, const SegmentTerms& t, Cost& cost) {
+          if (shared + s.held + std::max(t.forward_peak, t.backward_peak) > budget) return false;
+          cost = {s.cost.first + t.extra_flops, 0};
+          return true;
+        },
+        [&](const State& s, Cost& cost) {
+          cost = s.cost;
+          return shared + s.held + chain.loss_grad <= budget;
+        });
+  };
+  std::vector<Segment> segments = search(true);
+  if (SearchesApart(chain)) {
+    std::vector<Segment> kept = search(false);
+    if (!kept.empty() && (segments.empty() || Finish(chain, "", kept).extra_flops <=
+                                                  Finish(chain, "", segments).extra_flops)) {
+      segments = std::move(kept);
     }
   }
-  const std::vector<Segment> segments = Solve(
-      chain, options, Quantum(budget, options.resolution),
-      [budget, shared](const State& s, const SegmentTerms& t, Cost& cost) {
-        if (shared + s.held + std::max(t.forward_peak, t.backward_peak) > budget) return false;
-        cost = {s.cost.first + t.extra_flops, 0};
-        return true;
-      },
-      [&](const State& s, Cost& cost) {
-        cost = s.cost;
-        return shared + s.held + chain.loss_grad <= budget;
-      });
   if (!segments.empty()) return Finish(chain, "optimal", segments);
   // The bucketed search may miss every plan that fits a budget this tight;
   // the least-peak plan may still fit.

@@ -87,45 +87,61 @@ int64_t LeastPeak(const std::vector<Prediction>& all) {
   return least;
 }
 
-TEST_CASE("optimal equals exhaustive search on random heterogeneous chains", "[planner]") {
-  int checked = 0, infeasible = 0;
-  for (uint32_t seed = 1; seed <= 60; ++seed) {
-    // Offload widens the search: shorter chains for the seeds that allow it.
-    const bool offload = seed % 2 == 0;
-    const int n = offload ? 3 + seed % 6 : 3 + seed % 8;  // up to 8 or 10 layers
-    const Chain chain = RandomChain(n, seed);
-    PlannerOptions exact;
-    exact.resolution = 0;
-    exact.allow_offload = offload;
-    const std::vector<Prediction> all = AllPlans(chain, offload);
-    const int64_t none = NoRecomputation(chain).predicted_peak;
-    const int64_t min_peak = LeastPeak(all);
-    CHECK(MinimumPeakPlan(chain, exact).predicted_peak == min_peak);
-    for (int step = 0; step <= 4; ++step) {
-      // Budgets from just below the least peak to everything kept.
-      const int64_t budget = min_peak - 1 + (none - min_peak + 1) * step / 4;
-      exact.budget = budget;
-      INFO("seed " << seed << ", n " << n << ", offload " << offload << ", budget " << budget);
-      const double want = Cheapest(all, budget);
-      const absl::StatusOr<RecomputationPlan> got = OptimalRecomputation(chain, exact);
-      if (want < 0) {
-        CHECK(got.status().code() == absl::StatusCode::kResourceExhausted);
-        // The smallest feasible budget it names is the exhaustive search's.
-        CHECK_THAT(std::string(got.status().message()),
-                   Catch::EndsWith("the smallest feasible budget is " + FormatBytes(min_peak) +
-                                   " (" + std::to_string(min_peak) + " bytes)"));
-        ++infeasible;
-        continue;
+// A traced model's shape: the first and last layers (embeddings, head with
+// the loss) and one in the middle cannot be recomputed, and a plan that
+// recomputes holds 300 bytes more (an attention mask).
+Chain PinnedChain(int n, uint32_t seed) {
+  Chain chain = RandomChain(n, seed);
+  chain.recompute_held = 300;
+  chain.layers.front().recomputable = false;
+  chain.layers[n / 2].recomputable = false;
+  chain.layers.back().recomputable = false;
+  return chain;
+}
+
+TEST_CASE("optimal equals exhaustive search on random heterogeneous chains, and on chains "
+          "with layers that cannot be recomputed", "[planner]") {
+  for (const bool pinned : {false, true}) {
+    int checked = 0, infeasible = 0;
+    for (uint32_t seed = 1; seed <= 60; ++seed) {
+      // Offload widens the search: shorter chains for the seeds that allow it.
+      const bool offload = seed % 2 == 0;
+      const int n = offload ? 3 + seed % 6 : 3 + seed % 8;  // up to 8 or 10 layers
+      const Chain chain = pinned ? PinnedChain(n, seed) : RandomChain(n, seed);
+      PlannerOptions exact;
+      exact.resolution = 0;
+      exact.allow_offload = offload;
+      const std::vector<Prediction> all = AllPlans(chain, offload);
+      const int64_t none = NoRecomputation(chain).predicted_peak;
+      const int64_t min_peak = LeastPeak(all);
+      CHECK(MinimumPeakPlan(chain, exact).predicted_peak == min_peak);
+      for (int step = 0; step <= 4; ++step) {
+        // Budgets from just below the least peak to everything kept.
+        const int64_t budget = min_peak - 1 + (none - min_peak + 1) * step / 4;
+        exact.budget = budget;
+        INFO("pinned " << pinned << ", seed " << seed << ", n " << n << ", offload " << offload
+                       << ", budget " << budget);
+        const double want = Cheapest(all, budget);
+        const absl::StatusOr<RecomputationPlan> got = OptimalRecomputation(chain, exact);
+        if (want < 0) {
+          CHECK(got.status().code() == absl::StatusCode::kResourceExhausted);
+          // The smallest feasible budget it names is the exhaustive search's.
+          CHECK_THAT(std::string(got.status().message()),
+                     Catch::EndsWith("the smallest feasible budget is " + FormatBytes(min_peak) +
+                                     " (" + std::to_string(min_peak) + " bytes)"));
+          ++infeasible;
+          continue;
+        }
+        REQUIRE(got.ok());
+        CHECK(got->extra_flops == Approx(want).epsilon(1e-12));
+        CHECK(got->predicted_peak <= budget);
+        CHECK(ValidatePlan(chain, *got).ok());
+        ++checked;
       }
-      REQUIRE(got.ok());
-      CHECK(got->extra_flops == Approx(want).epsilon(1e-12));
-      CHECK(got->predicted_peak <= budget);
-      CHECK(ValidatePlan(chain, *got).ok());
-      ++checked;
     }
+    CHECK(checked >= 200);
+    CHECK(infeasible >= 60);  // the budget just below the least peak, every seed
   }
-  CHECK(checked >= 200);
-  CHECK(infeasible >= 60);  // the budget just below the least peak, every seed
 }
 
 TEST_CASE("offload moves a segment's input to host and prices the copies", "[planner]") {
@@ -212,16 +228,6 @@ TEST_CASE("the fixed planners cut the chain as documented", "[planner]") {
   CHECK(none.predicted_peak >= all);
 }
 
-// A traced model's shape: the first and last layers (embeddings, head with
-// the loss) and one in the middle cannot be recomputed.
-Chain PinnedChain(int n, uint32_t seed) {
-  Chain chain = RandomChain(n, seed);
-  chain.layers.front().recomputable = false;
-  chain.layers[n / 2].recomputable = false;
-  chain.layers.back().recomputable = false;
-  return chain;
-}
-
 TEST_CASE("every planner keeps the layers that cannot be recomputed", "[planner]") {
   const Chain chain = PinnedChain(11, 4);  // pinned: 0, 5, 10
   auto kept = [&](const RecomputationPlan& plan) {
@@ -254,32 +260,6 @@ TEST_CASE("every planner keeps the layers that cannot be recomputed", "[planner]
   o.allow_offload = true;
   kept(MinimumPeakPlan(chain, o));
   kept(SelectiveRecomputation(chain));
-}
-
-TEST_CASE("optimal equals exhaustive search when some layers cannot be recomputed",
-          "[planner]") {
-  int checked = 0;
-  for (uint32_t seed = 1; seed <= 20; ++seed) {
-    const bool offload = seed % 2 == 0;
-    const Chain chain = PinnedChain(4 + seed % 5, seed);
-    PlannerOptions exact;
-    exact.resolution = 0;
-    exact.allow_offload = offload;
-    const std::vector<Prediction> all = AllPlans(chain, offload);
-    const int64_t none = NoRecomputation(chain).predicted_peak;
-    const int64_t min_peak = LeastPeak(all);
-    CHECK(MinimumPeakPlan(chain, exact).predicted_peak == min_peak);
-    for (int step = 1; step <= 4; ++step) {
-      exact.budget = min_peak + (none - min_peak) * step / 4;
-      INFO("seed " << seed << ", budget " << exact.budget);
-      const absl::StatusOr<RecomputationPlan> got = OptimalRecomputation(chain, exact);
-      REQUIRE(got.ok());
-      CHECK(got->extra_flops == Approx(Cheapest(all, exact.budget)).epsilon(1e-12));
-      CHECK(ValidatePlan(chain, *got).ok());
-      ++checked;
-    }
-  }
-  CHECK(checked == 80);
 }
 
 TEST_CASE("a plan recomputing a layer that cannot be recomputed is refused", "[planner][errors]") {
