@@ -26,6 +26,7 @@ The segment's blocks run again with their buffers as they were: a buffer
 the replay writes (BatchNorm's running statistics) is put back, so a
 segment's statistics move once per step, as without recomputation.
 """
+import contextlib
 import weakref
 
 import torch
@@ -59,10 +60,9 @@ def segments_of(description, report):
             continue
         if s["mode"] != "recompute":
             raise ValueError(
-                "activation_checkpointing: the plan %s stages %s..%s (%s mode); memwall.torch "
-                "executes keep and recompute segments only: set \"offload\": false"
-                % (s["mode"], stages[s["begin"]]["name"], stages[s["end"] - 1]["name"],
-                   s["mode"]))
+                "activation_checkpointing: the plan puts stages %s..%s in %s mode; "
+                "memwall.torch executes keep and recompute segments only: set \"offload\": "
+                "false" % (stages[s["begin"]]["name"], stages[s["end"] - 1]["name"], s["mode"]))
         names = [stages[i]["name"] for i in range(s["begin"], s["end"])]
         for i in range(s["begin"], s["end"]):
             if not stages[i].get("recomputable", True):
@@ -96,7 +96,8 @@ class _Run:
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = {}      # device index -> state
         self.autocast = [(kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
-                         for kind in ("cpu", "cuda")]
+                         for kind in ("cpu", "cuda")
+                         if kind == "cpu" or torch.cuda.is_available()]
         self.inputs = []        # the first block's tensors, packed by `outer`
         self.input_ids = {}     # during forward: id(tensor) -> its index in inputs
         self.held = []          # during forward: those tensors (their ids stay theirs)
@@ -131,7 +132,6 @@ class Recomputation:
         self._hooks = []
         self._open = None      # the _Run whose forward is in progress
         self._hooks_pushed = None
-        self._replaying = False
         for names in segments:
             missing = [n for n in names if n not in modules]
             if missing or not names:
@@ -163,7 +163,7 @@ class Recomputation:
     # -- forward -----------------------------------------------------------
 
     def _enter(self, segment, k, args, kwargs):
-        if self._replaying:
+        if _REPLAYING:
             return None
         run = self._open
         if k == 0:
@@ -195,7 +195,7 @@ class Recomputation:
 
     def _leave(self, segment, k, out):
         run = self._open
-        if self._replaying or run is None or run.segment is not segment:
+        if _REPLAYING or run is None or run.segment is not segment:
             return
         # The block's output, weakly (holding it would keep what
         # recomputation frees), for the next block's arguments.
@@ -270,30 +270,30 @@ class Recomputation:
         # Kernels such as batch_norm write running statistics without
         # moving the buffer's version counter: every buffer is put back.
         buffers = [(b, b.detach().clone()) for m in segment.modules for b in m.buffers()]
-        devices = sorted(run.cuda_rng)
         run.recorded = 0
         run.values = {}
-        with torch.random.fork_rng(devices=devices):
-            torch.set_rng_state(run.cpu_rng)
-            for d, state in run.cuda_rng.items():
-                torch.cuda.set_rng_state(state, d)
-            hooks = torch.autograd.graph.saved_tensors_hooks(
-                lambda t: self._record(run, t), lambda _: None)
-            self._replaying = True
-            _REPLAYING.append(segment.label)
-            try:
-                with torch.enable_grad(), hooks, _Autocast(run.autocast):
-                    inputs = [run.unpack(p) for p in run.inputs]
-                    previous = []
-                    for module, args, kwargs in run.calls:
-                        args, kwargs = _fill((args, kwargs), inputs, previous)
-                        previous = _tensors(module(*args, **kwargs))
-            finally:
-                _REPLAYING.pop()
-                self._replaying = False
-        with torch.no_grad():
-            for b, value in buffers:
-                b.copy_(value)
+        _REPLAYING.append(segment.label)
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.random.fork_rng(devices=sorted(run.cuda_rng)))
+                torch.set_rng_state(run.cpu_rng)
+                for d, state in run.cuda_rng.items():
+                    torch.cuda.set_rng_state(state, d)
+                for kind, enabled, dtype in run.autocast:
+                    stack.enter_context(torch.autocast(kind, dtype=dtype, enabled=enabled))
+                stack.enter_context(torch.enable_grad())
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(
+                    lambda t: self._record(run, t), lambda _: None))
+                inputs = [run.unpack(p) for p in run.inputs]
+                previous = []
+                for module, args, kwargs in run.calls:
+                    args, kwargs = _fill((args, kwargs), inputs, previous)
+                    previous = _tensors(module(*args, **kwargs))
+        finally:
+            _REPLAYING.pop()
+            with torch.no_grad():
+                for b, value in buffers:
+                    b.copy_(value)
         if run.recorded != len(run.saved):
             raise RuntimeError(
                 "memwall recomputation: segment %s saved %d tensors when run again, %d in its "
@@ -328,22 +328,3 @@ def _fill(value, inputs, previous):
             return item
         return inputs[item.index] if item.kind == "input" else previous[item.index]
     return _map(value, leaf)
-
-
-class _Autocast:
-    """The autocast state a segment's forward ran under, for its replay."""
-
-    def __init__(self, states):
-        self.contexts = [torch.autocast(kind, dtype=dtype, enabled=enabled)
-                         for kind, enabled, dtype in states
-                         if kind == "cpu" or torch.cuda.is_available()]
-
-    def __enter__(self):
-        for c in self.contexts:
-            c.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        for c in reversed(self.contexts):
-            c.__exit__(*exc)
-        return False

@@ -52,6 +52,7 @@ micro-batches, so losses are not divided by the accumulation count.
 import collections.abc
 import contextlib
 import copy
+import inspect
 import json
 import logging
 import os
@@ -63,8 +64,9 @@ import weakref
 import torch
 
 import memwall
-from memwall import _groups
-from memwall.trace import watch_modules
+from memwall import _groups, recompute
+from memwall import trace as tracing
+from memwall.trace import _map, _tensors, watch_modules
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 # What stage "auto" and the recomputation plan chose, at INFO on rank 0
@@ -422,14 +424,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
     config: the DeepSpeed-style config (a dict, JSON text or a file path);
         its optimizer.params are the param_groups' defaults. Its
         activation_checkpointing (a planner other than "none", with its
-        budget) is planned at the model's first training forward (grad
-        enabled, model.train()): a copy of the model on torch's meta device
+        budget) is planned at the model's first forward with grad
+        enabled: a copy of the model on torch's meta device
         is traced at that forward's batch size (memwall.trace, attention as
         torch runs it on the CPU), dry-run under the config as `memwall
         plan` does, and the plan's recomputed segments of blocks are
         executed from then on (memwall.recompute; the `recomputation`
-        property says what was chosen). The forward's tensors' first
-        dimension is taken for the batch. Activation offload (offload,
+        property says what was chosen; a forward under torch.no_grad()
+        plans nothing). The forward's tensors' first dimension is taken for
+        the batch. Activation offload (offload,
         cpu_checkpointing) is refused: memwall.torch's tensors are on the
         CPU already; so is the "selective" planner (whole blocks are
         recomputed, a traced block offers no selective mode).
@@ -444,7 +447,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         strategy chooses for it (`memwall plan --auto`, rates measured on
         this machine, the micro-batch and accumulation kept; `auto_choice`
         says which); with it the recomputation plan is made at
-        construction rather than at the first forward.
+        construction rather than at the first forward. Unused when the
+        config asks for neither.
     collective_timeout: the seconds a rank waits in a collective for the
         others (0: forever) before memwall.DeadlineExceededError (a
         TimeoutError) names the collective: what a call only some ranks
@@ -480,13 +484,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         parsed = json.loads(text)
         self._device_memory = str(device_memory)
         self._collective_timeout = collective_timeout
-        self._recomputation = None
         self._recomputation_report = None
         self._auto_choice = None
-        traced = None  # (description, batch) of example_inputs
-        if example_inputs is not None:
-            traced = _describe(model, example_inputs, dtype=_DTYPES[read["param_dtype"]])
-        if (parsed.get("zero_optimization") or {}).get("stage") == "auto":
+        auto = (parsed.get("zero_optimization") or {}).get("stage") == "auto"
+        traced = None  # (description, batch) of example_inputs, when there is a plan to make
+        if example_inputs is not None and (auto or read["recomputes"]):
+            traced = _describe(model, *_example_call(example_inputs),
+                               dtype=_DTYPES[read["param_dtype"]])
+        if auto:
             if traced is None:
                 raise ValueError(
                     "zero_optimization.stage \"auto\": memwall chooses by tracing the model and "
@@ -724,19 +729,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _plan_recomputation(self, model, args, kwargs):
         """At the first training forward: the config's recomputation plan
         for this model at this batch size, applied (see __init__)."""
-        if not torch.is_grad_enabled() or not model.training:
+        if not torch.is_grad_enabled():
             return
-        self._apply_recomputation(model, *_describe(model, (args, kwargs), self._shape))
+        self._apply_recomputation(model, *_describe(model, args, kwargs, self._shape))
         self._planning.remove()
         self._planning = None
 
     def _apply_recomputation(self, model, description, batch):
-        from memwall import recompute
         report = json.loads(memwall._memwall.plan(
             json.dumps(description), self._plan_text, memwall.world_size(), self._device_memory,
             "512GiB", "0", batch, False, "this-machine"))
         segments = recompute.segments_of(description, report)
-        self._recomputation = recompute.Recomputation(model, segments)
+        recompute.Recomputation(model, segments)  # its hooks on the model keep it
         self._recomputation_report = {
             "planner": report["recomputation"],
             "note": report.get("recomputation_note", ""),
@@ -1218,10 +1222,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._profile = None
 
     def _enter_module(self, name, block, args, kwargs):
-        from memwall.recompute import replaying
         self._module_stack.append(name or "<model>")
         if block:
-            self._engine.begin_phase(("recompute " if replaying() else "forward ") + name)
+            self._engine.begin_phase(("recompute " if recompute.replaying() else "forward ")
+                                     + name)
 
     def _exit_module(self, block):
         self._module_stack.pop()
@@ -1536,22 +1540,21 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return self._engine.memory()
 
 
-def _describe(model, example, shapes=None, dtype=None):
-    """memwall.trace.describe of a meta copy of `model` at the batch size of
-    `example` (a dict of keyword arguments, a tuple of positional ones, one
-    tensor, or an (args, kwargs) pair a forward pre-hook saw) and the next,
-    attention as torch's CPU kernels save it, floating tensors in `dtype`
-    (None: as they are); (description, batch)."""
-    from memwall import trace as tracing
+def _example_call(example):
+    """example_inputs as the (args, kwargs) of a forward call: one tensor,
+    a dict of keyword arguments or a sequence of positional ones."""
     if isinstance(example, torch.Tensor):
-        args, kwargs = (example,), {}
-    elif isinstance(example, dict):
-        args, kwargs = (), example
-    elif (isinstance(example, tuple) and len(example) == 2 and isinstance(example[0], tuple)
-          and isinstance(example[1], dict)):
-        args, kwargs = example
-    else:
-        args, kwargs = tuple(example), {}
+        return (example,), {}
+    if isinstance(example, dict):
+        return (), example
+    return tuple(example), {}
+
+
+def _describe(model, args, kwargs, shapes=None, dtype=None):
+    """memwall.trace.describe of a meta copy of `model` called with `args`
+    and `kwargs`, at their batch size and the next, attention as torch's
+    CPU kernels save it, floating tensors in `dtype` (None: as they are);
+    (description, batch)."""
     inputs, batch = _inputs_of(model, args, kwargs)
     shadow = _meta_shadow(model, shapes or {}, dtype)
     description = tracing.describe(shadow, lambda b: _meta_inputs(inputs, batch, b),
@@ -1563,16 +1566,14 @@ def _inputs_of(model, args, kwargs):
     """A forward's arguments as trace() takes them (a tuple, or a dict
     when any is given by keyword) and its batch size (the first tensor's
     first dimension)."""
-    import inspect
     if kwargs:
-        bound = inspect.signature(model.forward).bind(*args, **kwargs)
-        inputs = dict(bound.arguments)
-        extra = inputs.pop(next((n for n, p in inspect.signature(model.forward).parameters.items()
-                                 if p.kind is p.VAR_KEYWORD), None), None)
-        inputs.update(extra or {})
+        signature = inspect.signature(model.forward)
+        inputs = dict(signature.bind(*args, **kwargs).arguments)
+        var_keyword = next((n for n, p in signature.parameters.items()
+                            if p.kind is p.VAR_KEYWORD), None)
+        inputs.update(inputs.pop(var_keyword, None) or {})
     else:
         inputs = tuple(args)
-    from memwall.trace import _tensors
     first = next((t for t in _tensors(inputs) if t.dim() >= 1), None)
     if first is None:
         raise ValueError("activation_checkpointing: the model's forward took no tensor with a "
@@ -1584,8 +1585,6 @@ def _inputs_of(model, args, kwargs):
 def _meta_inputs(value, batch, b):
     """`value` with each tensor on meta, its first dimension `b` where it
     was the batch."""
-    from memwall.trace import _map
-
     def leaf(item):
         if not isinstance(item, torch.Tensor):
             return item
@@ -1638,7 +1637,6 @@ def plan(model, *, inputs=None, seq=None, batch=1, gpus=1, device_memory="32GiB"
     by category, host and NVMe use, ...) or with auto "memwall.plan-auto/1"
     (candidates, chosen, config, plan)."""
     import memwall.hf as hf
-    from memwall import trace as tracing
     text = _config_text(config)
     if isinstance(model, dict) and model.get("format") == "memwall.traced/1":
         return json.loads(memwall._memwall.plan(

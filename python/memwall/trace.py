@@ -123,6 +123,7 @@ class Stage:
         self.backward_workspace = 0  # bytes: backward_peak less the input gradient
         self._outputs = []           # (storage tag, bytes, gradient bytes) it hands on
         self._arguments = {}         # storage tag -> bytes: what its unit's forward took
+        self._glue = False           # an operator ran outside every unit while current
         self._start = 0
 
     def __repr__(self):
@@ -135,10 +136,10 @@ class Stage:
 class Trace:
     """The units and the stages in forward order, and totals.
     inputs_saved: bytes of saved storages the step did not create (its
-    inputs); recompute_inputs: see __init__; attention: the kernel accounted, or "none" if the model never
-    called scaled_dot_product_attention."""
+    inputs); attention: the kernel accounted, or "none" if the model never
+    called scaled_dot_product_attention; recompute_inputs: see __init__."""
 
-    def __init__(self, units, stages, inputs_saved, attention, recompute_inputs=0):
+    def __init__(self, units, stages, inputs_saved, attention, recompute_inputs):
         self.units = units
         self.stages = stages
         self.inputs_saved = inputs_saved
@@ -524,7 +525,6 @@ class _Tracer:
         self.attention = _KernelMode(attention)
         self.inner_of, self.outer_of, self.name_of = _structure(model)
         self.blocks = {self.name_of[i] for i in block_ids(model)}
-        self.glue = set()  # ids of stages that ran an operator outside every unit
         self.units, self.order = {}, []
         self.stages = [Stage(None, None)]  # what runs before the first unit joins it
         self.stages[0]._start = 0
@@ -596,7 +596,7 @@ class _Tracer:
     def _on_op(self, func, args, kwargs, out):
         stage = self.stages[-1]
         if self.phase == "forward" and all(name is None for name in self.unit_stack):
-            self.glue.add(id(stage))
+            stage._glue = True
         for t in _fresh_outputs(func, out) if not _MUTED[0] else ():
             key = _key(t)
             self.generation[key] = self.generation.get(key, 0) + 1
@@ -768,7 +768,7 @@ class _Tracer:
             s.workspace = max(0, s.forward_peak - s.kept - s.output)
         for s in stages:
             s.recomputable = (s.unit in self.blocks and self.seen_units.get(s.unit) == 1
-                              and id(s) not in self.glue)
+                              and not s._glue)
         handed_on = set().union(*(output_keys[id(s)] for s in stages))
         arguments = {}
         for s in stages:
