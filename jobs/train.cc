@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -170,12 +171,15 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
     }
     summary.ln_vocab = std::log(double(gpt.vocab));
     const Arrivals& arrivals = engine.communicator().arrivals();
-    if (ranks > 1 && arrivals.calls > 0) {
+    const int64_t compared = std::accumulate(arrivals.last.begin(), arrivals.last.end(),
+                                             int64_t{0});
+    if (ranks > 1 && compared > 0) {
       const int slowest = static_cast<int>(
           std::max_element(arrivals.cost.begin(), arrivals.cost.end()) - arrivals.cost.begin());
-      summary.straggler =
-          Straggler{slowest, arrivals.cost[slowest], arrivals.waited_seconds,
-                    arrivals.last[slowest], arrivals.calls};
+      summary.straggler = Straggler{
+          slowest, arrivals.cost[slowest],
+          std::accumulate(arrivals.cost.begin(), arrivals.cost.end(), 0.0),
+          arrivals.last[slowest], compared};
     }
     observer.Finished(summary);
   }

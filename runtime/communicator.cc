@@ -117,13 +117,9 @@ absl::Status Communicator::AgreeTimed(const Signature& signature, const MinMax& 
   previous_wait_us_ = std::min<int64_t>(absl::ToInt64Microseconds(absl::Now() - start),
                                         (int64_t{1} << 40) - 1);
   if (min[5] >= 0) {
-    if (arrivals_.last.empty()) ResetArrivals();
     const int64_t last = min[6] & ((int64_t{1} << kRankBits) - 1);
-    const double waited = double(max[5] - min[5]) * 1e-6;
-    ++arrivals_.calls;
     ++arrivals_.last[last];
-    arrivals_.cost[last] += waited;
-    arrivals_.waited_seconds += waited;
+    arrivals_.cost[last] += double(max[5] - min[5]) * 1e-6;
   }
   const std::array<int64_t, 5> lo = {min[0], min[1], min[2], min[3], min[4]};
   const std::array<int64_t, 5> hi = {max[0], max[1], max[2], max[3], max[4]};
@@ -132,7 +128,6 @@ absl::Status Communicator::AgreeTimed(const Signature& signature, const MinMax& 
 }
 
 void Communicator::ResetArrivals() {
-  arrivals_ = Arrivals();
   arrivals_.last.assign(world_size_, 0);
   arrivals_.cost.assign(world_size_, 0.0);
 }

@@ -76,12 +76,11 @@ struct CollectiveStats {
 // Clock-free (each rank times its own wait), the same on every rank, one
 // call behind (the last call's arrivals are compared at the next one).
 // Between ranks arriving within noise of each other the last one is
-// chance; `cost` weighs each call by the wait it caused.
+// chance; `cost` weighs each call by the wait it caused. The collectives
+// compared are the sum of `last`, the whole wait the sum of `cost`.
 struct Arrivals {
-  int64_t calls = 0;          // collectives whose arrivals were compared
-  std::vector<int64_t> last;  // per rank: of those, how many it arrived last to
+  std::vector<int64_t> last;  // per rank: collectives it arrived last to
   std::vector<double> cost;   // per rank: seconds the others waited for it, arriving last
-  double waited_seconds = 0;  // SUM over the calls of the wait the last rank caused
 };
 
 struct CommunicatorOptions {
@@ -165,8 +164,9 @@ class Communicator {
   // SUM of bytes over all collectives.
   int64_t total_bytes() const;
   void ResetStats() { stats_ = {}; }
-  // See Arrivals; empty without check_agreement. Reset with ResetStats's
-  // caller's period in mind: ResetArrivals starts a new count.
+  // See Arrivals: world_size() zeros until a collective is compared (none
+  // without check_agreement). ResetArrivals starts a new count (a run's,
+  // say, leaving out its set-up).
   const Arrivals& arrivals() const { return arrivals_; }
   void ResetArrivals();
 
@@ -181,7 +181,10 @@ class Communicator {
   };
 
   Communicator(int rank, int world_size, CommunicatorOptions options)
-      : rank_(rank), world_size_(world_size), options_(options) {}
+      : rank_(rank),
+        world_size_(world_size),
+        options_(options),
+        arrivals_{std::vector<int64_t>(world_size, 0), std::vector<double>(world_size, 0.0)} {}
 
   const CommunicatorOptions& options() const { return options_; }
   // OK while usable; else "<what> on rank r of n: the communicator failed

@@ -412,7 +412,7 @@ TEST_CASE("the rank that arrives last to the collectives is named, and what it c
   // waited about 30 ms each time, nearly all of it for it.
   const int n = World().world_size(), r = World().rank();
   std::unique_ptr<MpiCommunicator> comm = Fresh(absl::Seconds(60));
-  CHECK(comm->arrivals().calls == 0);
+  CHECK(comm->arrivals().last == std::vector<int64_t>(n, 0));
   std::vector<float> buffer(16, 1.0f);
   for (int call = 0; call < 12; ++call) {
     if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -420,21 +420,20 @@ TEST_CASE("the rank that arrives last to the collectives is named, and what it c
                             HostStream()).ok());
   }
   const Arrivals& a = comm->arrivals();
-  CHECK(a.calls == 11);
   REQUIRE(a.last.size() == size_t(n));
   CHECK(std::accumulate(a.last.begin(), a.last.end(), int64_t{0}) == 11);
+  const double waited = std::accumulate(a.cost.begin(), a.cost.end(), 0.0);
   if (n > 1) {
     CHECK(a.last[n - 1] >= 9);
-    CHECK(a.waited_seconds >= 11 * 0.025);
-    CHECK(a.waited_seconds <= 11 * 0.5);
-    CHECK(a.cost[n - 1] >= 0.75 * a.waited_seconds);
+    CHECK(waited >= 11 * 0.025);
+    CHECK(waited <= 11 * 0.5);
+    CHECK(a.cost[n - 1] >= 0.75 * waited);
   }
   // Every rank counted the same.
   int64_t mine[2] = {a.last.back(), -a.last.back()};
   REQUIRE(comm->AllReduceHost(mine, 2, MPI_INT64_T, MPI_MAX, "arrivals").ok());
   CHECK(mine[0] == -mine[1]);
   comm->ResetArrivals();
-  CHECK(comm->arrivals().calls == 0);
   CHECK(comm->arrivals().last == std::vector<int64_t>(n, 0));
   CHECK(comm->arrivals().cost == std::vector<double>(n, 0.0));
 }
