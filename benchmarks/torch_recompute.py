@@ -11,7 +11,8 @@ parameters, buffers and the batch left out; transformers' checkpointing
 keeps its recomputed tensors out of those hooks, so its peak is not
 measured), the step's median time
 (forward and backward; --steps steps after one warm-up), and for memwall's
-plans the planner's prediction of the first figure (memwall.torch.plan of
+plans the planner's prediction of the first figure and how far the
+measurement is from it in bytes (memwall.torch.plan of
 memwall.trace.describe, the dry run `memwall plan` makes). Every
 configuration's loss and gradients are checked bit for bit against the run
 without recomputation.
@@ -130,13 +131,15 @@ def main():
           "autograd keeps once forward ends; peak: most it holds during the step (n/a: "
           "torch.utils.checkpoint's recomputed tensors bypass the hooks that measure)" % (
               BATCH, SEQ, torch.get_num_threads()))
-    print("%-50s %11s %11s %11s %8s %9s %s" % ("configuration", "held MiB", "peak MiB",
-                                               "planned MiB", "step s", "vs none", "bit-exact"))
+    print("%-50s %11s %11s %11s %9s %8s %9s %s" % (
+        "configuration", "held MiB", "peak MiB", "planned MiB", "held-plan", "step s", "vs none",
+        "bit-exact"))
     none_time = rows[0][4]
     for name, held, peak, predicted, seconds, exact in rows:
-        print("%-50s %11.2f %11s %11s %8.3f %8.2fx %s" % (
+        print("%-50s %11.2f %11s %11s %9s %8.3f %8.2fx %s" % (
             name, held / 2**20, "n/a" if peak is None else "%.2f" % (peak / 2**20),
-            "-" if predicted is None else "%.2f" % (predicted / 2**20), seconds,
+            "-" if predicted is None else "%.2f" % (predicted / 2**20),
+            "-" if predicted is None else "%+d B" % (held - predicted), seconds,
             seconds / none_time, "yes" if exact else "NO"))
 
 
