@@ -196,15 +196,18 @@ def test_zero_optimizer_plans_and_applies_the_configs_recomputation(stage):
         assert abs(held - planned) <= 0.01 * planned, (held, planned)
 
 
-def test_the_plan_is_made_at_the_first_training_forward_only():
+@pytest.mark.parametrize("training", [True, False])
+def test_the_plan_is_made_at_the_first_forward_with_grad(training):
+    """A forward under no_grad plans nothing; the first with grad plans at
+    its batch size, in train or eval mode alike (a loop may train with
+    dropout off)."""
     torch.manual_seed(0)
     model = hf_model("gpt2")
     opt = mt.ZeroOptimizer(model, config={"activation_checkpointing": {"planner": "full"}})
-    model.eval()
     with torch.no_grad():
         model(**batch_of(BATCH))
     assert opt.recomputation is None
-    model.train()
+    model.train(training)
     model(**batch_of(3)).loss.backward()
     assert opt.recomputation["micro_batch"] == 3
     assert len(opt.recomputation["segments"]) == 4
