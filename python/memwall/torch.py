@@ -29,7 +29,7 @@ every collective and update is the engine's. What the glue does:
   latest when backward ends);
 - recomputation: the config's activation_checkpointing is planned for
   the model as `memwall plan` plans a traced one (a meta copy traced at the
-  first training forward's batch size, or at construction from
+  first forward's batch size (grad enabled), or at construction from
   example_inputs) and executed by memwall.recompute, whose saved-tensor
   hooks sit inside stage 3's (a recomputed block gathers its parameters
   again as its forward runs); stage "auto" takes the auto strategy's
@@ -727,7 +727,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return copy.deepcopy(self._auto_choice)
 
     def _plan_recomputation(self, model, args, kwargs):
-        """At the first training forward: the config's recomputation plan
+        """At the first forward with grad: the config's recomputation plan
         for this model at this batch size, applied (see __init__)."""
         if not torch.is_grad_enabled():
             return
@@ -761,7 +761,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     @property
     def recomputation(self):
         """The recomputation plan applied to the model (None before the
-        first training forward, or with none asked for): {"planner",
+        first forward with grad, or with none asked for): {"planner",
         "note" (why the least-peak plan, if no plan met the budget),
         "micro_batch" it was planned at, "segments" (module names, each
         list recomputed together), "stages" (the traced chain),
