@@ -30,10 +30,35 @@ absl::string_view ReduceOpName(ReduceOp op) {
   return "unknown";
 }
 
+LinkBytes LinkBytesOf(Collective collective, int64_t bytes, int ranks, int nodes) {
+  const int64_t passes = collective == Collective::kAllReduce ? 2
+                         : collective == Collective::kBarrier ? 0
+                                                              : 1;
+  return {passes * (ranks - nodes) * bytes, passes * (nodes - 1) * bytes};
+}
+
 int64_t Communicator::total_bytes() const {
   int64_t total = 0;
   for (const CollectiveStats& s : stats_) total += s.bytes;
   return total;
+}
+
+LinkBytes Communicator::total_link_bytes() const {
+  LinkBytes total;
+  for (const CollectiveStats& s : stats_) {
+    total.intra_node += s.intra_node_bytes;
+    total.inter_node += s.inter_node_bytes;
+  }
+  return total;
+}
+
+absl::Status Communicator::SetRanksPerNode(int ranks_per_node) {
+  if (ranks_per_node < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ranks per node: expected >= 1, got ", ranks_per_node));
+  }
+  nodes_ = (world_size_ + ranks_per_node - 1) / ranks_per_node;
+  return absl::OkStatus();
 }
 
 std::array<int64_t, 5> Communicator::Encode(const Signature& signature) {
@@ -192,6 +217,9 @@ void Communicator::Count(Collective collective, int64_t bytes) {
   CollectiveStats& s = stats_[static_cast<int>(collective)];
   ++s.calls;
   s.bytes += bytes;
+  const LinkBytes link = LinkBytesOf(collective, bytes, world_size_, nodes_);
+  s.intra_node_bytes += link.intra_node;
+  s.inter_node_bytes += link.inter_node;
 }
 
 absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,

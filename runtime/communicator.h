@@ -27,6 +27,19 @@
 // So one step of plain data parallelism over P elements counts P bytes of
 // AllReduce, which the ZeRO paper counts as 2P of traffic (a reduce-scatter
 // plus an all-gather); ZeRO-1/2 count P of ReduceScatter and P of AllGather.
+//
+// Link bytes (the same counters, per link) are that traffic: what one call
+// moves over links, summed over the whole job, split into the bytes moved
+// inside a node and across nodes (nodes(), the topology). For a call of B
+// logical bytes over k ranks on g nodes, as a node-aware (hierarchical)
+// algorithm moves it, each byte crossing a node boundary once:
+//   AllGather, ReduceScatter, Broadcast   across (g-1)*B, inside (k-g)*B
+//   AllReduce (a reduce-scatter and an all-gather)  twice those
+//   Barrier                               0
+// Across nodes that is the least any algorithm moves (every node but one
+// must receive B, less for a gather the shares its own ranks hold, and
+// those shares add up to B over the nodes); inside, every other byte a rank
+// receives. The sum, (k-1)*B (twice for AllReduce), is what a ring moves.
 #ifndef MEMWALL_RUNTIME_COMMUNICATOR_H_
 #define MEMWALL_RUNTIME_COMMUNICATOR_H_
 
@@ -62,11 +75,22 @@ constexpr int kNumCollectives = 5;
 absl::string_view CollectiveName(Collective collective);
 absl::string_view ReduceOpName(ReduceOp op);
 
-// COUNT of successful calls and SUM of their logical bytes (see above).
+// COUNT of successful calls, SUM of their logical bytes, and SUM of their
+// link bytes inside and across nodes, whole job (see above).
 struct CollectiveStats {
   int64_t calls = 0;
   int64_t bytes = 0;
+  int64_t intra_node_bytes = 0;
+  int64_t inter_node_bytes = 0;
 };
+
+// Link bytes of one call of `bytes` logical bytes of `collective` over
+// `ranks` ranks on `nodes` nodes (see above): {inside, across}.
+struct LinkBytes {
+  int64_t intra_node = 0;
+  int64_t inter_node = 0;
+};
+LinkBytes LinkBytesOf(Collective collective, int64_t bytes, int ranks, int nodes);
 
 // The bucket effect: the slowest rank sets the pace. Each collective's
 // agreement round (CommunicatorOptions::check_agreement) is where ranks
@@ -114,6 +138,16 @@ class Communicator {
   absl::Duration timeout() const { return options_.timeout; }
   // "mpi", "nccl" or "simulated".
   virtual absl::string_view kind() const = 0;
+  // How many nodes (machines) the ranks run on, 1..world_size(): what the
+  // link bytes count as inside or across nodes. MPI detects it (ranks that
+  // share memory are one node) unless MEMWALL_RANKS_PER_NODE is set;
+  // SetRanksPerNode overrides either.
+  int nodes() const { return nodes_; }
+  // Places the ranks in consecutive blocks of `ranks_per_node` per node
+  // (the last block may be smaller): a config naming the layout, or one
+  // machine posing as several nodes. Local, no collective: every rank
+  // must pass the same value. Errors: kInvalidArgument below 1.
+  absl::Status SetRanksPerNode(int ranks_per_node);
 
   // recv[i] = op over ranks of send[i], for i < count. In place when
   // send == recv.
@@ -160,9 +194,12 @@ class Communicator {
     CollectiveStats& s = stats_[static_cast<int>(collective)];
     s.calls += delta.calls * repeats;
     s.bytes += delta.bytes * repeats;
+    s.intra_node_bytes += delta.intra_node_bytes * repeats;
+    s.inter_node_bytes += delta.inter_node_bytes * repeats;
   }
-  // SUM of bytes over all collectives.
+  // SUM over all collectives of the logical bytes, and of the link bytes.
   int64_t total_bytes() const;
+  LinkBytes total_link_bytes() const;
   void ResetStats() { stats_ = {}; }
   // See Arrivals: world_size() zeros until a collective is compared (none
   // without check_agreement). ResetArrivals starts a new count (a run's,
@@ -187,6 +224,8 @@ class Communicator {
         arrivals_{std::vector<int64_t>(world_size, 0), std::vector<double>(world_size, 0.0)} {}
 
   const CommunicatorOptions& options() const { return options_; }
+  // Implementations that know the topology (MpiCommunicator::Create) set it.
+  void set_nodes(int nodes) { nodes_ = nodes; }
   // OK while usable; else "<what> on rank r of n: the communicator failed
   // earlier (<the first error>)", with the first error's code.
   absl::Status FailedEarlier(absl::string_view what) const;
@@ -245,6 +284,7 @@ class Communicator {
   const int rank_;
   const int world_size_;
   const CommunicatorOptions options_;
+  int nodes_ = 1;
   std::array<CollectiveStats, kNumCollectives> stats_{};
   Arrivals arrivals_;
   int64_t previous_wait_us_ = -1;  // this rank's wait in the last round; -1: none

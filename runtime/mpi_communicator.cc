@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/base/call_once.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -181,8 +182,32 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank"));
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(comm, &size), "MPI_Comm_size"));
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Query_thread(&level), "MPI_Query_thread"));
-  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(
+  std::unique_ptr<MpiCommunicator> created(new MpiCommunicator(
       comm, rank, size, options, /*threads_allowed=*/level >= MPI_THREAD_SERIALIZED));
+  if (const char* posed = std::getenv("MEMWALL_RANKS_PER_NODE"); posed != nullptr) {
+    int ranks_per_node = 0;
+    if (!absl::SimpleAtoi(posed, &ranks_per_node) || ranks_per_node < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MEMWALL_RANKS_PER_NODE: expected an integer >= 1, got '", posed, "'"));
+    }
+    MW_RETURN_IF_ERROR(created->SetRanksPerNode(ranks_per_node));
+    return created;
+  }
+  // The nodes: ranks that share memory are one; each node's lowest rank
+  // counts it.
+  MPI_Comm node = MPI_COMM_NULL;
+  MW_RETURN_IF_ERROR(MpiStatus(
+      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
+      "MPI_Comm_split_type (MPI_COMM_TYPE_SHARED)"));
+  int node_rank = 0;
+  const int rc = MPI_Comm_rank(node, &node_rank);
+  MPI_Comm_free(&node);
+  MW_RETURN_IF_ERROR(MpiStatus(rc, "MPI_Comm_rank (this node's ranks)"));
+  int leaders = node_rank == 0 ? 1 : 0;
+  MW_RETURN_IF_ERROR(
+      created->AllReduceHost(&leaders, 1, MPI_INT, MPI_SUM, "the number of nodes"));
+  created->set_nodes(leaders);
+  return created;
 }
 
 MpiCommunicator::~MpiCommunicator() {

@@ -45,7 +45,10 @@ class MpiCommunicator final : public Communicator {
   // Initialises MPI if no one has (asking for MPI_THREAD_MULTIPLE and taking
   // what the library offers; MPI is finalised at exit), then works on a
   // duplicate of MPI_COMM_WORLD with errors returned, not fatal. A process
-  // started without mpirun is rank 0 of a world of 1.
+  // started without mpirun is rank 0 of a world of 1. Its nodes() are
+  // the machines its ranks share memory on (MPI_COMM_TYPE_SHARED), or, with
+  // MEMWALL_RANKS_PER_NODE=n set, consecutive blocks of n ranks (one machine
+  // posing as several nodes); errors name the variable.
   static absl::StatusOr<std::unique_ptr<MpiCommunicator>> Create(
       CommunicatorOptions options = {});
   ~MpiCommunicator() override;

@@ -38,7 +38,9 @@ class NcclCommunicator final : public Communicator {
                    CommunicatorOptions options)
       : Communicator(bootstrap.rank(), bootstrap.world_size(), options),
         bootstrap_(bootstrap),
-        comm_(comm) {}
+        comm_(comm) {
+    set_nodes(bootstrap.nodes());  // the same ranks on the same nodes
+  }
 
   absl::Status Agree(const Signature& signature) override;
   absl::Status DoAllReduce(const void* send, void* recv, size_t count,

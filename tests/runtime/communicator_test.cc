@@ -188,6 +188,64 @@ TEST_CASE("byte counters sum the logical buffer of each call", "[mpi]") {
   CHECK(comm.total_bytes() == 4020 + 250 * n * 6 + 12);
 }
 
+TEST_CASE("link bytes count each call's traffic inside and across nodes", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int64_t n = comm.world_size();
+  // mpirun starts every rank on this machine: one node.
+  CHECK(comm.nodes() == 1);
+  // Posing as nodes of 2 ranks: 4 ranks are 2 nodes, 1 or 2 ranks one.
+  REQUIRE(comm.SetRanksPerNode(2).ok());
+  const int64_t g = (n + 1) / 2;
+  CHECK(comm.nodes() == g);
+  comm.ResetStats();
+  std::vector<float> a(1000 * n), b(1000 * n);
+  REQUIRE(comm.AllReduce(a.data(), b.data(), 1000, DType::kF32, ReduceOp::kSum, HostStream()).ok());
+  REQUIRE(comm.ReduceScatter(a.data(), b.data(), 250, DType::kF32, ReduceOp::kSum, HostStream()).ok());
+  REQUIRE(comm.AllGather(a.data(), b.data(), 250, DType::kBF16, HostStream()).ok());
+  REQUIRE(comm.Broadcast(a.data(), 3, DType::kF32, n - 1, HostStream()).ok());
+  REQUIRE(comm.Barrier().ok());
+  // An all-reduce of 4000 bytes moves each byte twice (reduce-scatter,
+  // all-gather); across nodes once per node but the first, inside once
+  // per rank but the nodes' first.
+  CHECK(comm.stats(Collective::kAllReduce).inter_node_bytes == 2 * (g - 1) * 4000);
+  CHECK(comm.stats(Collective::kAllReduce).intra_node_bytes == 2 * (n - g) * 4000);
+  CHECK(comm.stats(Collective::kReduceScatter).inter_node_bytes == (g - 1) * 1000 * n);
+  CHECK(comm.stats(Collective::kReduceScatter).intra_node_bytes == (n - g) * 1000 * n);
+  CHECK(comm.stats(Collective::kAllGather).inter_node_bytes == (g - 1) * 500 * n);
+  CHECK(comm.stats(Collective::kAllGather).intra_node_bytes == (n - g) * 500 * n);
+  CHECK(comm.stats(Collective::kBroadcast).inter_node_bytes == (g - 1) * 12);
+  CHECK(comm.stats(Collective::kBroadcast).intra_node_bytes == (n - g) * 12);
+  CHECK(comm.stats(Collective::kBarrier).intra_node_bytes == 0);
+  const LinkBytes total = comm.total_link_bytes();
+  CHECK(total.inter_node == (g - 1) * (8000 + 1500 * n + 12));
+  CHECK(total.intra_node == (n - g) * (8000 + 1500 * n + 12));
+  // Inside plus across is what a ring moves: (ranks - 1) x the buffer.
+  CHECK(total.inter_node + total.intra_node == (n - 1) * (8000 + 1500 * n + 12));
+  const absl::Status bad = comm.SetRanksPerNode(0);
+  CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(bad.message()) == "ranks per node: expected >= 1, got 0");
+  REQUIRE(comm.SetRanksPerNode(static_cast<int>(n)).ok());
+  CHECK(comm.nodes() == 1);
+  comm.ResetStats();
+}
+
+TEST_CASE("MEMWALL_RANKS_PER_NODE poses the ranks as nodes of that many", "[mpi]") {
+  const int n = World().world_size();
+  REQUIRE(setenv("MEMWALL_RANKS_PER_NODE", "1", 1) == 0);
+  auto each_a_node = MpiCommunicator::Create();
+  REQUIRE(each_a_node.ok());
+  CHECK((*each_a_node)->nodes() == n);
+  REQUIRE(setenv("MEMWALL_RANKS_PER_NODE", "two", 1) == 0);
+  auto bad = MpiCommunicator::Create();
+  REQUIRE(unsetenv("MEMWALL_RANKS_PER_NODE") == 0);
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(bad.status().message()) ==
+        "MEMWALL_RANKS_PER_NODE: expected an integer >= 1, got 'two'");
+  auto detected = MpiCommunicator::Create();
+  REQUIRE(detected.ok());
+  CHECK((*detected)->nodes() == 1);
+}
+
 TEST_CASE("ranks that disagree on the count all get the same clear error", "[mpi]") {
   MpiCommunicator& comm = World();
   const int n = comm.world_size(), r = comm.rank();
@@ -454,6 +512,17 @@ TEST_CASE("the simulated communicator validates and counts without bytes", "[sim
   REQUIRE(comm->AllGather(nullptr, nullptr, shard, DType::kBF16, HostStream()).ok());
   CHECK(comm->stats(Collective::kReduceScatter).bytes == int64_t(shard) * 64 * 2);
   CHECK(comm->total_bytes() == int64_t(shard) * 64 * 2 * 2);
+  // One node unless told: 63 ranks receive each byte inside it.
+  CHECK(comm->nodes() == 1);
+  CHECK(comm->total_link_bytes().intra_node == int64_t(shard) * 64 * 2 * 2 * 63);
+  CHECK(comm->total_link_bytes().inter_node == 0);
+  // 8 nodes of 8: a reduce-scatter's buffer crosses into 7 of them.
+  REQUIRE(comm->SetRanksPerNode(8).ok());
+  comm->ResetStats();
+  REQUIRE(comm->ReduceScatter(nullptr, nullptr, shard, DType::kBF16, ReduceOp::kSum,
+                              HostStream()).ok());
+  CHECK(comm->stats(Collective::kReduceScatter).inter_node_bytes == int64_t(shard) * 64 * 2 * 7);
+  CHECK(comm->stats(Collective::kReduceScatter).intra_node_bytes == int64_t(shard) * 64 * 2 * 56);
   const absl::Status status = comm->Broadcast(nullptr, 8, DType::kF32, 64, HostStream());
   CHECK(status.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(status.message()), Catch::Contains("root 64 is not a rank (expected 0..63)"));
