@@ -129,6 +129,14 @@ ABSL_FLAG(std::string, dir, "", "tune-aio: a directory on the file system to mea
 ABSL_FLAG(std::string, bytes, "512MiB", "tune-aio: the bytes of the measured slot.");
 ABSL_FLAG(int, buffer_count, 4, "tune-aio: the buffers chunks stream through.");
 ABSL_FLAG(int, repeats, 2, "tune-aio: runs of each measurement (the best counts).");
+ABSL_FLAG(int64_t, gpus_per_node, 0,
+          "plan: GPUs per node, what the link bytes count as inside or across nodes (0: the "
+          "config's ranks_per_node, else the hardware profile's: 8 for the GPU presets, one node "
+          "for this-machine).");
+ABSL_FLAG(double, inter_node_gbit, 0,
+          "plan: each GPU's bandwidth across nodes in Gb/s, for the step-time model (0: the "
+          "hardware profile's: 50 for v100-32gb, 200 for the A100s, 400 for h100-80gb and "
+          "h200).");
 ABSL_FLAG(std::string, hardware, "",
           "plan: the step-time model's hardware (plan prints the predicted step time; --auto ranks by it): v100-32gb, a100-40gb, a100-80gb, "
           "h100-80gb, h200, or this-machine (measured now; plans the host backend, with no CUDA "
@@ -206,6 +214,7 @@ usage:
   memwall plan [--model M] [--gpus N] [--device_memory SIZE] [--host_memory SIZE]
                [--nvme SIZE] [--config FILE] [--batch N] [--seq N] [--json]
                [--auto [--hardware H] [--out FILE [--force]]]
+               [--gpus_per_node N] [--inter_node_gbit G]
                [--attention K] [--lora_rank R [--lora_targets T,...]]
       Dry-runs one whole training step of M (any spec profile takes, or
       gpt:params=80e9, gpt:layers=48,hidden=6400,heads=50; or a PyTorch
@@ -216,7 +225,8 @@ usage:
       backend as rank 0 of N GPUs with the config's ZeRO stage, offload and
       recomputation, and prints the peak by category, the allocator's
       reserved bytes, a 1 GiB allowance for the CUDA runtime, host and NVMe
-      use, communication per step, and a last line "fits: yes" or
+      use, communication per step (and over links, inside and across
+      nodes of --gpus_per_node), and a last line "fits: yes" or
       "fits: no" with what overflows and by how much. Sizes take GiB or GB
       (the plan prints the bytes used). Defaults: 32GiB device, 512GiB host.
       --auto (or "stage": "auto" in the config) dry-runs every combination
@@ -334,7 +344,8 @@ const std::map<std::string, std::set<std::string>>& FlagsOf() {
         "image", "simulate_ranks", "collective_timeout", "out"}},
       {"plan",
        {"device_memory", "model", "config", "batch", "seq", "image", "gpus", "host_memory", "nvme",
-        "json", "auto", "hardware", "out", "force", "attention", "lora_rank", "lora_targets"}},
+        "json", "auto", "hardware", "gpus_per_node", "inter_node_gbit", "out", "force",
+        "attention", "lora_rank", "lora_targets"}},
       {"max-params",
        {"device_memory", "model", "config", "batch", "seq", "gpus", "host_memory", "nvme", "json",
         "out", "force"}},
@@ -456,6 +467,8 @@ int Plan() {
   options.json = absl::GetFlag(FLAGS_json);
   options.auto_strategy = absl::GetFlag(FLAGS_auto);
   options.hardware = absl::GetFlag(FLAGS_hardware);
+  options.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
+  options.inter_node_gbit = absl::GetFlag(FLAGS_inter_node_gbit);
   // This machine's "device" is the host backend's: no CUDA runtime to allow for.
   if (options.hardware == "this-machine") options.runtime_allowance = 0;
   options.out_path = absl::GetFlag(FLAGS_out);

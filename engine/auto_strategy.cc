@@ -61,7 +61,8 @@ absl::StatusOr<Hardware> MeasureThisMachine() {
   const size_t bytes = size_t{64} << 20;
   std::vector<char> from(bytes, 1), to(bytes, 0);
   const double copy = Best(3, [&] { std::memcpy(to.data(), from.data(), bytes); });
-  hw.pcie_bps = hw.interconnect_bps = bytes / copy;
+  // Ranks posed as nodes (MEMWALL_RANKS_PER_NODE) share this memory too.
+  hw.pcie_bps = hw.interconnect_bps = hw.inter_node_bps = bytes / copy;
   hw.memory_bps = 2.0 * bytes / copy;  // a copy reads and writes each byte
   // One host-backend kernel on one element: dispatch, not arithmetic.
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
@@ -104,18 +105,20 @@ absl::StatusOr<Hardware> HardwarePreset(const std::string& name) {
   if (name == "this-machine") return MeasureThisMachine();
   // Peak dense fp16/bf16 tensor FLOP/s; peak HBM bandwidth (vendor data
   // sheets: V100 SXM2 900 GB/s, A100 1555/2039, H100 SXM 3350, H200 4800);
-  // NVLink per-GPU bandwidth (one direction); PCIe 3/4/5 x16 effective; CPU Adam at 40 GB/s (this
+  // NVLink per-GPU bandwidth (one direction); each GPU's share of the
+  // node's network (DGX-1 4 x 100 Gb/s for 8 GPUs, DGX A100 8 x 200, DGX
+  // H100/H200 8 x 400); PCIe 3/4/5 x16 effective; CPU Adam at 40 GB/s (this
   // machine's 2-thread figure, benchmarks/RESULTS.md); one NVMe drive per GPU.
   struct Row {
     const char* name;
-    double device_gib, tflops, hbm_gbs, nvlink_gbs, pcie_gbs, nvme_gbs;
+    double device_gib, tflops, hbm_gbs, nvlink_gbs, network_gbit, pcie_gbs, nvme_gbs;
   };
   static const Row kRows[] = {
-      {"v100-32gb", 32, 125, 900, 150, 12, 2},
-      {"a100-40gb", 40, 312, 1555, 300, 25, 3},
-      {"a100-80gb", 80, 312, 2039, 300, 25, 3},
-      {"h100-80gb", 80, 989, 3350, 450, 50, 6},
-      {"h200", 141, 989, 4800, 450, 50, 6},
+      {"v100-32gb", 32, 125, 900, 150, 50, 12, 2},
+      {"a100-40gb", 40, 312, 1555, 300, 200, 25, 3},
+      {"a100-80gb", 80, 312, 2039, 300, 200, 25, 3},
+      {"h100-80gb", 80, 989, 3350, 450, 400, 50, 6},
+      {"h200", 141, 989, 4800, 450, 400, 50, 6},
   };
   for (const Row& r : kRows) {
     if (name != r.name) continue;
@@ -126,6 +129,8 @@ absl::StatusOr<Hardware> HardwarePreset(const std::string& name) {
     hw.memory_bps = r.hbm_gbs * 1e9 * kHbmEfficiency;
     hw.launch_seconds = kGpuLaunchSeconds;
     hw.interconnect_bps = r.nvlink_gbs * 1e9;
+    hw.inter_node_bps = r.network_gbit * 1e9 / 8;
+    hw.gpus_per_node = 8;
     hw.pcie_bps = r.pcie_gbs * 1e9;
     hw.cpu_adam_bps = 40e9;
     hw.nvme_bps = r.nvme_gbs * 1e9;
@@ -151,7 +156,10 @@ StepTime PredictStep(const DryRunResult& plan, const Config& config, const Hardw
   // One rank's collectives cross no link (its reductions and gathers are
   // local: in place, or one copy on the device).
   if (plan.world > 1) {
-    t.communication = plan.comm_bytes / hw.interconnect_bps + calls * hw.collective_latency;
+    const double world = double(plan.world);
+    t.across_nodes = plan.link_bytes.inter_node / world / hw.inter_node_bps;
+    t.communication = plan.link_bytes.intra_node / world / hw.interconnect_bps + t.across_nodes +
+                      calls * hw.collective_latency;
   }
   t.host_link = plan.pcie_bytes / hw.pcie_bps;
   t.cpu_update = 28.0 * plan.offloaded_elements / hw.cpu_adam_bps;
@@ -171,8 +179,10 @@ StepTime PredictStep(const DryRunResult& plan, const Config& config, const Hardw
 std::string StepTime::ToString() const {
   return absl::StrFormat(
       "%.4f s (FLOPs %.4f s, memory traffic %.4f s, kernel launches %.4f s, communication "
-      "%.4f s, host link %.4f s, CPU update %.4f s%s, NVMe %.4f s)",
-      total, flops, memory, launches, communication, host_link, cpu_update,
+      "%.4f s%s, host link %.4f s, CPU update %.4f s%s, NVMe %.4f s)",
+      total, flops, memory, launches, communication,
+      across_nodes > 0 ? absl::StrFormat(" (%.4f s across nodes)", across_nodes) : "", host_link,
+      cpu_update,
       cpu_update_hidden > 0 ? absl::StrFormat(" (%.4f s under backward)", cpu_update_hidden) : "",
       nvme);
 }

@@ -23,7 +23,12 @@ struct Hardware {
   double flops = 0;               // per GPU
   double memory_bps = 0;          // device memory (HBM) bytes per second, sustained
   double launch_seconds = 0;      // per kernel launch, the floor of a small op
-  double interconnect_bps = 0;    // collective bytes per second per GPU
+  // Link bytes (runtime/communicator.h) per second per GPU, one direction:
+  // inside a node (NVLink) and across nodes (the GPU's share of the
+  // node's network: its rail).
+  double interconnect_bps = 0;
+  double inter_node_bps = 0;
+  int64_t gpus_per_node = 0;      // a node's GPUs; 0: every GPU on one
   double pcie_bps = 0;            // host link, each direction
   double cpu_adam_bps = 0;        // CPU Adam, bytes per second (28 per parameter)
   double nvme_bps = 0;            // per GPU
@@ -34,7 +39,9 @@ struct Hardware {
   bool device_is_cpu = false;
 };
 
-// "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200", or
+// "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200" (nodes of 8
+// GPUs, each with a rail of the node's network: DGX-1's 4 x 100 Gb/s
+// InfiniBand shared by 8, DGX A100's 200 Gb/s per GPU, DGX H100's 400), or
 // "this-machine": measured now, in about a second, on this machine's CPU
 // (the host backend's "device"): an OpenBLAS SGEMM's FLOP/s, memcpy
 // bandwidth for device memory, the host link and the interconnect (ranks
@@ -68,13 +75,16 @@ struct AutoResult {
 // (three forwards per micro-batch plus recomputation, at the profile's
 // FLOP/s; the step's activations and workspaces written and read once at
 // its memory bandwidth; and a launch cost per kernel the dry run counted)
-// and communication (bytes over bandwidth plus a latency per collective
-// call, none on one GPU; overlapped when overlap_comm is on), plus
+// and communication (each GPU's share of the link bytes inside and across
+// nodes over those links' bandwidths, one after the other as a
+// hierarchical collective moves them, plus a latency per collective call;
+// none on one GPU; overlapped when overlap_comm is on), plus
 // host-link copies, the
 // CPU update of offloaded elements and NVMe traffic, which the model adds.
 struct StepTime {
   double flops = 0, memory = 0, launches = 0;  // compute's three terms
   double communication = 0;  // collectives, bandwidth and latency
+  double across_nodes = 0;   // of communication, the link bytes across nodes
   double host_link = 0, cpu_update = 0, nvme = 0;
   // Of cpu_update, the part under backward (offload_overlap_step: every
   // group's update but the last-reduced one's, up to backward's two thirds

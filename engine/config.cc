@@ -388,6 +388,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view json_text) {
   }
   if (const Json* v = r.Find("aio")) MW_RETURN_IF_ERROR(ReadAio(*v, config.aio));
   MW_RETURN_IF_ERROR(r.Int("train_batch_size", 1, INT64_MAX, config.train_batch_size));
+  MW_RETURN_IF_ERROR(r.Int("ranks_per_node", 1, INT32_MAX, config.ranks_per_node));
   MW_RETURN_IF_ERROR(ReadDeepSpeedOnly(r,
                                        {{"steps_per_print", nullptr},
                                         {"wall_clock_breakdown", nullptr},
@@ -435,6 +436,7 @@ std::string ConfigToJson(const Config& c) {
   j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
   j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
   if (c.train_batch_size > 0) j["train_batch_size"] = c.train_batch_size;
+  if (c.ranks_per_node > 0) j["ranks_per_node"] = c.ranks_per_node;
   j["gradient_clipping"] = Decimal(c.gradient_clipping);
   j["communication_data_type"] = DTypeKey(c.reduce_dtype);
   const OptimizerConfig& o = c.optimizer;

@@ -115,6 +115,12 @@
 //                                     not applied (listed in not_applied)
 //   train_batch_size                  int >= 1: micro-batch x accumulation x
 //                                     ranks, checked by the engine  (absent)
+//   ranks_per_node                    int >= 1 (memwall's): the ranks as
+//                                     nodes of this many consecutive ranks,
+//                                     what the link bytes count as inside
+//                                     or across nodes (absent: the
+//                                     environment's MEMWALL_RANKS_PER_NODE,
+//                                     else the ranks that share memory)
 //   DeepSpeed's own knobs, accepted and listed in Config::not_applied:
 //     steps_per_print, wall_clock_breakdown, zero_allow_untested_optimizer,
 //     zero_optimization.sub_group_size, .stage3_param_persistence_threshold,
@@ -158,6 +164,8 @@ struct Config : ShardingOptions {
   // gradient_accumulation_steps x ranks, which the engine checks against
   // its world.
   int64_t train_batch_size = 0;
+  // ranks_per_node as given (0: absent; runtime/communicator.h's topology).
+  int64_t ranks_per_node = 0;
   RecomputeConfig activation_checkpointing;
   // The DeepSpeed settings the config gave that memwall reads but has no
   // counterpart for (DeepSpeed's own logging and tuning knobs:

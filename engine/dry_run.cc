@@ -1,6 +1,7 @@
 #include "engine/dry_run.h"
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -199,6 +200,12 @@ absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Conf
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(device_options));
   MW_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedCommunicator> comm,
                       SimulatedCommunicator::Create(0, static_cast<int>(options.gpus)));
+  const int64_t ranks_per_node =
+      options.ranks_per_node > 0 ? options.ranks_per_node : config.ranks_per_node;
+  if (ranks_per_node > 0) {
+    MW_RETURN_IF_ERROR(comm->SetRanksPerNode(static_cast<int>(
+        std::min<int64_t>(ranks_per_node, std::numeric_limits<int>::max()))));
+  }
   MemoryProfiler profiler(device->allocator());
   for (const auto& layer : model.layers) {
     for (const ParameterDecl& d : layer->Parameters()) r.parameters += NumElements(d.shape);
@@ -250,7 +257,9 @@ absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Conf
     r.collectives[c] = comm->stats(static_cast<Collective>(c));
     r.comm_bytes += r.collectives[c].bytes;
   }
+  r.link_bytes = comm->total_link_bytes();
   r.world = options.gpus;
+  r.nodes = comm->nodes();
   MW_ASSIGN_OR_RETURN(const Chain chain, trainer->ChainFor(model.input));
   for (const ChainLayer& l : chain.layers) r.forward_flops += l.forward_flops;
   r.forward_flops *= config.gradient_accumulation_steps;

@@ -47,6 +47,9 @@ struct DryRunOptions {
   // fit untiled.
   std::function<absl::StatusOr<ModelFactory>(int64_t tiles)> tiled_model;
   int64_t gpus = 1;        // N: the data-parallel world
+  // GPUs per node (the link bytes' topology, runtime/communicator.h); 0:
+  // the config's ranks_per_node, else every GPU on one node.
+  int64_t ranks_per_node = 0;
   int64_t device_bytes = kPlanDeviceBytes;
   int64_t host_bytes = kPlanHostBytes;  // pinned host memory per GPU
   int64_t nvme_bytes = 0;                   // 0: no NVMe budget (none used)
@@ -75,7 +78,11 @@ struct DryRunResult {
   int64_t nvme_used = 0;
   std::array<CollectiveStats, kNumCollectives> collectives{};
   int64_t comm_bytes = 0;
+  // The step's link bytes inside and across nodes, whole job (the sums of
+  // collectives' intra_node_bytes and inter_node_bytes).
+  LinkBytes link_bytes;
   int64_t world = 1;         // the data-parallel ranks planned (DryRunOptions::gpus)
+  int64_t nodes = 1;         // the nodes they run on
   double forward_flops = 0;  // one step's forwards (all micro-batches)
   double extra_flops = 0;    // recomputation's, likewise
   int64_t kernel_launches = 0;  // kernels one step launches on the device

@@ -139,6 +139,13 @@ absl::Status Engine::StartRanks(const EngineOptions& options) {
     }
     MW_ASSIGN_OR_RETURN(owned_comm_, SimulatedCommunicator::Create(0, options.simulate_ranks));
     comm_ = owned_comm_.get();
+    // The world it plays is posed as MPI's would be.
+    MW_ASSIGN_OR_RETURN(const int posed, RanksPerNodeFromEnvironment());
+    if (posed > 0) MW_RETURN_IF_ERROR(comm_->SetRanksPerNode(posed));
+  }
+  if (config_.ranks_per_node > 0) {
+    MW_RETURN_IF_ERROR(world_->SetRanksPerNode(static_cast<int>(config_.ranks_per_node)));
+    MW_RETURN_IF_ERROR(comm_->SetRanksPerNode(static_cast<int>(config_.ranks_per_node)));
   }
   return CheckTrainBatchSize(config_, comm_->world_size());
 }

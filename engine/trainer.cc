@@ -445,6 +445,9 @@ absl::StatusOr<Trainer::StepReport> Trainer::TrainStep(absl::Span<const Batch> m
   // The layers compute on the optimizer's stream: what they allocate is its.
   Device::StreamGuard compute(optimizer_->device(), optimizer_->stream());
   StepReport report;
+  Communicator& comm = optimizer_->communicator();
+  const LinkBytes traffic_before = comm.total_link_bytes();
+  const Arrivals arrivals_before = comm.arrivals();
   ScopedPhase step(profiler_, absl::StrCat("step ", steps_));
   absl::Status failed = absl::OkStatus();
   double sum = 0;
@@ -470,6 +473,15 @@ absl::StatusOr<Trainer::StepReport> Trainer::TrainStep(absl::Span<const Batch> m
     return failed;
   }
   ++steps_;
+  // Step() has waited for the step's collectives: the counters are current.
+  const LinkBytes traffic = comm.total_link_bytes();
+  report.traffic = {traffic.intra_node - traffic_before.intra_node,
+                    traffic.inter_node - traffic_before.inter_node};
+  report.arrivals = comm.arrivals();
+  for (int r = 0; r < comm.world_size(); ++r) {
+    report.arrivals.last[r] -= arrivals_before.last[r];
+    report.arrivals.cost[r] -= arrivals_before.cost[r];
+  }
   return report;
 }
 

@@ -51,6 +51,11 @@ class Trainer {
     // Mean loss over this rank's micro-batches (unscaled).
     float loss = 0.0f;
     ShardedOptimizer::StepResult step;
+    // This step's collectives: their link bytes inside and across nodes
+    // (the whole job's, runtime/communicator.h), and the step's share of
+    // the communicator's Arrivals (who arrived last, what it cost).
+    LinkBytes traffic;
+    Arrivals arrivals;
   };
 
   // Registers the layers' parameters, initialised from `seed` and each

@@ -29,8 +29,31 @@
 
 namespace memwall {
 
-DryRunOptions ToDryRunOptions(const PlanOptions& options) {
+absl::StatusOr<Hardware> PlanHardware(const PlanOptions& options) {
+  if (options.gpus_per_node < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpus_per_node: expected >= 1 (0: the profile's), got ",
+                     options.gpus_per_node));
+  }
+  if (!(options.inter_node_gbit >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--inter_node_gbit: expected > 0 Gb/s (0: the profile's), got ", options.inter_node_gbit));
+  }
+  MW_ASSIGN_OR_RETURN(Hardware hw, HardwarePreset(options.hardware.empty()
+                                                      ? PresetForMemory(options.device_bytes)
+                                                      : options.hardware));
+  if (options.gpus_per_node > 0) hw.gpus_per_node = options.gpus_per_node;
+  if (options.inter_node_gbit > 0) hw.inter_node_bps = options.inter_node_gbit * 1e9 / 8;
+  return hw;
+}
+
+DryRunOptions ToDryRunOptions(const PlanOptions& options, const Config& config,
+                              const Hardware& hw) {
   DryRunOptions dry;
+  // The flag, else the config's layout, else the profile's node.
+  dry.ranks_per_node = options.gpus_per_node > 0 ? options.gpus_per_node
+                       : config.ranks_per_node > 0 ? config.ranks_per_node
+                                                   : hw.gpus_per_node;
   dry.model = options.factory ? options.factory : SpecModel(options.model, options.seq, options.image);
   dry.model_name = options.model;
   if (!options.factory) {
@@ -58,6 +81,13 @@ void DescribeTraced(const TracedModel& model, PlanOptions& options) {
 
 namespace {
 
+// "8 nodes of 8", "1 node", "2 nodes of up to 3".
+std::string NodesText(const DryRunResult& r) {
+  if (r.nodes == 1) return "1 node";
+  const int64_t per = (r.world + r.nodes - 1) / r.nodes;
+  return absl::StrCat(r.nodes, " nodes of ", r.world % r.nodes == 0 ? "" : "up to ", per);
+}
+
 // "  (traced LlamaForCausalLM in bf16 on torch's meta device; attention
 // kernel: flash)\n", or nothing for memwall's own models.
 std::string TracedLine(const PlanOptions& options) {
@@ -77,11 +107,10 @@ absl::Status WriteChosen(const PlanOptions& options, const std::string& json) {
 }
 
 absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config& config) {
-  const std::string preset =
-      options.hardware.empty() ? PresetForMemory(options.device_bytes) : options.hardware;
-  MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(preset));
-  MW_ASSIGN_OR_RETURN(const AutoResult result, AutoStrategy(ToDryRunOptions(options), config, hw,
-                                                               options.vary_micro_batch));
+  MW_ASSIGN_OR_RETURN(const Hardware hw, PlanHardware(options));
+  MW_ASSIGN_OR_RETURN(const AutoResult result,
+                      AutoStrategy(ToDryRunOptions(options, config, hw), config, hw,
+                                   options.vary_micro_batch));
   const Candidate* best = result.best >= 0 ? &result.candidates[result.best] : nullptr;
   const std::string chosen = best != nullptr ? ConfigToJson(best->config) : "";
   // Tiles belong to the model: the chosen ones are run through its spec.
@@ -104,6 +133,10 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
                                  {"device_needed", c.plan.device_needed},
                                  {"host_peak", c.plan.host_peak},
                                  {"nvme_used", c.plan.nvme_used},
+                                 {"inter_node_bytes", c.plan.link_bytes.inter_node},
+                                 {"across_nodes_seconds",
+                                  c.plan.fits ? PredictStep(c.plan, c.config, hw).across_nodes
+                                              : 0.0},
                                  {"step_seconds", c.plan.fits ? c.step_seconds : 0.0}});
     }
     j["parameters"] = result.candidates.empty() ? 0 : result.candidates[0].plan.parameters;
@@ -126,22 +159,32 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
       FormatBytes(options.host_bytes), FormatBytes(options.nvme_bytes),
       DTypeName(config.param_dtype()), hw.name);
   out += TracedLine(options);
+  const int64_t nodes = result.candidates.empty() ? 1 : result.candidates[0].plan.nodes;
   absl::StrAppendFormat(&out,
-                        "  (%.1f TFLOP/s sustained, interconnect %.1f GB/s, host link %.1f GB/s, "
-                        "CPU Adam %.1f GB/s, disk %.2f GB/s)\n",
-                        hw.flops / 1e12, hw.interconnect_bps / 1e9, hw.pcie_bps / 1e9,
-                        hw.cpu_adam_bps / 1e9, hw.nvme_bps / 1e9);
+                        "  (%.1f TFLOP/s sustained, interconnect %.1f GB/s%s, host link %.1f "
+                        "GB/s, CPU Adam %.1f GB/s, disk %.2f GB/s)\n",
+                        hw.flops / 1e12, hw.interconnect_bps / 1e9,
+                        nodes > 1 ? absl::StrFormat(" inside nodes and %.1f GB/s across %s",
+                                                    hw.inter_node_bps / 1e9,
+                                                    NodesText(result.candidates[0].plan))
+                                  : "",
+                        hw.pcie_bps / 1e9, hw.cpu_adam_bps / 1e9, hw.nvme_bps / 1e9);
   // The name column fits the longest name, so the figures line up.
   int width = 0;
   for (const Candidate& c : result.candidates) width = std::max(width, int(c.name.size()));
-  absl::StrAppendFormat(&out, "%-*s %12s %12s %10s\n", width, "candidate", "device need", "host",
-                        "step s");
+  absl::StrAppendFormat(&out, "%-*s %12s %12s %10s%s\n", width, "candidate", "device need", "host",
+                        "step s", nodes > 1 ? "  across nodes (bytes, s)" : "");
   const Candidate* smallest = nullptr;
   for (const Candidate& c : result.candidates) {
     if (smallest == nullptr || c.plan.device_needed < smallest->plan.device_needed) smallest = &c;
-    absl::StrAppendFormat(&out, "%-*s %12s %12s %10s\n", width, c.name,
-                          FormatBytes(c.plan.device_needed), FormatBytes(c.plan.host_peak),
-                          c.plan.fits ? absl::StrFormat("%.3f", c.step_seconds) : "no fit");
+    absl::StrAppendFormat(
+        &out, "%-*s %12s %12s %10s%s\n", width, c.name, FormatBytes(c.plan.device_needed),
+        FormatBytes(c.plan.host_peak),
+        c.plan.fits ? absl::StrFormat("%.3f", c.step_seconds) : "no fit",
+        nodes > 1 && c.plan.fits
+            ? absl::StrFormat("  %s, %.3f", FormatBytes(c.plan.link_bytes.inter_node),
+                              PredictStep(c.plan, c.config, hw).across_nodes)
+            : "");
   }
   if (best == nullptr) {
     // What binds the candidate nearest the device's size: its device need
@@ -260,7 +303,10 @@ nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const 
   nlohmann::json collectives = nlohmann::json::object();
   for (int c = 0; c < kNumCollectives; ++c) {
     collectives[std::string(CollectiveName(static_cast<Collective>(c)))] = {
-        {"calls", r.collectives[c].calls}, {"bytes", r.collectives[c].bytes}};
+        {"calls", r.collectives[c].calls},
+        {"bytes", r.collectives[c].bytes},
+        {"intra_node_bytes", r.collectives[c].intra_node_bytes},
+        {"inter_node_bytes", r.collectives[c].inter_node_bytes}};
   }
   nlohmann::json j;
   j["schema"] = "memwall.plan/1";
@@ -310,6 +356,9 @@ nlohmann::json PlanJson(const PlanOptions& options, const Config& config, const 
                {"used", r.nvme_used},
                {"bytes_per_step", r.nvme_bytes_per_step}};
   j["communication_bytes_per_step"] = r.comm_bytes;
+  j["nodes"] = r.nodes;
+  j["link_bytes_per_step"] = {{"intra_node", r.link_bytes.intra_node},
+                              {"inter_node", r.link_bytes.inter_node}};
   j["host_link_bytes_per_step"] = r.pcie_bytes;
   j["collectives"] = collectives;
   j["fits"] = r.fits;
@@ -349,7 +398,8 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
         "--out applies to 'plan' with --auto (or a config whose stage is \"auto\") only: it is "
         "where the chosen config is written");
   }
-  MW_ASSIGN_OR_RETURN(const DryRunResult r, DryRun(ToDryRunOptions(options), config));
+  MW_ASSIGN_OR_RETURN(const Hardware hw, PlanHardware(options));
+  MW_ASSIGN_OR_RETURN(const DryRunResult r, DryRun(ToDryRunOptions(options, config, hw), config));
   if (options.json) return PlanJson(options, config, r).dump(2) + "\n";
   std::string out = absl::StrFormat(
       "memwall plan: %s (%.2fB parameters), %lld GPU%s, ZeRO stage %d, micro-batch %lld, "
@@ -392,8 +442,14 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
       &out, "communication per step (rank 0): %s%s; host link (PCIe) per step: %s\n",
       FormatBytes(r.comm_bytes), r.world == 1 ? " (one GPU: local, over no link)" : "",
       FormatBytes(r.pcie_bytes));
+  if (r.world > 1) {
+    absl::StrAppendFormat(&out, "  over links per step (all %lld GPUs, %s): %s inside nodes, %s "
+                          "across nodes\n",
+                          static_cast<long long>(r.world), NodesText(r), 
+                          FormatBytes(r.link_bytes.intra_node),
+                          FormatBytes(r.link_bytes.inter_node));
+  }
   if (!options.hardware.empty()) {
-    MW_ASSIGN_OR_RETURN(const Hardware hw, HardwarePreset(options.hardware));
     absl::StrAppendFormat(&out, "predicted step time on %s: %s\n", hw.name,
                           PredictStep(r, config, hw).ToString());
   }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "engine/auto_strategy.h"
 #include "engine/config.h"
 #include "engine/dry_run.h"
 #include "engine/model.h"
@@ -31,6 +32,11 @@ struct PlanOptions {
   std::string config_path;          // empty: the built-in training config
   std::string config_text;          // set: the config itself (JSON), not a file
   int64_t gpus = 1;                 // N: the data-parallel world
+  // GPUs per node (0: the config's ranks_per_node, else the hardware
+  // profile's: 8 for the GPU presets, one node for this-machine) and each
+  // GPU's bandwidth across nodes in Gb/s (0: the profile's).
+  int64_t gpus_per_node = 0;
+  double inter_node_gbit = 0;
   int64_t device_bytes = kPlanDeviceBytes;
   int64_t host_bytes = kPlanHostBytes;  // pinned host memory per GPU
   int64_t nvme_bytes = 0;                   // 0: no NVMe budget (none used)
@@ -66,8 +72,15 @@ struct PlanOptions {
   PlanProgress* progress = nullptr;
 };
 
-// The engine's dry-run options for these flags.
-DryRunOptions ToDryRunOptions(const PlanOptions& options);
+// The engine's dry-run options for these flags, on `hw` (its GPUs per
+// node unless the flags or the config say).
+DryRunOptions ToDryRunOptions(const PlanOptions& options, const Config& config,
+                              const Hardware& hw);
+
+// The step-time model's hardware for these flags: options.hardware's
+// profile (empty: the one for the device memory) with the flags' node size
+// and bandwidth across nodes. Errors name the flag.
+absl::StatusOr<Hardware> PlanHardware(const PlanOptions& options);
 
 // The plan: text ending with "fits: yes" or "fits: no (<what overflows,
 // by how much>)", or JSON with `json` ("memwall.plan/1"; with the auto

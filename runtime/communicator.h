@@ -84,6 +84,13 @@ struct CollectiveStats {
   int64_t inter_node_bytes = 0;
 };
 
+// The calls and bytes counted between two readings of the same stats.
+inline CollectiveStats operator-(const CollectiveStats& after, const CollectiveStats& before) {
+  return {after.calls - before.calls, after.bytes - before.bytes,
+          after.intra_node_bytes - before.intra_node_bytes,
+          after.inter_node_bytes - before.inter_node_bytes};
+}
+
 // Link bytes of one call of `bytes` logical bytes of `collective` over
 // `ranks` ranks on `nodes` nodes (see above): {inside, across}.
 struct LinkBytes {

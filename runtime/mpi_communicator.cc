@@ -170,6 +170,17 @@ absl::StatusOr<MpiPlace> MpiWorld() {
   return place;
 }
 
+absl::StatusOr<int> RanksPerNodeFromEnvironment() {
+  const char* posed = std::getenv("MEMWALL_RANKS_PER_NODE");
+  if (posed == nullptr) return 0;
+  int ranks_per_node = 0;
+  if (!absl::SimpleAtoi(posed, &ranks_per_node) || ranks_per_node < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MEMWALL_RANKS_PER_NODE: expected an integer >= 1, got '", posed, "'"));
+  }
+  return ranks_per_node;
+}
+
 absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
     CommunicatorOptions options) {
   MW_RETURN_IF_ERROR(StartMpi());
@@ -184,13 +195,9 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Query_thread(&level), "MPI_Query_thread"));
   std::unique_ptr<MpiCommunicator> created(new MpiCommunicator(
       comm, rank, size, options, /*threads_allowed=*/level >= MPI_THREAD_SERIALIZED));
-  if (const char* posed = std::getenv("MEMWALL_RANKS_PER_NODE"); posed != nullptr) {
-    int ranks_per_node = 0;
-    if (!absl::SimpleAtoi(posed, &ranks_per_node) || ranks_per_node < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MEMWALL_RANKS_PER_NODE: expected an integer >= 1, got '", posed, "'"));
-    }
-    MW_RETURN_IF_ERROR(created->SetRanksPerNode(ranks_per_node));
+  MW_ASSIGN_OR_RETURN(const int posed, RanksPerNodeFromEnvironment());
+  if (posed > 0) {
+    MW_RETURN_IF_ERROR(created->SetRanksPerNode(posed));
     return created;
   }
   // The nodes: ranks that share memory are one; each node's lowest rank

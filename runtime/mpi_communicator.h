@@ -40,6 +40,10 @@ struct MpiPlace {
 };
 absl::StatusOr<MpiPlace> MpiWorld();
 
+// MEMWALL_RANKS_PER_NODE: 0 when unset; kInvalidArgument naming it unless
+// an integer >= 1.
+absl::StatusOr<int> RanksPerNodeFromEnvironment();
+
 class MpiCommunicator final : public Communicator {
  public:
   // Initialises MPI if no one has (asking for MPI_THREAD_MULTIPLE and taking

@@ -82,9 +82,7 @@ absl::Status GradientReducer::AllReduce(const FlatGroup& flat, void* full, Buffe
   for (int64_t begin = 0; begin < n; begin += piece) {
     if (repeat && begin == piece) {
       const CollectiveStats after = comm_.stats(Collective::kAllReduce);
-      comm_.CountRepeats(Collective::kAllReduce,
-                         CollectiveStats{after.calls - before.calls, after.bytes - before.bytes},
-                         full_pieces - 1);
+      comm_.CountRepeats(Collective::kAllReduce, after - before, full_pieces - 1);
       device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
                           (full_pieces - 1));
       begin = full_pieces * piece;
@@ -127,8 +125,7 @@ absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const v
   for (int64_t begin = 0; begin < shard; begin += piece) {
     if (repeat && begin == piece) {
       const CollectiveStats now = comm_.stats(Collective::kReduceScatter);
-      const CollectiveStats delta{now.calls - before.calls, now.bytes - before.bytes};
-      comm_.CountRepeats(Collective::kReduceScatter, delta, full_pieces - 1);
+      comm_.CountRepeats(Collective::kReduceScatter, now - before, full_pieces - 1);
       device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
                           (full_pieces - 1));
       device_.CountHostSynchronizations(

@@ -25,6 +25,7 @@ TEST_CASE("each predicted term is its count over the profile's rate", "[auto]") 
   hw.memory_bps = 1e11;
   hw.launch_seconds = 1e-5;
   hw.interconnect_bps = 1e10;
+  hw.inter_node_bps = 1e9;
   hw.collective_latency = 1e-4;
   hw.pcie_bps = 2e10;
   hw.cpu_adam_bps = 2.8e10;
@@ -34,7 +35,9 @@ TEST_CASE("each predicted term is its count over the profile's rate", "[auto]") 
   plan.extra_flops = 5e11;     // recomputation: 0.5 s
   plan.transient_bytes = 5e10;  // written and read: 1 s
   plan.kernel_launches = 20000;  // 0.2 s
-  plan.comm_bytes = 2e10;        // 2 s
+  // Link bytes, the whole job's: each of the 8 GPUs moves an eighth.
+  plan.link_bytes.intra_node = 1.6e11;  // 2e10 per GPU: 2 s
+  plan.link_bytes.inter_node = 8e9;     // 1e9 per GPU: 1 s
   plan.collectives[0].calls = 1000;  // 0.1 s
   plan.pcie_bytes = 4e10;            // 2 s
   plan.offloaded_elements = 1e9;     // 28 bytes each: 1 s
@@ -46,14 +49,15 @@ TEST_CASE("each predicted term is its count over the profile's rate", "[auto]") 
   CHECK(t.flops == Approx(3.5));
   CHECK(t.memory == Approx(1.0));
   CHECK(t.launches == Approx(0.2));
-  CHECK(t.communication == Approx(2.1));
+  CHECK(t.communication == Approx(3.1));
+  CHECK(t.across_nodes == Approx(1.0));
   CHECK(t.host_link == Approx(2.0));
   CHECK(t.cpu_update == Approx(1.0));
   CHECK(t.nvme == Approx(0.5));
-  // Overlapped: compute (4.7 s) hides communication (2.1 s).
+  // Overlapped: compute (4.7 s) hides communication (3.1 s).
   CHECK(t.total == Approx(4.7 + 2.0 + 1.0 + 0.5));
   config.zero.overlap_comm = false;
-  CHECK(PredictStepSeconds(plan, config, hw) == Approx(4.7 + 2.1 + 2.0 + 1.0 + 0.5));
+  CHECK(PredictStepSeconds(plan, config, hw) == Approx(4.7 + 3.1 + 2.0 + 1.0 + 0.5));
   // One GPU: its collectives are local, and cost no interconnect time.
   plan.world = 1;
   CHECK(PredictStep(plan, config, hw).communication == 0.0);
@@ -61,7 +65,8 @@ TEST_CASE("each predicted term is its count over the profile's rate", "[auto]") 
   plan.world = 8;
   CHECK(t.ToString() ==
         "8.2000 s (FLOPs 3.5000 s, memory traffic 1.0000 s, kernel launches 0.2000 s, "
-        "communication 2.1000 s, host link 2.0000 s, CPU update 1.0000 s, NVMe 0.5000 s)");
+        "communication 3.1000 s (1.0000 s across nodes), host link 2.0000 s, CPU update 1.0000 "
+        "s, NVMe 0.5000 s)");
   // The update overlapped with backward: all but the last-reduced group's
   // share (0.25 s) hides under backward (2/3 of 4.7 s).
   config.zero.overlap_comm = true;
@@ -73,8 +78,8 @@ TEST_CASE("each predicted term is its count over the profile's rate", "[auto]") 
   CHECK(o.total == Approx(4.7 + 2.0 + 0.25 + 0.5));
   CHECK(o.ToString() ==
         "7.4500 s (FLOPs 3.5000 s, memory traffic 1.0000 s, kernel launches 0.2000 s, "
-        "communication 2.1000 s, host link 2.0000 s, CPU update 1.0000 s (0.7500 s under "
-        "backward), NVMe 0.5000 s)");
+        "communication 3.1000 s (1.0000 s across nodes), host link 2.0000 s, CPU update 1.0000 "
+        "s (0.7500 s under backward), NVMe 0.5000 s)");
   // A short backward hides only its own length.
   plan.forward_flops = 1e11;  // compute 0.3 + 1.0 + 0.2 = 1.5 s; backward 1.0 s
   plan.extra_flops = 0;
@@ -92,6 +97,10 @@ TEST_CASE("presets carry HBM bandwidth and a launch cost; unknown names are list
   const Hardware h100 = HardwarePreset("h100-80gb").value();
   CHECK(h100.memory_bps == Approx(3350e9 * 0.8));
   CHECK(h100.launch_seconds == Approx(5e-6));
+  // DGX H100: 8 GPUs a node, a 400 Gb/s rail each.
+  CHECK(h100.gpus_per_node == 8);
+  CHECK(h100.inter_node_bps == Approx(50e9));
+  CHECK(HardwarePreset("v100-32gb")->inter_node_bps == Approx(6.25e9));
   CHECK(HardwarePreset("v100-32gb")->memory_bps == Approx(900e9 * 0.8));
   const absl::Status bad = HardwarePreset("tpu").status();
   CHECK(bad.code() == absl::StatusCode::kNotFound);
