@@ -168,6 +168,16 @@ class TrainLog : public TrainObserver {
       record["last_loss"] = *s.last_loss;
       record["ln_vocab"] = s.ln_vocab;
     }
+    // One rank moves nothing over a link.
+    if (s.traffic_per_step.intra_node + s.traffic_per_step.inter_node > 0) {
+      absl::StrAppendFormat(&text, "; over links per step: %s inside nodes, %s across (%d node%s)",
+                            FormatBytes(s.traffic_per_step.intra_node),
+                            FormatBytes(s.traffic_per_step.inter_node), s.nodes,
+                            s.nodes == 1 ? "" : "s");
+      record["link_bytes_per_step"] = {{"intra_node", s.traffic_per_step.intra_node},
+                                       {"inter_node", s.traffic_per_step.inter_node}};
+      record["nodes"] = s.nodes;
+    }
     if (s.straggler) {
       const Straggler& w = *s.straggler;
       absl::StrAppendFormat(&text,

@@ -121,6 +121,7 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
     observer.NothingToTrain(first_step);
   }
   engine.communicator().ResetArrivals();
+  LinkBytes traffic;
   for (int64_t step = first_step; step < options.steps; ++step) {
     std::vector<Batch> batches;
     for (int u = 0; u < accumulation; ++u) {
@@ -134,6 +135,8 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
     MW_ASSIGN_OR_RETURN(const Trainer::StepReport report, engine.TrainStep(batches));
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     seconds += took.count();
+    traffic.intra_node += report.traffic.intra_node;
+    traffic.inter_node += report.traffic.inter_node;
     float loss = report.loss;
     if (options.backend != Backend::kMeta) {
       MW_RETURN_IF_ERROR(world.AllReduceHost(&loss, 1, MPI_FLOAT, MPI_SUM, "the mean loss"));
@@ -170,6 +173,8 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
       summary.last_loss = last_loss;
     }
     summary.ln_vocab = std::log(double(gpt.vocab));
+    summary.traffic_per_step = {traffic.intra_node / ran, traffic.inter_node / ran};
+    summary.nodes = engine.communicator().nodes();
     const Arrivals& arrivals = engine.communicator().arrivals();
     const int64_t compared = std::accumulate(arrivals.last.begin(), arrivals.last.end(),
                                              int64_t{0});

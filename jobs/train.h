@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "runtime/communicator.h"
 #include "runtime/device.h"
 #include "runtime/memory.h"
 
@@ -116,6 +117,11 @@ struct TrainSummary {
   std::optional<float> first_loss, last_loss;  // none on meta
   double ln_vocab = 0;                         // a uniform guess's loss
   std::optional<Straggler> straggler;          // none on one rank or on meta
+  // The collectives' link bytes inside and across nodes per step (the
+  // whole job's, runtime/communicator.h; the mean over the run's steps),
+  // and the nodes the ranks run on.
+  LinkBytes traffic_per_step;
+  int nodes = 1;
 };
 
 // What the job reports, in order: Started; Resumed when it loaded a

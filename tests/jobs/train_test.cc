@@ -7,11 +7,14 @@
 #include "jobs/train.h"
 
 #include <cmath>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "engine/dry_run.h"
+#include "models/spec.h"
 #include "tests/support/mpi_world.h"
 
 namespace memwall {
@@ -175,6 +178,33 @@ TEST_CASE("the summary names the rank the others waited for", "[train][arrivals]
   CHECK(s.last >= 4);
   CHECK(s.cost_seconds >= 4 * 0.035);
   CHECK(s.cost_seconds >= 0.75 * s.waited_seconds);
+}
+
+TEST_CASE("the summary's link bytes per step are the dry run's, nodes as the config says",
+          "[train][link]") {
+  // Each rank its own node: on 2 ranks everything crosses between 2 nodes.
+  const int n = testing::World().world_size();
+  const std::string config_path = TempDir("nodes.json");
+  if (testing::World().rank() == 0) {
+    std::ofstream(config_path) << R"({"train_micro_batch_size_per_gpu": 4,
+        "zero_optimization": {"stage": 3}, "bf16": {"enabled": true}, "ranks_per_node": 1})";
+  }
+  REQUIRE(testing::World().Barrier().ok());
+  TrainOptions options = Tiny(3);
+  options.config_path = config_path;
+  Recorder seen;
+  REQUIRE(RunTrain(options, seen).ok());
+  if (testing::World().rank() != 0) return;
+  DryRunOptions plan;
+  plan.model = SpecModel(options.model);
+  plan.gpus = n;
+  plan.runtime_allowance = 0;
+  const DryRunResult planned = DryRun(plan, LoadConfig(config_path).value()).value();
+  CHECK(seen.summary.nodes == n);
+  CHECK(planned.nodes == n);
+  CHECK(seen.summary.traffic_per_step.intra_node == 0);
+  CHECK(seen.summary.traffic_per_step.inter_node == planned.link_bytes.inter_node);
+  if (n > 1) CHECK(planned.link_bytes.inter_node > 0);
 }
 
 TEST_CASE("options are refused by name before the run starts", "[train]") {
