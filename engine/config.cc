@@ -172,6 +172,9 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out, std::vector<std::strin
   MW_RETURN_IF_ERROR(
       r.Int("stage3_max_live_parameters", 0, INT64_MAX, out.stage3_max_live_parameters));
   MW_RETURN_IF_ERROR(r.Bool("stage3_gather_on_use", out.stage3_gather_on_use));
+  MW_RETURN_IF_ERROR(r.Bool("zero_quantized_weights", out.quantized_weights));
+  MW_RETURN_IF_ERROR(
+      r.Int("zero_quantization_block_size", 1, INT32_MAX, out.quantization_block_size));
   if (const Json* v = r.Find("offload_optimizer")) {
     MW_ASSIGN_OR_RETURN(JsonReader o,
                         JsonReader::Open(*v, "zero_optimization.offload_optimizer"));
@@ -242,6 +245,11 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out, std::vector<std::strin
   if (out.stage3_gather_on_use && out.stage != 3 && out.stage != kAutoStage) {
     return absl::InvalidArgumentError(absl::StrCat(
         "zero_optimization.stage3_gather_on_use: expected stage 3 with it, got stage ", out.stage));
+  }
+  if (out.quantized_weights && out.stage != 3 && out.stage != kAutoStage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.zero_quantized_weights: expected stage 3 with it (it quantizes "
+        "stage 3's parameter gathers), got stage ", out.stage));
   }
   return r.Finish();
 }
@@ -485,6 +493,10 @@ std::string ConfigToJson(const Config& c) {
                {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size},
                {"stage3_max_live_parameters", z.stage3_max_live_parameters}};
   if (z.stage3_gather_on_use) zero["stage3_gather_on_use"] = true;
+  if (z.quantized_weights) zero["zero_quantized_weights"] = true;
+  if (z.quantization_block_size != ZeroConfig().quantization_block_size) {
+    zero["zero_quantization_block_size"] = z.quantization_block_size;
+  }
   if (z.offload_optimizer_ratio > 0) {
     zero["offload_optimizer"] = {{"device", z.offload_nvme_path.empty() ? "cpu" : "nvme"},
                                  {"ratio", Decimal(z.offload_optimizer_ratio)}};

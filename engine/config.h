@@ -41,6 +41,12 @@
 //                                     weight (and bias) for the operation
 //                                     using it, not all their parameters
 //                                     for the whole layer (memwall's) (false)
+//   zero_optimization.zero_quantized_weights  bool: ZeRO++ qwZ, stage 3's
+//                                     parameter all-gathers in block-
+//                                     quantized int8, saves exact  (false)
+//   zero_optimization.zero_quantization_block_size  int >= 1: elements per
+//                                     quantization block, one f32 scale
+//                                     each (memwall's)              (2048)
 //   zero_optimization.offload_optimizer.device     "none" | "cpu" | "nvme"
 //                                     (ZeRO-Offload, stages 1-3; nvme keeps
 //                                     the states in a file)          ("none")

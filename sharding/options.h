@@ -94,6 +94,11 @@ struct ZeroConfig {
   // backward, instead of holding all its parameters while it runs; the
   // trainer then groups those parameters by use (engine/layer.h).
   bool stage3_gather_on_use = false;
+  // ZeRO++ qwZ (stage 3): parameter all-gathers move block-quantized int8
+  // levels and an f32 scale per quantization_block_size elements instead of
+  // the parameters (sharding/parameter_gatherer.h); saves stay exact.
+  bool quantized_weights = false;
+  int64_t quantization_block_size = 2048;
   // ZeRO-Offload (stages 1-3): this fraction of each shard keeps its f32
   // master weights and optimizer states in the device's pinned host pool
   // and is updated on the CPU; the rest stays on the device (DeepSpeed's

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/ops.h"
 #include "runtime/status.h"
 
 namespace memwall {
@@ -23,11 +24,10 @@ ParameterGatherer::ParameterGatherer(const ShardingOptions& config, const FlatLa
       groups_(layout.groups.size()),
       scheduler_(static_cast<int>(layout.groups.size())) {}
 
-absl::Status ParameterGatherer::Start(int g, bool prefetch) {
+absl::StatusOr<DeviceBuffer> ParameterGatherer::GatherInto(int g, bool quantize) {
   // The gathered buffer may reuse a block the caller's queued work still
   // reads: the gather waits for that work.
   MW_RETURN_IF_ERROR(order_after_caller_());
-  Gathered& gathered = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
   const DType dtype = config_.param_dtype();
   // The caller's stream's: it reads the buffer after waiting for the
@@ -55,12 +55,54 @@ absl::Status ParameterGatherer::Start(int g, bool prefetch) {
     if (copied != nullptr) MW_RETURN_IF_ERROR(comm_stream_.Record(*copied));
     shard = own;
   }
-  MW_RETURN_IF_ERROR(comm_.AllGather(shard, full.data(), flat.shard_numel, dtype, comm_stream_));
+  if (quantize) {
+    MW_RETURN_IF_ERROR(QuantizedGather(flat, shard, full.data()));
+  } else {
+    MW_RETURN_IF_ERROR(
+        comm_.AllGather(shard, full.data(), flat.shard_numel, dtype, comm_stream_));
+  }
+  return full;
+}
+
+absl::Status ParameterGatherer::QuantizedGather(const FlatGroup& flat, const void* shard,
+                                                void* full) {
+  const DType dtype = config_.param_dtype();
+  const size_t block = static_cast<size_t>(config_.zero.quantization_block_size);
+  const size_t n = static_cast<size_t>(flat.shard_numel);
+  const size_t blocks = (n + block - 1) / block;
+  // One rank's record: its n int8 levels, padded to a 4-byte word, then its
+  // blocks' f32 scales; the records travel as 4-byte words (an all-gather
+  // only moves bytes), one collective per gather.
+  const size_t level_words = (n + 3) / 4;
+  const size_t words = level_words + blocks;
+  const int ranks = comm_.world_size();
+  // The communication stream's: freed in its order once dequantized.
+  MW_ASSIGN_OR_RETURN(DeviceBuffer packed,
+                      device_.Allocate(words * 4 * ranks, MemoryCategory::kParameter,
+                                       absl::StrCat(flat.name, ".quantized"), comm_stream_));
+  const auto record = [&](int r) { return static_cast<char*>(packed.data()) + r * words * 4; };
+  const auto levels = [&](int r) { return reinterpret_cast<int8_t*>(record(r)); };
+  const auto scales = [&](int r) { return reinterpret_cast<float*>(record(r) + level_words * 4); };
+  const int me = comm_.rank();
+  MW_RETURN_IF_ERROR(kernels::QuantizeInt8(device_, comm_stream_, shard, dtype, n, block,
+                                           levels(me), scales(me)));
+  MW_RETURN_IF_ERROR(comm_.AllGather(record(me), packed.data(), words, DType::kF32, comm_stream_));
+  for (int r = 0; r < ranks; ++r) {
+    MW_RETURN_IF_ERROR(kernels::DequantizeInt8(device_, comm_stream_, levels(r), scales(r), n,
+                                               block,
+                                               ElementOffset(full, flat.shard_begin(r), dtype),
+                                               dtype));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterGatherer::Start(int g, bool prefetch) {
+  Gathered& gathered = groups_[g];
+  MW_ASSIGN_OR_RETURN(gathered.buffer, GatherInto(g, config_.zero.quantized_weights));
   if (gathered.event == nullptr) {
     MW_ASSIGN_OR_RETURN(gathered.event, device_.CreateEvent());
   }
   MW_RETURN_IF_ERROR(comm_stream_.Record(*gathered.event));
-  gathered.buffer = std::move(full);
   gathered.prefetched = prefetch;
   return absl::OkStatus();
 }
@@ -125,10 +167,11 @@ const DeviceBuffer* ParameterGatherer::held(int g) const {
   return gathered.buffer.empty() || gathered.prefetched ? nullptr : &gathered.buffer;
 }
 
-absl::StatusOr<const DeviceBuffer*> ParameterGatherer::GatherForRead(int g, bool& gathered_now) {
-  gathered_now = groups_[g].buffer.empty();
-  if (gathered_now) MW_RETURN_IF_ERROR(Start(g, /*prefetch=*/false));
-  return &groups_[g].buffer;
+absl::StatusOr<const DeviceBuffer*> ParameterGatherer::GatherForRead(int g,
+                                                                      DeviceBuffer& scratch) {
+  if (!groups_[g].buffer.empty() && !config_.zero.quantized_weights) return &groups_[g].buffer;
+  MW_ASSIGN_OR_RETURN(scratch, GatherInto(g, /*quantize=*/false));
+  return &scratch;
 }
 
 void ParameterGatherer::Drop(int g) {

@@ -17,6 +17,13 @@
 // group costs its memory while in flight, and the step's end drops unused
 // ones.
 //
+// With zero_quantized_weights (ZeRO++ qwZ) a gather moves each shard as
+// int8 levels and one f32 scale per block (kernels/ops.h QuantizeInt8),
+// about half a 16-bit gather's bytes, and every rank dequantizes every
+// shard, its own included: the ranks compute with the same weights, within
+// half a level of each block's absmax / 127 of the exact ones. Reads for
+// checkpoints are exact.
+//
 // Owns the gathered buffers, their events and the scheduler; borrows the
 // rest (the optimizer's). Not thread-safe.
 #ifndef MEMWALL_SHARDING_PARAMETER_GATHERER_H_
@@ -69,10 +76,10 @@ class ParameterGatherer {
   const DeviceBuffer* held(int g) const;
 
   // For the optimizer's own reads of the parameters (checkpoints): the
-  // full buffer of group g on the communication stream, gathered now
-  // unless it is (or is being) already; `gathered_now` tells whether to
-  // Drop it after.
-  absl::StatusOr<const DeviceBuffer*> GatherForRead(int g, bool& gathered_now);
+  // full buffer of group g on the communication stream, exact (never
+  // quantized): the copy held or being gathered when it is exact, else
+  // gathered now into `scratch`, which the caller frees after reading.
+  absl::StatusOr<const DeviceBuffer*> GatherForRead(int g, DeviceBuffer& scratch);
   void Drop(int g);
 
   // The step's end: prefetches nobody used are dropped and the scheduler
@@ -89,8 +96,16 @@ class ParameterGatherer {
     std::unique_ptr<Event> event;
     bool prefetched = false;
   };
-  // Allocates group g's buffer and enqueues its gather.
+  // Allocates group g's full buffer and enqueues its gather on the
+  // communication stream, quantized (ZeRO++ qwZ) when `quantize`.
+  absl::StatusOr<DeviceBuffer> GatherInto(int g, bool quantize);
+  // The caller's (or a prefetch's) gather of group g: GatherInto with the
+  // config's quantization, and its event.
   absl::Status Start(int g, bool prefetch);
+  // qwZ: this rank's shard of group g block-quantized, the ranks' levels
+  // and scales all-gathered (packed, see the .cc), and every shard
+  // dequantized into `full`.
+  absl::Status QuantizedGather(const FlatGroup& flat, const void* shard, void* full);
   // After a caller's gather: starts the gathers the scheduler expects next.
   absl::Status Prefetch();
 

@@ -90,10 +90,10 @@ absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
   const FlatGroup& flat = layout_.groups[g];
   // Stage 3 holds a shard: gathered as GatherParameters gathers, unless it
   // is (or is being) already, and dropped again after.
-  bool gathered_now = false;
+  DeviceBuffer scratch;
   const void* full = residence_->data(g);
   if (rules_.shards_parameters()) {
-    MW_ASSIGN_OR_RETURN(const DeviceBuffer* gathered, gatherer_->GatherForRead(g, gathered_now));
+    MW_ASSIGN_OR_RETURN(const DeviceBuffer* gathered, gatherer_->GatherForRead(g, scratch));
     full = gathered->data();
   }
   MW_ASSIGN_OR_RETURN(DeviceBuffer wide,
@@ -102,9 +102,7 @@ absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
   MW_RETURN_IF_ERROR(kernels::Cast(device_, *comm_stream_, full, config_.param_dtype(),
                                    wide.data(), DType::kF32, flat.padded_numel));
   MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), wide.data(), flat.padded_numel * 4, *comm_stream_));
-  MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
-  if (gathered_now) gatherer_->Drop(g);
-  return absl::OkStatus();
+  return comm_stream_->Synchronize();
 }
 
 absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float> full) {

@@ -4,6 +4,8 @@
 //
 // Rank r's shard of group g holds g * 10000 + r * 1000 + j (exact in f32),
 // so a gathered buffer must be every rank's shard in rank order.
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,8 +39,10 @@ struct Fixture {
 
   // `bucket`, `live`: the prefetch bounds in elements; `paged`: the shards
   // in the pinned pool (offload_param).
-  Fixture(int64_t bucket, int64_t live, bool paged = false) {
+  Fixture(int64_t bucket, int64_t live, bool paged = false, bool quantized = false) {
     options.zero.stage = 3;
+    options.zero.quantized_weights = quantized;
+    options.zero.quantization_block_size = 64;
     options.zero.stage3_prefetch_bucket_size = bucket;
     options.zero.stage3_max_live_parameters = live;
     options.zero.offload_param = paged;
@@ -142,19 +146,61 @@ TEST_CASE("a read of the parameters gathers only what is not gathered, and an ab
   Fixture f(/*bucket=*/0, /*live=*/0);
   const int64_t shards = f.Held();
   REQUIRE(f.gatherer->Gather(3).ok());
-  bool gathered_now = true;
-  auto held = f.gatherer->GatherForRead(3, gathered_now);
+  DeviceBuffer scratch;
+  auto held = f.gatherer->GatherForRead(3, scratch);
   REQUIRE(held.ok());
-  CHECK_FALSE(gathered_now);
+  CHECK(scratch.empty());
   CHECK(*held == f.gatherer->held(3));
-  held = f.gatherer->GatherForRead(0, gathered_now);
+  held = f.gatherer->GatherForRead(0, scratch);
   REQUIRE(held.ok());
-  CHECK(gathered_now);
+  CHECK(*held == &scratch);
   REQUIRE(f.comm->Synchronize().ok());
   CHECK(static_cast<const float*>((*held)->data())[0] == Value(0, 0, 0));
-  f.gatherer->Drop(0);
+  scratch.Reset();
   f.gatherer->AbortStep();
   CHECK(f.gatherer->held(3) == nullptr);
+  CHECK(f.Held() == shards);
+}
+
+TEST_CASE("qwZ gathers int8 levels and block scales, and every rank dequantizes every shard") {
+  Fixture f(/*bucket=*/0, /*live=*/0, /*paged=*/false, /*quantized=*/true);
+  const int64_t shards = f.Held();
+  World().ResetStats();
+  REQUIRE(f.gatherer->Gather(1).ok());
+  REQUIRE(f.comm->Synchronize().ok());
+  // Each rank's 256 levels (64 words) and 4 block scales, not 256 floats.
+  CHECK(World().stats(Collective::kAllGather).bytes == f.world * (64 + 4) * 4);
+  const auto* values = static_cast<const float*>(f.gatherer->held(1)->data());
+  for (int r = 0; r < f.world; ++r) {
+    for (int64_t b = 0; b < kShard / 64; ++b) {
+      float absmax = 0;
+      for (int64_t j = b * 64; j < (b + 1) * 64; ++j) absmax = std::max(absmax, Value(1, r, j));
+      for (int64_t j = b * 64; j < (b + 1) * 64; ++j) {
+        // Symmetric int8: the nearest of 255 levels, absmax * q / 127.
+        const float x = Value(1, r, j);
+        const float level = std::rint((x / absmax) * 127.0f);
+        INFO("rank " << r << " element " << j);
+        REQUIRE(values[r * kShard + j] == absmax * (level / 127.0f));
+        REQUIRE(std::abs(values[r * kShard + j] - x) <= 0.5f * absmax / 127.0f * 1.0001f);
+      }
+    }
+  }
+  // The packed levels are freed once dequantized: the gathered buffer is
+  // what stays.
+  CHECK(f.Held() - shards == kShard * f.world * 4);
+  // A read for a checkpoint is exact, whatever is held.
+  DeviceBuffer scratch;
+  auto read = f.gatherer->GatherForRead(1, scratch);
+  REQUIRE(read.ok());
+  CHECK(*read == &scratch);
+  REQUIRE(f.comm->Synchronize().ok());
+  for (int r = 0; r < f.world; ++r) {
+    for (int64_t j = 0; j < kShard; ++j) {
+      REQUIRE(static_cast<const float*>(scratch.data())[r * kShard + j] == Value(1, r, j));
+    }
+  }
+  scratch.Reset();
+  f.gatherer->Release(1);
   CHECK(f.Held() == shards);
 }
 
