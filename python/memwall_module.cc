@@ -510,6 +510,35 @@ PYBIND11_MODULE(_memwall, m) {
       .def("acquire_gradients", [](PyEngine& e, int g) { memwall::Check(e.states().AcquireGradients(g)); })
       .def("reduce_gradients", [](PyEngine& e, int g) { memwall::Check(e.states().ReduceGradients(g)); })
       .def("step", &PyEngine::Step)
+      .def(
+          "communication",
+          [](PyEngine& e) {
+            const memwall::Communicator& comm = e.engine().communicator();
+            py::dict collectives;
+            for (int c = 0; c < memwall::kNumCollectives; ++c) {
+              const auto kind = static_cast<memwall::Collective>(c);
+              const memwall::CollectiveStats s = comm.stats(kind);
+              py::dict d;
+              d["calls"] = s.calls;
+              d["bytes"] = s.bytes;
+              d["intra_node_bytes"] = s.intra_node_bytes;
+              d["inter_node_bytes"] = s.inter_node_bytes;
+              collectives[py::str(std::string(memwall::CollectiveName(kind)))] = d;
+            }
+            const memwall::LinkBytes link = comm.total_link_bytes();
+            py::dict out;
+            out["nodes"] = comm.nodes();
+            out["collectives"] = collectives;
+            out["intra_node_bytes"] = link.intra_node;
+            out["inter_node_bytes"] = link.inter_node;
+            out["arrived_last"] = comm.arrivals().last;
+            out["wait_caused_s"] = comm.arrivals().cost;
+            return out;
+          },
+          "This rank's collectives so far (runtime/communicator.h): per collective calls, "
+          "logical bytes and link bytes inside and across nodes (the whole job's), their sums, "
+          "the nodes, and per rank the collectives it arrived last to and the seconds the others "
+          "waited for it then.")
       .def("abort_step", [](PyEngine& e) { memwall::Check(e.states().AbortStep()); })
       .def("redone_updates", [](PyEngine& e) { return e.states().redone_updates(); })
       .def("set_hyperparameters", &PyEngine::SetHyperparameters)

@@ -717,6 +717,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
                       "per step on this machine)", report["chosen"], report["step_seconds"])
         return json.dumps(report["config"])
 
+    def communication(self):
+        """What this rank's collectives moved so far: {"nodes" (the ranks'
+        machines: those sharing memory, MEMWALL_RANKS_PER_NODE's blocks, or
+        the config's ranks_per_node), "collectives" (per collective
+        "calls", logical "bytes", and the whole job's link bytes
+        "intra_node_bytes" / "inter_node_bytes" as a node-aware algorithm
+        moves them), "intra_node_bytes" / "inter_node_bytes" (their sums),
+        "arrived_last" and "wait_caused_s" (per rank: the collectives it
+        arrived last to, and the seconds the others waited for it then:
+        the straggler)}. Counters since the optimizer was made; take
+        differences for a step."""
+        return self._engine.communication()
+
     @property
     def auto_choice(self):
         """What stage "auto" chose: {"chosen" (the candidate's name, as

@@ -94,5 +94,36 @@ TEST_CASE("a real step's link bytes inside and across nodes are the dry run's to
   REQUIRE(world.SetRanksPerNode(n).ok());
 }
 
+TEST_CASE("qwZ's gathers move about half stage 3's, on real ranks as in the dry run",
+          "[link][qwz]") {
+  MpiCommunicator& world = testing::World();
+  const int n = world.world_size();
+  REQUIRE(world.SetRanksPerNode(2).ok());
+  const Config exact = StageConfig(3);
+  Config quantized = exact;
+  quantized.zero.quantized_weights = true;
+  quantized.zero.quantization_block_size = 256;
+  DryRunOptions o;
+  o.model = SpecModel(kSpec);
+  o.gpus = n;
+  o.runtime_allowance = 0;
+  const DryRunResult planned_exact = DryRun(o, exact).value();
+  const DryRunResult planned = DryRun(o, quantized).value();
+  const Trainer::StepReport real = RealStep(quantized);
+  CHECK(real.traffic.intra_node == planned.link_bytes.intra_node);
+  CHECK(real.traffic.inter_node == planned.link_bytes.inter_node);
+  const CollectiveStats& q = planned.collectives[int(Collective::kAllGather)];
+  const CollectiveStats& e = planned_exact.collectives[int(Collective::kAllGather)];
+  CHECK(q.calls == e.calls);
+  // bf16 to int8 with an f32 scale per 256: 1/2 + 4/512 of the bytes, each
+  // shard's levels padded to a 4-byte word.
+  CHECK(double(q.bytes) >= 0.5 * double(e.bytes));
+  CHECK(double(q.bytes) <= (0.5 + 4.0 / 512) * double(e.bytes) + 4.0 * n * q.calls);
+  // The reductions do not change.
+  CHECK(planned.collectives[int(Collective::kReduceScatter)].bytes ==
+        planned_exact.collectives[int(Collective::kReduceScatter)].bytes);
+  REQUIRE(world.SetRanksPerNode(n).ok());
+}
+
 }  // namespace
 }  // namespace memwall
