@@ -204,6 +204,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
     // Stage 3 with NVMe: the parameters (and gradients) there too, the
     // block weights gathered on use.
     bool nvme_params = false;
+    bool quantized_weights = false;  // ZeRO++ qwZ (stage 3, several GPUs)
   };
   std::vector<Choice> choices;
   for (int64_t bucket : {int64_t{5'000'000}, int64_t{50'000'000}}) {
@@ -214,6 +215,11 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
         choices.push_back({stage, 0.5f, false, false, planner, bucket});
         choices.push_back({stage, 1.0f, false, false, planner, bucket});
         if (stage == 3) choices.push_back({stage, 1.0f, true, false, planner, bucket});
+        if (stage == 3 && options.gpus > 1) {
+          for (float ratio : {0.0f, 0.5f, 1.0f}) {
+            choices.push_back({stage, ratio, false, false, planner, bucket, false, false, true});
+          }
+        }
         if (stage >= 2) {  // the same, the update under backward (more pinned memory)
           choices.push_back({stage, 1.0f, false, false, planner, bucket, true});
           if (stage == 3) choices.push_back({stage, 1.0f, true, false, planner, bucket, true});
@@ -259,6 +265,8 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
       config.zero.offload_param_buffer_size =
           c.nvme_params ? INT64_MAX : ZeroConfig().offload_param_buffer_size;
       config.zero.stage3_gather_on_use = c.nvme_params;
+      config.zero.quantized_weights = c.quantized_weights;
+      cand.changes_results = c.quantized_weights;
       config.activation_checkpointing = RecomputeConfig();
       config.activation_checkpointing.planner = c.planner;
       cand.name = absl::StrCat(
@@ -267,7 +275,9 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
           c.nvme_params ? " and gradients on NVMe, gathered on use"
           : c.nvme      ? " (NVMe)"
                         : "",
-          c.overlap_step ? ", update overlapped" : "", ", recomputation ", c.planner, ", buckets ",
+          c.overlap_step ? ", update overlapped" : "",
+          c.quantized_weights ? ", quantized weight gathers (qwZ)" : "", ", recomputation ",
+          c.planner, ", buckets ",
           c.bucket / 1e6, "M", search ? absl::StrCat(", micro-batch ", m, " x ", global / m) : "");
       if (options.progress != nullptr) {
         options.progress->SetTask(absl::StrCat(
@@ -293,7 +303,10 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
       cand.step_seconds = PredictStepSeconds(cand.plan, config, hw);
       result.candidates.push_back(std::move(cand));
       const Candidate& added = result.candidates.back();
-      if (added.plan.fits &&
+      // A candidate that changes the results (quantized communication) is
+      // chosen only where the config opted in to it.
+      const bool allowed = !added.changes_results || base.zero.quantized_weights;
+      if (added.plan.fits && allowed &&
           (result.best < 0 || added.step_seconds < result.candidates[result.best].step_seconds)) {
         result.best = static_cast<int>(result.candidates.size()) - 1;
       }

@@ -64,6 +64,10 @@ struct Candidate {
   int64_t tiles = 1;
   DryRunResult plan;
   double step_seconds = 0;  // meaningful when plan.fits
+  // Its communication is quantized (ZeRO++): the results differ from an
+  // exact run's, so it is chosen only when the base config enables that
+  // quantization (zero_quantized_weights).
+  bool changes_results = false;
 };
 
 struct AutoResult {
@@ -99,7 +103,9 @@ double PredictStepSeconds(const DryRunResult& plan, const Config& config, const 
 
 // Tries every candidate built from `base` (its optimizer and precision
 // kept): stages, optimizer offload (at stages 2-3 also with the update
-// overlapped with backward), paging, recomputation, and flat-group
+// overlapped with backward), paging, recomputation, on several GPUs
+// stage 3 with quantized weight gathers (ZeRO++ qwZ: listed, and chosen
+// only when `base` sets zero_quantized_weights), and flat-group
 // (bucket and prefetch) sizes of 5e6 and 5e7 elements; offload to NVMe
 // only when options.nvme_bytes > 0 (at stage 3 also with the parameters
 // and gradients there, the block weights gathered on use, and, when that

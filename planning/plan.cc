@@ -137,7 +137,8 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
                                  {"across_nodes_seconds",
                                   c.plan.fits ? PredictStep(c.plan, c.config, hw).across_nodes
                                               : 0.0},
-                                 {"step_seconds", c.plan.fits ? c.step_seconds : 0.0}});
+                                 {"step_seconds", c.plan.fits ? c.step_seconds : 0.0},
+                                 {"changes_results", c.changes_results}});
     }
     j["parameters"] = result.candidates.empty() ? 0 : result.candidates[0].plan.parameters;
     j["fits"] = best != nullptr;
@@ -180,11 +181,18 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
     absl::StrAppendFormat(
         &out, "%-*s %12s %12s %10s%s\n", width, c.name, FormatBytes(c.plan.device_needed),
         FormatBytes(c.plan.host_peak),
-        c.plan.fits ? absl::StrFormat("%.3f", c.step_seconds) : "no fit",
+        c.plan.fits ? absl::StrFormat("%.3f%s", c.step_seconds, c.changes_results ? "*" : "")
+                    : "no fit",
         nodes > 1 && c.plan.fits
             ? absl::StrFormat("  %s, %.3f", FormatBytes(c.plan.link_bytes.inter_node),
                               PredictStep(c.plan, c.config, hw).across_nodes)
             : "");
+  }
+  if (std::any_of(result.candidates.begin(), result.candidates.end(),
+                  [](const Candidate& c) { return c.changes_results; }) &&
+      !config.zero.quantized_weights) {
+    out += "  * quantized communication changes the results: chosen only when the config sets "
+           "zero_quantized_weights\n";
   }
   if (best == nullptr) {
     // What binds the candidate nearest the device's size: its device need

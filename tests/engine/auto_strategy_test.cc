@@ -272,5 +272,55 @@ TEST_CASE("--auto tiles a block operator that does not fit the device untiled",
   CHECK(best.plan.device_needed < 3 * kGiB);
 }
 
+TEST_CASE("quantized weight gathers are listed, and chosen only where the config opts in",
+          "[auto][qwz]") {
+  // Llama 2 70B on 64 H100s in nodes of 8 with 25 Gb/s per GPU between
+  // nodes: stage 3's gathers and reductions cross the slow network.
+  DryRunOptions options;
+  options.model = SpecModel("llama2-70b", 4096);
+  options.gpus = 64;
+  options.ranks_per_node = 8;
+  options.device_bytes = int64_t{80} << 30;
+  Hardware hw = HardwarePreset("h100-80gb").value();
+  hw.inter_node_bps = 25e9 / 8;
+  Config base;
+  base.bf16 = true;
+  base.train_micro_batch_size_per_gpu = 1;
+  const AutoResult exact = AutoStrategy(options, base, hw).value();
+  const Candidate* plain = nullptr;
+  const Candidate* quantized = nullptr;
+  for (const Candidate& c : exact.candidates) {
+    if (c.name == "stage 3, recomputation optimal, buckets 50M") plain = &c;
+    if (c.name == "stage 3, quantized weight gathers (qwZ), recomputation optimal, buckets 50M") {
+      quantized = &c;
+    }
+  }
+  REQUIRE(plain != nullptr);
+  REQUIRE(quantized != nullptr);
+  CHECK(quantized->changes_results);
+  CHECK_FALSE(plain->changes_results);
+  CHECK(quantized->config.zero.quantized_weights);
+  // Half the gathers' bytes cross nodes; the reductions' stay.
+  const CollectiveStats& qg = quantized->plan.collectives[int(Collective::kAllGather)];
+  const CollectiveStats& pg = plain->plan.collectives[int(Collective::kAllGather)];
+  CHECK(qg.inter_node_bytes < 0.51 * pg.inter_node_bytes);
+  CHECK(quantized->plan.collectives[int(Collective::kReduceScatter)].inter_node_bytes ==
+        plain->plan.collectives[int(Collective::kReduceScatter)].inter_node_bytes);
+  REQUIRE(quantized->plan.fits);
+  CHECK(quantized->step_seconds < plain->step_seconds);
+  REQUIRE(exact.best >= 0);
+  CHECK_FALSE(exact.candidates[exact.best].changes_results);
+  // Opted in: the fastest, quantized, is taken.
+  base.zero.quantized_weights = true;
+  const AutoResult opted = AutoStrategy(options, base, hw).value();
+  REQUIRE(opted.best >= 0);
+  CHECK(opted.candidates[opted.best].changes_results);
+  // A config that quantizes names stage 3 with it: every candidate of
+  // another stage leaves it off (its config must parse).
+  for (const Candidate& c : opted.candidates) {
+    CHECK(ParseConfig(ConfigToJson(c.config)).ok());
+  }
+}
+
 }  // namespace
 }  // namespace memwall

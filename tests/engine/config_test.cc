@@ -264,6 +264,30 @@ TEST_CASE("a Hugging Face DeepSpeed config: its knobs named as not applied, trai
         "train_batch_size: expected an integer >= 1, got 0");
 }
 
+TEST_CASE("ZeRO++ quantized weights and the topology: keys, round trip, refusals", "[config]") {
+  const Config c = ParseConfig(R"({"zero_optimization": {"stage": 3,
+      "zero_quantized_weights": true, "zero_quantization_block_size": 512},
+      "ranks_per_node": 8})").value();
+  CHECK(c.zero.quantized_weights);
+  CHECK(c.zero.quantization_block_size == 512);
+  CHECK(c.ranks_per_node == 8);
+  const Config back = ParseConfig(ConfigToJson(c)).value();
+  CHECK(back.zero.quantized_weights);
+  CHECK(back.zero.quantization_block_size == 512);
+  CHECK(back.ranks_per_node == 8);
+  const Config none = ParseConfig("{}").value();
+  CHECK_FALSE(none.zero.quantized_weights);
+  CHECK(none.zero.quantization_block_size == 2048);
+  CHECK(none.ranks_per_node == 0);
+  CHECK(Error(R"({"zero_optimization": {"stage": 2, "zero_quantized_weights": true}})") ==
+        "zero_optimization.zero_quantized_weights: expected stage 3 with it (it quantizes stage "
+        "3's parameter gathers), got stage 2");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "zero_quantization_block_size": 0}})") ==
+        "zero_optimization.zero_quantization_block_size: expected an integer 1..2147483647, got 0");
+  CHECK(Error(R"({"ranks_per_node": 0})") ==
+        "ranks_per_node: expected an integer 1..2147483647, got 0");
+}
+
 TEST_CASE("stage3_gather_on_use: key, round trip, refusal", "[config]") {
   const Config c =
       ParseConfig(R"({"zero_optimization": {"stage": 3, "stage3_gather_on_use": true}})").value();

@@ -1,0 +1,110 @@
+"""Training quality with ZeRO++ against exact ZeRO-3, on a reference nobody
+here wrote: a transformers GPT-2 (4 layers, d 256, 4 heads, byte vocabulary,
+dropout off) trained through memwall.torch.ZeroOptimizer on 2 MPI ranks,
+each posed as a node of its own (the config's ranks_per_node: 1), on the
+bytes of this repository's documentation (every rank its own sequences), the
+same seed and data for every configuration:
+
+  stage 3                exact
+  stage 3 + qwZ          zero_quantized_weights (int8 gathers, block 2048)
+
+Prints each run's loss (the ranks' mean) every 25 steps side by side, the
+final loss (the mean of the last 10 steps) and its difference from stage 3's,
+and the bytes per step across nodes (opt.communication()).
+
+Usage (after tools/python_env.sh):
+  .venv/bin/python benchmarks/zeropp_quality.py [--steps 300]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUNS = [("stage 3", {}),
+        ("stage 3 + qwZ", {"zero_quantized_weights": True})]
+SEQ, BATCH = 128, 4  # per rank
+
+
+def corpus():
+    text = b""
+    for name in ("README.md", os.path.join("benchmarks", "RESULTS.md")):
+        with open(os.path.join(ROOT, name), "rb") as f:
+            text += f.read()
+    return text
+
+
+def worker(out, zero_json, steps):
+    """One rank of one run (under mpirun)."""
+    import torch
+    import transformers
+    import memwall.torch as mt
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=256, n_positions=SEQ, n_embd=256, n_layer=4,
+                                     n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    zero = dict({"stage": 3}, **json.loads(zero_json))
+    opt = mt.ZeroOptimizer(model, None, {
+        "zero_optimization": zero, "ranks_per_node": 1, "bf16": {"enabled": False},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}})
+    rank, world = opt.engine.rank, opt.engine.world_size
+    data = torch.tensor(list(corpus()), dtype=torch.long)
+    g = torch.Generator().manual_seed(1234)
+    losses = []
+    start = opt.communication()["inter_node_bytes"]
+    for step in range(steps):
+        offsets = torch.randint(0, len(data) - SEQ, (world * BATCH,), generator=g)
+        mine = offsets[rank * BATCH:(rank + 1) * BATCH]
+        ids = torch.stack([data[o:o + SEQ] for o in mine.tolist()])
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    across = (opt.communication()["inter_node_bytes"] - start) / steps
+    with open("%s.rank%d" % (out, rank), "w") as f:
+        json.dump({"losses": losses, "across": across}, f)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--worker", nargs=3)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker[0], args.worker[1], int(args.worker[2]))
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "OPAL_"))}
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, zero) in enumerate(RUNS):
+            out = os.path.join(tmp, "run%d" % i)
+            subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), "2", sys.executable,
+                            os.path.abspath(__file__), "--worker", out, json.dumps(zero),
+                            str(args.steps)], check=True, env=env)
+            ranks = []
+            for r in range(2):
+                with open("%s.rank%d" % (out, r)) as f:
+                    ranks.append(json.load(f))
+            mean = [sum(x) / 2 for x in zip(*(rk["losses"] for rk in ranks))]
+            results.append((name, mean, ranks[0]["across"]))
+    print("zeropp_quality: transformers GPT-2 (4 layers, d 256, byte vocabulary), f32, 2 ranks "
+          "as 2 nodes, %d x %d tokens per rank per step, AdamW lr 1e-3, %d steps" %
+          (BATCH, SEQ, args.steps))
+    print("  %6s  %s" % ("step", "  ".join("%14s" % name for name, _, _ in results)))
+    for s in list(range(0, args.steps, 25)) + [args.steps - 1]:
+        print("  %6d  %s" % (s + 1, "  ".join("%14.4f" % mean[s] for _, mean, _ in results)))
+    base = sum(results[0][1][-10:]) / 10
+    print("  final loss (mean of the last 10 steps), vs stage 3; bytes per step across nodes:")
+    for name, mean, across in results:
+        final = sum(mean[-10:]) / 10
+        print("  %-16s %.4f  %+.2f%%  %.2f MiB (%.2fx stage 3's)" % (
+            name, final, (final / base - 1) * 100, across / 2**20, across / results[0][2]))
+
+
+if __name__ == "__main__":
+    main()
