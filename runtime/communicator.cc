@@ -1,6 +1,7 @@
 #include "runtime/communicator.h"
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,8 +58,59 @@ absl::Status Communicator::SetRanksPerNode(int ranks_per_node) {
     return absl::InvalidArgumentError(
         absl::StrCat("ranks per node: expected >= 1, got ", ranks_per_node));
   }
-  nodes_ = (world_size_ + ranks_per_node - 1) / ranks_per_node;
+  std::vector<int> node_ids(world_size_);
+  for (int r = 0; r < world_size_; ++r) node_ids[r] = r / ranks_per_node;
+  set_node_of(node_ids);
   return absl::OkStatus();
+}
+
+void Communicator::set_node_of(const std::vector<int>& node_ids) {
+  // Renumbered in order of first appearance: node_of(0) is 0.
+  std::map<int, int> number;
+  for (int r = 0; r < world_size_; ++r) {
+    const auto [it, added] = number.emplace(node_ids[r], static_cast<int>(number.size()));
+    node_of_[r] = it->second;
+  }
+  nodes_ = static_cast<int>(number.size());
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(
+    int color, const std::vector<int>& members) {
+  MW_RETURN_IF_ERROR(FailedEarlier("Split"));
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, DoSplit(color, members));
+  std::vector<int> node_ids;
+  for (int m : members) node_ids.push_back(node_of_[m]);
+  group->set_node_of(node_ids);
+  return group;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::SplitNode() {
+  std::vector<int> members;
+  for (int r = 0; r < world_size_; ++r) {
+    if (node_of_[r] == node_of_[rank_]) members.push_back(r);
+  }
+  return Split(node_of_[rank_], members);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::SplitBlocks(int size) {
+  if (size < 1 || world_size_ % size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group size: expected a divisor of the ", world_size_, " ranks, got ", size));
+  }
+  std::vector<int> members;
+  const int first = rank_ / size * size;
+  for (int r = first; r < first + size; ++r) members.push_back(r);
+  return Split(rank_ / size, members);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::SplitStrided(int stride) {
+  if (stride < 1 || world_size_ % stride != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group stride: expected a divisor of the ", world_size_, " ranks, got ", stride));
+  }
+  std::vector<int> members;
+  for (int r = rank_ % stride; r < world_size_; r += stride) members.push_back(r);
+  return Split(rank_ % stride, members);
 }
 
 std::array<int64_t, 5> Communicator::Encode(const Signature& signature) {

@@ -47,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -150,11 +151,28 @@ class Communicator {
   // share memory are one node) unless MEMWALL_RANKS_PER_NODE is set;
   // SetRanksPerNode overrides either.
   int nodes() const { return nodes_; }
+  // The node (0..nodes()-1, numbered in rank order) rank `r` runs on.
+  int node_of(int r) const { return node_of_[r]; }
   // Places the ranks in consecutive blocks of `ranks_per_node` per node
   // (the last block may be smaller): a config naming the layout, or one
   // machine posing as several nodes. Local, no collective: every rank
   // must pass the same value. Errors: kInvalidArgument below 1.
   absl::Status SetRanksPerNode(int ranks_per_node);
+
+  // Sub-communicators, for sharding inside a group of ranks (hybrid
+  // sharding, ZeRO++'s secondary partition). Collective: every rank makes
+  // the same split and gets the group holding it, its ranks in their order
+  // here. A group's options are this communicator's, its nodes those its
+  // ranks run on (so its link bytes count what crosses between them), its
+  // counters and arrivals its own.
+  //   SplitNode()            the ranks on this rank's node
+  //   SplitBlocks(size)      ranks [k*size, (k+1)*size)
+  //   SplitStrided(stride)   the ranks equal to this one modulo `stride`
+  // Errors: kInvalidArgument naming the size unless it divides
+  // world_size(); the implementation's for a failed split.
+  absl::StatusOr<std::unique_ptr<Communicator>> SplitNode();
+  absl::StatusOr<std::unique_ptr<Communicator>> SplitBlocks(int size);
+  absl::StatusOr<std::unique_ptr<Communicator>> SplitStrided(int stride);
 
   // recv[i] = op over ranks of send[i], for i < count. In place when
   // send == recv.
@@ -228,11 +246,18 @@ class Communicator {
       : rank_(rank),
         world_size_(world_size),
         options_(options),
+        node_of_(world_size, 0),
         arrivals_{std::vector<int64_t>(world_size, 0), std::vector<double>(world_size, 0.0)} {}
 
   const CommunicatorOptions& options() const { return options_; }
-  // Implementations that know the topology (MpiCommunicator::Create) set it.
-  void set_nodes(int nodes) { nodes_ = nodes; }
+  // Implementations that know the topology (MpiCommunicator::Create) set
+  // it: each rank's node, any ids (renumbered 0.. in rank order).
+  void set_node_of(const std::vector<int>& node_ids);
+  // The group `color` of a split in which every rank names its own group:
+  // `members`, ranks of this communicator in their order there (this rank
+  // among them). The base sets the result's topology.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(
+      int color, const std::vector<int>& members) = 0;
   // OK while usable; else "<what> on rank r of n: the communicator failed
   // earlier (<the first error>)", with the first error's code.
   absl::Status FailedEarlier(absl::string_view what) const;
@@ -290,7 +315,10 @@ class Communicator {
 
   const int rank_;
   const int world_size_;
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, const std::vector<int>& members);
+
   const CommunicatorOptions options_;
+  std::vector<int> node_of_;
   int nodes_ = 1;
   std::array<CollectiveStats, kNumCollectives> stats_{};
   Arrivals arrivals_;

@@ -200,21 +200,40 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
     MW_RETURN_IF_ERROR(created->SetRanksPerNode(posed));
     return created;
   }
-  // The nodes: ranks that share memory are one; each node's lowest rank
-  // counts it.
+  // The nodes: ranks that share memory are one, named by its lowest rank.
   MPI_Comm node = MPI_COMM_NULL;
   MW_RETURN_IF_ERROR(MpiStatus(
       MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
       "MPI_Comm_split_type (MPI_COMM_TYPE_SHARED)"));
-  int node_rank = 0;
-  const int rc = MPI_Comm_rank(node, &node_rank);
+  int lowest = rank;
+  const int rc = MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, node);
   MPI_Comm_free(&node);
-  MW_RETURN_IF_ERROR(MpiStatus(rc, "MPI_Comm_rank (this node's ranks)"));
-  int leaders = node_rank == 0 ? 1 : 0;
-  MW_RETURN_IF_ERROR(
-      created->AllReduceHost(&leaders, 1, MPI_INT, MPI_SUM, "the number of nodes"));
-  created->set_nodes(leaders);
+  MW_RETURN_IF_ERROR(MpiStatus(rc, "MPI_Allreduce (this node's lowest rank)"));
+  std::vector<int> node_ids(size);
+  MW_RETURN_IF_ERROR(MpiStatus(
+      MPI_Allgather(&lowest, 1, MPI_INT, node_ids.data(), 1, MPI_INT, comm),
+      "MPI_Allgather (each rank's node)"));
+  created->set_node_of(node_ids);
   return created;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DoSplit(
+    int color, const std::vector<int>& members) {
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> group, SplitMpi(color, members));
+  return std::unique_ptr<Communicator>(std::move(group));
+}
+
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::SplitMpi(
+    int color, const std::vector<int>& members) {
+  const int position =
+      static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+  MPI_Comm comm = MPI_COMM_NULL;
+  MW_RETURN_IF_ERROR(
+      MpiStatus(MPI_Comm_split(comm_, color, position, &comm), "MPI_Comm_split"));
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
+                               "MPI_Comm_set_errhandler"));
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(
+      comm, position, static_cast<int>(members.size()), options(), threads_allowed_));
 }
 
 MpiCommunicator::~MpiCommunicator() {

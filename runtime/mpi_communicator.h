@@ -14,6 +14,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -77,6 +78,9 @@ class MpiCommunicator final : public Communicator {
   // AllReduceHost). Used by the agreement checks of MPI and NCCL.
   absl::Status MinMaxOverRanks(const std::vector<int64_t>& values, std::vector<int64_t>& min,
                                std::vector<int64_t>& max);
+  // DoSplit's group as an MpiCommunicator (NCCL's split bootstraps over it).
+  absl::StatusOr<std::unique_ptr<MpiCommunicator>> SplitMpi(int color,
+                                                            const std::vector<int>& members);
 
  private:
   MpiCommunicator(MPI_Comm comm, int rank, int world_size, CommunicatorOptions options,
@@ -85,6 +89,8 @@ class MpiCommunicator final : public Communicator {
 
   absl::Status Execute(Stream& stream, std::function<absl::Status()> collective) override;
   absl::Status Agree(const Signature& signature) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color,
+                                                        const std::vector<int>& members) override;
   absl::Status DoAllReduce(const void* send, void* recv, size_t count,
                            DType dtype, ReduceOp op, Stream& stream) override;
   absl::Status DoReduceScatter(const void* send, void* recv, size_t recv_count,

@@ -7,6 +7,7 @@
 #define MEMWALL_RUNTIME_SIMULATED_COMMUNICATOR_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/communicator.h"
@@ -26,6 +27,9 @@ class SimulatedCommunicator final : public Communicator {
       : Communicator(rank, world_size, CommunicatorOptions{/*check_agreement=*/false}) {}
 
   bool moves_bytes() const override { return false; }
+  // Ranks cannot disagree on the split either: this rank's group.
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int,
+                                                        const std::vector<int>& members) override;
   absl::Status Agree(const Signature&) override { return absl::OkStatus(); }
   absl::Status DoAllReduce(const void*, void*, size_t, DType, ReduceOp,
                            Stream&) override {

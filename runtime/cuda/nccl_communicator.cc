@@ -73,6 +73,18 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
 NcclCommunicator::~NcclCommunicator() { (void)ncclCommDestroy(comm_); }
 
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::DoSplit(
+    int color, const std::vector<int>& members) {
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> bootstrap,
+                      bootstrap_.SplitMpi(color, members));
+  ncclComm_t comm = nullptr;
+  MW_RETURN_IF_ERROR(
+      NcclStatus(ncclCommSplit(comm_, color, bootstrap->rank(), &comm, nullptr), "ncclCommSplit"));
+  std::unique_ptr<NcclCommunicator> group(new NcclCommunicator(*bootstrap, comm, options()));
+  group->owned_bootstrap_ = std::move(bootstrap);
+  return std::unique_ptr<Communicator>(std::move(group));
+}
+
 absl::Status NcclCommunicator::Agree(const Signature& signature) {
   return AgreeTimed(signature, [this](const std::vector<int64_t>& values,
                                       std::vector<int64_t>& min, std::vector<int64_t>& max) {

@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,10 +40,16 @@ class NcclCommunicator final : public Communicator {
       : Communicator(bootstrap.rank(), bootstrap.world_size(), options),
         bootstrap_(bootstrap),
         comm_(comm) {
-    set_nodes(bootstrap.nodes());  // the same ranks on the same nodes
+    // The same ranks on the same nodes.
+    std::vector<int> node_ids(bootstrap.world_size());
+    for (int r = 0; r < bootstrap.world_size(); ++r) node_ids[r] = bootstrap.node_of(r);
+    set_node_of(node_ids);
   }
 
   absl::Status Agree(const Signature& signature) override;
+  // ncclCommSplit, bootstrapped over the same split of MPI's ranks (owned).
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color,
+                                                        const std::vector<int>& members) override;
   absl::Status DoAllReduce(const void* send, void* recv, size_t count,
                            DType dtype, ReduceOp op, Stream& stream) override;
   absl::Status DoReduceScatter(const void* send, void* recv, size_t recv_count,
@@ -53,6 +60,7 @@ class NcclCommunicator final : public Communicator {
                            Stream& stream) override;
   absl::Status DoBarrier() override;
 
+  std::unique_ptr<MpiCommunicator> owned_bootstrap_;  // a split's; bootstrap_ refers to it
   MpiCommunicator& bootstrap_;
   ncclComm_t comm_;
 };

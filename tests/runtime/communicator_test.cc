@@ -4,6 +4,7 @@
 // injected failure) fails the collective on every rank, none hangs.
 #include "runtime/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -227,6 +228,50 @@ TEST_CASE("link bytes count each call's traffic inside and across nodes", "[mpi]
   REQUIRE(comm.SetRanksPerNode(static_cast<int>(n)).ok());
   CHECK(comm.nodes() == 1);
   comm.ResetStats();
+}
+
+TEST_CASE("splits make groups of ranks with their own collectives, nodes and counters",
+          "[mpi][split]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size(), r = comm.rank();
+  REQUIRE(comm.SetRanksPerNode(2).ok());
+  auto node = comm.SplitNode();
+  REQUIRE(node.ok());
+  CHECK((*node)->world_size() == std::min(n, 2));
+  CHECK((*node)->rank() == r % 2);
+  CHECK((*node)->nodes() == 1);
+  CHECK((*node)->kind() == "mpi");
+  // Across the posed nodes: the ranks with this one's place in its node.
+  auto across = comm.SplitStrided(2 > n ? n : 2);
+  REQUIRE(across.ok());
+  const int stride = std::min(n, 2);
+  CHECK((*across)->world_size() == n / stride);
+  CHECK((*across)->rank() == r / stride);
+  CHECK((*across)->nodes() == n / stride);
+  // Each group sums its own ranks.
+  float mine = float(r + 1);
+  REQUIRE((*node)->AllReduce(&mine, &mine, 1, DType::kF32, ReduceOp::kSum, HostStream()).ok());
+  const int first = r / 2 * 2;
+  CHECK(mine == float(first + 1 + (first + 1 < n ? first + 2 : 0)));
+  std::vector<float> gathered(n / stride);
+  float own = float(r);
+  REQUIRE((*across)->AllGather(&own, gathered.data(), 1, DType::kF32, HostStream()).ok());
+  for (int i = 0; i < n / stride; ++i) CHECK(gathered[i] == float(r % stride + i * stride));
+  // Their counters are their own; the link bytes follow their nodes.
+  CHECK((*node)->stats(Collective::kAllReduce).calls == 1);
+  CHECK((*node)->total_link_bytes().inter_node == 0);
+  CHECK((*across)->total_link_bytes().inter_node == (n / stride - 1) * 4 * (n / stride));
+  CHECK((*across)->total_link_bytes().intra_node == 0);
+  auto blocks = comm.SplitBlocks(n);
+  REQUIRE(blocks.ok());
+  CHECK((*blocks)->world_size() == n);
+  CHECK((*blocks)->nodes() == (n + 1) / 2);
+  if (n == 4) {
+    const absl::Status bad = comm.SplitBlocks(3).status();
+    CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(bad.message()) == "group size: expected a divisor of the 4 ranks, got 3");
+  }
+  REQUIRE(comm.SetRanksPerNode(n).ok());
 }
 
 TEST_CASE("MEMWALL_RANKS_PER_NODE poses the ranks as nodes of that many", "[mpi]") {
@@ -516,6 +561,18 @@ TEST_CASE("the simulated communicator validates and counts without bytes", "[sim
   CHECK(comm->nodes() == 1);
   CHECK(comm->total_link_bytes().intra_node == int64_t(shard) * 64 * 2 * 2 * 63);
   CHECK(comm->total_link_bytes().inter_node == 0);
+  // Its groups play the group's rank: rank 3 of 64 in blocks of 8 is
+  // rank 3 of the first block; strided by 8 (one per block), rank 0 of 8.
+  REQUIRE(comm->SetRanksPerNode(8).ok());
+  auto block = comm->SplitBlocks(8).value();
+  CHECK(block->kind() == "simulated");
+  CHECK(block->rank() == 3);
+  CHECK(block->world_size() == 8);
+  CHECK(block->nodes() == 1);
+  auto strided = comm->SplitStrided(8).value();
+  CHECK(strided->rank() == 0);
+  CHECK(strided->world_size() == 8);
+  CHECK(strided->nodes() == 8);
   // 8 nodes of 8: a reduce-scatter's buffer crosses into 7 of them.
   REQUIRE(comm->SetRanksPerNode(8).ok());
   comm->ResetStats();
