@@ -81,6 +81,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(
   std::vector<int> node_ids;
   for (int m : members) node_ids.push_back(node_of_[m]);
   group->set_node_of(node_ids);
+  group->parent_ = this;
+  group->parent_groups_ = world_size_ / group->world_size_;
   return group;
 }
 
@@ -266,12 +268,19 @@ absl::Status Communicator::Break(const absl::Status& error) {
 }
 
 void Communicator::Count(Collective collective, int64_t bytes) {
+  Add(collective, bytes, LinkBytesOf(collective, bytes, world_size_, nodes_));
+}
+
+void Communicator::Add(Collective collective, int64_t bytes, const LinkBytes& link) {
   CollectiveStats& s = stats_[static_cast<int>(collective)];
   ++s.calls;
   s.bytes += bytes;
-  const LinkBytes link = LinkBytesOf(collective, bytes, world_size_, nodes_);
   s.intra_node_bytes += link.intra_node;
   s.inter_node_bytes += link.inter_node;
+  if (parent_ != nullptr) {
+    parent_->Add(collective, bytes,
+                 {link.intra_node * parent_groups_, link.inter_node * parent_groups_});
+  }
 }
 
 absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,

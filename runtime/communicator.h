@@ -164,7 +164,11 @@ class Communicator {
   // the same split and gets the group holding it, its ranks in their order
   // here. A group's options are this communicator's, its nodes those its
   // ranks run on (so its link bytes count what crosses between them), its
-  // counters and arrivals its own.
+  // counters and arrivals its own. Its collectives count in the
+  // communicator it was split from too (which must outlive it), as this
+  // rank's calls and logical bytes and the whole job's link bytes (its
+  // group's, times the groups: every group makes the same call), so the
+  // world's counters hold all a rank's traffic.
   //   SplitNode()            the ranks on this rank's node
   //   SplitBlocks(size)      ranks [k*size, (k+1)*size)
   //   SplitStrided(stride)   the ranks equal to this one modulo `stride`
@@ -308,6 +312,8 @@ class Communicator {
  private:
   absl::Status Prepare(const Signature& signature, bool has_null_buffer);
   void Count(Collective collective, int64_t bytes);
+  // Adds one call to the stats, and to the parent's (see the splits).
+  void Add(Collective collective, int64_t bytes, const LinkBytes& link);
   // Runs one collective's `body` unless the communicator is broken or this
   // is the injected failure, and breaks it when `body` fails other than
   // with kInvalidArgument (ranks agreed on those before moving a byte).
@@ -320,6 +326,10 @@ class Communicator {
   const CommunicatorOptions options_;
   std::vector<int> node_of_;
   int nodes_ = 1;
+  // Set for a split's group: where its collectives also count, and how
+  // many groups the split made.
+  Communicator* parent_ = nullptr;
+  int64_t parent_groups_ = 1;
   std::array<CollectiveStats, kNumCollectives> stats_{};
   Arrivals arrivals_;
   int64_t previous_wait_us_ = -1;  // this rank's wait in the last round; -1: none

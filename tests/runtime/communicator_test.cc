@@ -255,7 +255,14 @@ TEST_CASE("splits make groups of ranks with their own collectives, nodes and cou
   CHECK(mine == float(first + 1 + (first + 1 < n ? first + 2 : 0)));
   std::vector<float> gathered(n / stride);
   float own = float(r);
+  const CollectiveStats world_before = comm.stats(Collective::kAllGather);
   REQUIRE((*across)->AllGather(&own, gathered.data(), 1, DType::kF32, HostStream()).ok());
+  // The world counts its groups' calls too: this rank's call and bytes,
+  // and the link bytes of all `stride` groups.
+  const CollectiveStats world_delta = comm.stats(Collective::kAllGather) - world_before;
+  CHECK(world_delta.calls == 1);
+  CHECK(world_delta.bytes == 4 * (n / stride));
+  CHECK(world_delta.inter_node_bytes == stride * (n / stride - 1) * 4 * (n / stride));
   for (int i = 0; i < n / stride; ++i) CHECK(gathered[i] == float(r % stride + i * stride));
   // Their counters are their own; the link bytes follow their nodes.
   CHECK((*node)->stats(Collective::kAllReduce).calls == 1);
