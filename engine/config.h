@@ -44,6 +44,12 @@
 //   zero_optimization.zero_quantized_weights  bool: ZeRO++ qwZ, stage 3's
 //                                     parameter all-gathers in block-
 //                                     quantized int8, saves exact  (false)
+//   zero_optimization.zero_hpz_partition_size  int >= 1: ZeRO++ hpZ, a
+//                                     secondary partition of the gathered
+//                                     parameters in each block of this many
+//                                     ranks (a node), later gathers of a
+//                                     step inside it; must divide the
+//                                     ranks (1: off)                   (1)
 //   zero_optimization.zero_quantization_block_size  int >= 1: elements per
 //                                     quantization block, one f32 scale
 //                                     each (memwall's)              (2048)

@@ -99,6 +99,12 @@ struct ZeroConfig {
   // the parameters (sharding/parameter_gatherer.h); saves stay exact.
   bool quantized_weights = false;
   int64_t quantization_block_size = 2048;
+  // ZeRO++ hpZ (stage 3): above 1, each block of this many consecutive
+  // ranks (a node, typically) keeps a secondary partition of the gathered
+  // parameters, 1/size each, from a group's first gather in a step to the
+  // step's end; later gathers in the step (backward, recomputation, other
+  // micro-batches) all-gather inside the block only.
+  int64_t hpz_partition_size = 1;
   // ZeRO-Offload (stages 1-3): this fraction of each shard keeps its f32
   // master weights and optimizer states in the device's pinned host pool
   // and is updated on the CPU; the rest stays on the device (DeepSpeed's

@@ -9,13 +9,15 @@
 namespace memwall {
 
 ParameterGatherer::ParameterGatherer(const ShardingOptions& config, const FlatLayout& layout,
-                                     Device& device, Communicator& comm, Stream& caller,
+                                     Device& device, Communicator& comm,
+                                     Communicator* secondary, Stream& caller,
                                      Stream& comm_stream, ParamPages* pages, ShardOf shard_of,
                                      OrderAfterCaller order_after_caller)
     : config_(config),
       layout_(layout),
       device_(device),
       comm_(comm),
+      secondary_(secondary),
       caller_(caller),
       comm_stream_(comm_stream),
       pages_(pages),
@@ -24,7 +26,8 @@ ParameterGatherer::ParameterGatherer(const ShardingOptions& config, const FlatLa
       groups_(layout.groups.size()),
       scheduler_(static_cast<int>(layout.groups.size())) {}
 
-absl::StatusOr<DeviceBuffer> ParameterGatherer::GatherInto(int g, bool quantize) {
+absl::StatusOr<DeviceBuffer> ParameterGatherer::GatherInto(int g, bool quantize,
+                                                           bool secondary) {
   // The gathered buffer may reuse a block the caller's queued work still
   // reads: the gather waits for that work.
   MW_RETURN_IF_ERROR(order_after_caller_());
@@ -36,6 +39,13 @@ absl::StatusOr<DeviceBuffer> ParameterGatherer::GatherInto(int g, bool quantize)
                       device_.Allocate(flat.padded_numel * DTypeSize(dtype),
                                        MemoryCategory::kParameter,
                                        absl::StrCat(flat.name, ".gathered"), caller_));
+  DeviceBuffer& kept = groups_[g].secondary;
+  const int64_t slice = secondary_ != nullptr ? flat.padded_numel / secondary_->world_size() : 0;
+  if (secondary && !kept.empty()) {
+    MW_RETURN_IF_ERROR(
+        secondary_->AllGather(kept.data(), full.data(), slice, dtype, comm_stream_));
+    return full;
+  }
   // Paging: the shard comes in from the pinned pool straight into its own
   // place in the gathered buffer, in stream order, and the all-gather runs
   // in place: no staging copy on the device.
@@ -60,6 +70,16 @@ absl::StatusOr<DeviceBuffer> ParameterGatherer::GatherInto(int g, bool quantize)
   } else {
     MW_RETURN_IF_ERROR(
         comm_.AllGather(shard, full.data(), flat.shard_numel, dtype, comm_stream_));
+  }
+  if (secondary) {
+    // This rank's place in its block: the slice the block's gather puts there.
+    MW_ASSIGN_OR_RETURN(kept, device_.Allocate(slice * DTypeSize(dtype),
+                                               MemoryCategory::kParameter,
+                                               absl::StrCat(flat.name, ".secondary"),
+                                               comm_stream_));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(
+        kept.data(), ElementOffset(full.data(), secondary_->rank() * slice, dtype),
+        slice * DTypeSize(dtype), comm_stream_));
   }
   return full;
 }
@@ -98,7 +118,8 @@ absl::Status ParameterGatherer::QuantizedGather(const FlatGroup& flat, const voi
 
 absl::Status ParameterGatherer::Start(int g, bool prefetch) {
   Gathered& gathered = groups_[g];
-  MW_ASSIGN_OR_RETURN(gathered.buffer, GatherInto(g, config_.zero.quantized_weights));
+  MW_ASSIGN_OR_RETURN(gathered.buffer, GatherInto(g, config_.zero.quantized_weights,
+                                                  /*secondary=*/secondary_ != nullptr));
   if (gathered.event == nullptr) {
     MW_ASSIGN_OR_RETURN(gathered.event, device_.CreateEvent());
   }
@@ -170,7 +191,7 @@ const DeviceBuffer* ParameterGatherer::held(int g) const {
 absl::StatusOr<const DeviceBuffer*> ParameterGatherer::GatherForRead(int g,
                                                                       DeviceBuffer& scratch) {
   if (!groups_[g].buffer.empty() && !config_.zero.quantized_weights) return &groups_[g].buffer;
-  MW_ASSIGN_OR_RETURN(scratch, GatherInto(g, /*quantize=*/false));
+  MW_ASSIGN_OR_RETURN(scratch, GatherInto(g, /*quantize=*/false, /*secondary=*/false));
   return &scratch;
 }
 
@@ -184,6 +205,7 @@ void ParameterGatherer::EndStep() {
   for (Gathered& gathered : groups_) {
     if (gathered.prefetched) gathered.buffer.Reset();
     gathered.prefetched = false;
+    gathered.secondary.Reset();
   }
 }
 
@@ -191,6 +213,7 @@ void ParameterGatherer::AbortStep() {
   for (Gathered& gathered : groups_) {
     gathered.buffer.Reset();
     gathered.prefetched = false;
+    gathered.secondary.Reset();
   }
   scheduler_.AbortStep();
 }

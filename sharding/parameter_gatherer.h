@@ -24,6 +24,13 @@
 // half a level of each block's absmax / 127 of the exact ones. Reads for
 // checkpoints are exact.
 //
+// With a secondary partition (ZeRO++ hpZ), a group's first gather in a
+// step keeps this rank's 1/size of the gathered buffer (its place in its
+// block of ranks), and the step's later gathers of the group (backward,
+// recomputation, the next micro-batches) all-gather those inside the block
+// alone: the same values, across no node if the block is one. The step's
+// end drops them (the update changes the parameters).
+//
 // Owns the gathered buffers, their events and the scheduler; borrows the
 // rest (the optimizer's). Not thread-safe.
 #ifndef MEMWALL_SHARDING_PARAMETER_GATHERER_H_
@@ -57,11 +64,13 @@ class ParameterGatherer {
   // gather's buffer may reuse a block that work still reads).
   using OrderAfterCaller = std::function<absl::Status()>;
 
-  // `pages` may be null (no parameters on NVMe). Everything passed must
-  // outlive the gatherer.
+  // `pages` may be null (no parameters on NVMe); `secondary`, the block of
+  // ranks of the secondary partition (zero_hpz_partition_size), null
+  // without one. Everything passed must outlive the gatherer.
   ParameterGatherer(const ShardingOptions& config, const FlatLayout& layout, Device& device,
-                    Communicator& comm, Stream& caller, Stream& comm_stream, ParamPages* pages,
-                    ShardOf shard_of, OrderAfterCaller order_after_caller);
+                    Communicator& comm, Communicator* secondary, Stream& caller,
+                    Stream& comm_stream, ParamPages* pages, ShardOf shard_of,
+                    OrderAfterCaller order_after_caller);
 
   // GatherParameters: gathers group g (or takes over its prefetch), starts
   // the gathers expected next, and orders the caller's stream after g's
@@ -81,11 +90,15 @@ class ParameterGatherer {
   // gathered now into `scratch`, which the caller frees after reading.
   absl::StatusOr<const DeviceBuffer*> GatherForRead(int g, DeviceBuffer& scratch);
   void Drop(int g);
+  // Group g's parameters were written (outside a step's update): its
+  // secondary partition goes.
+  void ParametersChanged(int g) { groups_[g].secondary.Reset(); }
 
-  // The step's end: prefetches nobody used are dropped and the scheduler
-  // keeps this step's order for the next.
+  // The step's end: prefetches nobody used and the secondary partitions
+  // are dropped, and the scheduler keeps this step's order for the next.
   void EndStep();
-  // An abandoned step: every gathered copy is dropped.
+  // An abandoned step: every gathered copy and secondary partition is
+  // dropped.
   void AbortStep();
 
  private:
@@ -95,10 +108,15 @@ class ParameterGatherer {
     // for it yet.
     std::unique_ptr<Event> event;
     bool prefetched = false;
+    // hpZ: this rank's slice of the step's first gather (the
+    // communication stream's).
+    DeviceBuffer secondary;
   };
   // Allocates group g's full buffer and enqueues its gather on the
-  // communication stream, quantized (ZeRO++ qwZ) when `quantize`.
-  absl::StatusOr<DeviceBuffer> GatherInto(int g, bool quantize);
+  // communication stream: from the secondary partition when `secondary`
+  // and it holds the group; else from the shards, quantized (ZeRO++ qwZ)
+  // when `quantize`, keeping a secondary partition when `secondary`.
+  absl::StatusOr<DeviceBuffer> GatherInto(int g, bool quantize, bool secondary);
   // The caller's (or a prefetch's) gather of group g: GatherInto with the
   // config's quantization, and its event.
   absl::Status Start(int g, bool prefetch);
@@ -113,6 +131,7 @@ class ParameterGatherer {
   const FlatLayout& layout_;
   Device& device_;
   Communicator& comm_;
+  Communicator* secondary_;
   Stream& caller_;
   Stream& comm_stream_;
   ParamPages* pages_;

@@ -313,8 +313,18 @@ absl::Status ShardedOptimizer::Finalize() {
   if (overlapped_ != nullptr) {
     overlapped_->SetGroups(static_cast<int>(groups_.size()), nvme_.get(), chunk_buffers_);
   }
+  if (rules_.shards_parameters() && config_.zero.hpz_partition_size > 1) {
+    const int64_t size = config_.zero.hpz_partition_size;
+    if (comm_.world_size() % size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "zero_optimization.zero_hpz_partition_size: expected a divisor of the ",
+          comm_.world_size(), " ranks, got ", size));
+    }
+    MW_ASSIGN_OR_RETURN(secondary_comm_, comm_.SplitBlocks(static_cast<int>(size)));
+  }
   gatherer_ = std::make_unique<ParameterGatherer>(
-      config_, layout_, device_, comm_, *stream_, *comm_stream_, residence_->pages(),
+      config_, layout_, device_, comm_, secondary_comm_.get(), *stream_, *comm_stream_,
+      residence_->pages(),
       [this](int g) { return residence_->shard(g); },
       [this] { return OrderAfterCaller(); });
   initial_.clear();

@@ -114,6 +114,8 @@ absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float
     MW_RETURN_IF_ERROR(t.tier->WriteState(which, 0, t.tier->numel(), full.data() + ub + t.begin));
   }
   if (which != 0) return comm_stream_->Synchronize();
+  // A secondary partition (hpZ) holds the old values.
+  if (gatherer_ != nullptr) gatherer_->ParametersChanged(g);
   // The parameters the rank holds (the whole group at stages 0-2, its
   // shard at stage 3), rounded from the master weights as Step() refreshes
   // them, wherever they live. Host memory is written after the tiers'

@@ -286,6 +286,14 @@ TEST_CASE("ZeRO++ quantized weights and the topology: keys, round trip, refusals
         "zero_optimization.zero_quantization_block_size: expected an integer 1..2147483647, got 0");
   CHECK(Error(R"({"ranks_per_node": 0})") ==
         "ranks_per_node: expected an integer 1..2147483647, got 0");
+  const Config hpz =
+      ParseConfig(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})").value();
+  CHECK(hpz.zero.hpz_partition_size == 8);
+  CHECK(ParseConfig(ConfigToJson(hpz)).value().zero.hpz_partition_size == 8);
+  CHECK(none.zero.hpz_partition_size == 1);
+  CHECK(Error(R"({"zero_optimization": {"stage": 1, "zero_hpz_partition_size": 8}})") ==
+        "zero_optimization.zero_hpz_partition_size: expected 1 below stage 3 (it partitions "
+        "stage 3's gathered parameters), got 8 at stage 1");
 }
 
 TEST_CASE("stage3_gather_on_use: key, round trip, refusal", "[config]") {

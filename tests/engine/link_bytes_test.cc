@@ -125,5 +125,43 @@ TEST_CASE("qwZ's gathers move about half stage 3's, on real ranks as in the dry 
   REQUIRE(world.SetRanksPerNode(n).ok());
 }
 
+TEST_CASE("hpZ: a step's later gathers stay inside the block, exactly as stage 3 computes",
+          "[link][hpz]") {
+  MpiCommunicator& world = testing::World();
+  const int n = world.world_size();
+  if (n % 2 != 0) return;  // blocks of 2 ranks
+  REQUIRE(world.SetRanksPerNode(2).ok());
+  const Config exact = StageConfig(3);
+  Config hpz = exact;
+  hpz.zero.hpz_partition_size = 2;
+  DryRunOptions o;
+  o.model = SpecModel(kSpec);
+  o.gpus = n;
+  o.runtime_allowance = 0;
+  const DryRunResult planned_exact = DryRun(o, exact).value();
+  const DryRunResult planned = DryRun(o, hpz).value();
+  const Trainer::StepReport real_exact = RealStep(exact);
+  const Trainer::StepReport real = RealStep(hpz);
+  CHECK(real.traffic.intra_node == planned.link_bytes.intra_node);
+  CHECK(real.traffic.inter_node == planned.link_bytes.inter_node);
+  // The same parameters, gathered another way: the same loss, bit for bit.
+  CHECK(real.loss == real_exact.loss);
+  // 2 micro-batches, each gathering for forward (the tied embedding again
+  // for the head) and backward: only each group's first gather of the step
+  // crosses nodes, the bf16 model once (its groups padded to the ranks).
+  const CollectiveStats& h = planned.collectives[int(Collective::kAllGather)];
+  const CollectiveStats& e = planned_exact.collectives[int(Collective::kAllGather)];
+  CHECK(h.calls == e.calls);
+  const int64_t nodes = n / 2;
+  CHECK(h.inter_node_bytes >= (nodes - 1) * 2 * planned.parameters);
+  CHECK(h.inter_node_bytes <= (nodes - 1) * 2 * planned.parameters * 102 / 100);
+  CHECK(e.inter_node_bytes >= 4 * h.inter_node_bytes);
+  // The secondary partition: half of each gathered group per rank, held to
+  // the step's end, booked as parameters.
+  CHECK(planned.category_peaks[int(MemoryCategory::kParameter)] >
+        planned_exact.category_peaks[int(MemoryCategory::kParameter)]);
+  REQUIRE(world.SetRanksPerNode(n).ok());
+}
+
 }  // namespace
 }  // namespace memwall

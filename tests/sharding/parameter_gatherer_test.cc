@@ -39,7 +39,11 @@ struct Fixture {
 
   // `bucket`, `live`: the prefetch bounds in elements; `paged`: the shards
   // in the pinned pool (offload_param).
-  Fixture(int64_t bucket, int64_t live, bool paged = false, bool quantized = false) {
+  std::unique_ptr<Communicator> secondary;
+
+  Fixture(int64_t bucket, int64_t live, bool paged = false, bool quantized = false,
+          int hpz = 1) {
+    if (hpz > 1) secondary = World().SplitBlocks(hpz).value();
     options.zero.stage = 3;
     options.zero.quantized_weights = quantized;
     options.zero.quantization_block_size = 64;
@@ -63,7 +67,7 @@ struct Fixture {
       for (int64_t j = 0; j < kShard; ++j) values[j] = Value(g, rank, j);
     }
     gatherer = std::make_unique<ParameterGatherer>(
-        options, layout, *device, World(), *caller, *comm, nullptr,
+        options, layout, *device, World(), secondary.get(), *caller, *comm, nullptr,
         [this](int g) { return ParameterGatherer::Shard{shards[g].data(), -1}; },
         [this] {
           ++order_calls;
@@ -201,6 +205,44 @@ TEST_CASE("qwZ gathers int8 levels and block scales, and every rank dequantizes 
   }
   scratch.Reset();
   f.gatherer->Release(1);
+  CHECK(f.Held() == shards);
+}
+
+TEST_CASE("hpZ: later gathers in a step come from the secondary partition inside the block") {
+  // Blocks of 2 ranks (of 1 on one rank).
+  const int block = World().world_size() % 2 == 0 ? 2 : 1;
+  Fixture f(/*bucket=*/0, /*live=*/0, /*paged=*/false, /*quantized=*/false, block);
+  if (block == 1) return;  // no secondary partition on one rank
+  const int64_t shards = f.Held();
+  const CollectiveStats world_before = World().stats(Collective::kAllGather);
+  REQUIRE(f.gatherer->Gather(2).ok());
+  CheckGathered(f, 2);
+  // The secondary partition: this rank's half of the group stays.
+  const int64_t slice = kShard * f.world / 2;
+  CHECK(f.Held() - shards == kShard * f.world * 4 + slice * 4);
+  f.gatherer->Release(2);
+  CHECK(f.Held() - shards == slice * 4);
+  REQUIRE(f.comm->Synchronize().ok());
+  const CollectiveStats first = World().stats(Collective::kAllGather) - world_before;
+  REQUIRE(f.gatherer->Gather(2).ok());
+  CheckGathered(f, 2);
+  REQUIRE(f.comm->Synchronize().ok());
+  // Gathered again inside the block: its 2 ranks' halves, counted in the
+  // world's stats too (the block's own counters hold that one call).
+  CHECK(f.secondary->stats(Collective::kAllGather).calls == 1);
+  CHECK(f.secondary->stats(Collective::kAllGather).bytes == kShard * f.world * 4);
+  const CollectiveStats second = World().stats(Collective::kAllGather) - world_before - first;
+  CHECK(first.calls == 1);
+  CHECK(second.calls == 1);
+  CHECK(second.bytes == kShard * f.world * 4);
+  f.gatherer->Release(2);
+  // A write of the parameters, or the step's end, drops it.
+  f.gatherer->ParametersChanged(2);
+  CHECK(f.Held() == shards);
+  REQUIRE(f.gatherer->Gather(2).ok());
+  f.gatherer->Release(2);
+  CHECK(f.secondary->stats(Collective::kAllGather).calls == 1);  // from the shards again
+  f.gatherer->EndStep();
   CHECK(f.Held() == shards);
 }
 
