@@ -205,8 +205,13 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
     // block weights gathered on use.
     bool nvme_params = false;
     bool quantized_weights = false;  // ZeRO++ qwZ (stage 3, several GPUs)
+    int64_t hpz = 1;                 // ZeRO++ hpZ's block: a node (stage 3, several nodes)
   };
   std::vector<Choice> choices;
+  // The GPUs of a node, as the dry run places them.
+  const int64_t node = options.ranks_per_node > 0 ? options.ranks_per_node
+                       : base.ranks_per_node > 0  ? base.ranks_per_node
+                                                  : options.gpus;
   for (int64_t bucket : {int64_t{5'000'000}, int64_t{50'000'000}}) {
     for (const char* planner : {"none", "optimal"}) {
       for (int stage = 0; stage <= 3; ++stage) {
@@ -218,6 +223,16 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
         if (stage == 3 && options.gpus > 1) {
           for (float ratio : {0.0f, 0.5f, 1.0f}) {
             choices.push_back({stage, ratio, false, false, planner, bucket, false, false, true});
+          }
+        }
+        // Across nodes: the secondary partition inside each node, exact
+        // and with quantized gathers.
+        if (stage == 3 && node > 1 && node < options.gpus && options.gpus % node == 0) {
+          for (bool quantized : {false, true}) {
+            for (float ratio : {0.0f, 1.0f}) {
+              choices.push_back(
+                  {stage, ratio, false, false, planner, bucket, false, false, quantized, node});
+            }
           }
         }
         if (stage >= 2) {  // the same, the update under backward (more pinned memory)
@@ -266,6 +281,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
           c.nvme_params ? INT64_MAX : ZeroConfig().offload_param_buffer_size;
       config.zero.stage3_gather_on_use = c.nvme_params;
       config.zero.quantized_weights = c.quantized_weights;
+      config.zero.hpz_partition_size = c.hpz;
       cand.changes_results = c.quantized_weights;
       config.activation_checkpointing = RecomputeConfig();
       config.activation_checkpointing.planner = c.planner;
@@ -276,7 +292,9 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
           : c.nvme      ? " (NVMe)"
                         : "",
           c.overlap_step ? ", update overlapped" : "",
-          c.quantized_weights ? ", quantized weight gathers (qwZ)" : "", ", recomputation ",
+          c.quantized_weights ? ", quantized weight gathers (qwZ)" : "",
+          c.hpz > 1 ? absl::StrCat(", secondary partition in ", c.hpz, " GPUs (hpZ)") : "",
+          ", recomputation ",
           c.planner, ", buckets ",
           c.bucket / 1e6, "M", search ? absl::StrCat(", micro-batch ", m, " x ", global / m) : "");
       if (options.progress != nullptr) {

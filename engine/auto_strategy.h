@@ -105,7 +105,9 @@ double PredictStepSeconds(const DryRunResult& plan, const Config& config, const 
 // kept): stages, optimizer offload (at stages 2-3 also with the update
 // overlapped with backward), paging, recomputation, on several GPUs
 // stage 3 with quantized weight gathers (ZeRO++ qwZ: listed, and chosen
-// only when `base` sets zero_quantized_weights), and flat-group
+// only when `base` sets zero_quantized_weights), on several nodes stage 3
+// with a secondary partition in each node (hpZ, exact; also with qwZ),
+// and flat-group
 // (bucket and prefetch) sizes of 5e6 and 5e7 elements; offload to NVMe
 // only when options.nvme_bytes > 0 (at stage 3 also with the parameters
 // and gradients there, the block weights gathered on use, and, when that

@@ -308,6 +308,19 @@ TEST_CASE("quantized weight gathers are listed, and chosen only where the config
         plain->plan.collectives[int(Collective::kReduceScatter)].inter_node_bytes);
   REQUIRE(quantized->plan.fits);
   CHECK(quantized->step_seconds < plain->step_seconds);
+  // The secondary partition inside each node (hpZ) is exact: it may win
+  // without opting in, and it crosses nodes less.
+  const Candidate* hpz = nullptr;
+  for (const Candidate& c : exact.candidates) {
+    if (c.name == "stage 3, secondary partition in 8 GPUs (hpZ), recomputation optimal, buckets "
+                  "50M") {
+      hpz = &c;
+    }
+  }
+  REQUIRE(hpz != nullptr);
+  CHECK_FALSE(hpz->changes_results);
+  CHECK(hpz->config.zero.hpz_partition_size == 8);
+  CHECK(hpz->plan.link_bytes.inter_node < plain->plan.link_bytes.inter_node);
   REQUIRE(exact.best >= 0);
   CHECK_FALSE(exact.candidates[exact.best].changes_results);
   // Opted in: the fastest, quantized, is taken.
