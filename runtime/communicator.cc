@@ -18,6 +18,7 @@ absl::string_view CollectiveName(Collective collective) {
     case Collective::kAllGather: return "AllGather";
     case Collective::kBroadcast: return "Broadcast";
     case Collective::kBarrier: return "Barrier";
+    case Collective::kAllToAll: return "AllToAll";
   }
   return "unknown";
 }
@@ -32,6 +33,10 @@ absl::string_view ReduceOpName(ReduceOp op) {
 }
 
 LinkBytes LinkBytesOf(Collective collective, int64_t bytes, int ranks, int nodes) {
+  if (collective == Collective::kAllToAll) {
+    const int64_t per_node = ranks / nodes;
+    return {(per_node - 1) * bytes, (ranks - per_node) * bytes};
+  }
   const int64_t passes = collective == Collective::kAllReduce ? 2
                          : collective == Collective::kBarrier ? 0
                                                               : 1;
@@ -155,18 +160,17 @@ absl::Status Communicator::DisagreementError(const Signature& mine,
       "; this rank passed ", mine.root, ")"));
 }
 
-absl::Status Communicator::Prepare(const Signature& signature,
-                                   bool has_null_buffer) {
+absl::Status Communicator::Prepare(const Signature& signature, bool has_null_buffer,
+                                   absl::Status local) {
   const std::string call = absl::StrCat(CollectiveName(signature.collective),
                                         " on rank ", rank_, " of ", world_size_);
   // Local checks first, but every rank still joins the agreement round so a
   // bad call on one rank cannot leave the others hanging in the collective.
-  absl::Status local;
-  if (signature.root < 0 || signature.root >= world_size_) {
+  if (local.ok() && (signature.root < 0 || signature.root >= world_size_)) {
     local = absl::InvalidArgumentError(absl::StrCat(
         call, ": root ", signature.root, " is not a rank (expected 0..",
         world_size_ - 1, ")"));
-  } else if (has_null_buffer && signature.count > 0 && moves_bytes()) {
+  } else if (local.ok() && has_null_buffer && signature.count > 0 && moves_bytes()) {
     local = absl::InvalidArgumentError(
         absl::StrCat(call, ": a buffer is null but count is ", signature.count));
   }
@@ -338,6 +342,26 @@ absl::Status Communicator::Broadcast(void* buffer, size_t count, DType dtype,
           buffer == nullptr));
       MW_RETURN_IF_ERROR(DoBroadcast(buffer, count, dtype, root, stream));
       Count(Collective::kBroadcast, static_cast<int64_t>(count * DTypeSize(dtype)));
+      return absl::OkStatus();
+    });
+  });
+}
+
+absl::Status Communicator::AllToAll(const void* send, void* recv, size_t send_count,
+                                    DType dtype, Stream& stream) {
+  return Execute(stream, [=, &stream] {
+    return Guard(Collective::kAllToAll, [&] {
+      MW_RETURN_IF_ERROR(Prepare(
+          {Collective::kAllToAll, static_cast<int64_t>(send_count), dtype, ReduceOp::kSum, 0},
+          send == nullptr || recv == nullptr,
+          send == recv && send != nullptr && send_count > 0
+              ? absl::InvalidArgumentError(absl::StrCat(
+                    "AllToAll on rank ", rank_, " of ", world_size_,
+                    ": send and recv are the same buffer (not in place)"))
+              : absl::OkStatus()));
+      MW_RETURN_IF_ERROR(DoAllToAll(send, recv, send_count, dtype, stream));
+      Count(Collective::kAllToAll,
+            static_cast<int64_t>(send_count * world_size_ * DTypeSize(dtype)));
       return absl::OkStatus();
     });
   });

@@ -24,6 +24,7 @@
 //   AllGather      send_count * world * size     (the full output)
 //   Broadcast      count * dtype size
 //   Barrier        0
+//   AllToAll       send_count * world * size     (the full input)
 // So one step of plain data parallelism over P elements counts P bytes of
 // AllReduce, which the ZeRO paper counts as 2P of traffic (a reduce-scatter
 // plus an all-gather); ZeRO-1/2 count P of ReduceScatter and P of AllGather.
@@ -36,6 +37,8 @@
 //   AllGather, ReduceScatter, Broadcast   across (g-1)*B, inside (k-g)*B
 //   AllReduce (a reduce-scatter and an all-gather)  twice those
 //   Barrier                               0
+//   AllToAll  (with m = k/g ranks a node: each rank keeps its own part
+//              and sends the rest)          across (k-m)*B, inside (m-1)*B
 // Across nodes that is the least any algorithm moves (every node but one
 // must receive B, less for a gather the shares its own ranks hold, and
 // those shares add up to B over the nodes); inside, every other byte a rank
@@ -68,9 +71,10 @@ enum class Collective : uint8_t {
   kAllGather,
   kBroadcast,
   kBarrier,
+  kAllToAll,
 };
 
-constexpr int kNumCollectives = 5;
+constexpr int kNumCollectives = 6;
 
 // "AllReduce", "ReduceScatter", ...
 absl::string_view CollectiveName(Collective collective);
@@ -195,6 +199,11 @@ class Communicator {
   // Every rank's buffer becomes root's.
   absl::Status Broadcast(void* buffer, size_t count, DType dtype, int root,
                          Stream& stream);
+  // recv[r*send_count, (r+1)*send_count) = rank r's
+  // send[rank*send_count, (rank+1)*send_count): each rank's r-th part goes
+  // to rank r. Both hold send_count * world_size elements; not in place.
+  absl::Status AllToAll(const void* send, void* recv, size_t send_count, DType dtype,
+                        Stream& stream);
   // Returns when every rank has entered the barrier.
   absl::Status Barrier();
 
@@ -301,6 +310,8 @@ class Communicator {
   virtual absl::Status DoBroadcast(void* buffer, size_t count, DType dtype,
                                    int root, Stream& stream) = 0;
   virtual absl::Status DoBarrier() = 0;
+  virtual absl::Status DoAllToAll(const void* send, void* recv, size_t send_count, DType dtype,
+                                  Stream& stream) = 0;
 
   // Formats the disagreement error from the per-field minima and maxima
   // over ranks, in Signature field order. Shared by implementations.
@@ -310,7 +321,10 @@ class Communicator {
   static std::array<int64_t, 5> Encode(const Signature& signature);
 
  private:
-  absl::Status Prepare(const Signature& signature, bool has_null_buffer);
+  // Checks the call here and, with check_agreement, across ranks; a local
+  // error (`local`, or a null buffer) fails every rank alike.
+  absl::Status Prepare(const Signature& signature, bool has_null_buffer,
+                       absl::Status local = absl::OkStatus());
   void Count(Collective collective, int64_t bytes);
   // Adds one call to the stats, and to the parent's (see the splits).
   void Add(Collective collective, int64_t bytes, const LinkBytes& link);

@@ -420,6 +420,21 @@ absl::Status MpiCommunicator::DoBroadcast(void* buffer, size_t count, DType dtyp
   return absl::OkStatus();
 }
 
+absl::Status MpiCommunicator::DoAllToAll(const void* send, void* recv, size_t send_count,
+                                         DType dtype, Stream& stream) {
+  MW_RETURN_IF_ERROR(CheckHostStream(stream, "AllToAll"));
+  if (send_count > static_cast<size_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllToAll: ", send_count, " elements per rank exceed MPI's int count"));
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Ialltoall(send, static_cast<int>(send_count), MpiType(dtype),
+                                             recv, static_cast<int>(send_count), MpiType(dtype),
+                                             comm_, &request),
+                               "MPI_Ialltoall"));
+  return Wait(request, "AllToAll (MPI_Ialltoall)");
+}
+
 absl::Status MpiCommunicator::DoBarrier() {
   MPI_Request request = MPI_REQUEST_NULL;
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier"));

@@ -100,6 +100,8 @@ class MpiCommunicator final : public Communicator {
   absl::Status DoBroadcast(void* buffer, size_t count, DType dtype, int root,
                            Stream& stream) override;
   absl::Status DoBarrier() override;
+  absl::Status DoAllToAll(const void* send, void* recv, size_t send_count, DType dtype,
+                          Stream& stream) override;
   // Completes `request` (from the non-blocking MPI call `call`), polling it
   // until options.timeout has passed: then kDeadlineExceeded.
   absl::Status Wait(MPI_Request& request, absl::string_view call);

@@ -118,6 +118,29 @@ absl::Status NcclCommunicator::DoAllGather(const void* send, void* recv,
                     "ncclAllGather");
 }
 
+absl::Status NcclCommunicator::DoAllToAll(const void* send, void* recv, size_t send_count,
+                                          DType dtype, Stream& stream) {
+  MW_ASSIGN_OR_RETURN(cudaStream_t s, CudaStreamOf(stream, "AllToAll"));
+  // NCCL has no all-to-all of its own: one send and one receive per peer,
+  // grouped into one operation.
+  const size_t bytes = send_count * DTypeSize(dtype);
+  MW_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart"));
+  absl::Status posted = absl::OkStatus();
+  for (int r = 0; r < world_size() && posted.ok(); ++r) {
+    posted = NcclStatus(ncclSend(static_cast<const char*>(send) + r * bytes, send_count,
+                                 NcclType(dtype), r, comm_, s),
+                        "ncclSend");
+    if (posted.ok()) {
+      posted = NcclStatus(ncclRecv(static_cast<char*>(recv) + r * bytes, send_count,
+                                   NcclType(dtype), r, comm_, s),
+                          "ncclRecv");
+    }
+  }
+  const absl::Status ended = NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
+  MW_RETURN_IF_ERROR(posted);
+  return ended;
+}
+
 absl::Status NcclCommunicator::DoBroadcast(void* buffer, size_t count, DType dtype,
                                            int root, Stream& stream) {
   MW_ASSIGN_OR_RETURN(cudaStream_t s, CudaStreamOf(stream, "Broadcast"));

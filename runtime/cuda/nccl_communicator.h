@@ -59,6 +59,8 @@ class NcclCommunicator final : public Communicator {
   absl::Status DoBroadcast(void* buffer, size_t count, DType dtype, int root,
                            Stream& stream) override;
   absl::Status DoBarrier() override;
+  absl::Status DoAllToAll(const void* send, void* recv, size_t send_count, DType dtype,
+                          Stream& stream) override;
 
   std::unique_ptr<MpiCommunicator> owned_bootstrap_;  // a split's; bootstrap_ refers to it
   MpiCommunicator& bootstrap_;

@@ -167,6 +167,34 @@ TEST_CASE("Broadcast copies the root's buffer to all ranks", "[mpi]") {
   REQUIRE(comm.Barrier().ok());
 }
 
+TEST_CASE("AllToAll sends each rank's r-th part to rank r", "[mpi]") {
+  MpiCommunicator& comm = World();
+  const int n = comm.world_size(), r = comm.rank();
+  std::vector<float> send(3 * n), recv(3 * n, -1.0f);
+  for (int q = 0; q < n; ++q) {
+    for (int i = 0; i < 3; ++i) send[3 * q + i] = float(r * 100 + q * 10 + i);
+  }
+  REQUIRE(comm.SetRanksPerNode(2).ok());
+  const CollectiveStats before = comm.stats(Collective::kAllToAll);
+  REQUIRE(comm.AllToAll(send.data(), recv.data(), 3, DType::kF32, HostStream()).ok());
+  for (int q = 0; q < n; ++q) {
+    for (int i = 0; i < 3; ++i) CHECK(recv[3 * q + i] == float(q * 100 + r * 10 + i));
+  }
+  // Nodes of 2 (one on fewer ranks): each rank keeps its own part, sends
+  // one inside its node and the rest across.
+  const CollectiveStats d = comm.stats(Collective::kAllToAll) - before;
+  const int64_t bytes = 3 * 4 * n, per_node = std::min(n, 2);
+  CHECK(d.bytes == bytes);
+  CHECK(d.intra_node_bytes == (per_node - 1) * bytes);
+  CHECK(d.inter_node_bytes == (n - per_node) * bytes);
+  const absl::Status same = comm.AllToAll(send.data(), send.data(), 3, DType::kF32, HostStream());
+  CHECK(same.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(same.message()) ==
+        "AllToAll on rank " + std::to_string(r) + " of " + std::to_string(n) +
+            ": send and recv are the same buffer (not in place)");
+  REQUIRE(comm.SetRanksPerNode(n).ok());
+}
+
 TEST_CASE("byte counters sum the logical buffer of each call", "[mpi]") {
   MpiCommunicator& comm = World();
   const int64_t n = comm.world_size();
@@ -418,6 +446,8 @@ absl::Status Call(Collective collective, MpiCommunicator& comm, Stream& stream) 
       return comm.Broadcast(b, 200, DType::kF32, n - 1, stream);
     case Collective::kBarrier:
       return comm.Barrier();
+    case Collective::kAllToAll:
+      return comm.AllToAll(b, b + 400, 100, DType::kF32, stream);
   }
   return absl::InternalError("unknown collective");
 }
@@ -459,6 +489,7 @@ TEST_CASE("a rank that leaves a collective fails it on every rank within the tim
                 : collective == Collective::kReduceScatter ? "ReduceScatter (MPI_Ireduce_scatter_block)"
                 : collective == Collective::kAllGather     ? "AllGather (MPI_Iallgather)"
                 : collective == Collective::kBroadcast     ? "Broadcast (MPI_Ibcast)"
+                : collective == Collective::kAllToAll      ? "AllToAll (MPI_Ialltoall)"
                                                            : "Barrier (MPI_Ibarrier)";
         CHECK(std::string(status.message()) ==
               call + " on rank " + std::to_string(r) + " of " + std::to_string(n) +
