@@ -176,6 +176,7 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out, std::vector<std::strin
   MW_RETURN_IF_ERROR(
       r.Int("zero_quantization_block_size", 1, INT32_MAX, out.quantization_block_size));
   MW_RETURN_IF_ERROR(r.Int("zero_hpz_partition_size", 1, INT32_MAX, out.hpz_partition_size));
+  MW_RETURN_IF_ERROR(r.Bool("zero_quantized_gradients", out.quantized_gradients));
   if (const Json* v = r.Find("offload_optimizer")) {
     MW_ASSIGN_OR_RETURN(JsonReader o,
                         JsonReader::Open(*v, "zero_optimization.offload_optimizer"));
@@ -251,6 +252,11 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out, std::vector<std::strin
     return absl::InvalidArgumentError(absl::StrCat(
         "zero_optimization.zero_hpz_partition_size: expected 1 below stage 3 (it partitions "
         "stage 3's gathered parameters), got ", out.hpz_partition_size, " at stage ", out.stage));
+  }
+  if (out.quantized_gradients && out.stage != 3 && out.stage != kAutoStage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.zero_quantized_gradients: expected stage 3 with it (it quantizes "
+        "stage 3's gradient reduce-scatters across nodes), got stage ", out.stage));
   }
   if (out.quantized_weights && out.stage != 3 && out.stage != kAutoStage) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -501,6 +507,7 @@ std::string ConfigToJson(const Config& c) {
   if (z.stage3_gather_on_use) zero["stage3_gather_on_use"] = true;
   if (z.quantized_weights) zero["zero_quantized_weights"] = true;
   if (z.hpz_partition_size > 1) zero["zero_hpz_partition_size"] = z.hpz_partition_size;
+  if (z.quantized_gradients) zero["zero_quantized_gradients"] = true;
   if (z.quantization_block_size != ZeroConfig().quantization_block_size) {
     zero["zero_quantization_block_size"] = z.quantization_block_size;
   }

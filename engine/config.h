@@ -50,9 +50,13 @@
 //                                     ranks (a node), later gathers of a
 //                                     step inside it; must divide the
 //                                     ranks (1: off)                   (1)
+//   zero_optimization.zero_quantized_gradients  bool: ZeRO++ qgZ, stage 3's
+//                                     gradients reduced inside each node,
+//                                     then across nodes in block-quantized
+//                                     int8 by all-to-all          (false)
 //   zero_optimization.zero_quantization_block_size  int >= 1: elements per
-//                                     quantization block, one f32 scale
-//                                     each (memwall's)              (2048)
+//                                     quantization block (qwZ and qgZ),
+//                                     one f32 scale each (memwall's) (2048)
 //   zero_optimization.offload_optimizer.device     "none" | "cpu" | "nvme"
 //                                     (ZeRO-Offload, stages 1-3; nvme keeps
 //                                     the states in a file)          ("none")

@@ -17,8 +17,23 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
   for (std::unique_ptr<Event>& event : reduced) {
     MW_ASSIGN_OR_RETURN(event, device.CreateEvent());
   }
-  return std::unique_ptr<GradientReducer>(
+  std::unique_ptr<GradientReducer> reducer(
       new GradientReducer(config, device, comm, caller, comm_stream, std::move(reduced)));
+  if (config.zero.quantized_gradients && StageRules(config.zero.stage).shards_gradients()) {
+    const int per_node = comm.world_size() / comm.nodes();
+    for (int r = 0; r < comm.world_size(); ++r) {
+      if (comm.node_of(r) != r / per_node || comm.world_size() % comm.nodes() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "zero_optimization.zero_quantized_gradients: expected the ranks in consecutive "
+            "nodes of equal size, got ", comm.world_size(), " ranks on ", comm.nodes(),
+            " nodes with rank ", r, " on node ", comm.node_of(r),
+            " (ranks_per_node or MEMWALL_RANKS_PER_NODE names the layout)"));
+      }
+    }
+    MW_ASSIGN_OR_RETURN(reducer->node_, comm.SplitBlocks(per_node));
+    MW_ASSIGN_OR_RETURN(reducer->across_, comm.SplitStrided(per_node));
+  }
+  return reducer;
 }
 
 GradientReducer::GradientReducer(const ShardingOptions& config, Device& device,
@@ -50,7 +65,82 @@ absl::Status GradientReducer::SizeBuffers(const FlatGroup& flat, Buffers& buffer
   }
   const Pieces p = PiecesOf(flat);
   if (p.pack) MW_RETURN_IF_ERROR(ensure(buffers.packed, comm_.world_size() * p.piece, ".reduce_input"));
-  return ensure(buffers.out, p.piece, ".reduce_output");
+  MW_RETURN_IF_ERROR(ensure(buffers.out, p.piece, ".reduce_output"));
+  if (node_ == nullptr) return absl::OkStatus();
+  const int nodes = across_->world_size();
+  MW_RETURN_IF_ERROR(ensure(buffers.swizzled, comm_.world_size() * p.piece, ".qgz_reordered"));
+  MW_RETURN_IF_ERROR(ensure(buffers.partial, nodes * p.piece, ".qgz_node_sums"));
+  MW_RETURN_IF_ERROR(ensure(buffers.part, p.piece, ".qgz_part"));
+  // The records are 4-byte words: sized in elements of the reduce dtype.
+  const int64_t words = nodes * RecordWords(p.piece);
+  MW_RETURN_IF_ERROR(ensure(buffers.sent, (words * 4 + size - 1) / size, ".qgz_sent"));
+  return ensure(buffers.received, (words * 4 + size - 1) / size, ".qgz_received");
+}
+
+int64_t GradientReducer::RecordWords(int64_t count) const {
+  const int64_t block = config_.zero.quantization_block_size;
+  return (count + 3) / 4 + (count + block - 1) / block;
+}
+
+absl::Status GradientReducer::QuantizedReduceScatter(const void* input, void* out, int64_t count,
+                                                     Buffers& buffers) {
+  const DType reduce = config_.reduce_dtype;
+  const size_t size = DTypeSize(reduce);
+  const int per_node = node_->world_size(), nodes = across_->world_size();
+  Stream& stream = comm_stream_;
+  // 1. Inside the node, exactly: the j-th rank gets the node's sums of the
+  // parts of ranks j, per_node + j, ...: the input reordered so those are
+  // the j-th run of `nodes` parts (already so with one node or one rank a
+  // node).
+  const void* reordered = input;
+  if (per_node > 1 && nodes > 1) {
+    for (int j = 0; j < per_node; ++j) {
+      for (int k = 0; k < nodes; ++k) {
+        MW_RETURN_IF_ERROR(device_.CopyAsync(
+            ElementOffset(buffers.swizzled.data(), (int64_t{j} * nodes + k) * count, reduce),
+            ElementOffset(input, (int64_t{k} * per_node + j) * count, reduce), count * size,
+            stream));
+      }
+    }
+    reordered = buffers.swizzled.data();
+  }
+  const void* sums = reordered;
+  if (per_node > 1) {
+    MW_RETURN_IF_ERROR(node_->ReduceScatter(reordered, buffers.partial.data(), nodes * count,
+                                            reduce, ReduceOp::kSum, stream));
+    sums = buffers.partial.data();
+  }
+  if (nodes == 1) return device_.CopyAsync(out, sums, count * size, stream);
+  // 2. Across nodes: each node's sum of every shard quantized, sent to the
+  // shard's rank, and the parts received dequantized and added in node
+  // order.
+  const size_t block = static_cast<size_t>(config_.zero.quantization_block_size);
+  const int64_t words = RecordWords(count), level_words = (count + 3) / 4;
+  const auto levels = [&](const DeviceBuffer& records, int k) {
+    return reinterpret_cast<int8_t*>(static_cast<char*>(records.data()) + k * words * 4);
+  };
+  const auto scales = [&](const DeviceBuffer& records, int k) {
+    return reinterpret_cast<float*>(static_cast<char*>(records.data()) +
+                                    (k * words + level_words) * 4);
+  };
+  for (int k = 0; k < nodes; ++k) {
+    MW_RETURN_IF_ERROR(kernels::QuantizeInt8(device_, stream, ElementOffset(sums, k * count, reduce),
+                                             reduce, count, block, levels(buffers.sent, k),
+                                             scales(buffers.sent, k)));
+  }
+  MW_RETURN_IF_ERROR(across_->AllToAll(buffers.sent.data(), buffers.received.data(), words,
+                                       DType::kF32, stream));
+  for (int k = 0; k < nodes; ++k) {
+    void* to = k == 0 ? out : buffers.part.data();
+    MW_RETURN_IF_ERROR(kernels::DequantizeInt8(device_, stream, levels(buffers.received, k),
+                                               scales(buffers.received, k), count, block, to,
+                                               reduce));
+    if (k > 0) {
+      MW_RETURN_IF_ERROR(
+          kernels::Accumulate(device_, stream, buffers.part.data(), reduce, out, reduce, count));
+    }
+  }
+  return absl::OkStatus();
 }
 
 GradientReducer::Pieces GradientReducer::PiecesOf(const FlatGroup& flat) const {
@@ -116,16 +206,19 @@ absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const v
   // on host a communication thread may be counting.
   const int64_t full_pieces = shard / piece;
   const bool repeat = repeatable && !device_.holds_bytes() && full_pieces > 1;
-  const CollectiveStats before =
-      repeat ? comm_.stats(Collective::kReduceScatter) : CollectiveStats{};
+  std::array<CollectiveStats, kNumCollectives> before{};
+  for (int c = 0; c < kNumCollectives && repeat; ++c) before[c] = comm_.stats(Collective(c));
   // The first piece's launches and synchronisations are this thread's:
   // the CPU update thread (an overlapped step) synchronises meanwhile.
   const int64_t launches_before = Device::launches_by_this_thread();
   const int64_t syncs_before = Device::host_synchronizations_by_this_thread();
   for (int64_t begin = 0; begin < shard; begin += piece) {
     if (repeat && begin == piece) {
-      const CollectiveStats now = comm_.stats(Collective::kReduceScatter);
-      comm_.CountRepeats(Collective::kReduceScatter, now - before, full_pieces - 1);
+      // qgZ's pieces add all-to-alls (and their groups' reduce-scatters).
+      for (int c = 0; c < kNumCollectives; ++c) {
+        const CollectiveStats now = comm_.stats(Collective(c));
+        comm_.CountRepeats(Collective(c), now - before[c], full_pieces - 1);
+      }
       device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
                           (full_pieces - 1));
       device_.CountHostSynchronizations(
@@ -152,7 +245,10 @@ absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const v
       }
       input = packed.data();
     }
-    MW_RETURN_IF_ERROR(comm_.ReduceScatter(input, out.data(), count, reduce, ReduceOp::kSum, stream));
+    MW_RETURN_IF_ERROR(
+        node_ != nullptr
+            ? QuantizedReduceScatter(input, out.data(), count, buffers)
+            : comm_.ReduceScatter(input, out.data(), count, reduce, ReduceOp::kSum, stream));
     // Stream order keeps the next piece from overwriting `out` (and
     // `packed`) before what `consume` enqueued has read them.
     MW_RETURN_IF_ERROR(consume(begin, count, out.data()));

@@ -105,6 +105,12 @@ struct ZeroConfig {
   // step's end; later gathers in the step (backward, recomputation, other
   // micro-batches) all-gather inside the block only.
   int64_t hpz_partition_size = 1;
+  // ZeRO++ qgZ (stage 3): gradients reduce-scatter inside each node in
+  // the reduction dtype, then across nodes as block-quantized int8 partial
+  // sums by all-to-all, each rank summing the nodes' dequantized parts of
+  // its shard (sharding/gradient_reducer.h). Needs the nodes (the
+  // communicator's topology) to be consecutive blocks of equal size.
+  bool quantized_gradients = false;
   // ZeRO-Offload (stages 1-3): this fraction of each shard keeps its f32
   // master weights and optimizer states in the device's pinned host pool
   // and is updated on the CPU; the rest stays on the device (DeepSpeed's

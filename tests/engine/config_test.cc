@@ -291,6 +291,15 @@ TEST_CASE("ZeRO++ quantized weights and the topology: keys, round trip, refusals
   CHECK(hpz.zero.hpz_partition_size == 8);
   CHECK(ParseConfig(ConfigToJson(hpz)).value().zero.hpz_partition_size == 8);
   CHECK(none.zero.hpz_partition_size == 1);
+  const Config qgz =
+      ParseConfig(R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true}})")
+          .value();
+  CHECK(qgz.zero.quantized_gradients);
+  CHECK(ParseConfig(ConfigToJson(qgz)).value().zero.quantized_gradients);
+  CHECK_FALSE(none.zero.quantized_gradients);
+  CHECK(Error(R"({"zero_optimization": {"stage": 2, "zero_quantized_gradients": true}})") ==
+        "zero_optimization.zero_quantized_gradients: expected stage 3 with it (it quantizes "
+        "stage 3's gradient reduce-scatters across nodes), got stage 2");
   CHECK(Error(R"({"zero_optimization": {"stage": 1, "zero_hpz_partition_size": 8}})") ==
         "zero_optimization.zero_hpz_partition_size: expected 1 below stage 3 (it partitions "
         "stage 3's gathered parameters), got 8 at stage 1");
