@@ -206,6 +206,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
     bool nvme_params = false;
     bool quantized_weights = false;  // ZeRO++ qwZ (stage 3, several GPUs)
     int64_t hpz = 1;                 // ZeRO++ hpZ's block: a node (stage 3, several nodes)
+    bool quantized_gradients = false;  // ZeRO++ qgZ (stage 3, several nodes)
   };
   std::vector<Choice> choices;
   // The GPUs of a node, as the dry run places them.
@@ -233,6 +234,13 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
               choices.push_back(
                   {stage, ratio, false, false, planner, bucket, false, false, quantized, node});
             }
+          }
+          // Quantized gradients alone, and all of ZeRO++.
+          for (float ratio : {0.0f, 1.0f}) {
+            choices.push_back(
+                {stage, ratio, false, false, planner, bucket, false, false, false, 1, true});
+            choices.push_back(
+                {stage, ratio, false, false, planner, bucket, false, false, true, node, true});
           }
         }
         if (stage >= 2) {  // the same, the update under backward (more pinned memory)
@@ -282,7 +290,8 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
       config.zero.stage3_gather_on_use = c.nvme_params;
       config.zero.quantized_weights = c.quantized_weights;
       config.zero.hpz_partition_size = c.hpz;
-      cand.changes_results = c.quantized_weights;
+      config.zero.quantized_gradients = c.quantized_gradients;
+      cand.changes_results = c.quantized_weights || c.quantized_gradients;
       config.activation_checkpointing = RecomputeConfig();
       config.activation_checkpointing.planner = c.planner;
       cand.name = absl::StrCat(
@@ -294,6 +303,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
           c.overlap_step ? ", update overlapped" : "",
           c.quantized_weights ? ", quantized weight gathers (qwZ)" : "",
           c.hpz > 1 ? absl::StrCat(", secondary partition in ", c.hpz, " GPUs (hpZ)") : "",
+          c.quantized_gradients ? ", quantized gradients (qgZ)" : "",
           ", recomputation ",
           c.planner, ", buckets ",
           c.bucket / 1e6, "M", search ? absl::StrCat(", micro-batch ", m, " x ", global / m) : "");
@@ -323,7 +333,9 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
       const Candidate& added = result.candidates.back();
       // A candidate that changes the results (quantized communication) is
       // chosen only where the config opted in to it.
-      const bool allowed = !added.changes_results || base.zero.quantized_weights;
+      const bool allowed =
+          (!added.config.zero.quantized_weights || base.zero.quantized_weights) &&
+          (!added.config.zero.quantized_gradients || base.zero.quantized_gradients);
       if (added.plan.fits && allowed &&
           (result.best < 0 || added.step_seconds < result.candidates[result.best].step_seconds)) {
         result.best = static_cast<int>(result.candidates.size()) - 1;

@@ -66,7 +66,7 @@ struct Candidate {
   double step_seconds = 0;  // meaningful when plan.fits
   // Its communication is quantized (ZeRO++): the results differ from an
   // exact run's, so it is chosen only when the base config enables that
-  // quantization (zero_quantized_weights).
+  // quantization (zero_quantized_weights, zero_quantized_gradients).
   bool changes_results = false;
 };
 
@@ -107,7 +107,8 @@ double PredictStepSeconds(const DryRunResult& plan, const Config& config, const 
 // stage 3 with quantized weight gathers (ZeRO++ qwZ: listed, and chosen
 // only when `base` sets zero_quantized_weights), on several nodes stage 3
 // with a secondary partition in each node (hpZ, exact; also with qwZ),
-// and flat-group
+// with quantized gradients (qgZ: chosen only when `base` sets
+// zero_quantized_gradients) and with all three, and flat-group
 // (bucket and prefetch) sizes of 5e6 and 5e7 elements; offload to NVMe
 // only when options.nvme_bytes > 0 (at stage 3 also with the parameters
 // and gradients there, the block weights gathered on use, and, when that

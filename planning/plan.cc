@@ -189,10 +189,9 @@ absl::StatusOr<std::string> AutoReport(const PlanOptions& options, const Config&
             : "");
   }
   if (std::any_of(result.candidates.begin(), result.candidates.end(),
-                  [](const Candidate& c) { return c.changes_results; }) &&
-      !config.zero.quantized_weights) {
+                  [](const Candidate& c) { return c.changes_results; })) {
     out += "  * quantized communication changes the results: chosen only when the config sets "
-           "zero_quantized_weights\n";
+           "zero_quantized_weights (qwZ), zero_quantized_gradients (qgZ)\n";
   }
   if (best == nullptr) {
     // What binds the candidate nearest the device's size: its device need

@@ -323,11 +323,23 @@ TEST_CASE("quantized weight gathers are listed, and chosen only where the config
   CHECK(hpz->plan.link_bytes.inter_node < plain->plan.link_bytes.inter_node);
   REQUIRE(exact.best >= 0);
   CHECK_FALSE(exact.candidates[exact.best].changes_results);
-  // Opted in: the fastest, quantized, is taken.
+  // Quantized gradients too are listed, exact runs never take them.
+  const Candidate* qgz = nullptr;
+  for (const Candidate& c : exact.candidates) {
+    if (c.name == "stage 3, quantized weight gathers (qwZ), secondary partition in 8 GPUs (hpZ), "
+                  "quantized gradients (qgZ), recomputation optimal, buckets 50M") {
+      qgz = &c;
+    }
+  }
+  REQUIRE(qgz != nullptr);
+  CHECK(qgz->changes_results);
+  CHECK(qgz->plan.link_bytes.inter_node < quantized->plan.link_bytes.inter_node);
+  // Opted in to quantized weights only: the fastest with exact gradients.
   base.zero.quantized_weights = true;
   const AutoResult opted = AutoStrategy(options, base, hw).value();
   REQUIRE(opted.best >= 0);
   CHECK(opted.candidates[opted.best].changes_results);
+  CHECK_FALSE(opted.candidates[opted.best].config.zero.quantized_gradients);
   // A config that quantizes names stage 3 with it: every candidate of
   // another stage leaves it off (its config must parse).
   for (const Candidate& c : opted.candidates) {

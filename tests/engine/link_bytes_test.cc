@@ -198,6 +198,21 @@ TEST_CASE("qgZ: gradients cross nodes as int8 by all-to-all, and train as exact 
   } else {
     CHECK(a2a.calls == 0);  // one node: exact, nothing quantized
   }
+  if (n == 4) {
+    // Nodes of 3 and 1: the reduction's two steps need equal nodes.
+    REQUIRE(world.SetRanksPerNode(3).ok());
+    auto device = CreateDevice({Backend::kHost, 0, int64_t{64} * kMiB}).value();
+    const absl::Status uneven =
+        Trainer::Create(MakeGpt(ParseGptModel(kSpec).value()).value(),
+                        std::make_unique<CrossEntropyLoss>(), qgz, *device, world, 1)
+            .status();
+    CHECK(uneven.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(uneven.message()) ==
+          "zero_optimization.zero_quantized_gradients: expected the ranks in consecutive nodes "
+          "of equal size, got 4 ranks on 2 nodes with rank 2 on node 0 (ranks_per_node or "
+          "MEMWALL_RANKS_PER_NODE names the layout)");
+    REQUIRE(world.SetRanksPerNode(2).ok());
+  }
   // Three steps: the losses stay within 0.5% of exact gradients' (equal on
   // one node).
   const Trainer::StepReport e3 = RealStep(exact, 3), q3 = RealStep(qgz, 3);
