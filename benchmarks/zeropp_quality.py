@@ -1,12 +1,15 @@
 """Training quality with ZeRO++ against exact ZeRO-3, on a reference nobody
 here wrote: a transformers GPT-2 (4 layers, d 256, 4 heads, byte vocabulary,
-dropout off) trained through memwall.torch.ZeroOptimizer on 2 MPI ranks,
-each posed as a node of its own (the config's ranks_per_node: 1), on the
-bytes of this repository's documentation (every rank its own sequences), the
-same seed and data for every configuration:
+dropout off) trained through memwall.torch.ZeroOptimizer on 4 MPI ranks
+posed as 2 nodes of 2 (the config's ranks_per_node), on the bytes of this
+repository's documentation (every rank its own sequences), the same seed
+and data for every configuration:
 
   stage 3                exact
   stage 3 + qwZ          zero_quantized_weights (int8 gathers, block 2048)
+  stage 3 + hpZ          zero_hpz_partition_size 2 (exact)
+  stage 3 + qgZ          zero_quantized_gradients (int8 across nodes)
+  ZeRO++                 all three
 
 Prints each run's loss (the ranks' mean) every 25 steps side by side, the
 final loss (the mean of the last 10 steps) and its difference from stage 3's,
@@ -24,8 +27,13 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = [("stage 3", {}),
-        ("stage 3 + qwZ", {"zero_quantized_weights": True})]
-SEQ, BATCH = 128, 4  # per rank
+        ("stage 3 + qwZ", {"zero_quantized_weights": True}),
+        ("stage 3 + hpZ", {"zero_hpz_partition_size": 2}),
+        ("stage 3 + qgZ", {"zero_quantized_gradients": True}),
+        ("ZeRO++", {"zero_quantized_weights": True, "zero_hpz_partition_size": 2,
+                    "zero_quantized_gradients": True})]
+RANKS, PER_NODE = 4, 2
+SEQ, BATCH = 128, 2  # per rank
 
 
 def corpus():
@@ -49,7 +57,7 @@ def worker(out, zero_json, steps):
     model = transformers.GPT2LMHeadModel(config)
     zero = dict({"stage": 3}, **json.loads(zero_json))
     opt = mt.ZeroOptimizer(model, None, {
-        "zero_optimization": zero, "ranks_per_node": 1, "bf16": {"enabled": False},
+        "zero_optimization": zero, "ranks_per_node": PER_NODE, "bf16": {"enabled": False},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}})
     rank, world = opt.engine.rank, opt.engine.world_size
     data = torch.tensor(list(corpus()), dtype=torch.long)
@@ -83,27 +91,30 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, zero) in enumerate(RUNS):
             out = os.path.join(tmp, "run%d" % i)
-            subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), "2", sys.executable,
+            subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), str(RANKS), sys.executable,
                             os.path.abspath(__file__), "--worker", out, json.dumps(zero),
                             str(args.steps)], check=True, env=env)
             ranks = []
-            for r in range(2):
+            for r in range(RANKS):
                 with open("%s.rank%d" % (out, r)) as f:
                     ranks.append(json.load(f))
-            mean = [sum(x) / 2 for x in zip(*(rk["losses"] for rk in ranks))]
+            mean = [sum(x) / RANKS for x in zip(*(rk["losses"] for rk in ranks))]
             results.append((name, mean, ranks[0]["across"]))
-    print("zeropp_quality: transformers GPT-2 (4 layers, d 256, byte vocabulary), f32, 2 ranks "
-          "as 2 nodes, %d x %d tokens per rank per step, AdamW lr 1e-3, %d steps" %
-          (BATCH, SEQ, args.steps))
+            print("%s: done" % name, file=sys.stderr, flush=True)
+    print("zeropp_quality: GPT2LMHeadModel (4 layers, d 256, byte vocabulary), f32, %d ranks "
+          "as %d nodes of %d, %d x %d tokens per rank per step, AdamW lr 1e-3, %d steps" %
+          (RANKS, RANKS // PER_NODE, PER_NODE, BATCH, SEQ, args.steps))
     print("  %6s  %s" % ("step", "  ".join("%14s" % name for name, _, _ in results)))
     for s in list(range(0, args.steps, 25)) + [args.steps - 1]:
         print("  %6d  %s" % (s + 1, "  ".join("%14.4f" % mean[s] for _, mean, _ in results)))
-    base = sum(results[0][1][-10:]) / 10
+    def final(mean):
+        return sum(mean[-10:]) / len(mean[-10:])
+    base = final(results[0][1])
     print("  final loss (mean of the last 10 steps), vs stage 3; bytes per step across nodes:")
     for name, mean, across in results:
-        final = sum(mean[-10:]) / 10
         print("  %-16s %.4f  %+.2f%%  %.2f MiB (%.2fx stage 3's)" % (
-            name, final, (final / base - 1) * 100, across / 2**20, across / results[0][2]))
+            name, final(mean), (final(mean) / base - 1) * 100, across / 2**20,
+            across / results[0][2]))
 
 
 if __name__ == "__main__":
