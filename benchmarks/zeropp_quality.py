@@ -37,6 +37,8 @@ SEQ, BATCH = 128, 2  # per rank
 
 
 def corpus():
+    """The documentation's bytes, read once by the parent (the workers of
+    every run read its copy: an edit mid-run changes no run's data)."""
     text = b""
     for name in ("README.md", os.path.join("benchmarks", "RESULTS.md")):
         with open(os.path.join(ROOT, name), "rb") as f:
@@ -44,7 +46,7 @@ def corpus():
     return text
 
 
-def worker(out, zero_json, steps):
+def worker(out, zero_json, steps, corpus_path):
     """One rank of one run (under mpirun)."""
     import torch
     import transformers
@@ -60,7 +62,8 @@ def worker(out, zero_json, steps):
         "zero_optimization": zero, "ranks_per_node": PER_NODE, "bf16": {"enabled": False},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}})
     rank, world = opt.engine.rank, opt.engine.world_size
-    data = torch.tensor(list(corpus()), dtype=torch.long)
+    with open(corpus_path, "rb") as f:
+        data = torch.tensor(list(f.read()), dtype=torch.long)
     g = torch.Generator().manual_seed(1234)
     losses = []
     start = opt.communication()["inter_node_bytes"]
@@ -81,19 +84,22 @@ def worker(out, zero_json, steps):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--worker", nargs=3)
+    parser.add_argument("--worker", nargs=4)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker[0], args.worker[1], int(args.worker[2]))
+        worker(args.worker[0], args.worker[1], int(args.worker[2]), args.worker[3])
         return
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "OPAL_"))}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        corpus_path = os.path.join(tmp, "corpus.bin")
+        with open(corpus_path, "wb") as f:
+            f.write(corpus())
         for i, (name, zero) in enumerate(RUNS):
             out = os.path.join(tmp, "run%d" % i)
             subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), str(RANKS), sys.executable,
                             os.path.abspath(__file__), "--worker", out, json.dumps(zero),
-                            str(args.steps)], check=True, env=env)
+                            str(args.steps), corpus_path], check=True, env=env)
             ranks = []
             for r in range(RANKS):
                 with open("%s.rank%d" % (out, r)) as f:
