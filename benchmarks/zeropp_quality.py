@@ -84,6 +84,10 @@ def worker(out, zero_json, steps, corpus_path):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--block", type=int, default=0,
+                        help="zero_quantization_block_size for the quantized runs (0: memwall's)")
+    parser.add_argument("--runs", default="",
+                        help="comma-separated run names to take (default: all)")
     parser.add_argument("--worker", nargs=4)
     args = parser.parse_args()
     if args.worker:
@@ -95,7 +99,12 @@ def main():
         corpus_path = os.path.join(tmp, "corpus.bin")
         with open(corpus_path, "wb") as f:
             f.write(corpus())
-        for i, (name, zero) in enumerate(RUNS):
+        runs = [(name, dict(zero)) for name, zero in RUNS
+                if not args.runs or name in args.runs.split(",")]
+        for name, zero in runs:
+            if args.block and any(k.startswith("zero_quantized") for k in zero):
+                zero["zero_quantization_block_size"] = args.block
+        for i, (name, zero) in enumerate(runs):
             out = os.path.join(tmp, "run%d" % i)
             subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), str(RANKS), sys.executable,
                             os.path.abspath(__file__), "--worker", out, json.dumps(zero),
