@@ -74,7 +74,9 @@ def test_a_model_moved_out_of_memwalls_memory():
      "offload_param, overlap_comm, reduce_bucket_size, reduce_scatter, stage, "
      "stage3_gather_16bit_weights_on_model_save, stage3_gather_on_use, "
      "stage3_max_live_parameters, stage3_max_reuse_distance, "
-     "stage3_param_persistence_threshold, stage3_prefetch_bucket_size, sub_group_size)"),
+     "stage3_param_persistence_threshold, stage3_prefetch_bucket_size, sub_group_size, "
+     "zero_hpz_partition_size, zero_quantization_block_size, zero_quantized_gradients, "
+     "zero_quantized_weights)"),
 ])
 def test_a_config_it_cannot_honour(config, message):
     model = mlp()
