@@ -33,6 +33,22 @@ Config StageConfig(int stage) {
   return c;
 }
 
+// The dry run of kSpec as rank 0 of `ranks` on a host device.
+DryRunOptions Plan(int ranks) {
+  DryRunOptions o;
+  o.model = SpecModel(kSpec);
+  o.gpus = ranks;
+  o.runtime_allowance = 0;
+  return o;
+}
+
+// The world posed as nodes of `per_node` ranks while it lives (then one
+// node again, as mpirun starts the ranks).
+struct PosedNodes {
+  explicit PosedNodes(int per_node) { REQUIRE(testing::World().SetRanksPerNode(per_node).ok()); }
+  ~PosedNodes() { (void)testing::World().SetRanksPerNode(testing::World().world_size()); }
+};
+
 // Real host steps on the world's ranks: the last one's report.
 Trainer::StepReport RealStep(const Config& config, int steps = 1) {
   auto device = CreateDevice({Backend::kHost, 0, int64_t{256} * kMiB}).value();
@@ -58,14 +74,11 @@ TEST_CASE("a real step's link bytes inside and across nodes are the dry run's to
           "[link]") {
   MpiCommunicator& world = testing::World();
   const int n = world.world_size();
-  REQUIRE(world.SetRanksPerNode(2).ok());
+  const PosedNodes posed(2);
   const int64_t nodes = (n + 1) / 2;
   for (int stage = 0; stage <= 3; ++stage) {
     const Config config = StageConfig(stage);
-    DryRunOptions o;
-    o.model = SpecModel(kSpec);
-    o.gpus = n;
-    o.runtime_allowance = 0;
+    const DryRunOptions o = Plan(n);
     const DryRunResult planned = DryRun(o, config).value();
     const Trainer::StepReport real = RealStep(config);
     INFO("stage " << stage << " on " << n << " ranks: inside " << real.traffic.intra_node
@@ -93,22 +106,18 @@ TEST_CASE("a real step's link bytes inside and across nodes are the dry run's to
       CHECK(ag.bytes >= 8 * planned.parameters);
     }
   }
-  REQUIRE(world.SetRanksPerNode(n).ok());
 }
 
 TEST_CASE("qwZ's gathers move about half stage 3's, on real ranks as in the dry run",
           "[link][qwz]") {
   MpiCommunicator& world = testing::World();
   const int n = world.world_size();
-  REQUIRE(world.SetRanksPerNode(2).ok());
+  const PosedNodes posed(2);
   const Config exact = StageConfig(3);
   Config quantized = exact;
   quantized.zero.quantized_weights = true;
   quantized.zero.quantization_block_size = 256;
-  DryRunOptions o;
-  o.model = SpecModel(kSpec);
-  o.gpus = n;
-  o.runtime_allowance = 0;
+  const DryRunOptions o = Plan(n);
   const DryRunResult planned_exact = DryRun(o, exact).value();
   const DryRunResult planned = DryRun(o, quantized).value();
   const Trainer::StepReport real = RealStep(quantized);
@@ -124,7 +133,6 @@ TEST_CASE("qwZ's gathers move about half stage 3's, on real ranks as in the dry 
   // The reductions do not change.
   CHECK(planned.collectives[int(Collective::kReduceScatter)].bytes ==
         planned_exact.collectives[int(Collective::kReduceScatter)].bytes);
-  REQUIRE(world.SetRanksPerNode(n).ok());
 }
 
 TEST_CASE("hpZ: a step's later gathers stay inside the block, exactly as stage 3 computes",
@@ -132,14 +140,11 @@ TEST_CASE("hpZ: a step's later gathers stay inside the block, exactly as stage 3
   MpiCommunicator& world = testing::World();
   const int n = world.world_size();
   if (n % 2 != 0) return;  // blocks of 2 ranks
-  REQUIRE(world.SetRanksPerNode(2).ok());
+  const PosedNodes posed(2);
   const Config exact = StageConfig(3);
   Config hpz = exact;
   hpz.zero.hpz_partition_size = 2;
-  DryRunOptions o;
-  o.model = SpecModel(kSpec);
-  o.gpus = n;
-  o.runtime_allowance = 0;
+  const DryRunOptions o = Plan(n);
   const DryRunResult planned_exact = DryRun(o, exact).value();
   const DryRunResult planned = DryRun(o, hpz).value();
   const Trainer::StepReport real_exact = RealStep(exact);
@@ -162,23 +167,19 @@ TEST_CASE("hpZ: a step's later gathers stay inside the block, exactly as stage 3
   // the step's end, booked as parameters.
   CHECK(planned.category_peaks[int(MemoryCategory::kParameter)] >
         planned_exact.category_peaks[int(MemoryCategory::kParameter)]);
-  REQUIRE(world.SetRanksPerNode(n).ok());
 }
 
 TEST_CASE("qgZ: gradients cross nodes as int8 by all-to-all, and train as exact ones do",
           "[link][qgz]") {
   MpiCommunicator& world = testing::World();
   const int n = world.world_size();
-  REQUIRE(world.SetRanksPerNode(2).ok());
+  const PosedNodes posed(2);
   const int64_t nodes = (n + 1) / 2;
   const Config exact = StageConfig(3);
   Config qgz = exact;
   qgz.zero.quantized_gradients = true;
   qgz.zero.quantization_block_size = 256;
-  DryRunOptions o;
-  o.model = SpecModel(kSpec);
-  o.gpus = n;
-  o.runtime_allowance = 0;
+  const DryRunOptions o = Plan(n);
   const DryRunResult planned_exact = DryRun(o, exact).value();
   const DryRunResult planned = DryRun(o, qgz).value();
   const Trainer::StepReport real = RealStep(qgz);
@@ -211,7 +212,7 @@ TEST_CASE("qgZ: gradients cross nodes as int8 by all-to-all, and train as exact 
           "zero_optimization.zero_quantized_gradients: expected the ranks in consecutive nodes "
           "of equal size, got 4 ranks on 2 nodes with rank 2 on node 0 (ranks_per_node or "
           "MEMWALL_RANKS_PER_NODE names the layout)");
-    REQUIRE(world.SetRanksPerNode(2).ok());
+    REQUIRE(world.SetRanksPerNode(2).ok());  // nodes of 2 again
   }
   // Three steps: the losses stay within 0.5% of exact gradients' (equal on
   // one node).
@@ -222,7 +223,6 @@ TEST_CASE("qgZ: gradients cross nodes as int8 by all-to-all, and train as exact 
     CHECK(q3.loss != e3.loss);
     CHECK(std::abs(q3.loss - e3.loss) <= 0.005 * e3.loss);
   }
-  REQUIRE(world.SetRanksPerNode(n).ok());
 }
 
 TEST_CASE("ZeRO++ whole: qwZ, hpZ and qgZ together cross nodes at most 1/3.5 of stage 3",
@@ -230,16 +230,13 @@ TEST_CASE("ZeRO++ whole: qwZ, hpZ and qgZ together cross nodes at most 1/3.5 of 
   MpiCommunicator& world = testing::World();
   const int n = world.world_size();
   if (n != 4) return;  // 2 nodes of 2
-  REQUIRE(world.SetRanksPerNode(2).ok());
+  const PosedNodes posed(2);
   const Config exact = StageConfig(3);
   Config all = exact;
   all.zero.quantized_weights = true;
   all.zero.hpz_partition_size = 2;
   all.zero.quantized_gradients = true;
-  DryRunOptions o;
-  o.model = SpecModel(kSpec);
-  o.gpus = n;
-  o.runtime_allowance = 0;
+  const DryRunOptions o = Plan(n);
   const DryRunResult planned_exact = DryRun(o, exact).value();
   const DryRunResult planned = DryRun(o, all).value();
   const Trainer::StepReport real_exact = RealStep(exact);
@@ -249,7 +246,6 @@ TEST_CASE("ZeRO++ whole: qwZ, hpZ and qgZ together cross nodes at most 1/3.5 of 
   INFO("across nodes per step: stage 3 " << real_exact.traffic.inter_node << ", ZeRO++ "
                                          << real.traffic.inter_node);
   CHECK(3.5 * double(real.traffic.inter_node) <= double(real_exact.traffic.inter_node));
-  REQUIRE(world.SetRanksPerNode(n).ok());
 }
 
 }  // namespace
