@@ -209,10 +209,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
     bool quantized_gradients = false;  // ZeRO++ qgZ (stage 3, several nodes)
   };
   std::vector<Choice> choices;
-  // The GPUs of a node, as the dry run places them.
-  const int64_t node = options.ranks_per_node > 0 ? options.ranks_per_node
-                       : base.ranks_per_node > 0  ? base.ranks_per_node
-                                                  : options.gpus;
+  const int64_t node = NodeSize(options, base);
   for (int64_t bucket : {int64_t{5'000'000}, int64_t{50'000'000}}) {
     for (const char* planner : {"none", "optimal"}) {
       for (int stage = 0; stage <= 3; ++stage) {

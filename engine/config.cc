@@ -173,6 +173,7 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out, std::vector<std::strin
       r.Int("stage3_max_live_parameters", 0, INT64_MAX, out.stage3_max_live_parameters));
   MW_RETURN_IF_ERROR(r.Bool("stage3_gather_on_use", out.stage3_gather_on_use));
   MW_RETURN_IF_ERROR(r.Bool("zero_quantized_weights", out.quantized_weights));
+  const bool block_given = r.Find("zero_quantization_block_size") != nullptr;
   MW_RETURN_IF_ERROR(
       r.Int("zero_quantization_block_size", 1, INT32_MAX, out.quantization_block_size));
   MW_RETURN_IF_ERROR(r.Int("zero_hpz_partition_size", 1, INT32_MAX, out.hpz_partition_size));
@@ -257,6 +258,11 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out, std::vector<std::strin
     return absl::InvalidArgumentError(absl::StrCat(
         "zero_optimization.zero_quantized_gradients: expected stage 3 with it (it quantizes "
         "stage 3's gradient reduce-scatters across nodes), got stage ", out.stage));
+  }
+  if (block_given && !out.quantized_weights && !out.quantized_gradients) {
+    return absl::InvalidArgumentError(
+        "zero_optimization.zero_quantization_block_size: sizes the blocks of "
+        "zero_quantized_weights or zero_quantized_gradients, and neither is true");
   }
   if (out.quantized_weights && out.stage != 3 && out.stage != kAutoStage) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -1,7 +1,7 @@
 #include "engine/dry_run.h"
 
+#include <algorithm>
 #include <cmath>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -30,6 +30,12 @@ absl::StatusOr<std::vector<Batch>> EmptyBatches(Device& device, int count,
     batches.push_back(std::move(b));
   }
   return batches;
+}
+
+int64_t NodeSize(const DryRunOptions& options, const Config& config) {
+  return options.ranks_per_node > 0   ? options.ranks_per_node
+         : config.ranks_per_node > 0 ? config.ranks_per_node
+                                     : options.gpus;
 }
 
 absl::StatusOr<AllocatorStats> DryRunStep(Model model, const Config& config, int rank,
@@ -200,12 +206,8 @@ absl::StatusOr<DryRunResult> DryRunOnce(const DryRunOptions& options, const Conf
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(device_options));
   MW_ASSIGN_OR_RETURN(std::unique_ptr<SimulatedCommunicator> comm,
                       SimulatedCommunicator::Create(0, static_cast<int>(options.gpus)));
-  const int64_t ranks_per_node =
-      options.ranks_per_node > 0 ? options.ranks_per_node : config.ranks_per_node;
-  if (ranks_per_node > 0) {
-    MW_RETURN_IF_ERROR(comm->SetRanksPerNode(static_cast<int>(
-        std::min<int64_t>(ranks_per_node, std::numeric_limits<int>::max()))));
-  }
+  MW_RETURN_IF_ERROR(comm->SetRanksPerNode(
+      static_cast<int>(std::min(NodeSize(options, config), options.gpus))));
   MemoryProfiler profiler(device->allocator());
   for (const auto& layer : model.layers) {
     for (const ParameterDecl& d : layer->Parameters()) r.parameters += NumElements(d.shape);

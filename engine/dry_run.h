@@ -99,6 +99,11 @@ struct DryRunResult {
   std::string fits_text;  // "yes" or "no (...)"
 };
 
+// The GPUs of a node the dry run places (the link bytes' topology):
+// options.ranks_per_node, else the config's ranks_per_node, else every GPU
+// on one node.
+int64_t NodeSize(const DryRunOptions& options, const Config& config);
+
 // Runs the step of options.model under `config` on meta and measures it.
 // With the optimal planner and no budget, the budget is derived from the
 // device memory and tightened (up to four more dry runs) while the measured

@@ -474,9 +474,7 @@ absl::StatusOr<Trainer::StepReport> Trainer::TrainStep(absl::Span<const Batch> m
   }
   ++steps_;
   // Step() has waited for the step's collectives: the counters are current.
-  const LinkBytes traffic = comm.total_link_bytes();
-  report.traffic = {traffic.intra_node - traffic_before.intra_node,
-                    traffic.inter_node - traffic_before.inter_node};
+  report.traffic = comm.total_link_bytes() - traffic_before;
   report.arrivals = comm.arrivals();
   for (int r = 0; r < comm.world_size(); ++r) {
     report.arrivals.last[r] -= arrivals_before.last[r];

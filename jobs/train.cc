@@ -120,8 +120,9 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
   if (first_step >= options.steps && world.rank() == 0 && options.steps > 0) {
     observer.NothingToTrain(first_step);
   }
-  engine.communicator().ResetArrivals();
+  // The run's steps' collectives (set-up and saves left out).
   LinkBytes traffic;
+  Arrivals arrivals{std::vector<int64_t>(ranks, 0), std::vector<double>(ranks, 0.0)};
   for (int64_t step = first_step; step < options.steps; ++step) {
     std::vector<Batch> batches;
     for (int u = 0; u < accumulation; ++u) {
@@ -135,8 +136,11 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
     MW_ASSIGN_OR_RETURN(const Trainer::StepReport report, engine.TrainStep(batches));
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     seconds += took.count();
-    traffic.intra_node += report.traffic.intra_node;
-    traffic.inter_node += report.traffic.inter_node;
+    traffic += report.traffic;
+    for (int r = 0; r < ranks; ++r) {
+      arrivals.last[r] += report.arrivals.last[r];
+      arrivals.cost[r] += report.arrivals.cost[r];
+    }
     float loss = report.loss;
     if (options.backend != Backend::kMeta) {
       MW_RETURN_IF_ERROR(world.AllReduceHost(&loss, 1, MPI_FLOAT, MPI_SUM, "the mean loss"));
@@ -175,7 +179,6 @@ absl::Status TrainLoop(const TrainOptions& options, const GptConfig& gpt, Engine
     summary.ln_vocab = std::log(double(gpt.vocab));
     summary.traffic_per_step = {traffic.intra_node / ran, traffic.inter_node / ran};
     summary.nodes = engine.communicator().nodes();
-    const Arrivals& arrivals = engine.communicator().arrivals();
     const int64_t compared = std::accumulate(arrivals.last.begin(), arrivals.last.end(),
                                              int64_t{0});
     if (ranks > 1 && compared > 0) {

@@ -82,7 +82,10 @@ void Communicator::set_node_of(const std::vector<int>& node_ids) {
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(
     int color, const std::vector<int>& members) {
   MW_RETURN_IF_ERROR(FailedEarlier("Split"));
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, DoSplit(color, members));
+  const int position =
+      static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group,
+                      DoSplit(color, position, static_cast<int>(members.size())));
   std::vector<int> node_ids;
   for (int m : members) node_ids.push_back(node_of_[m]);
   group->set_node_of(node_ids);
@@ -208,11 +211,6 @@ absl::Status Communicator::AgreeTimed(const Signature& signature, const MinMax& 
   const std::array<int64_t, 5> hi = {max[0], max[1], max[2], max[3], max[4]};
   if (lo == hi) return absl::OkStatus();
   return DisagreementError(signature, lo, hi);
-}
-
-void Communicator::ResetArrivals() {
-  arrivals_.last.assign(world_size_, 0);
-  arrivals_.cost.assign(world_size_, 0.0);
 }
 
 absl::Status Communicator::health() const {

@@ -96,12 +96,22 @@ inline CollectiveStats operator-(const CollectiveStats& after, const CollectiveS
           after.inter_node_bytes - before.inter_node_bytes};
 }
 
-// Link bytes of one call of `bytes` logical bytes of `collective` over
-// `ranks` ranks on `nodes` nodes (see above): {inside, across}.
+// Link bytes inside and across nodes (see above).
 struct LinkBytes {
   int64_t intra_node = 0;
   int64_t inter_node = 0;
+
+  LinkBytes& operator+=(const LinkBytes& other) {
+    intra_node += other.intra_node;
+    inter_node += other.inter_node;
+    return *this;
+  }
 };
+inline LinkBytes operator-(const LinkBytes& after, const LinkBytes& before) {
+  return {after.intra_node - before.intra_node, after.inter_node - before.inter_node};
+}
+// Of one call of `bytes` logical bytes of `collective` over `ranks` ranks
+// on `nodes` nodes.
 LinkBytes LinkBytesOf(Collective collective, int64_t bytes, int ranks, int nodes);
 
 // The bucket effect: the slowest rank sets the pace. Each collective's
@@ -240,10 +250,9 @@ class Communicator {
   LinkBytes total_link_bytes() const;
   void ResetStats() { stats_ = {}; }
   // See Arrivals: world_size() zeros until a collective is compared (none
-  // without check_agreement). ResetArrivals starts a new count (a run's,
-  // say, leaving out its set-up).
+  // without check_agreement); a period's are the difference of two
+  // readings (Trainer::StepReport's, a step's).
   const Arrivals& arrivals() const { return arrivals_; }
-  void ResetArrivals();
 
  protected:
   // What one rank passed to one collective.
@@ -267,10 +276,10 @@ class Communicator {
   // it: each rank's node, any ids (renumbered 0.. in rank order).
   void set_node_of(const std::vector<int>& node_ids);
   // The group `color` of a split in which every rank names its own group:
-  // `members`, ranks of this communicator in their order there (this rank
-  // among them). The base sets the result's topology.
-  virtual absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(
-      int color, const std::vector<int>& members) = 0;
+  // this rank is rank `position` of its `size`. The base sets the result's
+  // topology.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int position,
+                                                                int size) = 0;
   // OK while usable; else "<what> on rank r of n: the communicator failed
   // earlier (<the first error>)", with the first error's code.
   absl::Status FailedEarlier(absl::string_view what) const;
@@ -333,10 +342,12 @@ class Communicator {
   // with kInvalidArgument (ranks agreed on those before moving a byte).
   absl::Status Guard(Collective collective, const std::function<absl::Status()>& body);
 
-  const int rank_;
-  const int world_size_;
+  // The group `color` of `members` (this communicator's ranks in their
+  // order there, this rank among them).
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, const std::vector<int>& members);
 
+  const int rank_;
+  const int world_size_;
   const CommunicatorOptions options_;
   std::vector<int> node_of_;
   int nodes_ = 1;

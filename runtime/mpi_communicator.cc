@@ -217,23 +217,22 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
   return created;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DoSplit(
-    int color, const std::vector<int>& members) {
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> group, SplitMpi(color, members));
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DoSplit(int color, int position,
+                                                                      int size) {
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> group, SplitMpi(color, position, size));
   return std::unique_ptr<Communicator>(std::move(group));
 }
 
-absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::SplitMpi(
-    int color, const std::vector<int>& members) {
-  const int position =
-      static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::SplitMpi(int color,
+                                                                          int position,
+                                                                          int size) {
   MPI_Comm comm = MPI_COMM_NULL;
   MW_RETURN_IF_ERROR(
       MpiStatus(MPI_Comm_split(comm_, color, position, &comm), "MPI_Comm_split"));
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
                                "MPI_Comm_set_errhandler"));
-  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(
-      comm, position, static_cast<int>(members.size()), options(), threads_allowed_));
+  return std::unique_ptr<MpiCommunicator>(
+      new MpiCommunicator(comm, position, size, options(), threads_allowed_));
 }
 
 MpiCommunicator::~MpiCommunicator() {

@@ -79,8 +79,7 @@ class MpiCommunicator final : public Communicator {
   absl::Status MinMaxOverRanks(const std::vector<int64_t>& values, std::vector<int64_t>& min,
                                std::vector<int64_t>& max);
   // DoSplit's group as an MpiCommunicator (NCCL's split bootstraps over it).
-  absl::StatusOr<std::unique_ptr<MpiCommunicator>> SplitMpi(int color,
-                                                            const std::vector<int>& members);
+  absl::StatusOr<std::unique_ptr<MpiCommunicator>> SplitMpi(int color, int position, int size);
 
  private:
   MpiCommunicator(MPI_Comm comm, int rank, int world_size, CommunicatorOptions options,
@@ -89,8 +88,8 @@ class MpiCommunicator final : public Communicator {
 
   absl::Status Execute(Stream& stream, std::function<absl::Status()> collective) override;
   absl::Status Agree(const Signature& signature) override;
-  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color,
-                                                        const std::vector<int>& members) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int position,
+                                                        int size) override;
   absl::Status DoAllReduce(const void* send, void* recv, size_t count,
                            DType dtype, ReduceOp op, Stream& stream) override;
   absl::Status DoReduceScatter(const void* send, void* recv, size_t recv_count,

@@ -1,7 +1,5 @@
 #include "runtime/simulated_communicator.h"
 
-#include <algorithm>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -20,14 +18,6 @@ absl::StatusOr<std::unique_ptr<SimulatedCommunicator>> SimulatedCommunicator::Cr
   }
   return std::unique_ptr<SimulatedCommunicator>(
       new SimulatedCommunicator(rank, world_size));
-}
-
-absl::StatusOr<std::unique_ptr<Communicator>> SimulatedCommunicator::DoSplit(
-    int, const std::vector<int>& members) {
-  const int position =
-      static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
-  return std::unique_ptr<Communicator>(
-      new SimulatedCommunicator(position, static_cast<int>(members.size())));
 }
 
 }  // namespace memwall

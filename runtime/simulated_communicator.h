@@ -7,7 +7,6 @@
 #define MEMWALL_RUNTIME_SIMULATED_COMMUNICATOR_H_
 
 #include <memory>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/communicator.h"
@@ -28,8 +27,9 @@ class SimulatedCommunicator final : public Communicator {
 
   bool moves_bytes() const override { return false; }
   // Ranks cannot disagree on the split either: this rank's group.
-  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int,
-                                                        const std::vector<int>& members) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int, int position, int size) override {
+    return std::unique_ptr<Communicator>(new SimulatedCommunicator(position, size));
+  }
   absl::Status Agree(const Signature&) override { return absl::OkStatus(); }
   absl::Status DoAllReduce(const void*, void*, size_t, DType, ReduceOp,
                            Stream&) override {

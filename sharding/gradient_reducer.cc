@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
 #include "runtime/status.h"
+#include "sharding/quantized_records.h"
 #include "sharding/stage_rules.h"
 
 namespace memwall {
@@ -19,10 +20,12 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
   }
   std::unique_ptr<GradientReducer> reducer(
       new GradientReducer(config, device, comm, caller, comm_stream, std::move(reduced)));
-  if (config.zero.quantized_gradients && StageRules(config.zero.stage).shards_gradients()) {
+  // On one node nothing crosses a node: the reduce-scatter stays exact.
+  if (config.zero.quantized_gradients && StageRules(config.zero.stage).shards_gradients() &&
+      comm.nodes() > 1) {
     const int per_node = comm.world_size() / comm.nodes();
     for (int r = 0; r < comm.world_size(); ++r) {
-      if (comm.node_of(r) != r / per_node || comm.world_size() % comm.nodes() != 0) {
+      if (comm.node_of(r) != r / per_node) {
         return absl::InvalidArgumentError(absl::StrCat(
             "zero_optimization.zero_quantized_gradients: expected the ranks in consecutive "
             "nodes of equal size, got ", comm.world_size(), " ranks on ", comm.nodes(),
@@ -68,18 +71,16 @@ absl::Status GradientReducer::SizeBuffers(const FlatGroup& flat, Buffers& buffer
   MW_RETURN_IF_ERROR(ensure(buffers.out, p.piece, ".reduce_output"));
   if (node_ == nullptr) return absl::OkStatus();
   const int nodes = across_->world_size();
-  MW_RETURN_IF_ERROR(ensure(buffers.swizzled, comm_.world_size() * p.piece, ".qgz_reordered"));
-  MW_RETURN_IF_ERROR(ensure(buffers.partial, nodes * p.piece, ".qgz_node_sums"));
+  if (node_->world_size() > 1) {
+    MW_RETURN_IF_ERROR(ensure(buffers.swizzled, comm_.world_size() * p.piece, ".qgz_reordered"));
+    MW_RETURN_IF_ERROR(ensure(buffers.partial, nodes * p.piece, ".qgz_node_sums"));
+  }
   MW_RETURN_IF_ERROR(ensure(buffers.part, p.piece, ".qgz_part"));
   // The records are 4-byte words: sized in elements of the reduce dtype.
-  const int64_t words = nodes * RecordWords(p.piece);
+  const int64_t words =
+      nodes * QuantizedRecords(p.piece, config_.zero.quantization_block_size).words();
   MW_RETURN_IF_ERROR(ensure(buffers.sent, (words * 4 + size - 1) / size, ".qgz_sent"));
   return ensure(buffers.received, (words * 4 + size - 1) / size, ".qgz_received");
-}
-
-int64_t GradientReducer::RecordWords(int64_t count) const {
-  const int64_t block = config_.zero.quantization_block_size;
-  return (count + 3) / 4 + (count + block - 1) / block;
 }
 
 absl::Status GradientReducer::QuantizedReduceScatter(const void* input, void* out, int64_t count,
@@ -90,10 +91,10 @@ absl::Status GradientReducer::QuantizedReduceScatter(const void* input, void* ou
   Stream& stream = comm_stream_;
   // 1. Inside the node, exactly: the j-th rank gets the node's sums of the
   // parts of ranks j, per_node + j, ...: the input reordered so those are
-  // the j-th run of `nodes` parts (already so with one node or one rank a
-  // node).
-  const void* reordered = input;
-  if (per_node > 1 && nodes > 1) {
+  // the j-th run of `nodes` parts (with one rank a node, the input is
+  // those sums).
+  const void* sums = input;
+  if (per_node > 1) {
     for (int j = 0; j < per_node; ++j) {
       for (int k = 0; k < nodes; ++k) {
         MW_RETURN_IF_ERROR(device_.CopyAsync(
@@ -102,39 +103,23 @@ absl::Status GradientReducer::QuantizedReduceScatter(const void* input, void* ou
             stream));
       }
     }
-    reordered = buffers.swizzled.data();
-  }
-  const void* sums = reordered;
-  if (per_node > 1) {
-    MW_RETURN_IF_ERROR(node_->ReduceScatter(reordered, buffers.partial.data(), nodes * count,
-                                            reduce, ReduceOp::kSum, stream));
+    MW_RETURN_IF_ERROR(node_->ReduceScatter(buffers.swizzled.data(), buffers.partial.data(),
+                                            nodes * count, reduce, ReduceOp::kSum, stream));
     sums = buffers.partial.data();
   }
-  if (nodes == 1) return device_.CopyAsync(out, sums, count * size, stream);
   // 2. Across nodes: each node's sum of every shard quantized, sent to the
   // shard's rank, and the parts received dequantized and added in node
   // order.
-  const size_t block = static_cast<size_t>(config_.zero.quantization_block_size);
-  const int64_t words = RecordWords(count), level_words = (count + 3) / 4;
-  const auto levels = [&](const DeviceBuffer& records, int k) {
-    return reinterpret_cast<int8_t*>(static_cast<char*>(records.data()) + k * words * 4);
-  };
-  const auto scales = [&](const DeviceBuffer& records, int k) {
-    return reinterpret_cast<float*>(static_cast<char*>(records.data()) +
-                                    (k * words + level_words) * 4);
-  };
+  const QuantizedRecords records(count, config_.zero.quantization_block_size);
   for (int k = 0; k < nodes; ++k) {
-    MW_RETURN_IF_ERROR(kernels::QuantizeInt8(device_, stream, ElementOffset(sums, k * count, reduce),
-                                             reduce, count, block, levels(buffers.sent, k),
-                                             scales(buffers.sent, k)));
+    MW_RETURN_IF_ERROR(records.Quantize(device_, stream, ElementOffset(sums, k * count, reduce),
+                                        reduce, buffers.sent.data(), k));
   }
-  MW_RETURN_IF_ERROR(across_->AllToAll(buffers.sent.data(), buffers.received.data(), words,
-                                       DType::kF32, stream));
+  MW_RETURN_IF_ERROR(across_->AllToAll(buffers.sent.data(), buffers.received.data(),
+                                       records.words(), DType::kF32, stream));
   for (int k = 0; k < nodes; ++k) {
     void* to = k == 0 ? out : buffers.part.data();
-    MW_RETURN_IF_ERROR(kernels::DequantizeInt8(device_, stream, levels(buffers.received, k),
-                                               scales(buffers.received, k), count, block, to,
-                                               reduce));
+    MW_RETURN_IF_ERROR(records.Dequantize(device_, stream, buffers.received.data(), k, to, reduce));
     if (k > 0) {
       MW_RETURN_IF_ERROR(
           kernels::Accumulate(device_, stream, buffers.part.data(), reduce, out, reduce, count));

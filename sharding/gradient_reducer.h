@@ -22,7 +22,7 @@
 // scale per quantization_block_size elements), each rank summing the N
 // dequantized parts of its own shard in f32, node by node in order. Across
 // nodes it moves about a quarter of an f32 reduce-scatter's bytes (half a
-// 16-bit one's); on one node it is exact.
+// 16-bit one's); on one node it is the exact reduce-scatter.
 //
 // Owns the pacing events; borrows the device, communicator and streams
 // (the optimizer's). Not thread-safe.
@@ -119,9 +119,6 @@ class GradientReducer {
   // rank's sum.
   absl::Status QuantizedReduceScatter(const void* input, void* out, int64_t count,
                                       Buffers& buffers);
-  // qgZ: 4-byte words of one part's record (its int8 levels, padded to a
-  // word, then its blocks' f32 scales).
-  int64_t RecordWords(int64_t count) const;
 
   const ShardingOptions& config_;
   Device& device_;

@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/ops.h"
 #include "runtime/status.h"
+#include "sharding/quantized_records.h"
 
 namespace memwall {
 
@@ -87,31 +87,19 @@ absl::StatusOr<DeviceBuffer> ParameterGatherer::GatherInto(int g, bool quantize,
 absl::Status ParameterGatherer::QuantizedGather(const FlatGroup& flat, const void* shard,
                                                 void* full) {
   const DType dtype = config_.param_dtype();
-  const size_t block = static_cast<size_t>(config_.zero.quantization_block_size);
-  const size_t n = static_cast<size_t>(flat.shard_numel);
-  const size_t blocks = (n + block - 1) / block;
-  // One rank's record: its n int8 levels, padded to a 4-byte word, then its
-  // blocks' f32 scales; the records travel as 4-byte words (an all-gather
-  // only moves bytes), one collective per gather.
-  const size_t level_words = (n + 3) / 4;
-  const size_t words = level_words + blocks;
-  const int ranks = comm_.world_size();
+  // Every rank's shard as one record: one collective per gather.
+  const QuantizedRecords records(flat.shard_numel, config_.zero.quantization_block_size);
+  const int ranks = comm_.world_size(), me = comm_.rank();
   // The communication stream's: freed in its order once dequantized.
   MW_ASSIGN_OR_RETURN(DeviceBuffer packed,
-                      device_.Allocate(words * 4 * ranks, MemoryCategory::kParameter,
+                      device_.Allocate(records.words() * 4 * ranks, MemoryCategory::kParameter,
                                        absl::StrCat(flat.name, ".quantized"), comm_stream_));
-  const auto record = [&](int r) { return static_cast<char*>(packed.data()) + r * words * 4; };
-  const auto levels = [&](int r) { return reinterpret_cast<int8_t*>(record(r)); };
-  const auto scales = [&](int r) { return reinterpret_cast<float*>(record(r) + level_words * 4); };
-  const int me = comm_.rank();
-  MW_RETURN_IF_ERROR(kernels::QuantizeInt8(device_, comm_stream_, shard, dtype, n, block,
-                                           levels(me), scales(me)));
-  MW_RETURN_IF_ERROR(comm_.AllGather(record(me), packed.data(), words, DType::kF32, comm_stream_));
+  MW_RETURN_IF_ERROR(records.Quantize(device_, comm_stream_, shard, dtype, packed.data(), me));
+  MW_RETURN_IF_ERROR(comm_.AllGather(static_cast<char*>(packed.data()) + me * records.words() * 4,
+                                     packed.data(), records.words(), DType::kF32, comm_stream_));
   for (int r = 0; r < ranks; ++r) {
-    MW_RETURN_IF_ERROR(kernels::DequantizeInt8(device_, comm_stream_, levels(r), scales(r), n,
-                                               block,
-                                               ElementOffset(full, flat.shard_begin(r), dtype),
-                                               dtype));
+    MW_RETURN_IF_ERROR(records.Dequantize(device_, comm_stream_, packed.data(), r,
+                                          ElementOffset(full, flat.shard_begin(r), dtype), dtype));
   }
   return absl::OkStatus();
 }

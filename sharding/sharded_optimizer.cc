@@ -314,13 +314,14 @@ absl::Status ShardedOptimizer::Finalize() {
     overlapped_->SetGroups(static_cast<int>(groups_.size()), nvme_.get(), chunk_buffers_);
   }
   if (rules_.shards_parameters() && config_.zero.hpz_partition_size > 1) {
-    const int64_t size = config_.zero.hpz_partition_size;
-    if (comm_.world_size() % size != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "zero_optimization.zero_hpz_partition_size: expected a divisor of the ",
-          comm_.world_size(), " ranks, got ", size));
+    absl::StatusOr<std::unique_ptr<Communicator>> blocks =
+        comm_.SplitBlocks(static_cast<int>(config_.zero.hpz_partition_size));
+    if (!blocks.ok()) {
+      return absl::Status(blocks.status().code(),
+                          absl::StrCat("zero_optimization.zero_hpz_partition_size: ",
+                                       blocks.status().message()));
     }
-    MW_ASSIGN_OR_RETURN(secondary_comm_, comm_.SplitBlocks(static_cast<int>(size)));
+    secondary_comm_ = *std::move(blocks);
   }
   gatherer_ = std::make_unique<ParameterGatherer>(
       config_, layout_, device_, comm_, secondary_comm_.get(), *stream_, *comm_stream_,

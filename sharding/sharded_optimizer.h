@@ -554,9 +554,9 @@ class ShardedOptimizer {
   std::unique_ptr<NvmeStore> nvme_;
   // Where each group's parameters live (set with the groups).
   std::unique_ptr<ParamResidence> residence_;
-  // Stage 3's gathers (set with the groups).
   // zero_hpz_partition_size's blocks of ranks (stage 3; null without).
   std::unique_ptr<Communicator> secondary_comm_;
+  // Stage 3's gathers (set with the groups).
   std::unique_ptr<ParameterGatherer> gatherer_;
   // Overlapped update: its thread and what it keeps (null without it).
   std::unique_ptr<OverlappedUpdate> overlapped_;

@@ -88,8 +88,8 @@ absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> o
 
 absl::Status ShardedOptimizer::GatherFrozen(int g, absl::Span<float> out) {
   const FlatGroup& flat = layout_.groups[g];
-  // Stage 3 holds a shard: gathered as GatherParameters gathers, unless it
-  // is (or is being) already, and dropped again after.
+  // Stage 3 holds a shard: gathered exactly (GatherForRead), into `scratch`
+  // unless an exact copy is held already.
   DeviceBuffer scratch;
   const void* full = residence_->data(g);
   if (rules_.shards_parameters()) {

@@ -73,13 +73,13 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
 NcclCommunicator::~NcclCommunicator() { (void)ncclCommDestroy(comm_); }
 
-absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::DoSplit(
-    int color, const std::vector<int>& members) {
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::DoSplit(int color, int position,
+                                                                       int size) {
   MW_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> bootstrap,
-                      bootstrap_.SplitMpi(color, members));
+                      bootstrap_.SplitMpi(color, position, size));
   ncclComm_t comm = nullptr;
   MW_RETURN_IF_ERROR(
-      NcclStatus(ncclCommSplit(comm_, color, bootstrap->rank(), &comm, nullptr), "ncclCommSplit"));
+      NcclStatus(ncclCommSplit(comm_, color, position, &comm, nullptr), "ncclCommSplit"));
   std::unique_ptr<NcclCommunicator> group(new NcclCommunicator(*bootstrap, comm, options()));
   group->owned_bootstrap_ = std::move(bootstrap);
   return std::unique_ptr<Communicator>(std::move(group));

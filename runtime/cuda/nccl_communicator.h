@@ -48,8 +48,8 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status Agree(const Signature& signature) override;
   // ncclCommSplit, bootstrapped over the same split of MPI's ranks (owned).
-  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color,
-                                                        const std::vector<int>& members) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int position,
+                                                        int size) override;
   absl::Status DoAllReduce(const void* send, void* recv, size_t count,
                            DType dtype, ReduceOp op, Stream& stream) override;
   absl::Status DoReduceScatter(const void* send, void* recv, size_t recv_count,

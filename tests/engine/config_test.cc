@@ -282,8 +282,12 @@ TEST_CASE("ZeRO++ quantized weights and the topology: keys, round trip, refusals
   CHECK(Error(R"({"zero_optimization": {"stage": 2, "zero_quantized_weights": true}})") ==
         "zero_optimization.zero_quantized_weights: expected stage 3 with it (it quantizes stage "
         "3's parameter gathers), got stage 2");
-  CHECK(Error(R"({"zero_optimization": {"stage": 3, "zero_quantization_block_size": 0}})") ==
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true,
+      "zero_quantization_block_size": 0}})") ==
         "zero_optimization.zero_quantization_block_size: expected an integer 1..2147483647, got 0");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "zero_quantization_block_size": 256}})") ==
+        "zero_optimization.zero_quantization_block_size: sizes the blocks of "
+        "zero_quantized_weights or zero_quantized_gradients, and neither is true");
   CHECK(Error(R"({"ranks_per_node": 0})") ==
         "ranks_per_node: expected an integer 1..2147483647, got 0");
   const Config hpz =

@@ -25,7 +25,6 @@ def test_link_bytes_cross_between_the_posed_nodes(runs):
         for name, c in step.items():
             assert c["intra_node_bytes"] == 0, name
             assert c["inter_node_bytes"] == (2 if name == "AllReduce" else 1) * c["bytes"], name
-        assert rank["sums"] == [0, sum(c["inter_node_bytes"] for c in step.values())]
         # Stage 3 gathers the f32 model for forward and for backward, the
         # tied embedding (96 x 32) again for the LM head each time; groups
         # are padded to the ranks.
