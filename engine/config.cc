@@ -178,6 +178,7 @@ absl::Status ReadZero(const Json& value, ZeroConfig& out, std::vector<std::strin
       r.Int("zero_quantization_block_size", 1, INT32_MAX, out.quantization_block_size));
   MW_RETURN_IF_ERROR(r.Int("zero_hpz_partition_size", 1, INT32_MAX, out.hpz_partition_size));
   MW_RETURN_IF_ERROR(r.Bool("zero_quantized_gradients", out.quantized_gradients));
+  MW_RETURN_IF_ERROR(r.Int("mics_shard_size", -1, INT32_MAX, out.mics_shard_size));
   if (const Json* v = r.Find("offload_optimizer")) {
     MW_ASSIGN_OR_RETURN(JsonReader o,
                         JsonReader::Open(*v, "zero_optimization.offload_optimizer"));
@@ -514,6 +515,7 @@ std::string ConfigToJson(const Config& c) {
   if (z.quantized_weights) zero["zero_quantized_weights"] = true;
   if (z.hpz_partition_size > 1) zero["zero_hpz_partition_size"] = z.hpz_partition_size;
   if (z.quantized_gradients) zero["zero_quantized_gradients"] = true;
+  if (z.mics_shard_size > 0) zero["mics_shard_size"] = z.mics_shard_size;
   if (z.quantization_block_size != ZeroConfig().quantization_block_size) {
     zero["zero_quantization_block_size"] = z.quantization_block_size;
   }

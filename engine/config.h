@@ -54,6 +54,12 @@
 //                                     gradients reduced inside each node,
 //                                     then across nodes in block-quantized
 //                                     int8 by all-to-all          (false)
+//   zero_optimization.mics_shard_size  int: hybrid sharding (MiCS, HSDP;
+//                                     stages 1-3), the states sharded in
+//                                     each block of this many ranks (a
+//                                     node) and replicated across blocks,
+//                                     gradients all-reduced across them;
+//                                     must divide the ranks (-1: off) (-1)
 //   zero_optimization.zero_quantization_block_size  int >= 1: elements per
 //                                     quantization block (qwZ and qgZ),
 //                                     one f32 scale each (memwall's) (2048)

@@ -285,6 +285,21 @@ void Communicator::Add(Collective collective, int64_t bytes, const LinkBytes& li
   }
 }
 
+void Communicator::CountRepeats(Collective collective, const CollectiveStats& delta,
+                                int64_t repeats) {
+  CollectiveStats& s = stats_[static_cast<int>(collective)];
+  s.calls += delta.calls * repeats;
+  s.bytes += delta.bytes * repeats;
+  s.intra_node_bytes += delta.intra_node_bytes * repeats;
+  s.inter_node_bytes += delta.inter_node_bytes * repeats;
+  if (parent_ != nullptr) {
+    parent_->CountRepeats(collective,
+                          {delta.calls, delta.bytes, delta.intra_node_bytes * parent_groups_,
+                           delta.inter_node_bytes * parent_groups_},
+                          repeats);
+  }
+}
+
 absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
                                      DType dtype, ReduceOp op, Stream& stream) {
   return Execute(stream, [=, &stream] {

@@ -234,17 +234,12 @@ class Communicator {
   CollectiveStats stats(Collective collective) const {
     return stats_[static_cast<int>(collective)];
   }
-  // Adds to the stats `repeats` more calls like the ones `delta` counts,
-  // without running them: a dry run's identical pieces of one reduction
-  // (meta moves no bytes), accounted once so that its cost does not grow
-  // with their number.
-  void CountRepeats(Collective collective, const CollectiveStats& delta, int64_t repeats) {
-    CollectiveStats& s = stats_[static_cast<int>(collective)];
-    s.calls += delta.calls * repeats;
-    s.bytes += delta.bytes * repeats;
-    s.intra_node_bytes += delta.intra_node_bytes * repeats;
-    s.inter_node_bytes += delta.inter_node_bytes * repeats;
-  }
+  // Adds to the stats `repeats` more calls like the ones `delta` (a
+  // difference of this communicator's stats) counts, without running them:
+  // a dry run's identical pieces of one reduction (meta moves no bytes),
+  // accounted once so that its cost does not grow with their number. A
+  // split's group adds them to its parent too, as its collectives do.
+  void CountRepeats(Collective collective, const CollectiveStats& delta, int64_t repeats);
   // SUM over all collectives of the logical bytes, and of the link bytes.
   int64_t total_bytes() const;
   LinkBytes total_link_bytes() const;

@@ -13,13 +13,13 @@ namespace memwall {
 
 absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
     const ShardingOptions& config, Device& device, Communicator& comm, Stream& caller,
-    Stream& comm_stream) {
+    Stream& comm_stream, Communicator* replicas) {
   std::array<std::unique_ptr<Event>, 2> reduced;
   for (std::unique_ptr<Event>& event : reduced) {
     MW_ASSIGN_OR_RETURN(event, device.CreateEvent());
   }
   std::unique_ptr<GradientReducer> reducer(
-      new GradientReducer(config, device, comm, caller, comm_stream, std::move(reduced)));
+      new GradientReducer(config, device, comm, replicas, caller, comm_stream, std::move(reduced)));
   // On one node nothing crosses a node: the reduce-scatter stays exact.
   if (config.zero.quantized_gradients && StageRules(config.zero.stage).shards_gradients() &&
       comm.nodes() > 1) {
@@ -40,11 +40,13 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
 }
 
 GradientReducer::GradientReducer(const ShardingOptions& config, Device& device,
-                                 Communicator& comm, Stream& caller, Stream& comm_stream,
+                                 Communicator& comm, Communicator* replicas, Stream& caller,
+                                 Stream& comm_stream,
                                  std::array<std::unique_ptr<Event>, 2> reduced)
     : config_(config),
       device_(device),
       comm_(comm),
+      replicas_(replicas),
       caller_(caller),
       comm_stream_(comm_stream),
       reduced_(std::move(reduced)) {}
@@ -65,6 +67,10 @@ absl::Status GradientReducer::SizeBuffers(const FlatGroup& flat, Buffers& buffer
     if (reduce == dtype) return absl::OkStatus();
     return ensure(buffers.wide, std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1,
                                                     flat.padded_numel), ".allreduce");
+  }
+  if (replicas_ != nullptr && reduce != dtype) {
+    MW_RETURN_IF_ERROR(ensure(buffers.wide, std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1,
+                                                                flat.shard_numel), ".allreduce"));
   }
   const Pieces p = PiecesOf(flat);
   if (p.pack) MW_RETURN_IF_ERROR(ensure(buffers.packed, comm_.world_size() * p.piece, ".reduce_input"));
@@ -140,10 +146,20 @@ GradientReducer::Pieces GradientReducer::PiecesOf(const FlatGroup& flat) const {
 }
 
 absl::Status GradientReducer::AllReduce(const FlatGroup& flat, void* full, Buffers& buffers) {
+  return AllReduceOver(comm_, full, flat.padded_numel, buffers);
+}
+
+absl::Status GradientReducer::AllReduceReplicas(const FlatGroup& flat, void* shard,
+                                                Buffers& buffers) {
+  if (replicas_ == nullptr) return absl::OkStatus();
+  return AllReduceOver(*replicas_, shard, flat.shard_numel, buffers);
+}
+
+absl::Status GradientReducer::AllReduceOver(Communicator& comm, void* full, int64_t n,
+                                            Buffers& buffers) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
-  const int64_t n = flat.padded_numel;
   if (reduce == dtype) {
-    return comm_.AllReduce(full, full, n, dtype, ReduceOp::kSum, comm_stream_);
+    return comm.AllReduce(full, full, n, dtype, ReduceOp::kSum, comm_stream_);
   }
   const int64_t piece = std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1, n);
   const DeviceBuffer& wide = buffers.wide;
@@ -152,12 +168,12 @@ absl::Status GradientReducer::AllReduce(const FlatGroup& flat, void* full, Buffe
   const int64_t full_pieces = n / piece;
   const bool repeat = !device_.holds_bytes() && full_pieces > 1;
   // (Read only then: on host a communication thread may be counting.)
-  const CollectiveStats before = repeat ? comm_.stats(Collective::kAllReduce) : CollectiveStats{};
+  const CollectiveStats before = repeat ? comm.stats(Collective::kAllReduce) : CollectiveStats{};
   const int64_t launches_before = Device::launches_by_this_thread();
   for (int64_t begin = 0; begin < n; begin += piece) {
     if (repeat && begin == piece) {
-      const CollectiveStats after = comm_.stats(Collective::kAllReduce);
-      comm_.CountRepeats(Collective::kAllReduce, after - before, full_pieces - 1);
+      const CollectiveStats after = comm.stats(Collective::kAllReduce);
+      comm.CountRepeats(Collective::kAllReduce, after - before, full_pieces - 1);
       device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
                           (full_pieces - 1));
       begin = full_pieces * piece;
@@ -167,7 +183,7 @@ absl::Status GradientReducer::AllReduce(const FlatGroup& flat, void* full, Buffe
     void* slice = ElementOffset(full, begin, dtype);
     MW_RETURN_IF_ERROR(kernels::Cast(device_, comm_stream_, slice, dtype, wide.data(), reduce, count));
     MW_RETURN_IF_ERROR(
-        comm_.AllReduce(wide.data(), wide.data(), count, reduce, ReduceOp::kSum, comm_stream_));
+        comm.AllReduce(wide.data(), wide.data(), count, reduce, ReduceOp::kSum, comm_stream_));
     MW_RETURN_IF_ERROR(kernels::Cast(device_, comm_stream_, wide.data(), reduce, slice, dtype, count));
   }
   return absl::OkStatus();
@@ -175,7 +191,8 @@ absl::Status GradientReducer::AllReduce(const FlatGroup& flat, void* full, Buffe
 
 absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const void* full,
                                                   Buffers& buffers, const Consume& consume,
-                                                  bool repeatable, const Skipped& skipped) {
+                                                  bool replicate, bool repeatable,
+                                                  const Skipped& skipped) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
   const int world = comm_.world_size();
   const int64_t shard = flat.shard_numel;
@@ -191,8 +208,12 @@ absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const v
   // on host a communication thread may be counting.
   const int64_t full_pieces = shard / piece;
   const bool repeat = repeatable && !device_.holds_bytes() && full_pieces > 1;
+  // (Hybrid sharding: the replicas' all-reduces count in their own group.)
+  Communicator* const replicas = replicate ? replicas_ : nullptr;
   std::array<CollectiveStats, kNumCollectives> before{};
   for (int c = 0; c < kNumCollectives && repeat; ++c) before[c] = comm_.stats(Collective(c));
+  const CollectiveStats replicas_before =
+      repeat && replicas != nullptr ? replicas->stats(Collective::kAllReduce) : CollectiveStats{};
   // The first piece's launches and synchronisations are this thread's:
   // the CPU update thread (an overlapped step) synchronises meanwhile.
   const int64_t launches_before = Device::launches_by_this_thread();
@@ -203,6 +224,11 @@ absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const v
       for (int c = 0; c < kNumCollectives; ++c) {
         const CollectiveStats now = comm_.stats(Collective(c));
         comm_.CountRepeats(Collective(c), now - before[c], full_pieces - 1);
+      }
+      if (replicas != nullptr) {
+        replicas->CountRepeats(Collective::kAllReduce,
+                               replicas->stats(Collective::kAllReduce) - replicas_before,
+                               full_pieces - 1);
       }
       device_.CountLaunch((Device::launches_by_this_thread() - launches_before) *
                           (full_pieces - 1));
@@ -234,6 +260,10 @@ absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const v
         node_ != nullptr
             ? QuantizedReduceScatter(input, out.data(), count, buffers)
             : comm_.ReduceScatter(input, out.data(), count, reduce, ReduceOp::kSum, stream));
+    if (replicas != nullptr) {
+      MW_RETURN_IF_ERROR(
+          replicas->AllReduce(out.data(), out.data(), count, reduce, ReduceOp::kSum, stream));
+    }
     // Stream order keeps the next piece from overwriting `out` (and
     // `packed`) before what `consume` enqueued has read them.
     MW_RETURN_IF_ERROR(consume(begin, count, out.data()));
@@ -242,16 +272,19 @@ absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const v
 }
 
 absl::Status GradientReducer::ReduceScatter(const FlatGroup& flat, const void* full,
-                                            void* shard_out, bool accumulate, Buffers& buffers) {
+                                            void* shard_out, bool accumulate, bool final,
+                                            Buffers& buffers) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
-  return ReduceScatterPieces(
-      flat, full, buffers, [&](int64_t begin, int64_t count, const void* reduced) {
+  MW_RETURN_IF_ERROR(ReduceScatterPieces(
+      flat, full, buffers,
+      [&](int64_t begin, int64_t count, const void* reduced) {
         void* to = ElementOffset(shard_out, begin, dtype);
         return accumulate
                    ? kernels::Accumulate(device_, comm_stream_, reduced, reduce, to, dtype, count)
                    : kernels::Cast(device_, comm_stream_, reduced, reduce, to, dtype, count);
       },
-      /*repeatable=*/true);
+      /*replicate=*/false, /*repeatable=*/true));
+  return final ? AllReduceReplicas(flat, shard_out, buffers) : absl::OkStatus();
 }
 
 absl::Status GradientReducer::Pace(bool in_flight) {

@@ -24,6 +24,16 @@
 // nodes it moves about a quarter of an f32 reduce-scatter's bytes (half a
 // 16-bit one's); on one node it is the exact reduce-scatter.
 //
+// With hybrid sharding (zero_optimization.mics_shard_size) `comm` is this
+// rank's shard group, which the reduce-scatters stay inside, and a shard
+// is summed with its replicas (`replicas`: the ranks holding the same
+// shard in the other groups) once it holds the step's last micro-batch:
+// widened to the reduction dtype in pieces, all-reduced and rounded back
+// (AllReduceReplicas; ReduceScatter's `final`). A caller whose shard
+// cannot wait for that (it streams to the host as it is reduced) has each
+// piece all-reduced before it sees it (ReduceScatterPieces' `replicate`).
+// Either way every rank of a shard then holds the sum over all ranks.
+//
 // Owns the pacing events; borrows the device, communicator and streams
 // (the optimizer's). Not thread-safe.
 #ifndef MEMWALL_SHARDING_GRADIENT_REDUCER_H_
@@ -68,15 +78,15 @@ class GradientReducer {
   using Skipped = std::function<absl::Status(int64_t begin, int64_t count)>;
 
   // The two pacing events come from `device`. `config`, `device`, `comm`
-  // and both streams must outlive the reducer. With qgZ, splits `comm`
-  // into its nodes and the ranks across them (collective): kInvalidArgument
-  // naming zero_quantized_gradients unless the nodes are consecutive blocks
-  // of equal size.
-  static absl::StatusOr<std::unique_ptr<GradientReducer>> Create(const ShardingOptions& config,
-                                                                 Device& device,
-                                                                 Communicator& comm,
-                                                                 Stream& caller,
-                                                                 Stream& comm_stream);
+  // (the ranks the states are sharded over), `replicas` (hybrid sharding's
+  // replicas of this rank's shard; null without) and both streams must
+  // outlive the reducer. With qgZ, splits `comm` into its nodes and the
+  // ranks across them (collective): kInvalidArgument naming
+  // zero_quantized_gradients unless the nodes are consecutive blocks of
+  // equal size.
+  static absl::StatusOr<std::unique_ptr<GradientReducer>> Create(
+      const ShardingOptions& config, Device& device, Communicator& comm, Stream& caller,
+      Stream& comm_stream, Communicator* replicas = nullptr);
 
   // Sizes `buffers` for group `flat`'s reduction (stage 0: all-reduce;
   // else reduce-scatter), allocating (comm buffers, on the communication
@@ -87,20 +97,26 @@ class GradientReducer {
   // Stage 0: all-reduces `full` (param_dtype, padded) in place.
   absl::Status AllReduce(const FlatGroup& flat, void* full, Buffers& buffers);
   // Reduce-scatters `full` into `shard_out` (param_dtype), adding to it
-  // (`accumulate`) or overwriting it. Enqueued on the communication
-  // stream; `buffers` must live until it has run.
+  // (`accumulate`) or overwriting it; with hybrid sharding and `final`
+  // (no more reductions into it this step), then sums it with its
+  // replicas (AllReduceReplicas). Enqueued on the communication stream;
+  // `buffers` must live until it has run.
   absl::Status ReduceScatter(const FlatGroup& flat, const void* full, void* shard_out,
-                             bool accumulate, Buffers& buffers);
-  // The reduce-scatter itself, calling `consume` for each piece. Its
-  // buffers are `buffers`' (sized by SizeBuffers first). `repeatable`:
-  // each full piece's consume does what the first one's does (the same
-  // launches, host synchronisations and allocations, freed again), so on
-  // meta the full pieces after the first are counted, not run; `skipped`,
-  // if set, is then told the range they cover (what consume keeps count
-  // of besides).
+                             bool accumulate, bool final, Buffers& buffers);
+  // Hybrid sharding: sums this rank's `shard` of `flat` (param_dtype) with
+  // its replicas', in the reduction dtype, in place; a no-op without.
+  absl::Status AllReduceReplicas(const FlatGroup& flat, void* shard, Buffers& buffers);
+  // The reduce-scatter itself, calling `consume` for each piece (with
+  // hybrid sharding and `replicate`, each piece all-reduced with the
+  // replicas first). Its buffers are `buffers`' (sized by SizeBuffers
+  // first). `repeatable`: each full piece's consume does what the first
+  // one's does (the same launches, host synchronisations and allocations,
+  // freed again), so on meta the full pieces after the first are counted,
+  // not run; `skipped`, if set, is then told the range they cover (what
+  // consume keeps count of besides).
   absl::Status ReduceScatterPieces(const FlatGroup& flat, const void* full, Buffers& buffers,
-                                   const Consume& consume, bool repeatable = false,
-                                   const Skipped& skipped = nullptr);
+                                   const Consume& consume, bool replicate,
+                                   bool repeatable = false, const Skipped& skipped = nullptr);
 
   // After a reduction is queued: orders the caller's stream after the
   // reductions before it (`in_flight`: the newest runs on while the caller
@@ -111,9 +127,13 @@ class GradientReducer {
 
  private:
   GradientReducer(const ShardingOptions& config, Device& device, Communicator& comm,
-                  Stream& caller, Stream& comm_stream,
+                  Communicator* replicas, Stream& caller, Stream& comm_stream,
                   std::array<std::unique_ptr<Event>, 2> reduced);
 
+  // All-reduces `n` elements (param_dtype) at `data` over `comm` in place,
+  // widened to the reduction dtype in pieces of at most reduce_bucket_size
+  // (Buffers::wide).
+  absl::Status AllReduceOver(Communicator& comm, void* data, int64_t n, Buffers& buffers);
   // qgZ's reduce-scatter of one piece: `input` holds the world's parts of
   // `count` elements rank after rank (reduce dtype), `out` gets this
   // rank's sum.
@@ -123,6 +143,7 @@ class GradientReducer {
   const ShardingOptions& config_;
   Device& device_;
   Communicator& comm_;
+  Communicator* const replicas_;
   Stream& caller_;
   Stream& comm_stream_;
   // qgZ: this rank's node, and the ranks with its place in the other nodes.

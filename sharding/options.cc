@@ -36,7 +36,28 @@ absl::Status CheckZeroConfig(const ZeroConfig& z) {
         z.offload_param_buffer_count, ", ", z.offload_param_buffer_size, " and ",
         z.offload_param_max_in_cpu));
   }
+  if (z.mics_shard_size == 0 || z.mics_shard_size < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.mics_shard_size: expected -1 (shard across all ranks) or the ranks "
+        "of a shard group, >= 1, got ", z.mics_shard_size));
+  }
+  const bool hybrid = z.mics_shard_size > 0;
+  if (hybrid && z.hpz_partition_size > 1) {
+    return absl::InvalidArgumentError(
+        "zero_optimization.mics_shard_size: not with zero_hpz_partition_size (a shard group "
+        "gathers inside itself already: make it the node)");
+  }
+  if (hybrid && z.quantized_gradients) {
+    return absl::InvalidArgumentError(
+        "zero_optimization.mics_shard_size: not with zero_quantized_gradients (hybrid "
+        "sharding reduce-scatters inside the shard group and all-reduces across the groups)");
+  }
   if (z.stage == kAutoStage) return absl::OkStatus();
+  if (hybrid && z.stage == 0) {
+    return absl::InvalidArgumentError(
+        "zero_optimization.mics_shard_size: expected stage 1, 2 or 3 with it (it shards the "
+        "states inside groups of ranks), got stage 0");
+  }
   if (z.offload_overlap_step && (z.stage == 0 || z.stage == 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "zero_optimization.offload_optimizer.overlap_step: expected stage 2 or 3 with it (the "

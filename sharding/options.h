@@ -111,6 +111,14 @@ struct ZeroConfig {
   // its shard (sharding/gradient_reducer.h). Needs the nodes (the
   // communicator's topology) to be consecutive blocks of equal size.
   bool quantized_gradients = false;
+  // Hybrid sharding (DeepSpeed's MiCS, FSDP2's HSDP; stages 1-3): above 0,
+  // the states are sharded inside each block of this many consecutive
+  // ranks (a node, typically) and replicated across the blocks. Gradients
+  // reduce-scatter inside the block, then every shard is all-reduced with
+  // its replicas (the ranks equal to it modulo the size); stage 3 gathers
+  // inside the block. Must divide the ranks; -1 (DeepSpeed's default):
+  // shard across all of them.
+  int64_t mics_shard_size = -1;
   // ZeRO-Offload (stages 1-3): this fraction of each shard keeps its f32
   // master weights and optimizer states in the device's pinned host pool
   // and is updated on the CPU; the rest stays on the device (DeepSpeed's

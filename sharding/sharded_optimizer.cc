@@ -57,9 +57,20 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Event> caller_event, device.CreateEvent());
   std::unique_ptr<ShardedOptimizer> optimizer(new ShardedOptimizer(
       config, device, comm, std::move(stream), std::move(comm_stream), std::move(caller_event)));
+  if (config.zero.mics_shard_size > 0) {
+    const int size = static_cast<int>(config.zero.mics_shard_size);
+    absl::StatusOr<std::unique_ptr<Communicator>> group = comm.SplitBlocks(size);
+    if (!group.ok()) {
+      return absl::Status(group.status().code(), absl::StrCat("zero_optimization.mics_shard_size: ",
+                                                              group.status().message()));
+    }
+    optimizer->shard_group_ = *std::move(group);
+    MW_ASSIGN_OR_RETURN(optimizer->replica_group_, comm.SplitStrided(size));
+  }
   MW_ASSIGN_OR_RETURN(optimizer->reducer_,
-                      GradientReducer::Create(optimizer->config_, device, comm,
-                                              *optimizer->stream_, *optimizer->comm_stream_));
+                      GradientReducer::Create(optimizer->config_, device, optimizer->shards(),
+                                              *optimizer->stream_, *optimizer->comm_stream_,
+                                              optimizer->replica_group_.get()));
   if (optimizer->overlaps_update()) {
     std::vector<int> cores;
     if (config.zero.offload_bind_cores) {
@@ -166,7 +177,7 @@ int64_t ShardedOptimizer::update_numel(const FlatGroup& g) const {
 }
 
 int64_t ShardedOptimizer::update_begin(const FlatGroup& g) const {
-  return rules_.update_begin(g, comm_.rank());
+  return rules_.update_begin(g, shards().rank());
 }
 
 int64_t ShardedOptimizer::host_numel(const FlatGroup& g) const {
@@ -233,7 +244,7 @@ absl::Status ShardedOptimizer::InitializeGroup(int g, Group& group) {
     return host;
   };
   const std::vector<float> held =
-      initial(rules_.held_parameters_begin(flat, comm_.rank()), rules_.held_parameters(flat));
+      initial(rules_.held_parameters_begin(flat, shards().rank()), rules_.held_parameters(flat));
   MW_RETURN_IF_ERROR(
       residence_->Write(g, values ? held.data() : nullptr, *stream_, "optimizer.init"));
   const int64_t k = host_numel(flat), n = update_numel(flat) - k;
@@ -255,7 +266,7 @@ absl::Status ShardedOptimizer::InitializeGroup(int g, Group& group) {
 absl::Status ShardedOptimizer::Finalize() {
   if (finalized_) return absl::FailedPreconditionError("Finalize: called twice");
   MW_ASSIGN_OR_RETURN(FlatLayout layout,
-                      BuildFlatLayout(specs_, comm_.world_size(), config_.zero.reduce_bucket_size,
+                      BuildFlatLayout(specs_, shards().world_size(), config_.zero.reduce_bucket_size,
                                      kShardAlignmentElements));
   layout_ = std::move(layout);
   // Unique per optimizer: a process may hold several.
@@ -324,7 +335,7 @@ absl::Status ShardedOptimizer::Finalize() {
     secondary_comm_ = *std::move(blocks);
   }
   gatherer_ = std::make_unique<ParameterGatherer>(
-      config_, layout_, device_, comm_, secondary_comm_.get(), *stream_, *comm_stream_,
+      config_, layout_, device_, shards(), secondary_comm_.get(), *stream_, *comm_stream_,
       residence_->pages(),
       [this](int g) { return residence_->shard(g); },
       [this] { return OrderAfterCaller(); });
@@ -504,6 +515,14 @@ absl::Status ShardedOptimizer::ReduceGradients(int g) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ReduceGradients: group ", g, " has no gradient buffer (call AcquireGradients first)"));
   }
+  if (shard_group_ != nullptr && group.reductions == config_.gradient_accumulation_steps) {
+    // The shard has been summed with its replicas: another micro-batch's
+    // gradients would reach this rank's replicas only partly.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ReduceGradients: group ", g, " was reduced gradient_accumulation_steps (",
+        config_.gradient_accumulation_steps,
+        ") times this step already; with mics_shard_size call Step() first"));
+  }
   ScopedPhase phase(profiler_, absl::StrCat("reduce ", layout_.groups[g].name));
   // The reduction reads what the caller's backward wrote.
   MW_RETURN_IF_ERROR(OrderAfterCaller());
@@ -535,14 +554,17 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
           return group.host->AccumulateGradients(*comm_stream_, reduced, config_.reduce_dtype,
                                                  first, begin, count);
         },
-        /*repeatable=*/true,
+        // Hybrid sharding: no device shard to sum with the replicas at the
+        // step's end, so each micro-batch's pieces are.
+        /*replicate=*/true, /*repeatable=*/true,
         [&](int64_t begin, int64_t count) { return group.host->SkipGradients(begin, count); }));
     const bool last = group.reductions == config_.gradient_accumulation_steps;
     return last && overlaps_update() ? Speculate(g) : absl::OkStatus();
   }
+  const bool final = ++group.reductions == config_.gradient_accumulation_steps;
   MW_RETURN_IF_ERROR(reducer_->ReduceScatter(flat, group.grad_bucket.data(), group.grads.data(),
-                                             /*accumulate=*/true, buffers));
-  if (group.host != nullptr && ++group.reductions == config_.gradient_accumulation_steps) {
+                                             /*accumulate=*/true, final, buffers));
+  if (group.host != nullptr && final) {
     // Offload: the host part's gradients are final; they stream to host now.
     MW_RETURN_IF_ERROR(group.host->StageGradients(*comm_stream_, group.grads.data()));
     if (overlaps_update()) MW_RETURN_IF_ERROR(Speculate(g));
@@ -593,7 +615,7 @@ void* ShardedOptimizer::ParamsAt(int g, int64_t i) {
   const FlatGroup& flat = layout_.groups[g];
   // The update range within what the rank holds (the shard itself at
   // stage 3).
-  const int64_t at = update_begin(flat) - rules_.held_parameters_begin(flat, comm_.rank()) + i;
+  const int64_t at = update_begin(flat) - rules_.held_parameters_begin(flat, shards().rank()) + i;
   return static_cast<char*>(residence_->data(g)) + at * DTypeSize(config_.param_dtype());
 }
 

@@ -53,6 +53,19 @@
 // that fails asynchronously fails the next Step() (before any update), and,
 // as CUDA errors are, stays sticky: the optimizer is unusable after it.
 //
+// Hybrid sharding (zero_optimization.mics_shard_size = S, stages 1-3;
+// DeepSpeed's MiCS, FSDP2's HSDP): the states are sharded over each block
+// of S consecutive ranks (shards(), a node typically) as they would be over
+// S ranks, and replicated across the N/S blocks. A reduction reduce-scatters
+// inside the block, then all-reduces each piece of the shard with the ranks
+// holding the same shard in the other blocks, every micro-batch; the step
+// divides by all N ranks as before, so the result is unsharded data
+// parallelism's up to the order of the sums. Gathers (stages 1-3) and the
+// step's gradient check stay inside the block: replicas hold the same
+// reduced gradients and update alike. Model states cost 16P/S bytes (stage
+// 3); what crosses nodes is the all-reduce of 1/S of the gradients per
+// rank. Checkpoints hold whole parameters, so they load at any S.
+//
 // Optimizer offload (zero_optimization.offload_optimizer_ratio > 0, stages
 // 1-3, ZeRO-Offload): the first ratio x shard elements of each group this
 // rank updates keep their f32 master weights and Adam moments (or SGD
@@ -271,7 +284,13 @@ class ShardedOptimizer {
 
   const FlatLayout& layout() const { return layout_; }
   const ShardingOptions& config() const { return config_; }
+  // Every data-parallel rank (the communicator Create was given).
   Communicator& communicator() { return comm_; }
+  // The ranks the states are sharded over: the world, or with hybrid
+  // sharding (zero_optimization.mics_shard_size) this rank's shard group,
+  // whose size the layout's shards divide by. Its collectives count in the
+  // world's stats.
+  Communicator& shards() const { return shard_group_ != nullptr ? *shard_group_ : comm_; }
   Device& device() { return device_; }
   // The caller's stream: compute on it, and the optimizer orders itself
   // with events (Stream::Wait), not host waits. Collectives wait for the
@@ -426,7 +445,8 @@ class ShardedOptimizer {
     std::unique_ptr<HostOptimizerSlice> host;
     std::unique_ptr<DeviceOptimizerSlice> device_state;
     // Reductions into the shard this step (stages 2-3): at the last
-    // micro-batch's, the host part's gradients start streaming to host.
+    // micro-batch's, the host part's gradients start streaming to host
+    // and hybrid sharding sums the shard with its replicas.
     int reductions = 0;
   };
 
@@ -491,6 +511,9 @@ class ShardedOptimizer {
 
   // Step()'s phases, in order.
   absl::Status CheckStepReady();
+  // Hybrid sharding (stages 2-3): sums the shards of groups reduced fewer
+  // times than gradient_accumulation_steps with their replicas.
+  absl::Status SumUnfinishedReplicas();
   // Stages 0-1: the all-reduce or reduce-scatter of the full gradients.
   absl::Status ReduceHeldGradients();
   // Whether any gradient this rank updates is inf or nan (on any rank, at
@@ -556,6 +579,9 @@ class ShardedOptimizer {
   std::unique_ptr<ParamResidence> residence_;
   // zero_hpz_partition_size's blocks of ranks (stage 3; null without).
   std::unique_ptr<Communicator> secondary_comm_;
+  // Hybrid sharding (mics_shard_size): this rank's shard group and the
+  // ranks holding its shard in the other groups (null without).
+  std::unique_ptr<Communicator> shard_group_, replica_group_;
   // Stage 3's gathers (set with the groups).
   std::unique_ptr<ParameterGatherer> gatherer_;
   // Overlapped update: its thread and what it keeps (null without it).

@@ -81,7 +81,7 @@ absl::Status ShardedOptimizer::GatherState(int g, int which, absl::Span<float> o
                       device_.Allocate(flat.padded_numel * 4, MemoryCategory::kWorkspace,
                                        absl::StrCat(flat.name, ".state_gather")));
   MW_RETURN_IF_ERROR(device_.CopyAsync(mine.data(), part.data(), un * 4, *comm_stream_));
-  MW_RETURN_IF_ERROR(comm_.AllGather(mine.data(), full.data(), un, DType::kF32, *comm_stream_));
+  MW_RETURN_IF_ERROR(shards().AllGather(mine.data(), full.data(), un, DType::kF32, *comm_stream_));
   MW_RETURN_IF_ERROR(device_.CopyAsync(out.data(), full.data(), flat.padded_numel * 4, *comm_stream_));
   return comm_stream_->Synchronize();
 }
@@ -124,7 +124,7 @@ absl::Status ShardedOptimizer::SetState(int g, int which, absl::Span<const float
   if (residence_->place(g) != ParamResidence::Place::kDevice) {
     MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
   }
-  return residence_->Write(g, full.data() + rules_.held_parameters_begin(flat, comm_.rank()),
+  return residence_->Write(g, full.data() + rules_.held_parameters_begin(flat, shards().rank()),
                            *comm_stream_, absl::StrCat(flat.name, ".state_in"));
 }
 

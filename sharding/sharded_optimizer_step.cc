@@ -37,6 +37,28 @@ absl::Status ShardedOptimizer::AbortStep() {
   return drained;
 }
 
+absl::Status ShardedOptimizer::SumUnfinishedReplicas() {
+  // Hybrid sharding sums a shard with its replicas at its step's last
+  // reduction; a group reduced fewer times than gradient_accumulation_steps
+  // (on every rank alike: reductions are collective) is summed here. One
+  // never reduced holds zeros on every rank.
+  if (shard_group_ == nullptr || !rules_.shards_gradients()) return absl::OkStatus();
+  GradientReducer::Buffers buffers;
+  bool any = false;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    const FlatGroup& flat = layout_.groups[g];
+    if (group.reductions == 0 || group.reductions == config_.gradient_accumulation_steps ||
+        streams_gradients(flat)) {
+      continue;
+    }
+    MW_RETURN_IF_ERROR(reducer_->SizeBuffers(flat, buffers));
+    MW_RETURN_IF_ERROR(reducer_->AllReduceReplicas(flat, groups_[g].grads.data(), buffers));
+    any = true;
+  }
+  return any ? comm_stream_->Synchronize() : absl::OkStatus();
+}
+
 absl::Status ShardedOptimizer::CheckStepReady() {
   MW_RETURN_IF_ERROR(RequireFinalized("Step"));
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -78,7 +100,7 @@ absl::Status ShardedOptimizer::ReduceHeldGradients() {
     } else {
       MW_RETURN_IF_ERROR(reducer_->ReduceScatter(flat, groups_[g].grads.data(),
                                                  UpdateGradients(flat, groups_[g]),
-                                                 /*accumulate=*/false, buffers));
+                                                 /*accumulate=*/false, /*final=*/true, buffers));
     }
   }
   const bool any = !buffers.wide.empty() || !buffers.packed.empty() || !buffers.out.empty();
@@ -134,16 +156,17 @@ absl::Status ShardedOptimizer::ExchangeGradientCheck(GradientCheck& check) {
   // rank adds the partials in rank order, so all ranks agree exactly. On
   // meta nothing moves (the values read as zero), but the buffer and the
   // collective are a real run's, so the dry run books and counts them too.
-  const int world = comm_.world_size();
+  Communicator& shards = this->shards();
+  const int world = shards.world_size();
   std::vector<float> mine(4, 0.0f), all(4 * world);
   mine[0] = check.overflow ? 1.0f : 0.0f;
   std::memcpy(&mine[2], &check.squares, sizeof check.squares);
   MW_ASSIGN_OR_RETURN(DeviceBuffer exchange,
                       device_.Allocate(all.size() * 4, MemoryCategory::kCommBuffer,
                                        "optimizer.step_scalars"));
-  void* own = ElementOffset(exchange.data(), 4 * comm_.rank(), DType::kF32);
+  void* own = ElementOffset(exchange.data(), 4 * shards.rank(), DType::kF32);
   MW_RETURN_IF_ERROR(device_.CopyAsync(own, mine.data(), 16, *comm_stream_));
-  MW_RETURN_IF_ERROR(comm_.AllGather(own, exchange.data(), 4, DType::kF32, *comm_stream_));
+  MW_RETURN_IF_ERROR(shards.AllGather(own, exchange.data(), 4, DType::kF32, *comm_stream_));
   MW_RETURN_IF_ERROR(device_.CopyAsync(all.data(), exchange.data(), all.size() * 4, *comm_stream_));
   MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
   check = GradientCheck();
@@ -330,9 +353,9 @@ absl::Status ShardedOptimizer::RefreshParameters() {
     if (!flat.trainable) continue;  // unchanged
     void* full = residence_->data(static_cast<int>(g));
     void* own = device_.holds_bytes()
-                    ? ElementOffset(full, flat.shard_begin(comm_.rank()), dtype)
+                    ? ElementOffset(full, flat.shard_begin(shards().rank()), dtype)
                     : nullptr;
-    MW_RETURN_IF_ERROR(comm_.AllGather(own, full, flat.shard_numel, dtype, *comm_stream_));
+    MW_RETURN_IF_ERROR(shards().AllGather(own, full, flat.shard_numel, dtype, *comm_stream_));
   }
   return absl::OkStatus();
 }
@@ -344,6 +367,7 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   // errors surface here). Unused prefetches go.
   MW_RETURN_IF_ERROR(OrderAfterCaller());
   MW_RETURN_IF_ERROR(comm_stream_->Synchronize());
+  MW_RETURN_IF_ERROR(SumUnfinishedReplicas());
   // The overlapped updates (Note [Overlapped update]) have all run; a host
   // part not reduced in backward (its gradients are the zeros on the
   // device) is handed over now.

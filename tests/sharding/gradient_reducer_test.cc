@@ -108,7 +108,8 @@ TEST_CASE("reduce-scatter in pieces of the bucket size sums every rank's gradien
     else static_cast<uint16_t*>(shard.data())[j] = F32ToBf16(0.5f);
   }
   const int64_t calls = world.stats(Collective::kReduceScatter).calls;
-  REQUIRE(reducer->ReduceScatter(flat, full.data(), shard.data(), /*accumulate=*/true, buffers)
+  REQUIRE(reducer->ReduceScatter(flat, full.data(), shard.data(), /*accumulate=*/true,
+                                 /*final=*/true, buffers)
               .ok());
   REQUIRE(host.comm->Synchronize().ok());
   CHECK(world.stats(Collective::kReduceScatter).calls - calls == 4);
@@ -118,7 +119,8 @@ TEST_CASE("reduce-scatter in pieces of the bucket size sums every rank's gradien
     REQUIRE(Read(shard, dtype, j) == static_cast<float>(expected));
   }
   // Not accumulating: the shard is the sum alone.
-  REQUIRE(reducer->ReduceScatter(flat, full.data(), shard.data(), /*accumulate=*/false, buffers)
+  REQUIRE(reducer->ReduceScatter(flat, full.data(), shard.data(), /*accumulate=*/false,
+                                 /*final=*/true, buffers)
               .ok());
   REQUIRE(host.comm->Synchronize().ok());
   for (int64_t j = 0; j < 1000; ++j) {
@@ -153,6 +155,64 @@ TEST_CASE("stage 0 all-reduces in place, widened piece by piece in one bucket-si
   }
 }
 
+TEST_CASE("hybrid sharding: reduce-scatter inside a block, then the final shard summed with "
+          "its replicas in the other blocks", "[hybrid]") {
+  MpiCommunicator& world = World();
+  const int w = world.world_size(), rank = world.rank();
+  const int size = w >= 2 ? 2 : 1;  // blocks of 2 ranks: 2 replicas on 4 ranks
+  const DType dtype = GENERATE(DType::kF32, DType::kBF16);
+  Host host;
+  auto block = world.SplitBlocks(size).value();
+  auto replicas = world.SplitStrided(size).value();
+  const FlatGroup flat = Group(1000, size);
+  // Reduce-scatter pieces of 300 shard elements; the replicas' all-reduce
+  // widens bf16 in pieces of the bucket.
+  const ShardingOptions options = Options(2, dtype, 300 * size);
+  auto reducer = GradientReducer::Create(options, *host.device, *block, *host.caller, *host.comm,
+                                         replicas.get())
+                     .value();
+  GradientReducer::Buffers buffers;
+  REQUIRE(reducer->SizeBuffers(flat, buffers).ok());
+  CHECK(buffers.wide.size() == (dtype == DType::kF32 ? 0 : std::min(300 * size, 1000) * 4));
+  DeviceBuffer full = FullGradients(*host.device, flat, dtype, rank);
+  DeviceBuffer shard =
+      host.device->Allocate(1000 * DTypeSize(dtype), MemoryCategory::kGradient, "shard").value();
+  const CollectiveStats rs = world.stats(Collective::kReduceScatter);
+  const CollectiveStats ar = world.stats(Collective::kAllReduce);
+  // Not final: the block's sum alone, nothing across blocks.
+  REQUIRE(reducer->ReduceScatter(flat, full.data(), shard.data(), /*accumulate=*/false,
+                                 /*final=*/false, buffers)
+              .ok());
+  REQUIRE(host.comm->Synchronize().ok());
+  const int first = rank / size * size;  // the block's first world rank
+  for (int64_t j = 0; j < 1000; ++j) {
+    double block_sum = 0;
+    for (int r = first; r < first + size; ++r) {
+      block_sum += Grad(flat.shard_begin(block->rank()) + j, r);
+    }
+    INFO("element " << j);
+    REQUIRE(Read(shard, dtype, j) == static_cast<float>(block_sum));
+  }
+  CHECK(world.stats(Collective::kAllReduce).calls == ar.calls);
+  // Final: every rank's sum, on every replica of the shard.
+  REQUIRE(reducer->ReduceScatter(flat, full.data(), shard.data(), /*accumulate=*/false,
+                                 /*final=*/true, buffers)
+              .ok());
+  REQUIRE(host.comm->Synchronize().ok());
+  for (int64_t j = 0; j < 1000; ++j) {
+    INFO("element " << j);
+    REQUIRE(Read(shard, dtype, j) ==
+            static_cast<float>(Sum(flat.shard_begin(block->rank()) + j, w)));
+  }
+  // The block's collectives and the replicas' count in the world's stats:
+  // 2 x 4 reduce-scatter pieces; one all-reduce of the f32 shard, or
+  // widened pieces of bf16 (of 600 elements on blocks of 2, 300 on 1).
+  CHECK(world.stats(Collective::kReduceScatter).calls - rs.calls == 8);
+  CHECK(world.stats(Collective::kAllReduce).calls - ar.calls ==
+        (dtype == DType::kF32 ? 1 : size == 2 ? 2 : 4));
+  CHECK(world.stats(Collective::kAllReduce).bytes - ar.bytes == 1000 * 4);
+}
+
 TEST_CASE("on meta the pieces after the first are counted as a real run makes them",
           "[meta]") {
   // 4096 simulated ranks, 10 pieces of 37 shard elements (and one of 6):
@@ -177,7 +237,7 @@ TEST_CASE("on meta the pieces after the first are counted as a real run makes th
                     covered += count;
                     return absl::OkStatus();
                   },
-                  /*repeatable=*/true,
+                  /*replicate=*/false, /*repeatable=*/true,
                   [&](int64_t begin, int64_t count) {
                     skipped_begin = begin;
                     covered += count;
