@@ -309,6 +309,34 @@ TEST_CASE("ZeRO++ quantized weights and the topology: keys, round trip, refusals
         "stage 3's gathered parameters), got 8 at stage 1");
 }
 
+TEST_CASE("mics_shard_size: DeepSpeed's key, round trip, refusals", "[config]") {
+  const Config c =
+      ParseConfig(R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})").value();
+  CHECK(c.zero.mics_shard_size == 8);
+  CHECK(ParseConfig(ConfigToJson(c)).value().zero.mics_shard_size == 8);
+  CHECK(ParseConfig("{}").value().zero.mics_shard_size == -1);
+  CHECK_THAT(ConfigToJson(ParseConfig("{}").value()), !Catch::Contains("mics"));
+  CHECK(ParseConfig(R"({"zero_optimization": {"stage": 1, "mics_shard_size": -1}})")
+            .value()
+            .zero.mics_shard_size == -1);
+  CHECK(Error(R"({"zero_optimization": {"stage": 0, "mics_shard_size": 8}})") ==
+        "zero_optimization.mics_shard_size: expected stage 1, 2 or 3 with it (it shards the "
+        "states inside groups of ranks), got stage 0");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "mics_shard_size": 0}})") ==
+        "zero_optimization.mics_shard_size: expected -1 (shard across all ranks) or the ranks of "
+        "a shard group, >= 1, got 0");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "mics_shard_size": -2}})") ==
+        "zero_optimization.mics_shard_size: expected an integer -1..2147483647, got -2");
+  CHECK(Error(R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8,
+      "zero_hpz_partition_size": 8}})") ==
+        "zero_optimization.mics_shard_size: not with zero_hpz_partition_size (a shard group "
+        "gathers inside itself already: make it the node)");
+  CHECK(Error(R"({"zero_optimization": {"stage": "auto", "mics_shard_size": 8,
+      "zero_quantized_gradients": true}})") ==
+        "zero_optimization.mics_shard_size: not with zero_quantized_gradients (hybrid sharding "
+        "reduce-scatters inside the shard group and all-reduces across the groups)");
+}
+
 TEST_CASE("stage3_gather_on_use: key, round trip, refusal", "[config]") {
   const Config c =
       ParseConfig(R"({"zero_optimization": {"stage": 3, "stage3_gather_on_use": true}})").value();

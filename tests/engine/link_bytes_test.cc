@@ -236,6 +236,45 @@ TEST_CASE("qgZ: gradients cross nodes as int8 by all-to-all, and train as exact 
   }
 }
 
+TEST_CASE("hybrid sharding: gathers and reduce-scatters stay in the node, the replicas' "
+          "all-reduce crosses once a step", "[link][hybrid]") {
+  MpiCommunicator& world = testing::World();
+  const int n = world.world_size();
+  if (n % 2 != 0) return;  // shard groups of 2 ranks
+  const PosedNodes posed(2);
+  const int64_t nodes = n / 2;
+  const Config exact = StageConfig(3);
+  Config hybrid = exact;
+  hybrid.zero.mics_shard_size = 2;
+  const DryRunResult planned_exact = DryRun(Plan(n), exact).value();
+  const DryRunResult planned = DryRun(Plan(n), hybrid).value();
+  const Trainer::StepReport real = RealStep(hybrid);
+  CHECK(real.traffic.intra_node == planned.link_bytes.intra_node);
+  CHECK(real.traffic.inter_node == planned.link_bytes.inter_node);
+  const CollectiveStats& ag = planned.collectives[int(Collective::kAllGather)];
+  const CollectiveStats& rs = planned.collectives[int(Collective::kReduceScatter)];
+  const CollectiveStats& ar = planned.collectives[int(Collective::kAllReduce)];
+  CHECK(ag.inter_node_bytes == 0);
+  CHECK(rs.inter_node_bytes == 0);
+  CHECK(planned.link_bytes.inter_node == ar.inter_node_bytes);
+  if (nodes > 1) {
+    // Stage 3 crosses with two bf16 gathers and an f32 reduce-scatter a
+    // micro-batch (2 of them); hybrid with one f32 all-reduce (two
+    // passes) of 1/2 the gradients by each of 2 replica groups a step:
+    // half, a little more for the loss's all-reduce and the padding.
+    INFO("across nodes per step: stage 3 " << planned_exact.link_bytes.inter_node
+                                           << ", hybrid " << planned.link_bytes.inter_node);
+    CHECK(double(planned.link_bytes.inter_node) <=
+          0.51 * double(planned_exact.link_bytes.inter_node));
+  }
+  // A rank's model states: stage 3's on the shard group's 2 ranks, to the
+  // byte.
+  const DryRunResult on_two = DryRun(Plan(2), exact).value();
+  for (MemoryCategory c : {MemoryCategory::kGradient, MemoryCategory::kOptimizerState}) {
+    CHECK(planned.category_peaks[int(c)] == on_two.category_peaks[int(c)]);
+  }
+}
+
 TEST_CASE("ZeRO++ whole: qwZ, hpZ and qgZ together cross nodes at most 1/3.5 of stage 3",
           "[link][zeropp]") {
   MpiCommunicator& world = testing::World();

@@ -53,6 +53,7 @@ struct MlpSetup {
   int accumulation = 1;    // micro-batches per step
   bool fp16 = false;       // fp16 with dynamic loss scaling from 2^8
   float clipping = 0;      // gradient_clipping (0: none)
+  int64_t shard_size = -1;  // zero_optimization.mics_shard_size (-1: none)
 };
 
 struct MlpRun {
@@ -88,6 +89,7 @@ inline MlpRun StartMlpTask(const MlpSetup& s, Communicator& comm, uint64_t seed 
     o.optimizer.momentum = 0.9f;
   }
   o.gradient_accumulation_steps = s.accumulation;
+  o.zero.mics_shard_size = s.shard_size;
   run.trainer = Trainer::Create(MakeMlp(MlpTaskWidths()), std::make_unique<MseLoss>(), o,
                                 *run.device, comm, seed)
                     .value();
