@@ -207,6 +207,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
     bool quantized_weights = false;  // ZeRO++ qwZ (stage 3, several GPUs)
     int64_t hpz = 1;                 // ZeRO++ hpZ's block: a node (stage 3, several nodes)
     bool quantized_gradients = false;  // ZeRO++ qgZ (stage 3, several nodes)
+    int64_t shard = -1;  // hybrid sharding's group: a node (stages 2-3, several nodes)
   };
   std::vector<Choice> choices;
   const int64_t node = NodeSize(options, base);
@@ -238,6 +239,15 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
                 {stage, ratio, false, false, planner, bucket, false, false, false, 1, true});
             choices.push_back(
                 {stage, ratio, false, false, planner, bucket, false, false, true, node, true});
+          }
+        }
+        // Across nodes: hybrid sharding, the states sharded in each node
+        // and replicated across nodes.
+        if (stage >= 2 && node > 1 && node < options.gpus && options.gpus % node == 0) {
+          for (float ratio : {0.0f, 1.0f}) {
+            Choice hybrid{stage, ratio, false, false, planner, bucket};
+            hybrid.shard = node;
+            choices.push_back(hybrid);
           }
         }
         if (stage >= 2) {  // the same, the update under backward (more pinned memory)
@@ -288,6 +298,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
       config.zero.quantized_weights = c.quantized_weights;
       config.zero.hpz_partition_size = c.hpz;
       config.zero.quantized_gradients = c.quantized_gradients;
+      config.zero.mics_shard_size = c.shard;
       cand.changes_results = c.quantized_weights || c.quantized_gradients;
       config.activation_checkpointing = RecomputeConfig();
       config.activation_checkpointing.planner = c.planner;
@@ -301,6 +312,7 @@ absl::StatusOr<AutoResult> AutoStrategy(const DryRunOptions& options, const Conf
           c.quantized_weights ? ", quantized weight gathers (qwZ)" : "",
           c.hpz > 1 ? absl::StrCat(", secondary partition in ", c.hpz, " GPUs (hpZ)") : "",
           c.quantized_gradients ? ", quantized gradients (qgZ)" : "",
+          c.shard > 0 ? absl::StrCat(", sharded in groups of ", c.shard, " GPUs (hybrid)") : "",
           ", recomputation ",
           c.planner, ", buckets ",
           c.bucket / 1e6, "M", search ? absl::StrCat(", micro-batch ", m, " x ", global / m) : "");

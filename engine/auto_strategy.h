@@ -108,7 +108,9 @@ double PredictStepSeconds(const DryRunResult& plan, const Config& config, const 
 // only when `base` sets zero_quantized_weights), on several nodes stage 3
 // with a secondary partition in each node (hpZ, exact; also with qwZ),
 // with quantized gradients (qgZ: chosen only when `base` sets
-// zero_quantized_gradients) and with all three, and flat-group
+// zero_quantized_gradients) and with all three, on several nodes stages
+// 2 and 3 sharded inside each node and replicated across nodes (hybrid
+// sharding, mics_shard_size; exact), and flat-group
 // (bucket and prefetch) sizes of 5e6 and 5e7 elements; offload to NVMe
 // only when options.nvme_bytes > 0 (at stage 3 also with the parameters
 // and gradients there, the block weights gathered on use, and, when that

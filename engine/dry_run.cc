@@ -14,6 +14,7 @@
 #include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
+#include "sharding/stage_rules.h"
 
 namespace memwall {
 
@@ -170,17 +171,31 @@ absl::Status JudgeFit(const DryRunOptions& options, const Config& config, int64_
   return absl::OkStatus();
 }
 
-// Host traffic per step, from the layout: offloaded gradients down and
-// parameters up, paged shards in for each gather (forward and backward),
-// offloaded activations out and back.
+// Host traffic per step, from the layout: offloaded gradients down (each
+// micro-batch's reduction, in the reduction dtype, where the whole shard
+// streams to the host; with hybrid sharding the earlier micro-batches' sum
+// back up for the replicas' all-reduce) and parameters up, paged shards in
+// for each gather (forward and backward), offloaded activations out and
+// back.
 void AddHostTraffic(const Config& config, const ShardedOptimizer& opt, DryRunResult& r) {
   const int64_t size = static_cast<int64_t>(DTypeSize(config.param_dtype()));
+  const int64_t reduce_size = static_cast<int64_t>(DTypeSize(config.reduce_dtype));
   const int64_t accumulation = config.gradient_accumulation_steps;
+  const bool hybrid = config.zero.mics_shard_size > 0;
   for (const FlatGroup& g : opt.layout().groups) {
-    const int64_t k = std::llround(double(config.zero.offload_optimizer_ratio) * g.shard_numel);
+    const int64_t k = std::min<int64_t>(
+        g.shard_numel, std::llround(double(config.zero.offload_optimizer_ratio) * g.shard_numel));
     if (g.trainable && r.offloaded_elements == 0) r.tail_offloaded_elements = k;
     r.offloaded_elements += k;
-    r.pcie_bytes += 2 * k * size;
+    const bool streamed = StageRules(config.zero.stage).shards_gradients() && g.trainable &&
+                          k > 0 && k == g.shard_numel;
+    r.pcie_bytes += k * size;  // the refreshed parameters
+    if (!streamed) {
+      r.pcie_bytes += k * size;
+    } else {
+      r.pcie_bytes += accumulation * k * reduce_size;
+      if (hybrid && accumulation > 1) r.pcie_bytes += k * size;
+    }
     if (config.zero.offload_param) r.pcie_bytes += 2 * accumulation * g.shard_numel * size;
   }
   r.pcie_bytes += 2 * r.recompute.offloaded_bytes * accumulation;

@@ -68,11 +68,16 @@ absl::Status GradientReducer::SizeBuffers(const FlatGroup& flat, Buffers& buffer
     return ensure(buffers.wide, std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1,
                                                     flat.padded_numel), ".allreduce");
   }
+  const Pieces p = PiecesOf(flat);
   if (replicas_ != nullptr && reduce != dtype) {
     MW_RETURN_IF_ERROR(ensure(buffers.wide, std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1,
                                                                 flat.shard_numel), ".allreduce"));
   }
-  const Pieces p = PiecesOf(flat);
+  if (replicas_ != nullptr && config_.gradient_accumulation_steps > 1) {
+    // In the reduce dtype's elements, as ensure() sizes them.
+    MW_RETURN_IF_ERROR(ensure(buffers.earlier, (p.piece * DTypeSize(dtype) + size - 1) / size,
+                              ".earlier_gradients"));
+  }
   if (p.pack) MW_RETURN_IF_ERROR(ensure(buffers.packed, comm_.world_size() * p.piece, ".reduce_input"));
   MW_RETURN_IF_ERROR(ensure(buffers.out, p.piece, ".reduce_output"));
   if (node_ == nullptr) return absl::OkStatus();
@@ -155,6 +160,25 @@ absl::Status GradientReducer::AllReduceReplicas(const FlatGroup& flat, void* sha
   return AllReduceOver(*replicas_, shard, flat.shard_numel, buffers);
 }
 
+absl::Status GradientReducer::AllReduceReplicas(const FlatGroup& flat, const Earlier& earlier,
+                                                const Consume& consume, Buffers& buffers) {
+  if (replicas_ == nullptr) return absl::OkStatus();
+  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  const int64_t piece = PiecesOf(flat).piece;
+  for (int64_t begin = 0; begin < flat.shard_numel; begin += piece) {
+    const int64_t count = std::min(piece, flat.shard_numel - begin);
+    MW_ASSIGN_OR_RETURN(const void* before, earlier(begin, count));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(buffers.earlier.data(), before,
+                                         count * DTypeSize(dtype), comm_stream_));
+    MW_RETURN_IF_ERROR(kernels::Cast(device_, comm_stream_, buffers.earlier.data(), dtype,
+                                     buffers.out.data(), reduce, count));
+    MW_RETURN_IF_ERROR(replicas_->AllReduce(buffers.out.data(), buffers.out.data(), count, reduce,
+                                            ReduceOp::kSum, comm_stream_));
+    MW_RETURN_IF_ERROR(consume(begin, count, buffers.out.data()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GradientReducer::AllReduceOver(Communicator& comm, void* full, int64_t n,
                                             Buffers& buffers) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
@@ -191,8 +215,8 @@ absl::Status GradientReducer::AllReduceOver(Communicator& comm, void* full, int6
 
 absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const void* full,
                                                   Buffers& buffers, const Consume& consume,
-                                                  bool replicate, bool repeatable,
-                                                  const Skipped& skipped) {
+                                                  bool replicate, const Earlier& earlier,
+                                                  bool repeatable, const Skipped& skipped) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
   const int world = comm_.world_size();
   const int64_t shard = flat.shard_numel;
@@ -261,6 +285,13 @@ absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const v
             ? QuantizedReduceScatter(input, out.data(), count, buffers)
             : comm_.ReduceScatter(input, out.data(), count, reduce, ReduceOp::kSum, stream));
     if (replicas != nullptr) {
+      if (earlier) {
+        MW_ASSIGN_OR_RETURN(const void* before, earlier(begin, count));
+        MW_RETURN_IF_ERROR(device_.CopyAsync(buffers.earlier.data(), before,
+                                             count * DTypeSize(dtype), stream));
+        MW_RETURN_IF_ERROR(kernels::Accumulate(device_, stream, buffers.earlier.data(), dtype,
+                                               out.data(), reduce, count));
+      }
       MW_RETURN_IF_ERROR(
           replicas->AllReduce(out.data(), out.data(), count, reduce, ReduceOp::kSum, stream));
     }
@@ -283,7 +314,7 @@ absl::Status GradientReducer::ReduceScatter(const FlatGroup& flat, const void* f
                    ? kernels::Accumulate(device_, comm_stream_, reduced, reduce, to, dtype, count)
                    : kernels::Cast(device_, comm_stream_, reduced, reduce, to, dtype, count);
       },
-      /*replicate=*/false, /*repeatable=*/true));
+      /*replicate=*/false, /*earlier=*/nullptr, /*repeatable=*/true));
   return final ? AllReduceReplicas(flat, shard_out, buffers) : absl::OkStatus();
 }
 

@@ -29,10 +29,12 @@
 // is summed with its replicas (`replicas`: the ranks holding the same
 // shard in the other groups) once it holds the step's last micro-batch:
 // widened to the reduction dtype in pieces, all-reduced and rounded back
-// (AllReduceReplicas; ReduceScatter's `final`). A caller whose shard
-// cannot wait for that (it streams to the host as it is reduced) has each
-// piece all-reduced before it sees it (ReduceScatterPieces' `replicate`).
-// Either way every rank of a shard then holds the sum over all ranks.
+// (AllReduceReplicas; ReduceScatter's `final`). A caller whose shard is
+// not on the device (it streams to the host as it is reduced) has the last
+// reduction's pieces added to the earlier micro-batches' sum, brought
+// back, and all-reduced before it sees them (ReduceScatterPieces'
+// `replicate`). Either way every rank of a shard then holds the sum over
+// all ranks, and the replicas' all-reduce runs once a step.
 //
 // Owns the pacing events; borrows the device, communicator and streams
 // (the optimizer's). Not thread-safe.
@@ -64,6 +66,9 @@ class GradientReducer {
     // qgZ: the reordered input, the node's sums, the quantized parts sent
     // and received, a dequantized part.
     DeviceBuffer swizzled, partial, sent, received, part;
+    // Hybrid sharding, a shard off the device: a piece of the earlier
+    // micro-batches' sum (param_dtype).
+    DeviceBuffer earlier;
   };
   // A group's reduce-scatter goes in pieces of `piece` shard elements;
   // `pack`: its input is packed rank after rank into Buffers::packed.
@@ -76,6 +81,10 @@ class GradientReducer {
   // (what it enqueues on the communication stream reads it in time).
   using Consume = std::function<absl::Status(int64_t begin, int64_t count, const void* reduced)>;
   using Skipped = std::function<absl::Status(int64_t begin, int64_t count)>;
+  // Elements [begin, begin + count) of the shard's sum over the step's
+  // earlier micro-batches, wherever the caller keeps it (param_dtype; host
+  // memory the device can copy from; null on meta).
+  using Earlier = std::function<absl::StatusOr<const void*>(int64_t begin, int64_t count)>;
 
   // The two pacing events come from `device`. `config`, `device`, `comm`
   // (the ranks the states are sharded over), `replicas` (hybrid sharding's
@@ -106,17 +115,25 @@ class GradientReducer {
   // Hybrid sharding: sums this rank's `shard` of `flat` (param_dtype) with
   // its replicas', in the reduction dtype, in place; a no-op without.
   absl::Status AllReduceReplicas(const FlatGroup& flat, void* shard, Buffers& buffers);
-  // The reduce-scatter itself, calling `consume` for each piece (with
-  // hybrid sharding and `replicate`, each piece all-reduced with the
-  // replicas first). Its buffers are `buffers`' (sized by SizeBuffers
-  // first). `repeatable`: each full piece's consume does what the first
-  // one's does (the same launches, host synchronisations and allocations,
-  // freed again), so on meta the full pieces after the first are counted,
-  // not run; `skipped`, if set, is then told the range they cover (what
-  // consume keeps count of besides).
+  // Hybrid sharding, a shard off the device reduced fewer times than the
+  // step's micro-batches: sums `earlier`'s shard (all of it) with the
+  // replicas' piece by piece, handing each to `consume`; a no-op without.
+  absl::Status AllReduceReplicas(const FlatGroup& flat, const Earlier& earlier,
+                                 const Consume& consume, Buffers& buffers);
+  // The reduce-scatter itself, calling `consume` for each piece. With
+  // hybrid sharding and `replicate` (the step's last reduction into a shard
+  // kept off the device), each piece is first added to `earlier`'s (if
+  // set: the micro-batches before) and summed with the replicas, so that
+  // consume sees the whole step's sum. Its buffers are `buffers`' (sized
+  // by SizeBuffers first). `repeatable`: each full piece's consume does
+  // what the first one's does (the same launches, host synchronisations
+  // and allocations, freed again), so on meta the full pieces after the
+  // first are counted, not run; `skipped`, if set, is then told the range
+  // they cover (what consume keeps count of besides).
   absl::Status ReduceScatterPieces(const FlatGroup& flat, const void* full, Buffers& buffers,
                                    const Consume& consume, bool replicate,
-                                   bool repeatable = false, const Skipped& skipped = nullptr);
+                                   const Earlier& earlier = nullptr, bool repeatable = false,
+                                   const Skipped& skipped = nullptr);
 
   // After a reduction is queued: orders the caller's stream after the
   // reductions before it (`in_flight`: the newest runs on while the caller

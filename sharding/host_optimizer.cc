@@ -192,6 +192,23 @@ absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void*
   return Landed(count);
 }
 
+absl::StatusOr<const void*> HostOptimizerSlice::EarlierGradients(int64_t begin, int64_t count) {
+  if (begin < 0 || count < 0 || begin + count > numel_) {
+    return absl::OutOfRangeError(absl::StrCat("gradients of '", owner_, "': elements [", begin,
+                                              ", ", begin + count, ") of ", numel_));
+  }
+  char* base = static_cast<char*>(grads_.data());
+  if (grad_slot_ >= 0) {
+    if (landing_.first.empty()) {
+      MW_ASSIGN_OR_RETURN(landing_, Aligned(store_->rounded_bytes(grad_slot_), ".grad_landing"));
+      MW_RETURN_IF_ERROR(store_->Read(grad_slot_, landing_.second));
+    }
+    base = landing_.second;
+  }
+  if (!device_.holds_bytes()) return nullptr;
+  return static_cast<const void*>(base + begin * DTypeSize(dtype_));
+}
+
 absl::Status HostOptimizerSlice::SkipGradients(int64_t begin, int64_t count) {
   if (device_.holds_bytes()) {
     return absl::FailedPreconditionError(absl::StrCat(

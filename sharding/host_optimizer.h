@@ -167,6 +167,13 @@ class HostOptimizerSlice final : public StateTier {
   // added. kOutOfRange if the range is not within numel().
   absl::Status AccumulateGradients(Stream& stream, const void* grads, DType dtype, bool first,
                                    int64_t begin, int64_t count);
+  // Elements [begin, begin + count) of the gradients accumulated over the
+  // step's earlier reductions (parameter dtype, pinned host memory, valid
+  // until the next AccumulateGradients; null on a device without bytes),
+  // read from NVMe first when they are there: hybrid sharding adds them to
+  // the last reduction's before summing with the replicas, and that sum
+  // then lands with `first`. kOutOfRange as AccumulateGradients.
+  absl::StatusOr<const void*> EarlierGradients(int64_t begin, int64_t count);
   // A dry run's AccumulateGradients of elements [begin, begin + count)
   // whose pieces it counts rather than runs (each would do what the one
   // before it did): books them as landed, and on NVMe writes the landing

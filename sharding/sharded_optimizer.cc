@@ -546,19 +546,26 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
   if (streams_gradients(flat)) {
     // No shard on the device: the reduction's output (in the reduction's
     // dtype) goes to the host and accumulates there, rounding as the
-    // device's accumulating reduction would.
+    // device's accumulating reduction would. Hybrid sharding: the last
+    // reduction's pieces come with the earlier ones' sum, summed with the
+    // replicas, and land as the whole.
     const bool first = group.reductions++ == 0;
+    const bool last = group.reductions == config_.gradient_accumulation_steps;
+    const bool replicate = last && shard_group_ != nullptr;
+    GradientReducer::Earlier earlier;
+    if (replicate && !first) {
+      earlier = [&](int64_t begin, int64_t count) {
+        return group.host->EarlierGradients(begin, count);
+      };
+    }
     MW_RETURN_IF_ERROR(reducer_->ReduceScatterPieces(
         flat, group.grad_bucket.data(), buffers,
         [&](int64_t begin, int64_t count, const void* reduced) {
           return group.host->AccumulateGradients(*comm_stream_, reduced, config_.reduce_dtype,
-                                                 first, begin, count);
+                                                 first || replicate, begin, count);
         },
-        // Hybrid sharding: no device shard to sum with the replicas at the
-        // step's end, so each micro-batch's pieces are.
-        /*replicate=*/true, /*repeatable=*/true,
+        replicate, earlier, /*repeatable=*/true,
         [&](int64_t begin, int64_t count) { return group.host->SkipGradients(begin, count); }));
-    const bool last = group.reductions == config_.gradient_accumulation_steps;
     return last && overlaps_update() ? Speculate(g) : absl::OkStatus();
   }
   const bool final = ++group.reductions == config_.gradient_accumulation_steps;

@@ -46,14 +46,23 @@ absl::Status ShardedOptimizer::SumUnfinishedReplicas() {
   GradientReducer::Buffers buffers;
   bool any = false;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    const Group& group = groups_[g];
+    Group& group = groups_[g];
     const FlatGroup& flat = layout_.groups[g];
-    if (group.reductions == 0 || group.reductions == config_.gradient_accumulation_steps ||
-        streams_gradients(flat)) {
-      continue;
-    }
+    if (group.reductions == 0 || group.reductions == config_.gradient_accumulation_steps) continue;
     MW_RETURN_IF_ERROR(reducer_->SizeBuffers(flat, buffers));
-    MW_RETURN_IF_ERROR(reducer_->AllReduceReplicas(flat, groups_[g].grads.data(), buffers));
+    if (!streams_gradients(flat)) {
+      MW_RETURN_IF_ERROR(reducer_->AllReduceReplicas(flat, group.grads.data(), buffers));
+    } else {
+      // On the host: brought back piece by piece, summed, landed again.
+      MW_RETURN_IF_ERROR(reducer_->AllReduceReplicas(
+          flat,
+          [&](int64_t begin, int64_t count) { return group.host->EarlierGradients(begin, count); },
+          [&](int64_t begin, int64_t count, const void* summed) {
+            return group.host->AccumulateGradients(*comm_stream_, summed, config_.reduce_dtype,
+                                                   /*first=*/true, begin, count);
+          },
+          buffers));
+    }
     any = true;
   }
   return any ? comm_stream_->Synchronize() : absl::OkStatus();

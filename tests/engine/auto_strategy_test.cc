@@ -334,6 +334,31 @@ TEST_CASE("quantized weight gathers are listed, and chosen only where the config
   REQUIRE(qgz != nullptr);
   CHECK(qgz->changes_results);
   CHECK(qgz->plan.link_bytes.inter_node < quantized->plan.link_bytes.inter_node);
+  // Hybrid sharding in each node is exact; its gathers and reduce-scatters
+  // stay inside the node, and 70B's states over 8 GPUs (16 bytes each / 8)
+  // fit 80 GB only with the optimizer offloaded.
+  const Candidate* hybrid = nullptr;
+  const Candidate* hybrid_offload = nullptr;
+  for (const Candidate& c : exact.candidates) {
+    if (c.name == "stage 3, sharded in groups of 8 GPUs (hybrid), recomputation optimal, "
+                  "buckets 50M") {
+      hybrid = &c;
+    }
+    if (c.name == "stage 3, optimizer offload 1, sharded in groups of 8 GPUs (hybrid), "
+                  "recomputation optimal, buckets 50M") {
+      hybrid_offload = &c;
+    }
+  }
+  REQUIRE(hybrid != nullptr);
+  REQUIRE(hybrid_offload != nullptr);
+  CHECK_FALSE(hybrid->changes_results);
+  CHECK(hybrid->config.zero.mics_shard_size == 8);
+  CHECK(hybrid->plan.collectives[int(Collective::kAllGather)].inter_node_bytes == 0);
+  CHECK(hybrid->plan.collectives[int(Collective::kReduceScatter)].inter_node_bytes == 0);
+  CHECK(hybrid->plan.collectives[int(Collective::kAllReduce)].inter_node_bytes > 0);
+  CHECK_FALSE(hybrid->plan.fits);
+  CHECK(hybrid_offload->plan.fits);
+  CHECK(hybrid_offload->plan.link_bytes.inter_node < plain->plan.link_bytes.inter_node);
   // Opted in to quantized weights only: the fastest with exact gradients.
   base.zero.quantized_weights = true;
   const AutoResult opted = AutoStrategy(options, base, hw).value();

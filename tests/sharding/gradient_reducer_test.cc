@@ -237,7 +237,7 @@ TEST_CASE("on meta the pieces after the first are counted as a real run makes th
                     covered += count;
                     return absl::OkStatus();
                   },
-                  /*replicate=*/false, /*repeatable=*/true,
+                  /*replicate=*/false, /*earlier=*/nullptr, /*repeatable=*/true,
                   [&](int64_t begin, int64_t count) {
                     skipped_begin = begin;
                     covered += count;
