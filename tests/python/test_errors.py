@@ -68,9 +68,13 @@ def test_a_model_moved_out_of_memwalls_memory():
      "zero_optimization.stage \"auto\": memwall chooses by tracing the model and dry-running "
      "each configuration; pass ZeroOptimizer(..., example_inputs=...): one batch as the model's "
      "forward takes it (a dict of keyword arguments, a tuple of positional ones, or one tensor)"),
+    ({"zero_optimization": {"stage": 0, "mics_shard_size": 2}},
+     "INVALID_ARGUMENT: zero_optimization.mics_shard_size: expected stage 1, 2 or 3 with it (it "
+     "shards the states inside groups of ranks), got stage 0"),
     ({"zero_optimization": {"stagee": 1}},
      "INVALID_ARGUMENT: zero_optimization.stagee: unknown key (known here: "
-     "allgather_bucket_size, allgather_partitions, contiguous_gradients, offload_optimizer, "
+     "allgather_bucket_size, allgather_partitions, contiguous_gradients, mics_shard_size, "
+     "offload_optimizer, "
      "offload_param, overlap_comm, reduce_bucket_size, reduce_scatter, stage, "
      "stage3_gather_16bit_weights_on_model_save, stage3_gather_on_use, "
      "stage3_max_live_parameters, stage3_max_reuse_distance, "

@@ -27,6 +27,20 @@ def test_a_torch_loop_runs_unchanged(ranks_runner, stage, ranks):
         assert result["state_error"] <= 1e-6, (r, result["state_error"])
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_hybrid_sharding_runs_the_loop_as_torch_on_the_whole_batch(ranks_runner, stage):
+    """zero_optimization.mics_shard_size 1 on 2 ranks: each rank a shard
+    group of its own holding the whole states, the gradients all-reduced
+    with the replica on the other rank (hybrid sharding's two steps): the
+    same loop, torch's AdamW on the whole batch within 1e-6, as the stages
+    sharded across both ranks are."""
+    for r, result in enumerate(ranks_runner(2, "plain_loop.py", stage, 1)):
+        assert result["steps"] == 3, r
+        assert result["weight_error"] <= 1e-6, (r, result["weight_error"])
+        assert result["state_steps"] == result["torch_steps"] == [3.0] * 4, r
+        assert result["state_error"] <= 1e-6, (r, result["state_error"])
+
+
 def with_reference(stage, weight_decay, frozen_bias=False):
     """An MLP under a ZeroOptimizer, and its copy under torch's AdamW
     (lr 0.1, the same weight decay); with frozen_bias the last bias is

@@ -2,7 +2,8 @@
 (zero_grad, loss.backward(), step), with the calls such loops make between
 steps, next to torch's AdamW on the whole batch in this same process.
 
-Usage: plain_loop.py OUT STAGE
+Usage: plain_loop.py OUT STAGE [SHARD]
+SHARD: zero_optimization.mics_shard_size (hybrid sharding; default -1, none).
 Steps: a plain one; zero_grad and a step() with no backward since (changes
 nothing); backward, zero_grad, backward, step (only the second counts); an
 in-place write of a weight between steps (inside gathered_parameters(
@@ -19,12 +20,13 @@ import torch
 import memwall.torch as mt
 
 out, stage = sys.argv[1], int(sys.argv[2])
+shard = int(sys.argv[3]) if len(sys.argv) > 3 else -1
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
 reference = copy.deepcopy(model)
 ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.05)
 opt = mt.ZeroOptimizer(model, None, {
-    "zero_optimization": {"stage": stage},
+    "zero_optimization": {"stage": stage, "mics_shard_size": shard},
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.05}}})
 rank, world = opt.engine.rank, opt.engine.world_size
 data = torch.Generator().manual_seed(1)
