@@ -12,13 +12,20 @@ and data for every configuration:
   stage 3 + hpZ          zero_hpz_partition_size 2 (exact)
   stage 3 + qgZ          zero_quantized_gradients (int8 across nodes)
   ZeRO++                 all three
+  stage 0                unsharded data parallelism (exact)
+  hybrid                 mics_shard_size 2: stage 3 inside each node,
+                         replicated across the nodes (exact)
 
 Prints each run's loss (the ranks' mean) every 25 steps side by side, the
 final loss (the mean of the last 10 steps) and its difference from stage 3's,
-and the bytes per step across nodes (opt.communication()).
+and the bytes per step across nodes (opt.communication()). With --seeds N
+each configuration runs N times (model and data from seed 0..N-1) and the
+final losses are compared seed by seed: each one's difference from stage 3
+on the same seed, their mean and range.
 
 Usage (after tools/python_env.sh):
-  .venv/bin/python benchmarks/zeropp_quality.py [--steps 300]
+  .venv/bin/python benchmarks/zeropp_quality.py [--steps 300] [--seeds N]
+      [--runs "stage 3,ZeRO++"] [--block B]
 """
 import argparse
 import json
@@ -35,7 +42,9 @@ RUNS = [("stage 3", {}),
         ("stage 3 + hpZ", {"zero_hpz_partition_size": 2}),
         ("stage 3 + qgZ", {"zero_quantized_gradients": True}),
         ("ZeRO++", {"zero_quantized_weights": True, "zero_hpz_partition_size": 2,
-                    "zero_quantized_gradients": True})]
+                    "zero_quantized_gradients": True}),
+        ("stage 0", {"stage": 0}),
+        ("hybrid", {"mics_shard_size": 2})]
 RANKS, PER_NODE = 4, 2
 SEQ, BATCH = 128, 2  # per rank
 
@@ -50,13 +59,13 @@ def corpus():
     return text
 
 
-def worker(out, zero_json, steps, corpus_path):
+def worker(out, zero_json, steps, corpus_path, seed):
     """One rank of one run (under mpirun)."""
     import torch
     import transformers
     import memwall.torch as mt
     torch.set_num_threads(1)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = transformers.GPT2Config(vocab_size=256, n_positions=SEQ, n_embd=256, n_layer=4,
                                      n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=0, eos_token_id=0)
@@ -69,7 +78,7 @@ def worker(out, zero_json, steps, corpus_path):
     rank, world = opt.engine.rank, opt.engine.world_size
     with open(corpus_path, "rb") as f:
         data = torch.tensor(list(f.read()), dtype=torch.long)
-    g = torch.Generator().manual_seed(1234)
+    g = torch.Generator().manual_seed(1234 + seed)
     losses = []
     start = opt.communication()["inter_node_bytes"]
     for step in range(steps):
@@ -93,10 +102,13 @@ def main():
                         help="zero_quantization_block_size for the quantized runs (0: memwall's)")
     parser.add_argument("--runs", default="",
                         help="comma-separated run names to take (default: all)")
-    parser.add_argument("--worker", nargs=4)
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="runs of each configuration, from seeds 0..N-1")
+    parser.add_argument("--worker", nargs=5)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker[0], args.worker[1], int(args.worker[2]), args.worker[3])
+        worker(args.worker[0], args.worker[1], int(args.worker[2]), args.worker[3],
+               int(args.worker[4]))
         return
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "OPAL_"))}
     results = []
@@ -109,32 +121,48 @@ def main():
         for name, zero in runs:
             if args.block and any(k.startswith("zero_quantized") for k in zero):
                 zero["zero_quantization_block_size"] = args.block
-        for i, (name, zero) in enumerate(runs):
-            out = os.path.join(tmp, "run%d" % i)
-            subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), str(RANKS), sys.executable,
-                            os.path.abspath(__file__), "--worker", out, json.dumps(zero),
-                            str(args.steps), corpus_path], check=True, env=env)
-            ranks = []
-            for r in range(RANKS):
-                with open("%s.rank%d" % (out, r)) as f:
-                    ranks.append(json.load(f))
-            mean = [sum(x) / RANKS for x in zip(*(rk["losses"] for rk in ranks))]
-            results.append((name, mean, ranks[0]["across"]))
-            print("%s: done" % name, file=sys.stderr, flush=True)
+        for seed in range(args.seeds):
+            for i, (name, zero) in enumerate(runs):
+                out = os.path.join(tmp, "run%d-%d" % (i, seed))
+                subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), str(RANKS),
+                                sys.executable, os.path.abspath(__file__), "--worker", out,
+                                json.dumps(zero), str(args.steps), corpus_path, str(seed)],
+                               check=True, env=env)
+                ranks = []
+                for r in range(RANKS):
+                    with open("%s.rank%d" % (out, r)) as f:
+                        ranks.append(json.load(f))
+                mean = [sum(x) / RANKS for x in zip(*(rk["losses"] for rk in ranks))]
+                results.append((name, seed, mean, ranks[0]["across"]))
+                print("%s, seed %d: done" % (name, seed), file=sys.stderr, flush=True)
     print("zeropp_quality: GPT2LMHeadModel (4 layers, d 256, byte vocabulary), f32, %d ranks "
           "as %d nodes of %d, %d x %d tokens per rank per step, AdamW lr 1e-3, %d steps" %
           (RANKS, RANKS // PER_NODE, PER_NODE, BATCH, SEQ, args.steps))
-    print("  %6s  %s" % ("step", "  ".join("%14s" % name for name, _, _ in results)))
-    for s in list(range(0, args.steps, 25)) + [args.steps - 1]:
-        print("  %6d  %s" % (s + 1, "  ".join("%14.4f" % mean[s] for _, mean, _ in results)))
     def final(mean):
         return sum(mean[-10:]) / len(mean[-10:])
-    base = final(results[0][1])
-    print("  final loss (mean of the last 10 steps), vs stage 3; bytes per step across nodes:")
-    for name, mean, across in results:
-        print("  %-16s %.4f  %+.2f%%  %.2f MiB (%.2fx stage 3's)" % (
-            name, final(mean), (final(mean) / base - 1) * 100, across / 2**20,
-            across / results[0][2]))
+    for seed in range(args.seeds):
+        mine = [r for r in results if r[1] == seed]
+        print("seed %d:" % seed)
+        print("  %6s  %s" % ("step", "  ".join("%14s" % name for name, _, _, _ in mine)))
+        for s in list(range(0, args.steps, 25)) + [args.steps - 1]:
+            print("  %6d  %s" % (s + 1, "  ".join("%14.4f" % mean[s] for _, _, mean, _ in mine)))
+        base, base_across = final(mine[0][2]), mine[0][3]
+        print("  final loss (mean of the last 10 steps), vs %s; bytes per step across nodes:"
+              % mine[0][0])
+        for name, _, mean, across in mine:
+            print("  %-16s %.4f  %+.2f%%  %.2f MiB (%.2fx %s's)" % (
+                name, final(mean), (final(mean) / base - 1) * 100, across / 2**20,
+                across / base_across, mine[0][0]))
+    if args.seeds > 1:
+        print("over %d seeds, each final loss against %s's on the same seed:"
+              % (args.seeds, results[0][0]))
+        for name, _ in runs:
+            diffs = [(final(r[2]) / final(b[2]) - 1) * 100
+                     for r in results if r[0] == name
+                     for b in results if b[0] == runs[0][0] and b[1] == r[1]]
+            print("  %-16s mean %+.2f%%  range %+.2f%% .. %+.2f%%  (%s)" % (
+                name, sum(diffs) / len(diffs), min(diffs), max(diffs),
+                ", ".join("%+.2f%%" % d for d in diffs)))
 
 
 if __name__ == "__main__":
