@@ -4,6 +4,7 @@
 // rank: run with N real ranks (mpirun), each rank's host step over MPI
 // against its meta step as rank r of N over the simulated communicator
 // that `memwall plan` uses.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ struct Strategy {
   int64_t params_max_in_cpu = -1;
   bool gather_on_use = false;  // stage 3: block weights gathered per operation
   int64_t bucket = 30000;      // reduce_bucket_size (elements)
+  // Hybrid sharding: mics_shard_size, at most the ranks (-1: none).
+  int64_t shard = -1;
 };
 
 // One step's books on `backend`: the device's (returned), the pinned
@@ -63,6 +66,7 @@ AllocatorStats Step(Backend backend, const Strategy& s, AllocatorStats* pinned,
   options.zero.offload_param = s.paging;
   options.zero.offload_overlap_step = s.overlap_step;
   options.zero.stage3_gather_on_use = s.gather_on_use;
+  options.zero.mics_shard_size = s.shard > 0 ? std::min<int64_t>(s.shard, world) : -1;
   if (s.nvme) {
     const char* dir = std::getenv("TEST_TMPDIR");
     options.zero.offload_nvme_path = dir != nullptr ? dir : "/tmp";
@@ -190,6 +194,19 @@ TEST_CASE("a meta step allocates, communicates and synchronises exactly as the h
        "gpt-tiny:layers=4", false, false, -1, false, 2000},
       {"stage 2, bf16, NVMe, overlap step, 2000-element buckets", 2, true, 1.0f, false, "none",
        true, "gpt-tiny:layers=4", true, true, -1, false, 2000},
+      // Hybrid sharding in groups of 2: the replicas' all-reduce at each
+      // shard's last reduction, on the device or with the earlier
+      // micro-batch's sum brought back from the host or NVMe.
+      {"stage 3, bf16, hybrid, overlap, sqrt", 3, true, 0, false, "sqrt", true,
+       "gpt-tiny:layers=4", false, false, -1, false, 30000, 2},
+      {"stage 1, f32, hybrid, offload 0.5", 1, false, 0.5f, false, "none", false,
+       "gpt-tiny:layers=4", false, false, -1, false, 30000, 2},
+      {"stage 2, bf16, hybrid, offload, 2000-element buckets", 2, true, 1.0f, false, "none", false,
+       "gpt-tiny:layers=4", false, false, -1, false, 2000, 2},
+      {"stage 3, bf16, hybrid, NVMe params + states, overlap", 3, true, 1.0f, true, "none", true,
+       "gpt-tiny:layers=4", false, true, 0, false, 2000, 2},
+      {"stage 2, bf16, hybrid, offload, overlap step", 2, true, 1.0f, false, "none", true,
+       "gpt-tiny:layers=4", true, false, -1, false, 2000, 2},
   };
   for (const Strategy& s : strategies) {
     INFO(s.name << ", rank " << testing::World().rank() << " of " << testing::World().world_size());
