@@ -231,6 +231,13 @@ echo '{"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": "auto
 out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/auto_train.json" --steps 10 --log_every 10 2>&1)
 check "train with the auto strategy" "$out" "auto strategy: stage " "summary: 10 steps (0 skipped)"
 
+# Hybrid sharding on 2 real ranks, each its own shard group posed as a
+# node: the replicas' all-reduce crosses the nodes, the gathers do not.
+echo '{"train_micro_batch_size_per_gpu": 8, "ranks_per_node": 1,
+  "zero_optimization": {"stage": 3, "mics_shard_size": 1}}' > "$tmp/hybrid_train.json"
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/hybrid_train.json" --steps 10 --log_every 10 2>&1)
+check "train with hybrid sharding" "$out" "summary: 10 steps (0 skipped)"
+
 # `memwall plan`: a whole step dry-run at any scale, ending with the answer.
 out=$("$memwall" plan --model gpt3-13b --gpus 8 --device-memory 32GiB --config "$tmp/optimal.json" 2>&1)
 rc=$?
@@ -239,6 +246,20 @@ check "plan: does not fit" "$out" "memwall plan: gpt3-13b (12.85B parameters), 8
 [ $rc -eq 0 ] && passed=$((passed + 1)) || { echo "FAILED: plan exit status $rc" >&2; failed=$((failed + 1)); }
 out=$("$memwall" plan --model gpt2-124m --gpus 8 --device-memory 32GB 2>&1)
 check "plan: fits, decimal GB" "$out" "of 29.80 GiB" "fits: yes"
+# Hybrid sharding in groups of 4 GPUs on 2 nodes of 4: named in the header,
+# its gathers inside the nodes.
+echo '{"zero_optimization": {"stage": 3, "mics_shard_size": 4}}' > "$tmp/hybrid.json"
+out=$("$memwall" plan --model gpt2-124m --gpus 8 --gpus_per_node 4 --device-memory 32GB \
+      --config "$tmp/hybrid.json" 2>&1)
+check "plan: hybrid sharding" "$out" \
+  "memwall plan: gpt2-124m (0.12B parameters), 8 GPUs, ZeRO stage 3 sharded in groups of 4 GPUs (hybrid), micro-batch" \
+  "fits: yes"
+out=$("$memwall" plan --model gpt2-124m --gpus 8 --config "$tmp/hybrid.json" --json 2>&1)
+check "plan: hybrid sharding in --json" "$out" '"mics_shard_size": 4'
+echo '{"zero_optimization": {"stage": 3, "mics_shard_size": 3}}' > "$tmp/hybrid3.json"
+out=$("$memwall" plan --model gpt2-124m --gpus 8 --config "$tmp/hybrid3.json" 2>&1)
+check "plan: a shard group that does not divide the GPUs" "$out" \
+  "zero_optimization.mics_shard_size: group size: expected a divisor of the 8 ranks, got 3"
 out=$("$memwall" plan --model gpt:params=2e9 --gpus 64 --device-memory 32GiB --batch 1 \
       --config "$tmp/optimal.json" --json 2>&1)
 check "plan: --json and the shape rule" "$out" '"schema": "memwall.plan/1"' '"parameters": 2' '"fits": true'
