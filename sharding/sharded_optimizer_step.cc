@@ -383,8 +383,12 @@ absl::StatusOr<ShardedOptimizer::StepResult> ShardedOptimizer::Step() {
   for (size_t g = 0; g < groups_.size() && overlaps_update(); ++g) {
     Group& group = groups_[g];
     if (group.host == nullptr || overlapped_->handed(static_cast<int>(g))) continue;
-    MW_RETURN_IF_ERROR(
-        group.host->StageGradients(*comm_stream_, UpdateGradients(layout_.groups[g], group)));
+    // Streamed gradients are on the host already (reduced fewer times than
+    // the step's micro-batches; CheckStepReady refused none at all).
+    if (!streams_gradients(layout_.groups[g])) {
+      MW_RETURN_IF_ERROR(
+          group.host->StageGradients(*comm_stream_, UpdateGradients(layout_.groups[g], group)));
+    }
     MW_RETURN_IF_ERROR(Speculate(static_cast<int>(g)));
   }
   if (overlapped_ != nullptr) MW_RETURN_IF_ERROR(overlapped_->Finish());

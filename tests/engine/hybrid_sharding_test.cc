@@ -179,16 +179,25 @@ std::vector<float> PartialStep(Run& run) {
 
 TEST_CASE("a group reduced in fewer micro-batches than the step's is summed with its replicas",
           "[hybrid]") {
+  // On the device, streamed to the host, and streamed with the update
+  // overlapped with backward (the group is handed over at the step).
   const int n = World().world_size();
   const int64_t size = n >= 2 ? 2 : 1;
-  for (const float offload : {0.0f, 1.0f}) {
+  struct Path {
+    float offload;
+    bool overlap_step;
+  };
+  for (const Path path : {Path{0.0f, false}, Path{1.0f, false}, Path{1.0f, true}}) {
     for (const int stage : {2, 3}) {
       Setup plain = Hybrid(stage, -1);
       plain.bf16 = true;
-      plain.offload = offload;
+      plain.offload = path.offload;
+      plain.overlap_step = path.overlap_step;
       Setup hybrid = plain;
       hybrid.shard_size = size;
-      INFO("stage " << stage << ", offload " << offload << ", blocks of " << size << " on " << n);
+      INFO("stage " << stage << ", offload " << path.offload
+                    << (path.overlap_step ? ", overlapped" : "") << ", blocks of " << size
+                    << " on " << n);
       Run a = testing::StartMlpTask(plain, World()), b = testing::StartMlpTask(hybrid, World());
       CHECK(SameBits(PartialStep(b), PartialStep(a)));
     }

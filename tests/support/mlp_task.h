@@ -54,6 +54,7 @@ struct MlpSetup {
   bool fp16 = false;       // fp16 with dynamic loss scaling from 2^8
   float clipping = 0;      // gradient_clipping (0: none)
   int64_t shard_size = -1;  // zero_optimization.mics_shard_size (-1: none)
+  bool overlap_step = false;  // offload_optimizer.overlap_step (stages 2-3)
 };
 
 struct MlpRun {
@@ -90,6 +91,7 @@ inline MlpRun StartMlpTask(const MlpSetup& s, Communicator& comm, uint64_t seed 
   }
   o.gradient_accumulation_steps = s.accumulation;
   o.zero.mics_shard_size = s.shard_size;
+  o.zero.offload_overlap_step = s.overlap_step;
   run.trainer = Trainer::Create(MakeMlp(MlpTaskWidths()), std::make_unique<MseLoss>(), o,
                                 *run.device, comm, seed)
                     .value();
