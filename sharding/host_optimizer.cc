@@ -161,23 +161,26 @@ absl::Status HostOptimizerSlice::StageGradients(Stream& stream, const void* grad
   return absl::OkStatus();
 }
 
-absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void* grads,
-                                                     DType dtype, bool first, int64_t begin,
-                                                     int64_t count) {
+absl::StatusOr<char*> HostOptimizerSlice::Landing(int64_t begin, int64_t count,
+                                                  bool earlier) {
   if (begin < 0 || count < 0 || begin + count > numel_) {
     return absl::OutOfRangeError(absl::StrCat("gradients of '", owner_, "': elements [", begin,
                                               ", ", begin + count, ") of ", numel_));
   }
-  char* base = static_cast<char*>(grads_.data());
-  if (grad_slot_ >= 0) {
-    // Gradients on NVMe: the reduction lands in a buffer of its own, which
-    // holds the sum of the earlier micro-batches first.
-    if (landing_.first.empty()) {
-      MW_ASSIGN_OR_RETURN(landing_, Aligned(store_->rounded_bytes(grad_slot_), ".grad_landing"));
-      if (!first) MW_RETURN_IF_ERROR(store_->Read(grad_slot_, landing_.second));
-    }
-    base = landing_.second;
+  if (grad_slot_ < 0) return static_cast<char*>(grads_.data());
+  // Gradients on NVMe: the reduction lands in a buffer of its own, which
+  // holds the sum of the earlier micro-batches first.
+  if (landing_.first.empty()) {
+    MW_ASSIGN_OR_RETURN(landing_, Aligned(store_->rounded_bytes(grad_slot_), ".grad_landing"));
+    if (earlier) MW_RETURN_IF_ERROR(store_->Read(grad_slot_, landing_.second));
   }
+  return landing_.second;
+}
+
+absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void* grads,
+                                                     DType dtype, bool first, int64_t begin,
+                                                     int64_t count) {
+  MW_ASSIGN_OR_RETURN(char* base, Landing(begin, count, /*earlier=*/!first));
   MW_ASSIGN_OR_RETURN(DeviceBuffer incoming,
                       device_.AllocatePinned(count * DTypeSize(dtype), MemoryCategory::kWorkspace,
                                              absl::StrCat(owner_, ".grad_incoming")));
@@ -193,18 +196,7 @@ absl::Status HostOptimizerSlice::AccumulateGradients(Stream& stream, const void*
 }
 
 absl::StatusOr<const void*> HostOptimizerSlice::EarlierGradients(int64_t begin, int64_t count) {
-  if (begin < 0 || count < 0 || begin + count > numel_) {
-    return absl::OutOfRangeError(absl::StrCat("gradients of '", owner_, "': elements [", begin,
-                                              ", ", begin + count, ") of ", numel_));
-  }
-  char* base = static_cast<char*>(grads_.data());
-  if (grad_slot_ >= 0) {
-    if (landing_.first.empty()) {
-      MW_ASSIGN_OR_RETURN(landing_, Aligned(store_->rounded_bytes(grad_slot_), ".grad_landing"));
-      MW_RETURN_IF_ERROR(store_->Read(grad_slot_, landing_.second));
-    }
-    base = landing_.second;
-  }
+  MW_ASSIGN_OR_RETURN(char* base, Landing(begin, count, /*earlier=*/true));
   if (!device_.holds_bytes()) return nullptr;
   return static_cast<const void*>(base + begin * DTypeSize(dtype_));
 }

@@ -267,6 +267,11 @@ class HostOptimizerSlice final : public StateTier {
   // `count` more elements landed; on NVMe, a complete landing buffer is
   // scanned and written out.
   absl::Status Landed(int64_t count);
+  // Where the gradients of elements [begin, begin + count) land (the base
+  // of the pinned buffer, or of the NVMe landing buffer, created at the
+  // step's first piece and then filled from the file when `earlier`
+  // micro-batches' sums are there); kOutOfRange for a range past numel().
+  absl::StatusOr<char*> Landing(int64_t begin, int64_t count, bool earlier);
   kernels::GradientScan::Result landed_scan_;
   const void* pending_ = nullptr;  // refreshed parameters (in the caller's scratch)
   bool staged_ = false;
