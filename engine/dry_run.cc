@@ -14,7 +14,6 @@
 #include "runtime/simulated_communicator.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
-#include "sharding/stage_rules.h"
 
 namespace memwall {
 
@@ -183,14 +182,11 @@ void AddHostTraffic(const Config& config, const ShardedOptimizer& opt, DryRunRes
   const int64_t accumulation = config.gradient_accumulation_steps;
   const bool hybrid = config.zero.mics_shard_size > 0;
   for (const FlatGroup& g : opt.layout().groups) {
-    const int64_t k = std::min<int64_t>(
-        g.shard_numel, std::llround(double(config.zero.offload_optimizer_ratio) * g.shard_numel));
+    const int64_t k = opt.host_numel(g);
     if (g.trainable && r.offloaded_elements == 0) r.tail_offloaded_elements = k;
     r.offloaded_elements += k;
-    const bool streamed = StageRules(config.zero.stage).shards_gradients() && g.trainable &&
-                          k > 0 && k == g.shard_numel;
     r.pcie_bytes += k * size;  // the refreshed parameters
-    if (!streamed) {
+    if (!g.trainable || !opt.streams_gradients(g)) {
       r.pcie_bytes += k * size;
     } else {
       r.pcie_bytes += accumulation * k * reduce_size;

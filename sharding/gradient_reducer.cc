@@ -51,7 +51,8 @@ GradientReducer::GradientReducer(const ShardingOptions& config, Device& device,
       comm_stream_(comm_stream),
       reduced_(std::move(reduced)) {}
 
-absl::Status GradientReducer::SizeBuffers(const FlatGroup& flat, Buffers& buffers) {
+absl::Status GradientReducer::SizeBuffers(const FlatGroup& flat, Buffers& buffers,
+                                          bool earlier_from_host) {
   const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
   const size_t size = DTypeSize(reduce);
   const auto ensure = [&](DeviceBuffer& buffer, int64_t elements, const char* what) -> absl::Status {
@@ -73,7 +74,7 @@ absl::Status GradientReducer::SizeBuffers(const FlatGroup& flat, Buffers& buffer
     MW_RETURN_IF_ERROR(ensure(buffers.wide, std::clamp<int64_t>(config_.zero.reduce_bucket_size, 1,
                                                                 flat.shard_numel), ".allreduce"));
   }
-  if (replicas_ != nullptr && config_.gradient_accumulation_steps > 1) {
+  if (replicas_ != nullptr && earlier_from_host && config_.gradient_accumulation_steps > 1) {
     // In the reduce dtype's elements, as ensure() sizes them.
     MW_RETURN_IF_ERROR(ensure(buffers.earlier, (p.piece * DTypeSize(dtype) + size - 1) / size,
                               ".earlier_gradients"));
@@ -163,20 +164,30 @@ absl::Status GradientReducer::AllReduceReplicas(const FlatGroup& flat, void* sha
 absl::Status GradientReducer::AllReduceReplicas(const FlatGroup& flat, const Earlier& earlier,
                                                 const Consume& consume, Buffers& buffers) {
   if (replicas_ == nullptr) return absl::OkStatus();
-  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
   const int64_t piece = PiecesOf(flat).piece;
   for (int64_t begin = 0; begin < flat.shard_numel; begin += piece) {
     const int64_t count = std::min(piece, flat.shard_numel - begin);
-    MW_ASSIGN_OR_RETURN(const void* before, earlier(begin, count));
-    MW_RETURN_IF_ERROR(device_.CopyAsync(buffers.earlier.data(), before,
-                                         count * DTypeSize(dtype), comm_stream_));
-    MW_RETURN_IF_ERROR(kernels::Cast(device_, comm_stream_, buffers.earlier.data(), dtype,
-                                     buffers.out.data(), reduce, count));
-    MW_RETURN_IF_ERROR(replicas_->AllReduce(buffers.out.data(), buffers.out.data(), count, reduce,
-                                            ReduceOp::kSum, comm_stream_));
+    MW_RETURN_IF_ERROR(SumWithReplicas(earlier, begin, count, /*add=*/false, buffers));
     MW_RETURN_IF_ERROR(consume(begin, count, buffers.out.data()));
   }
   return absl::OkStatus();
+}
+
+absl::Status GradientReducer::SumWithReplicas(const Earlier& earlier, int64_t begin,
+                                              int64_t count, bool add, Buffers& buffers) {
+  const DType dtype = config_.param_dtype(), reduce = config_.reduce_dtype;
+  void* out = buffers.out.data();
+  if (earlier) {
+    MW_ASSIGN_OR_RETURN(const void* before, earlier(begin, count));
+    MW_RETURN_IF_ERROR(device_.CopyAsync(buffers.earlier.data(), before,
+                                         count * DTypeSize(dtype), comm_stream_));
+    MW_RETURN_IF_ERROR(
+        add ? kernels::Accumulate(device_, comm_stream_, buffers.earlier.data(), dtype, out,
+                                  reduce, count)
+            : kernels::Cast(device_, comm_stream_, buffers.earlier.data(), dtype, out, reduce,
+                            count));
+  }
+  return replicas_->AllReduce(out, out, count, reduce, ReduceOp::kSum, comm_stream_);
 }
 
 absl::Status GradientReducer::AllReduceOver(Communicator& comm, void* full, int64_t n,
@@ -285,15 +296,7 @@ absl::Status GradientReducer::ReduceScatterPieces(const FlatGroup& flat, const v
             ? QuantizedReduceScatter(input, out.data(), count, buffers)
             : comm_.ReduceScatter(input, out.data(), count, reduce, ReduceOp::kSum, stream));
     if (replicas != nullptr) {
-      if (earlier) {
-        MW_ASSIGN_OR_RETURN(const void* before, earlier(begin, count));
-        MW_RETURN_IF_ERROR(device_.CopyAsync(buffers.earlier.data(), before,
-                                             count * DTypeSize(dtype), stream));
-        MW_RETURN_IF_ERROR(kernels::Accumulate(device_, stream, buffers.earlier.data(), dtype,
-                                               out.data(), reduce, count));
-      }
-      MW_RETURN_IF_ERROR(
-          replicas->AllReduce(out.data(), out.data(), count, reduce, ReduceOp::kSum, stream));
+      MW_RETURN_IF_ERROR(SumWithReplicas(earlier, begin, count, /*add=*/true, buffers));
     }
     // Stream order keeps the next piece from overwriting `out` (and
     // `packed`) before what `consume` enqueued has read them.

@@ -100,7 +100,10 @@ class GradientReducer {
   // Sizes `buffers` for group `flat`'s reduction (stage 0: all-reduce;
   // else reduce-scatter), allocating (comm buffers, on the communication
   // stream) what is missing or too small.
-  absl::Status SizeBuffers(const FlatGroup& flat, Buffers& buffers);
+  // `earlier_from_host`: the caller's shard is on the host, and hybrid
+  // sharding brings its earlier micro-batches' sum back (Buffers::earlier).
+  absl::Status SizeBuffers(const FlatGroup& flat, Buffers& buffers,
+                           bool earlier_from_host = false);
   Pieces PiecesOf(const FlatGroup& flat) const;
 
   // Stage 0: all-reduces `full` (param_dtype, padded) in place.
@@ -151,6 +154,12 @@ class GradientReducer {
   // widened to the reduction dtype in pieces of at most reduce_bucket_size
   // (Buffers::wide).
   absl::Status AllReduceOver(Communicator& comm, void* data, int64_t n, Buffers& buffers);
+  // Hybrid sharding: elements [begin, begin + count) of this rank's shard
+  // summed with the replicas' in Buffers::out (the reduction dtype): with
+  // `earlier`, its part first added to out (`add`) or put in its place,
+  // then out all-reduced across the replicas.
+  absl::Status SumWithReplicas(const Earlier& earlier, int64_t begin, int64_t count, bool add,
+                               Buffers& buffers);
   // qgZ's reduce-scatter of one piece: `input` holds the world's parts of
   // `count` elements rank after rank (reduce dtype), `out` gets this
   // rank's sum.

@@ -542,7 +542,7 @@ absl::Status ShardedOptimizer::QueueReduction(int g) {
   Group& group = groups_[g];
   const FlatGroup& flat = layout_.groups[g];
   GradientReducer::Buffers buffers;
-  MW_RETURN_IF_ERROR(reducer_->SizeBuffers(flat, buffers));
+  MW_RETURN_IF_ERROR(reducer_->SizeBuffers(flat, buffers, streams_gradients(flat)));
   if (streams_gradients(flat)) {
     // No shard on the device: the reduction's output (in the reduction's
     // dtype) goes to the host and accumulates there, rounding as the

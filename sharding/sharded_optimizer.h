@@ -386,6 +386,16 @@ class ShardedOptimizer {
   // hyperparameters changed after backward), of those applied.
   int64_t redone_updates() const { return redone_updates_; }
 
+  // Offload: how many of the elements this rank updates in group `g` (the
+  // first ones) update on the host.
+  int64_t host_numel(const FlatGroup& g) const;
+  // Stages 2-3 with the whole shard on host: the reduced gradients go
+  // straight to host memory (each micro-batch's, in the reduction dtype)
+  // and no gradient shard stays on the device.
+  bool streams_gradients(const FlatGroup& g) const {
+    return rules_.shards_gradients() && host_numel(g) > 0 && host_numel(g) == update_numel(g);
+  }
+
   // Collective: copies the f32 master weights of `name` (the parameters in
   // f32 mode) into `out`, gathering shards. For tests.
   absl::Status MasterWeights(absl::string_view name, absl::Span<float> out);
@@ -476,13 +486,6 @@ class ShardedOptimizer {
   // Elements this rank updates in group g, and where they start.
   int64_t update_numel(const FlatGroup& g) const;
   int64_t update_begin(const FlatGroup& g) const;
-  // Offload: how many of those elements (the first ones) update on host.
-  int64_t host_numel(const FlatGroup& g) const;
-  // Stages 2-3 with the whole shard on host: the reduced gradients go
-  // straight to host memory and no gradient shard stays on the device.
-  bool streams_gradients(const FlatGroup& g) const {
-    return rules_.shards_gradients() && host_numel(g) > 0 && host_numel(g) == update_numel(g);
-  }
   absl::Status Register(std::string name, std::vector<int64_t> shape,
                         absl::Span<const float> initial_values, std::string group,
                         bool trainable, int hyper_group);

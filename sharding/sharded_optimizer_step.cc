@@ -49,7 +49,7 @@ absl::Status ShardedOptimizer::SumUnfinishedReplicas() {
     Group& group = groups_[g];
     const FlatGroup& flat = layout_.groups[g];
     if (group.reductions == 0 || group.reductions == config_.gradient_accumulation_steps) continue;
-    MW_RETURN_IF_ERROR(reducer_->SizeBuffers(flat, buffers));
+    MW_RETURN_IF_ERROR(reducer_->SizeBuffers(flat, buffers, streams_gradients(flat)));
     if (!streams_gradients(flat)) {
       MW_RETURN_IF_ERROR(reducer_->AllReduceReplicas(flat, group.grads.data(), buffers));
     } else {

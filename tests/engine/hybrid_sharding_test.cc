@@ -265,7 +265,6 @@ TEST_CASE("hybrid sharding's settings are checked by name", "[hybrid][errors]") 
         "zero_optimization.mics_shard_size: expected stage 1, 2 or 3 with it (it shards the "
         "states inside groups of ranks), got stage 0");
   o.zero.stage = 3;
-  o.zero.hpz_partition_size = 1;
   o.zero.quantized_gradients = true;
   s = refusal(o);
   CHECK(std::string(s.message()) ==
