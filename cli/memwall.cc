@@ -90,8 +90,8 @@ ABSL_FLAG(std::string, resume, "",
           "ranks and any ZeRO stage may have saved it); --steps is the step to train up to.");
 ABSL_FLAG(double, collective_timeout, 600,
           "train, profile: seconds a rank waits for the others in one collective before the "
-          "job ends with an error (a rank crashed, hangs or stopped calling collectives); 0 "
-          "waits forever.");
+          "job ends with an error naming the ranks that never arrived (a rank crashed, hangs or "
+          "stopped calling collectives); 0 waits forever.");
 ABSL_FLAG(int, simulate_ranks, 1,
           "train, profile, demo with --backend meta: the number of ranks the single process "
           "plays rank 0 of.");

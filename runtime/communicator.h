@@ -15,7 +15,8 @@
 // in transfer breaks the communicator: MPI cannot cancel a collective it has
 // started, so every later call returns the first error at once, and the job
 // must end (memwall's CLI ends every rank) and resume from its last
-// checkpoint. Disagreement and argument errors leave it usable.
+// checkpoint. Until it ends MPI may still read and write the buffers of the
+// call that failed: they must not be freed. Disagreement and argument errors leave it usable.
 //
 // Byte counters (per collective, SUM over calls, counted on success) use the
 // size of the whole logical buffer of one call, in bytes:

@@ -1,11 +1,13 @@
 #include "runtime/mpi_communicator.h"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -140,6 +142,16 @@ absl::Status CheckHostStream(const Stream& stream, absl::string_view call) {
   return absl::OkStatus();
 }
 
+// "3", "1 and 3", "1, 2 and 3".
+template <typename Int>
+std::string Listed(const std::vector<Int>& values) {
+  std::string text;
+  for (size_t i = 0; i < values.size(); ++i) {
+    absl::StrAppend(&text, i == 0 ? "" : i + 1 == values.size() ? " and " : ", ", values[i]);
+  }
+  return text;
+}
+
 }  // namespace
 
 void AbortRanks(int code) {
@@ -235,6 +247,25 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::SplitMpi(int c
       new MpiCommunicator(comm, position, size, options(), threads_allowed_));
 }
 
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int world_size,
+                                 CommunicatorOptions options, bool threads_allowed)
+    : Communicator(rank, world_size, options), comm_(comm), threads_allowed_(threads_allowed) {
+  int64_t* memory = nullptr;
+  MPI_Win board = MPI_WIN_NULL;
+  // MPI_Win_allocate reports on comm_'s handler (errors returned): a
+  // library without a window for this communicator leaves it unboarded.
+  if (MPI_Win_allocate(kBoardSlots * sizeof(int64_t), sizeof(int64_t), MPI_INFO_NULL, comm_,
+                       &memory, &board) != MPI_SUCCESS) {
+    return;
+  }
+  MPI_Win_set_errhandler(board, MPI_ERRORS_RETURN);
+  if (MPI_Win_lock_all(MPI_MODE_NOCHECK, board) != MPI_SUCCESS) return;
+  std::fill(memory, memory + kBoardSlots, 0);
+  MPI_Win_sync(board);
+  board_ = board;
+  slots_ = memory;
+}
+
 MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -242,15 +273,25 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 absl::Status MpiCommunicator::Wait(MPI_Request& request, absl::string_view call) {
+  // Every rank posts the same collectives on comm_ in the same order, each
+  // waited here once: the count is where this rank has got to.
+  const int64_t posted = ++slots_[kPosted];
+  if (board_ != MPI_WIN_NULL) MPI_Win_sync(board_);
   const absl::Duration timeout = options().timeout;
   if (timeout == absl::InfiniteDuration()) {
-    return MpiStatus(MPI_Wait(&request, MPI_STATUS_IGNORE), call);
+    MW_RETURN_IF_ERROR(MpiStatus(MPI_Wait(&request, MPI_STATUS_IGNORE), call));
+    slots_[kCompleted] = posted;
+    return absl::OkStatus();
   }
   const absl::Time deadline = absl::Now() + timeout;
   for (int64_t polls = 0;; ++polls) {
     int done = 0;
     MW_RETURN_IF_ERROR(MpiStatus(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call));
-    if (done) return absl::OkStatus();
+    if (done) {
+      slots_[kCompleted] = posted;
+      return absl::OkStatus();
+    }
+    ++slots_[kPolls];  // a plain store: read only by a rank that timed out
     if (polls >= kSpinPolls) std::this_thread::yield();
     if (polls % kPollsPerClockRead == 0 && absl::Now() >= deadline) {
       // MPI cannot cancel a collective: the request stays posted and the
@@ -258,9 +299,123 @@ absl::Status MpiCommunicator::Wait(MPI_Request& request, absl::string_view call)
       return absl::DeadlineExceededError(absl::StrCat(
           call, " on rank ", rank(), " of ", world_size(), ": not every rank joined within ",
           absl::FormatDuration(timeout),
-          " (a rank failed, is stuck or stopped calling collectives)"));
+          " (a rank failed, is stuck or stopped calling collectives)", Absentees(posted)));
     }
   }
+}
+
+std::vector<std::array<int64_t, MpiCommunicator::kBoardSlots>> MpiCommunicator::ReadBoard(
+    absl::Time deadline, std::vector<bool>& read) {
+  const int n = world_size();
+  // MPI may still write into a read that never completes: its buffer is
+  // then left to it (the communicator is broken; the job ends).
+  std::unique_ptr<std::array<int64_t, kBoardSlots>[]> slots(
+      new std::array<int64_t, kBoardSlots>[n]);
+  std::vector<MPI_Request> requests(n, MPI_REQUEST_NULL);
+  read.assign(n, false);
+  for (int r = 0; r < n; ++r) {
+    if (r == rank()) {
+      std::copy(slots_, slots_ + kBoardSlots, slots[r].begin());
+      read[r] = true;
+    } else if (MPI_Rget(slots[r].data(), kBoardSlots, MPI_INT64_T, r, 0, kBoardSlots,
+                        MPI_INT64_T, board_, &requests[r]) != MPI_SUCCESS) {
+      requests[r] = MPI_REQUEST_NULL;
+    }
+  }
+  for (bool pending = true; pending && absl::Now() < deadline;) {
+    pending = false;
+    for (int r = 0; r < n; ++r) {
+      if (read[r] || requests[r] == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      if (MPI_Test(&requests[r], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        requests[r] = MPI_REQUEST_NULL;
+      } else if (done) {
+        read[r] = true;
+      } else {
+        pending = true;
+      }
+    }
+    if (pending) std::this_thread::yield();
+  }
+  std::vector<std::array<int64_t, kBoardSlots>> result(slots.get(), slots.get() + n);
+  if (std::find(read.begin(), read.end(), false) != read.end()) slots.release();
+  return result;
+}
+
+std::string MpiCommunicator::Absentees(int64_t posted) {
+  if (board_ == MPI_WIN_NULL) {
+    return "; which ranks never arrived is unknown (MPI offered no one-sided window to read "
+           "them)";
+  }
+  // Those that time out in it too stop polling: they say so first.
+  slots_[kGaveUp] = posted;
+  MPI_Win_sync(board_);
+  const absl::Duration grace = std::min(options().timeout, absl::Seconds(1));
+  const absl::Time deadline = absl::Now() + grace;
+  std::vector<bool> read;
+  const auto first = ReadBoard(deadline, read);
+  std::vector<int> absent, silent, inside;
+  std::vector<int64_t> theirs;
+  for (int r = 0; r < world_size(); ++r) {
+    if (!read[r]) {
+      silent.push_back(r);
+    } else if (first[r][kPosted] < posted) {
+      absent.push_back(r);
+      theirs.push_back(first[r][kPosted]);
+    } else if (r != rank() && first[r][kPosted] == posted && first[r][kCompleted] < posted) {
+      inside.push_back(r);  // posted it and waits in it, or stopped there
+    }
+  }
+  // Those waiting in it poll it: a rank whose polls do not move in a fifth
+  // of a second (half the grace if shorter) has stopped inside it.
+  std::vector<int> stalled;
+  if (!inside.empty()) {
+    absl::SleepFor(std::min(absl::Milliseconds(200), grace / 2));
+    std::vector<bool> again;
+    const auto second = ReadBoard(deadline, again);
+    for (int r : inside) {
+      if (again[r] && second[r][kPolls] == first[r][kPolls] &&
+          second[r][kCompleted] < posted && second[r][kGaveUp] < posted) {
+        stalled.push_back(r);
+      }
+    }
+  }
+  std::string said;
+  if (!absent.empty()) {
+    absl::StrAppend(&said, "; never arrived: ", NameRanks(absent), ", which had posted ",
+                    Listed(theirs), " of this communicator's MPI collectives to this rank's ",
+                    posted);
+  }
+  if (!stalled.empty()) {
+    absl::StrAppend(&said, "; stalled inside it: ", NameRanks(stalled),
+                    " (posted it, then stopped polling: a stopped process, or stuck in MPI)");
+  }
+  if (!silent.empty()) {
+    absl::StrAppend(&said, "; ", NameRanks(silent), " could not be read within ",
+                    absl::FormatDuration(grace), " (whether ", silent.size() == 1 ? "it" : "they",
+                    " arrived is unknown)");
+  }
+  if (said.empty()) {
+    said = "; every rank arrived and is polling (the transfer itself outlasted the timeout)";
+  }
+  return said;
+}
+
+std::string MpiCommunicator::NameRanks(const std::vector<int>& ranks) const {
+  std::string named = absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", Listed(ranks));
+  std::vector<int> world(ranks.size(), MPI_UNDEFINED);
+  MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+  if (MPI_Comm_group(comm_, &group) == MPI_SUCCESS &&
+      MPI_Comm_group(MPI_COMM_WORLD, &world_group) == MPI_SUCCESS &&
+      MPI_Group_translate_ranks(group, static_cast<int>(ranks.size()), ranks.data(),
+                                world_group, world.data()) == MPI_SUCCESS &&
+      world != ranks) {
+    absl::StrAppend(&named, " (world ", ranks.size() == 1 ? "rank " : "ranks ", Listed(world),
+                    ")");
+  }
+  if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
+  if (world_group != MPI_GROUP_NULL) MPI_Group_free(&world_group);
+  return named;
 }
 
 absl::Status MpiCommunicator::AllReduceHost(void* values, int count, MPI_Datatype type,

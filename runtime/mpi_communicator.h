@@ -7,18 +7,29 @@
 //
 // Every MPI call is non-blocking and polled against options.timeout (see
 // communicator.h): a rank that is gone or stuck makes the others fail with
-// kDeadlineExceeded, never wait forever.
+// kDeadlineExceeded, never wait forever, and the error names the ranks that
+// never arrived. For that each rank keeps, in a one-sided MPI window (the
+// board), how many collectives it has posted on the communicator: a local
+// store per call, read by the others only when they time out (MPI_Rget, no
+// answer needed from the rank read: a stopped or busy rank's count is read
+// through shared memory or RDMA; where the MPI library cannot read it, the
+// error says so). Where MPI offers no window (e.g. Open MPI's pt2pt
+// component under MPI_THREAD_MULTIPLE), the error says the ranks are unknown.
 #ifndef MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
 #define MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
 
 #include <mpi.h>
 
+#include <array>
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "runtime/communicator.h"
 
 namespace memwall {
@@ -82,9 +93,9 @@ class MpiCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<MpiCommunicator>> SplitMpi(int color, int position, int size);
 
  private:
+  // Collective over `comm` (opens the board).
   MpiCommunicator(MPI_Comm comm, int rank, int world_size, CommunicatorOptions options,
-                  bool threads_allowed)
-      : Communicator(rank, world_size, options), comm_(comm), threads_allowed_(threads_allowed) {}
+                  bool threads_allowed);
 
   absl::Status Execute(Stream& stream, std::function<absl::Status()> collective) override;
   absl::Status Agree(const Signature& signature) override;
@@ -101,13 +112,38 @@ class MpiCommunicator final : public Communicator {
   absl::Status DoBarrier() override;
   absl::Status DoAllToAll(const void* send, void* recv, size_t send_count, DType dtype,
                           Stream& stream) override;
-  // Completes `request` (from the non-blocking MPI call `call`), polling it
-  // until options.timeout has passed: then kDeadlineExceeded.
+  // Completes `request` (from the non-blocking MPI call `call`, just
+  // posted on comm_), polling it until options.timeout has passed: then
+  // kDeadlineExceeded naming the ranks that never arrived (Absentees).
   absl::Status Wait(MPI_Request& request, absl::string_view call);
+  // The board's slots per rank (each rank writes its own; others only
+  // read): collectives posted on comm_, completed, polls while waiting, and
+  // the collective it timed out in.
+  static constexpr int kPosted = 0, kCompleted = 1, kPolls = 2, kGaveUp = 3, kBoardSlots = 4;
+  // Every rank's slots, read with MPI_Rget until `deadline`; read[r] says
+  // whether rank r's were (this rank's own always are).
+  std::vector<std::array<int64_t, kBoardSlots>> ReadBoard(absl::Time deadline,
+                                                          std::vector<bool>& read);
+  // "; never arrived: rank 3, ..." for the ranks whose board shows fewer
+  // collectives posted than this rank's `posted`, "; stalled inside it: ..."
+  // for those that posted it but whose polls stand still, read within at
+  // most a second; ranks that could not be read, and a transfer that
+  // outlasted the timeout with every rank present, are said as such.
+  std::string Absentees(int64_t posted);
+  // "rank 3", "ranks 1 and 3", with their MPI_COMM_WORLD ranks where these
+  // differ (a split).
+  std::string NameRanks(const std::vector<int>& ranks) const;
 
   MPI_Comm comm_;
   // Whether the MPI library lets another thread make the calls.
   const bool threads_allowed_;
+  // The board: a window over kBoardSlots int64s per rank (MPI_WIN_NULL: MPI
+  // offered none). Never freed: MPI_Win_free is collective and would wait
+  // forever for a rank that left; its bytes go at MPI_Finalize.
+  MPI_Win board_ = MPI_WIN_NULL;
+  // This rank's slots: the window's memory, or (unboarded) a member.
+  std::array<int64_t, kBoardSlots> unboarded_{};
+  int64_t* slots_ = unboarded_.data();
 };
 
 }  // namespace memwall

@@ -4,6 +4,9 @@
 // injected failure) fails the collective on every rank, none hangs.
 #include "runtime/communicator.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -491,11 +494,19 @@ TEST_CASE("a rank that leaves a collective fails it on every rank within the tim
                 : collective == Collective::kBroadcast     ? "Broadcast (MPI_Ibcast)"
                 : collective == Collective::kAllToAll      ? "AllToAll (MPI_Ialltoall)"
                                                            : "Barrier (MPI_Ibarrier)";
+        // Each call posts its agreement round and its transfer (a barrier
+        // has no agreement round): the last rank posted two calls' worth,
+        // this rank one more, and its count is read from the board.
+        const int per_call = agreement && collective != Collective::kBarrier ? 2 : 1;
         CHECK(std::string(status.message()) ==
               call + " on rank " + std::to_string(r) + " of " + std::to_string(n) +
                   ": not every rank joined within 300ms (a rank failed, is stuck or stopped "
-                  "calling collectives); the communicator is unusable now: end the job and "
-                  "resume from the last checkpoint");
+                  "calling collectives); never arrived: rank " + std::to_string(n - 1) +
+                  ", which had posted " + std::to_string(2 * per_call) +
+                  " of this communicator's MPI collectives to this rank's " +
+                  std::to_string(2 * per_call + 1) +
+                  "; the communicator is unusable now: end the job and resume from the last "
+                  "checkpoint");
         CHECK(waited >= 0.3);
       }
       CHECK(comm->health().code() == status.code());
@@ -521,6 +532,77 @@ TEST_CASE("a rank that leaves a collective fails it on every rank within the tim
     }
   }
   // The world's own communicator was never involved: the ranks still meet.
+  REQUIRE(World().Barrier().ok());
+}
+
+TEST_CASE("a timeout in a group names the ranks that never arrived by group and world rank",
+          "[mpi][timeout]") {
+  const int n = World().world_size(), r = World().rank();
+  if (n != 4) return;
+  std::unique_ptr<MpiCommunicator> world = Fresh(absl::Milliseconds(300));
+  // Groups {0, 2} and {1, 3}: the second's rank 1 (world rank 3) leaves its
+  // first collective; world rank 1 waits for it, the other group is done.
+  std::unique_ptr<Communicator> group = world->SplitStrided(2).value();
+  float value = 1;
+  if (r == 3) group->InjectFailure(1);
+  const absl::Status status =
+      group->AllReduce(&value, &value, 1, DType::kF32, ReduceOp::kSum, HostStream());
+  if (r == 0 || r == 2) {
+    REQUIRE(status.ok());
+    CHECK(value == 2);
+  } else if (r == 3) {
+    CHECK(status.code() == absl::StatusCode::kUnavailable);
+  } else {
+    REQUIRE(status.code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(std::string(status.message()) ==
+          "MPI_Iallreduce (agreement check) on rank 0 of 2: not every rank joined within 300ms "
+          "(a rank failed, is stuck or stopped calling collectives); never arrived: rank 1 "
+          "(world rank 3), which had posted 0 of this communicator's MPI collectives to this "
+          "rank's 1; the communicator is unusable now: end the job and resume from the last "
+          "checkpoint");
+  }
+  REQUIRE(World().Barrier().ok());
+}
+
+TEST_CASE("a rank stopped inside a collective is named as stalled there", "[mpi][timeout]") {
+  const int n = World().world_size(), r = World().rank();
+  if (n < 2) return;
+  int pid = static_cast<int>(getpid());
+  std::vector<int> pids(n);
+  REQUIRE(MPI_Allgather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, World().comm()) ==
+          MPI_SUCCESS);
+  // No agreement round: the transfer is the first thing posted. 4 MiB moves
+  // in fragments that need every rank polling, so the others cannot finish
+  // it without the stopped rank.
+  const bool stopped = r == n - 1;
+  std::unique_ptr<MpiCommunicator> comm =
+      Fresh(stopped ? absl::Seconds(10) : absl::Seconds(1), /*check_agreement=*/false);
+  // MPI keeps using the buffer of a collective that timed out: never freed.
+  std::vector<float>& values = *new std::vector<float>(1 << 20, 1.0f);
+  REQUIRE(World().Barrier().ok());
+  if (stopped) {
+    // Posted at once; rank 0 stops this process a second later, inside the
+    // wait, and lets it go on once the others have timed out. Its own
+    // outcome depends on when it resumes: not checked.
+    comm->AllReduce(values.data(), values.data(), values.size(), DType::kF32, ReduceOp::kSum,
+                    HostStream())
+        .IgnoreError();
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    if (r == 0) REQUIRE(kill(pids[n - 1], SIGSTOP) == 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const absl::Status status = comm->AllReduce(values.data(), values.data(), values.size(),
+                                                DType::kF32, ReduceOp::kSum, HostStream());
+    if (r == 0) REQUIRE(kill(pids[n - 1], SIGCONT) == 0);
+    REQUIRE(status.code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(std::string(status.message()) ==
+          "AllReduce (MPI_Iallreduce) on rank " + std::to_string(r) + " of " +
+              std::to_string(n) +
+              ": not every rank joined within 1s (a rank failed, is stuck or stopped calling "
+              "collectives); stalled inside it: rank " + std::to_string(n - 1) +
+              " (posted it, then stopped polling: a stopped process, or stuck in MPI); the "
+              "communicator is unusable now: end the job and resume from the last checkpoint");
+  }
   REQUIRE(World().Barrier().ok());
 }
 
