@@ -35,6 +35,8 @@ events = [r["event"] for r in records]
 assert events == ["start", "step", "step", "step", "summary"], events
 start, steps, summary = records[0], records[1:4], records[4]
 assert start["zero_stage"] == 2 and start["ranks"] == 2, start
+assert start["mics_shard_size"] == -1 and start["zero_hpz_partition_size"] == 1, start
+assert not start["zero_quantized_weights"] and not start["zero_quantized_gradients"], start
 assert start["tokens_per_step"] == 1024 and start["device_bytes"] == 256 << 20, start
 assert [s["step"] for s in steps] == [1, 2, 4], steps
 assert all(s["applied"] and s["peak_bytes_per_rank"]["all"] > 0 for s in steps), steps
@@ -236,7 +238,16 @@ check "train with the auto strategy" "$out" "auto strategy: stage " "summary: 10
 echo '{"train_micro_batch_size_per_gpu": 8, "ranks_per_node": 1,
   "zero_optimization": {"stage": 3, "mics_shard_size": 1}}' > "$tmp/hybrid_train.json"
 out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/hybrid_train.json" --steps 10 --log_every 10 2>&1)
-check "train with hybrid sharding" "$out" "summary: 10 steps (0 skipped)"
+check "train with hybrid sharding" "$out" \
+  "ZeRO stage 3 sharded in groups of 1 rank (hybrid), 2 ranks" "summary: 10 steps (0 skipped)"
+# ZeRO++'s quantized parts, named in the header by what they move.
+echo '{"train_micro_batch_size_per_gpu": 8, "ranks_per_node": 1, "zero_optimization":
+  {"stage": 3, "zero_quantized_weights": true, "zero_quantized_gradients": true,
+   "zero_quantization_block_size": 512}}' > "$tmp/zeropp_train.json"
+out=$("$mpirun_sh" 2 "$memwall" train --config "$tmp/zeropp_train.json" --steps 10 --log_every 10 2>&1)
+check "train with ZeRO++" "$out" \
+  "ZeRO stage 3 with ZeRO++: int8 weight gathers (qwZ, blocks of 512), int8 gradients across nodes (qgZ), 2 ranks" \
+  "summary: 10 steps (0 skipped)"
 
 # `memwall plan`: a whole step dry-run at any scale, ending with the answer.
 out=$("$memwall" plan --model gpt3-13b --gpus 8 --device-memory 32GiB --config "$tmp/optimal.json" 2>&1)
