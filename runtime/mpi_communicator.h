@@ -8,13 +8,15 @@
 // Every MPI call is non-blocking and polled against options.timeout (see
 // communicator.h): a rank that is gone or stuck makes the others fail with
 // kDeadlineExceeded, never wait forever, and the error names the ranks that
-// never arrived. For that each rank keeps, in a one-sided MPI window (the
-// board), how many collectives it has posted on the communicator: a local
-// store per call, read by the others only when they time out (MPI_Rget, no
-// answer needed from the rank read: a stopped or busy rank's count is read
-// through shared memory or RDMA; where the MPI library cannot read it, the
-// error says so). Where MPI offers no window (e.g. Open MPI's pt2pt
-// component under MPI_THREAD_MULTIPLE), the error says the ranks are unknown.
+// never arrived and those stalled inside the collective. For that each rank
+// keeps, in a one-sided MPI window (the board), how many collectives it has
+// posted on the communicator and completed, and a count of its polls while
+// waiting: local stores, read by the others only when they time out
+// (MPI_Rget, no answer needed from the rank read: a stopped or busy rank's
+// counts are read through shared memory or RDMA; where the MPI library
+// cannot read them, the error says so). Where MPI offers no window (e.g.
+// Open MPI's pt2pt component under MPI_THREAD_MULTIPLE), the error says the
+// ranks are unknown.
 #ifndef MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
 #define MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
 
@@ -139,7 +141,8 @@ class MpiCommunicator final : public Communicator {
   const bool threads_allowed_;
   // The board: a window over kBoardSlots int64s per rank (MPI_WIN_NULL: MPI
   // offered none). Never freed: MPI_Win_free is collective and would wait
-  // forever for a rank that left; its bytes go at MPI_Finalize.
+  // forever for a rank that left; its bytes (and the MPI library's own
+  // duplicate of comm_) go at MPI_Finalize.
   MPI_Win board_ = MPI_WIN_NULL;
   // This rank's slots: the window's memory, or (unboarded) a member.
   std::array<int64_t, kBoardSlots> unboarded_{};
