@@ -351,10 +351,9 @@ std::string MpiCommunicator::Absentees(int64_t posted) {
   slots_[kGaveUp] = posted;
   MPI_Win_sync(board_);
   const absl::Duration grace = std::min(options().timeout, absl::Seconds(1));
-  const absl::Time deadline = absl::Now() + grace;
   std::vector<bool> read;
-  const auto first = ReadBoard(deadline, read);
-  std::vector<int> absent, silent, inside;
+  const auto first = ReadBoard(absl::Now() + grace, read);
+  std::vector<int> absent, silent, stalled;
   std::vector<int64_t> theirs;
   for (int r = 0; r < world_size(); ++r) {
     if (!read[r]) {
@@ -363,22 +362,24 @@ std::string MpiCommunicator::Absentees(int64_t posted) {
       absent.push_back(r);
       theirs.push_back(first[r][kPosted]);
     } else if (r != rank() && first[r][kPosted] == posted && first[r][kCompleted] < posted) {
-      inside.push_back(r);  // posted it and waits in it, or stopped there
+      stalled.push_back(r);  // posted it and waits in it, or stopped there: watched below
     }
   }
-  // Those waiting in it poll it: a rank whose polls do not move in a fifth
-  // of a second (half the grace if shorter) has stopped inside it.
-  std::vector<int> stalled;
-  if (!inside.empty()) {
-    absl::SleepFor(std::min(absl::Milliseconds(200), grace / 2));
+  // A rank waiting in it polls, or gives up at its own timeout; a live rank
+  // the scheduler set aside resumes within the grace. Those whose polls
+  // stand still for all of it have stopped inside it.
+  const absl::Time watched = absl::Now() + grace;
+  while (!stalled.empty() && absl::Now() < watched) {
+    absl::SleepFor(absl::Milliseconds(20));
     std::vector<bool> again;
-    const auto second = ReadBoard(deadline, again);
-    for (int r : inside) {
-      if (again[r] && second[r][kPolls] == first[r][kPolls] &&
-          second[r][kCompleted] < posted && second[r][kGaveUp] < posted) {
-        stalled.push_back(r);
-      }
-    }
+    const auto now = ReadBoard(absl::Now() + grace, again);
+    stalled.erase(std::remove_if(stalled.begin(), stalled.end(),
+                                 [&](int r) {
+                                   return again[r] && (now[r][kPolls] != first[r][kPolls] ||
+                                                       now[r][kCompleted] >= posted ||
+                                                       now[r][kGaveUp] >= posted);
+                                 }),
+                  stalled.end());
   }
   std::string said;
   if (!absent.empty()) {

@@ -128,8 +128,8 @@ class MpiCommunicator final : public Communicator {
                                                           std::vector<bool>& read);
   // "; never arrived: rank 3, ..." for the ranks whose board shows fewer
   // collectives posted than this rank's `posted`, "; stalled inside it: ..."
-  // for those that posted it but whose polls stand still, read within at
-  // most a second; ranks that could not be read, and a transfer that
+  // for those that posted it but whose polls stand still for a second (the
+  // timeout if shorter); ranks that could not be read, and a transfer that
   // outlasted the timeout with every rank present, are said as such.
   std::string Absentees(int64_t posted);
   // "rank 3", "ranks 1 and 3", with their MPI_COMM_WORLD ranks where these

@@ -577,23 +577,42 @@ TEST_CASE("a rank stopped inside a collective is named as stalled there", "[mpi]
   const bool stopped = r == n - 1;
   std::unique_ptr<MpiCommunicator> comm =
       Fresh(stopped ? absl::Seconds(10) : absl::Seconds(1), /*check_agreement=*/false);
-  // MPI keeps using the buffer of a collective that timed out: never freed.
+  // MPI may keep using a timed-out collective's buffer: never freed.
   std::vector<float>& values = *new std::vector<float>(1 << 20, 1.0f);
-  REQUIRE(World().Barrier().ok());
+  // The others meet without the stopped rank.
+  MPI_Comm others = MPI_COMM_NULL;
+  REQUIRE(MPI_Comm_split(World().comm(), stopped ? MPI_UNDEFINED : 0, r, &others) ==
+          MPI_SUCCESS);
+  constexpr int kPostingTag = 7;
   if (stopped) {
-    // Posted at once; rank 0 stops this process a second later, inside the
-    // wait, and lets it go on once the others have timed out. Its own
-    // outcome depends on when it resumes: not checked.
+    // Tells rank 0 it posts the all-reduce now; rank 0 stops this process
+    // inside its wait and lets it go on once the others have timed out.
+    // Its own outcome depends on when it resumes: not checked.
+    static int posting = 1;
+    MPI_Request told = MPI_REQUEST_NULL;
+    REQUIRE(MPI_Isend(&posting, 1, MPI_INT, 0, kPostingTag, World().comm(), &told) ==
+            MPI_SUCCESS);
     comm->AllReduce(values.data(), values.data(), values.size(), DType::kF32, ReduceOp::kSum,
                     HostStream())
         .IgnoreError();
+    REQUIRE(MPI_Wait(&told, MPI_STATUS_IGNORE) == MPI_SUCCESS);
   } else {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-    if (r == 0) REQUIRE(kill(pids[n - 1], SIGSTOP) == 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (r == 0) {
+      int posting = 0;
+      REQUIRE(MPI_Recv(&posting, 1, MPI_INT, n - 1, kPostingTag, World().comm(),
+                       MPI_STATUS_IGNORE) == MPI_SUCCESS);
+      // It posts right after its message: a second to get there.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      REQUIRE(kill(pids[n - 1], SIGSTOP) == 0);
+    }
+    REQUIRE(MPI_Barrier(others) == MPI_SUCCESS);  // after the stop
     const absl::Status status = comm->AllReduce(values.data(), values.data(), values.size(),
                                                 DType::kF32, ReduceOp::kSum, HostStream());
+    // Resumed once every other rank has its error (one still watching it
+    // would see it poll again).
+    MPI_Barrier(others);
     if (r == 0) REQUIRE(kill(pids[n - 1], SIGCONT) == 0);
+    MPI_Comm_free(&others);
     REQUIRE(status.code() == absl::StatusCode::kDeadlineExceeded);
     CHECK(std::string(status.message()) ==
           "AllReduce (MPI_Iallreduce) on rank " + std::to_string(r) + " of " +
