@@ -4,13 +4,13 @@
 #include <array>
 #include <cstdio>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "runtime/units.h"
+#include "sharding/options.h"
 
 namespace memwall {
 namespace {
@@ -39,11 +39,11 @@ class TrainLog : public TrainObserver {
                      {"model", options_.model},
                      {"parameters", s.parameters},
                      {"trainable_parameters", s.trainable_parameters},
-                     {"zero_stage", s.zero_stage},
-                     {"mics_shard_size", s.mics_shard_size},
-                     {"zero_quantized_weights", s.quantized_weights},
-                     {"zero_hpz_partition_size", s.hpz_partition_size},
-                     {"zero_quantized_gradients", s.quantized_gradients},
+                     {"zero_stage", s.zero.stage},
+                     {"mics_shard_size", s.zero.mics_shard_size},
+                     {"zero_quantized_weights", s.zero.quantized_weights},
+                     {"zero_hpz_partition_size", s.zero.hpz_partition_size},
+                     {"zero_quantized_gradients", s.zero.quantized_gradients},
                      {"ranks", s.ranks},
                      {"backend", backend},
                      {"device_bytes", s.device_bytes},
@@ -65,25 +65,9 @@ class TrainLog : public TrainObserver {
             ? absl::StrFormat("%.2fM parameters", s.parameters / 1e6)
             : absl::StrFormat("%.2fM parameters, %.2fM trainable", s.parameters / 1e6,
                               s.trainable_parameters / 1e6);
-    // As memwall plan names them, with ZeRO++'s parts by what they move.
-    std::string stage = absl::StrCat("ZeRO stage ", s.zero_stage);
-    if (s.mics_shard_size > 0) {
-      absl::StrAppend(&stage, " sharded in groups of ", s.mics_shard_size, " rank",
-                      s.mics_shard_size == 1 ? "" : "s", " (hybrid)");
-    }
-    std::vector<std::string> zeropp;
-    if (s.quantized_weights) {
-      zeropp.push_back(absl::StrCat("int8 weight gathers (qwZ, blocks of ",
-                                    s.quantization_block_size, ")"));
-    }
-    if (s.hpz_partition_size > 1) {
-      zeropp.push_back(absl::StrCat("later gathers in groups of ", s.hpz_partition_size,
-                                    " ranks (hpZ)"));
-    }
-    if (s.quantized_gradients) zeropp.push_back("int8 gradients across nodes (qgZ)");
-    if (!zeropp.empty()) absl::StrAppend(&stage, " with ZeRO++: ", absl::StrJoin(zeropp, ", "));
     std::printf("memwall train: %s (%s), %s, %d rank%s, %s backend with %s per rank\n",
-                options_.model.c_str(), counts.c_str(), stage.c_str(), s.ranks,
+                options_.model.c_str(), counts.c_str(), DescribeZero(s.zero, "rank").c_str(),
+                s.ranks,
                 s.ranks == 1 ? "" : "s", backend.c_str(), FormatBytes(s.device_bytes).c_str());
     std::printf(
         "data: %s (%lld bytes), %lld tokens per step (%lld x %d micro-batches x %lld "

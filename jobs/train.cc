@@ -45,12 +45,7 @@ TrainStart StartOf(const TrainOptions& options, const GptConfig& gpt, Engine& en
   for (const FlatGroup& g : layout.groups) {
     if (g.trainable) start.trainable_parameters += g.numel;  // frozen blocks train nothing
   }
-  start.zero_stage = config.zero.stage;
-  start.mics_shard_size = config.zero.mics_shard_size;
-  start.quantized_weights = config.zero.quantized_weights;
-  start.quantization_block_size = config.zero.quantization_block_size;
-  start.hpz_partition_size = config.zero.hpz_partition_size;
-  start.quantized_gradients = config.zero.quantized_gradients;
+  start.zero = config.zero;
   start.ranks = engine.communicator().world_size();
   start.device_bytes = options.capacity_bytes;
   start.data = options.data_path.empty() ? "built-in synthetic corpus" : options.data_path;

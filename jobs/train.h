@@ -16,6 +16,7 @@
 #include "runtime/communicator.h"
 #include "runtime/device.h"
 #include "runtime/memory.h"
+#include "sharding/options.h"
 
 namespace memwall {
 
@@ -64,14 +65,7 @@ struct TrainOptions {
 // The run, once the engine is built.
 struct TrainStart {
   int64_t parameters = 0, trainable_parameters = 0;
-  int zero_stage = 0;
-  // The config's communication options (sharding/options.h): hybrid
-  // sharding's group size (-1: off) and ZeRO++'s parts.
-  int64_t mics_shard_size = -1;
-  bool quantized_weights = false;
-  int64_t quantization_block_size = 0;
-  int64_t hpz_partition_size = 1;
-  bool quantized_gradients = false;
+  ZeroConfig zero;  // the config's, its stage resolved
   int ranks = 1;             // the data-parallel world (simulated on meta)
   int64_t device_bytes = 0;  // per rank (with cuda and none given: what was free)
   std::string data;          // the file, or "built-in synthetic corpus"

@@ -26,6 +26,7 @@
 #include "profiler/memory_profiler.h"
 #include "runtime/status.h"
 #include "runtime/units.h"
+#include "sharding/options.h"
 
 namespace memwall {
 
@@ -409,15 +410,12 @@ absl::StatusOr<std::string> PlanReport(const PlanOptions& options) {
   MW_ASSIGN_OR_RETURN(const Hardware hw, PlanHardware(options));
   MW_ASSIGN_OR_RETURN(const DryRunResult r, DryRun(ToDryRunOptions(options, config, hw), config));
   if (options.json) return PlanJson(options, config, r).dump(2) + "\n";
-  const std::string hybrid =
-      config.zero.mics_shard_size > 0
-          ? absl::StrCat(" sharded in groups of ", config.zero.mics_shard_size, " GPUs (hybrid)")
-          : "";
   std::string out = absl::StrFormat(
-      "memwall plan: %s (%.2fB parameters), %lld GPU%s, ZeRO stage %d%s, micro-batch %lld, "
+      "memwall plan: %s (%.2fB parameters), %lld GPU%s, %s, micro-batch %lld, "
       "recomputation %s\n",
       options.model, r.parameters / 1e9, static_cast<long long>(options.gpus),
-      options.gpus == 1 ? "" : "s", config.zero.stage, hybrid, static_cast<long long>(r.batch),
+      options.gpus == 1 ? "" : "s", DescribeZero(config.zero, "GPU"),
+      static_cast<long long>(r.batch),
       r.recompute.planner);
   out += TracedLine(options);
   if (!config.not_applied.empty()) {

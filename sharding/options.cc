@@ -1,8 +1,32 @@
 #include "sharding/options.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace memwall {
+
+std::string DescribeZero(const ZeroConfig& zero, absl::string_view unit) {
+  auto ranks = [unit](int64_t n) { return absl::StrCat(n, " ", unit, n == 1 ? "" : "s"); };
+  std::string described = absl::StrCat("ZeRO stage ", zero.stage);
+  if (zero.mics_shard_size > 0) {
+    absl::StrAppend(&described, " sharded in groups of ", ranks(zero.mics_shard_size),
+                    " (hybrid)");
+  }
+  std::vector<std::string> zeropp;
+  if (zero.quantized_weights) {
+    zeropp.push_back(absl::StrCat("int8 weight gathers (qwZ, blocks of ",
+                                  zero.quantization_block_size, ")"));
+  }
+  if (zero.hpz_partition_size > 1) {
+    zeropp.push_back(
+        absl::StrCat("later gathers in groups of ", ranks(zero.hpz_partition_size), " (hpZ)"));
+  }
+  if (zero.quantized_gradients) zeropp.push_back("int8 gradients across nodes (qgZ)");
+  if (!zeropp.empty()) absl::StrAppend(&described, " with ZeRO++: ", absl::StrJoin(zeropp, ", "));
+  return described;
+}
 
 absl::Status CheckZeroConfig(const ZeroConfig& z) {
   const float ratio = z.offload_optimizer_ratio;

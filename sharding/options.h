@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 #include "offload/aio_config.h"
 #include "runtime/dtype.h"
@@ -171,6 +172,13 @@ struct ZeroConfig {
 // JSON key. The rules that depend on the stage wait while it is "auto"
 // (kAutoStage): Create checks them again once the engine has resolved it.
 absl::Status CheckZeroConfig(const ZeroConfig& zero);
+
+// The stage with what changes its communication, as memwall plan and
+// memwall train name it: "ZeRO stage 3 sharded in groups of 4 GPUs
+// (hybrid) with ZeRO++: int8 weight gathers (qwZ, blocks of 2048), later
+// gathers in groups of 8 GPUs (hpZ), int8 gradients across nodes (qgZ)";
+// `unit` names a rank ("GPU", "rank").
+std::string DescribeZero(const ZeroConfig& zero, absl::string_view unit);
 
 struct ShardingOptions {
   ZeroConfig zero;

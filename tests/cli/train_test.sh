@@ -265,6 +265,12 @@ out=$("$memwall" plan --model gpt2-124m --gpus 8 --gpus_per_node 4 --device-memo
 check "plan: hybrid sharding" "$out" \
   "memwall plan: gpt2-124m (0.12B parameters), 8 GPUs, ZeRO stage 3 sharded in groups of 4 GPUs (hybrid), micro-batch" \
   "fits: yes"
+# ZeRO++'s parts named in plan's header as in train's.
+echo '{"zero_optimization": {"stage": 3, "zero_quantized_weights": true,
+  "zero_hpz_partition_size": 8, "zero_quantized_gradients": true}}' > "$tmp/zeropp_plan.json"
+out=$("$memwall" plan --model gpt2-124m --gpus 16 --config "$tmp/zeropp_plan.json" 2>&1)
+check "plan: ZeRO++" "$out" \
+  "16 GPUs, ZeRO stage 3 with ZeRO++: int8 weight gathers (qwZ, blocks of 2048), later gathers in groups of 8 GPUs (hpZ), int8 gradients across nodes (qgZ), micro-batch"
 out=$("$memwall" plan --model gpt2-124m --gpus 8 --config "$tmp/hybrid.json" --json 2>&1)
 check "plan: hybrid sharding in --json" "$out" '"mics_shard_size": 4'
 echo '{"zero_optimization": {"stage": 3, "mics_shard_size": 3}}' > "$tmp/hybrid3.json"

@@ -93,7 +93,7 @@ TEST_CASE("the events of a run that saves, in order, with their figures", "[trai
   const TrainStart& start = seen.start;
   CHECK(start.parameters == Gpt2Parameters(256, 64, 64, 2));
   CHECK(start.trainable_parameters == start.parameters);
-  CHECK(start.zero_stage == 2);
+  CHECK(start.zero.stage == 2);
   CHECK(start.ranks == ranks);
   CHECK(start.device_bytes == (64 << 20));
   CHECK(start.data == "built-in synthetic corpus");
