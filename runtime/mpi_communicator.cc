@@ -259,9 +259,19 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int world_size,
     return;
   }
   MPI_Win_set_errhandler(board, MPI_ERRORS_RETURN);
+  // The slots are written with plain stores and read long after: that
+  // needs the unified memory model (stores reach the others' reads without
+  // a synchronising call, as with shared memory and RDMA). The model is the
+  // window's, alike on every rank, so all free it together.
+  int* model = nullptr;
+  int has_model = 0;
+  if (MPI_Win_get_attr(board, MPI_WIN_MODEL, &model, &has_model) != MPI_SUCCESS ||
+      !has_model || *model != MPI_WIN_UNIFIED) {
+    MPI_Win_free(&board);
+    return;
+  }
   if (MPI_Win_lock_all(MPI_MODE_NOCHECK, board) != MPI_SUCCESS) return;
   std::fill(memory, memory + kBoardSlots, 0);
-  MPI_Win_sync(board);
   board_ = board;
   slots_ = memory;
 }
@@ -276,7 +286,6 @@ absl::Status MpiCommunicator::Wait(MPI_Request& request, absl::string_view call)
   // Every rank posts the same collectives on comm_ in the same order, each
   // waited here once: the count is where this rank has got to.
   const int64_t posted = ++slots_[kPosted];
-  if (board_ != MPI_WIN_NULL) MPI_Win_sync(board_);
   const absl::Duration timeout = options().timeout;
   if (timeout == absl::InfiniteDuration()) {
     MW_RETURN_IF_ERROR(MpiStatus(MPI_Wait(&request, MPI_STATUS_IGNORE), call));
@@ -291,7 +300,7 @@ absl::Status MpiCommunicator::Wait(MPI_Request& request, absl::string_view call)
       slots_[kCompleted] = posted;
       return absl::OkStatus();
     }
-    ++slots_[kPolls];  // a plain store: read only by a rank that timed out
+    ++slots_[kPolls];
     if (polls >= kSpinPolls) std::this_thread::yield();
     if (polls % kPollsPerClockRead == 0 && absl::Now() >= deadline) {
       // MPI cannot cancel a collective: the request stays posted and the
@@ -349,7 +358,6 @@ std::string MpiCommunicator::Absentees(int64_t posted) {
   }
   // Those that time out in it too stop polling: they say so first.
   slots_[kGaveUp] = posted;
-  MPI_Win_sync(board_);
   const absl::Duration grace = std::min(options().timeout, absl::Seconds(1));
   std::vector<bool> read;
   const auto first = ReadBoard(absl::Now() + grace, read);
