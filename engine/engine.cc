@@ -58,6 +58,11 @@ Engine::~Engine() = default;
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
                                                        const Config& config, ModelFactory model) {
   if (!model) return absl::InvalidArgumentError("Engine: no model given");
+  if (options.caller_stream.has_value()) {
+    return absl::InvalidArgumentError(
+        "caller_stream: a model of memwall layers computes on the engine's own streams; only a "
+        "caller-owned model names the stream it computes on");
+  }
   std::unique_ptr<Engine> engine(new Engine());
   engine->options_ = options;
   engine->config_ = config;
@@ -104,8 +109,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   MW_RETURN_IF_ERROR(engine->StartDevice(options));
   MW_RETURN_IF_ERROR(engine->BudgetCpuUpdate(options));
   Engine& e = *engine;
-  MW_ASSIGN_OR_RETURN(e.owned_optimizer_,
-                      ShardedOptimizer::Create(e.config_, *e.device_, *e.comm_));
+  std::unique_ptr<Stream> caller_stream;
+  if (options.caller_stream.has_value()) {
+    MW_ASSIGN_OR_RETURN(caller_stream, e.device_->WrapStream(*options.caller_stream));
+  }
+  MW_ASSIGN_OR_RETURN(e.owned_optimizer_, ShardedOptimizer::Create(e.config_, *e.device_, *e.comm_,
+                                                                   std::move(caller_stream)));
   e.optimizer_ = e.owned_optimizer_.get();
   e.owned_states_.emplace(*e.optimizer_);
   e.compute_stream_.emplace(*e.device_, e.optimizer_->stream());
@@ -156,7 +165,11 @@ absl::Status Engine::StartDevice(const EngineOptions& options) {
   device.pinned_capacity_bytes = PinnedBytes(options.pinned_bytes, options.device_bytes, config_);
   if (backend == Backend::kCuda) {
 #if MEMWALL_HAS_CUDA
-    MW_ASSIGN_OR_RETURN(device.ordinal, CudaOrdinalForRank(world_->rank()));
+    if (options.device_ordinal >= 0) {
+      device.ordinal = options.device_ordinal;
+    } else {
+      MW_ASSIGN_OR_RETURN(device.ordinal, CudaOrdinalForRank(world_->rank()));
+    }
     MW_ASSIGN_OR_RETURN(device_, CreateDevice(device));
     CommunicatorOptions nccl_options;
     nccl_options.timeout = world_->timeout();

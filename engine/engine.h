@@ -109,6 +109,15 @@ struct EngineOptions {
   // How errors about a checkpoint directory name the caller's argument for
   // it and the way to resume ("--save", "--resume" on the command line).
   SaveDirectory::Names save_names;
+  // cuda: the GPU this rank uses; -1: by rank (CudaOrdinalForRank). A
+  // caller whose tensors already sit on a GPU (PyTorch) names that one.
+  int device_ordinal = -1;
+  // cuda, a caller-owned model: the native stream the caller computes on
+  // (PyTorch's current stream; nullptr is CUDA's legacy default stream),
+  // which the engine's views are read and written in the order of
+  // (ModelStates::stream() is it, Device::WrapStream); unset: the engine
+  // makes its own. kInvalidArgument on host and meta.
+  std::optional<void*> caller_stream;
 };
 
 // The pinned pool for `flag` bytes: the flag when > 0; else, when `config`

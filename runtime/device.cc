@@ -93,6 +93,13 @@ std::unique_ptr<Event> Device::Counted(std::unique_ptr<Event> event) {
   return event;
 }
 
+absl::StatusOr<std::unique_ptr<Stream>> Device::WrapStream(void* native) {
+  (void)native;
+  return absl::InvalidArgumentError(absl::StrCat(
+      name(), ": WrapStream: a ", BackendName(backend()),
+      " device's streams have no native handle (only cuda wraps a caller's stream)"));
+}
+
 absl::Status Device::Synchronize() {
   CountWait(&host_waits_, 1);
   MW_RETURN_IF_ERROR(SynchronizeImpl());

@@ -124,6 +124,9 @@ class Device {
   virtual ~Device() = default;
 
   virtual Backend backend() const = 0;
+  // The GPU's index on cuda (what CUDA and DLPack call the device); 0 on
+  // host and meta.
+  virtual int ordinal() const { return 0; }
   // "host:0", "meta:0", "cuda:1".
   const std::string& name() const { return allocator_->device_name(); }
   // False on meta: buffers have no bytes and kernels do nothing.
@@ -183,6 +186,14 @@ class Device {
   // itself asynchronous, as the stream of a real run would.
   virtual absl::StatusOr<std::unique_ptr<Stream>> CreateAsyncStream() = 0;
   virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
+  // A Stream over a native stream the caller owns (cudaStream_t on cuda:
+  // PyTorch's current stream), so that work memwall enqueues for the caller
+  // is in that stream's order with the caller's own, and memwall's other
+  // streams order themselves against it with events. Destroying the
+  // returned Stream drains it (as every Stream) and leaves the native
+  // stream alive. Null on cuda is CUDA's legacy default stream.
+  // kInvalidArgument on host and meta, whose streams have no native handle.
+  virtual absl::StatusOr<std::unique_ptr<Stream>> WrapStream(void* native);
 
   // Copies `bytes` from `src` to `dst`, ordered on `stream`. Either pointer
   // may be device memory of this device or host memory (pinned host memory

@@ -18,9 +18,9 @@
 
 namespace memwall {
 
-absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const ShardingOptions& config,
-                                                                           Device& device,
-                                                                           Communicator& comm) {
+absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
+    const ShardingOptions& config, Device& device, Communicator& comm,
+    std::unique_ptr<Stream> caller_stream) {
   // An unresolved "auto" (-1) or any other stage would run with no gradient
   // reduction at all: ranks would drift apart while every step succeeds.
   if (config.zero.stage < 0 || config.zero.stage > 3) {
@@ -50,7 +50,10 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(const
         "ShardedOptimizer: offload_optimizer keeps optimizer states in pinned host memory, but ",
         device.name(), " has no pinned pool (DeviceOptions::pinned_capacity_bytes)"));
   }
-  MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
+  std::unique_ptr<Stream> stream = std::move(caller_stream);
+  if (stream == nullptr) {
+    MW_ASSIGN_OR_RETURN(stream, device.CreateStream());
+  }
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Stream> comm_stream, config.zero.overlap_comm
                                                                ? device.CreateAsyncStream()
                                                                : device.CreateStream());

@@ -227,10 +227,12 @@ class ShardedOptimizer {
   // `device` and `comm` must outlive the optimizer. Errors: kInvalidArgument
   // for a config the sharded optimizer cannot run: a stage outside 0-3 (an
   // unresolved "auto" included), or a communicator of the wrong kind for
-  // the device.
-  static absl::StatusOr<std::unique_ptr<ShardedOptimizer>> Create(const ShardingOptions& config,
-                                                                  Device& device,
-                                                                  Communicator& comm);
+  // the device. `caller_stream`: the stream the caller computes on, a stream
+  // of `device` (Device::WrapStream of PyTorch's current stream), which
+  // becomes stream(); null: the optimizer creates one.
+  static absl::StatusOr<std::unique_ptr<ShardedOptimizer>> Create(
+      const ShardingOptions& config, Device& device, Communicator& comm,
+      std::unique_ptr<Stream> caller_stream = nullptr);
 
   // Waits for the communication stream: its work uses this object's buffers.
   ~ShardedOptimizer();

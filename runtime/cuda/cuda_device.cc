@@ -69,12 +69,14 @@ class CudaEvent final : public Event {
 
 class CudaStream final : public Stream {
  public:
-  explicit CudaStream(cudaStream_t stream) : stream_(stream) {}
+  // `owned`: destroyed with this object (a stream memwall created); not
+  // owned: the caller's (Device::WrapStream).
+  CudaStream(cudaStream_t stream, bool owned) : stream_(stream), owned_(owned) {}
   // Drained first: the allocator then treats blocks this stream used as
   // free for everyone (Note [Stream-ordered reuse]).
   ~CudaStream() override {
     (void)cudaStreamSynchronize(stream_);
-    (void)cudaStreamDestroy(stream_);
+    if (owned_) (void)cudaStreamDestroy(stream_);
   }
   absl::Status SynchronizeImpl() override {
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
@@ -106,6 +108,7 @@ class CudaStream final : public Stream {
 
  private:
   cudaStream_t stream_;
+  const bool owned_;
 };
 
 class CudaDevice final : public Device {
@@ -115,12 +118,20 @@ class CudaDevice final : public Device {
       : Device(std::move(allocator), std::move(pinned_allocator)), ordinal_(ordinal) {}
 
   Backend backend() const override { return Backend::kCuda; }
+  int ordinal() const override { return ordinal_; }
 
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
     MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     cudaStream_t stream = nullptr;
     MW_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    return Counted(std::unique_ptr<Stream>(new CudaStream(stream)));
+    return Counted(std::unique_ptr<Stream>(new CudaStream(stream, /*owned=*/true)));
+  }
+  absl::StatusOr<std::unique_ptr<Stream>> WrapStream(void* native) override {
+    // Null is CUDA's legacy default stream (PyTorch's default): memwall's
+    // own streams are non-blocking, so only events order them against it.
+    MW_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    return Counted(std::unique_ptr<Stream>(
+        new CudaStream(static_cast<cudaStream_t>(native), /*owned=*/false)));
   }
   absl::StatusOr<std::unique_ptr<Stream>> CreateAsyncStream() override { return CreateStream(); }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {

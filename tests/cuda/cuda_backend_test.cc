@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "cuda_runtime.h"
 #include "tests/support/values.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
@@ -101,6 +102,38 @@ TEST_CASE("streams, events and copies order work on the GPU", "[cuda]") {
   REQUIRE(gpu.device->CopyAsync(back.data(), b.data(), n * 4, *other).ok());
   REQUIRE(other->Synchronize().ok());
   CHECK(std::memcmp(back.data(), host.data(), n * 4) == 0);
+}
+
+TEST_CASE("a wrapped caller stream orders work with events and outlives its wrapper",
+          "[cuda][stream]") {
+  Gpu gpu = MakeGpu();
+  CHECK(gpu.device->ordinal() == 0);
+  cudaStream_t native = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&native, cudaStreamNonBlocking) == cudaSuccess);
+  const size_t n = 1 << 20;
+  std::vector<float> host = RandomFloats(n, 2, 1.0f);
+  DeviceBuffer a = Upload(gpu, host.data(), n * 4, "a");
+  auto b = gpu.device->Allocate(n * 4, MemoryCategory::kOther, "b").value();
+  auto event = gpu.device->CreateEvent().value();
+  {
+    auto caller = gpu.device->WrapStream(native).value();
+    CHECK(caller->native_handle() == native);
+    // The copy on the caller's stream waits for the work on memwall's.
+    REQUIRE(gpu.stream->Record(*event).ok());
+    REQUIRE(caller->Wait(*event).ok());
+    REQUIRE(gpu.device->CopyAsync(b.data(), a.data(), n * 4, *caller).ok());
+  }  // drained, not destroyed
+  CHECK(cudaStreamQuery(native) == cudaSuccess);
+  std::vector<float> back(n);
+  REQUIRE(cudaMemcpyAsync(back.data(), b.data(), n * 4, cudaMemcpyDeviceToHost, native) ==
+          cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(native) == cudaSuccess);
+  CHECK(std::memcmp(back.data(), host.data(), n * 4) == 0);
+  REQUIRE(cudaStreamDestroy(native) == cudaSuccess);
+  // The legacy default stream (PyTorch's default) wraps as null.
+  auto legacy = gpu.device->WrapStream(nullptr).value();
+  CHECK(legacy->native_handle() == nullptr);
+  REQUIRE(legacy->Synchronize().ok());
 }
 
 TEST_CASE("pinned host memory copies to and from the GPU asynchronously", "[cuda][pinned]") {

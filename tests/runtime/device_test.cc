@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "runtime/status.h"
 #include "runtime/tensor.h"
@@ -53,6 +54,20 @@ TEST_CASE("the cuda backend reports why it cannot start without a GPU", "[device
   CHECK((code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kUnimplemented));
   if (code == absl::StatusCode::kUnavailable) {
     CHECK_THAT(std::string(device.status().message()), Catch::Contains("cudaGetDeviceCount"));
+  }
+}
+
+TEST_CASE("only cuda wraps a caller's native stream", "[device][stream]") {
+  for (Backend backend : {Backend::kHost, Backend::kMeta}) {
+    auto device = CreateDevice({backend, 0, kMiB}).value();
+    int native = 0;
+    auto wrapped = device->WrapStream(&native);
+    CHECK(wrapped.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(wrapped.status().message() ==
+          absl::StrCat(device->name(), ": WrapStream: a ", BackendName(backend),
+                       " device's streams have no native handle (only cuda wraps a caller's "
+                       "stream)"));
+    CHECK(device->ordinal() == 0);
   }
 }
 
