@@ -3,13 +3,17 @@
 // collective, update and allocation happens here, in the engine.
 //
 // Memory crosses the boundary without copies: parameter and gradient views
-// are returned as writable memoryviews over the engine's own memory, which
-// torch.frombuffer wraps (host backend: that memory is ordinary host RAM).
-// A view is valid while the engine lives and, at stage 3 or for stage 2-3
-// gradients, until its group is released or reduced; the glue keeps those
-// rules. Values going in (initial parameters, gradients) come as the
-// address and element count of a contiguous f32 CPU buffer, as torch's
-// data_ptr() gives them.
+// are returned as DLPack capsules over the engine's own memory (host RAM on
+// the host backend, device memory of the engine's GPU on cuda), which
+// torch.from_dlpack wraps; the capsule owns nothing. A view is valid while
+// the engine lives and, at stage 3 or for stage 2-3 gradients, until its
+// group is released or reduced; the glue keeps those rules. On cuda the
+// views are read and written in the order of the stream the engine was
+// given (the `stream` argument: PyTorch's current stream's handle), which
+// the engine's own streams order themselves against with events. Values
+// going in (initial parameters, states) come as the address and element
+// count of a contiguous f32 buffer in host memory, as torch's data_ptr()
+// gives them for a CPU tensor.
 //
 // Errors: an absl::Status becomes a memwall.Error (a RuntimeError) whose
 // message is "<CODE>: <message>", so Python callers see the same text the
@@ -21,12 +25,14 @@
 #include <climits>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "dlpack/dlpack.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "kernels/cpu/blas_core.h"
@@ -110,10 +116,48 @@ py::list OwnerList(const std::vector<OwnerBytes>& owners) {
   return out;
 }
 
-py::memoryview ViewOf(const ModelStates::View& view) {
-  return py::memoryview::from_memory(view.data,
-                                     static_cast<py::ssize_t>(view.numel * DTypeSize(view.dtype)),
-                                     /*readonly=*/false);
+// A DLPack capsule ("dltensor", the protocol torch.from_dlpack reads) of a
+// 1-D view of `view` on `device`. It owns only its own description: the
+// memory stays the engine's.
+py::capsule DLPackOf(const ModelStates::View& view, Device& device) {
+  struct Owned {
+    DLManagedTensor managed;
+    int64_t shape[1];
+  };
+  auto* owned = new Owned{};
+  DLTensor& t = owned->managed.dl_tensor;
+  t.data = view.data;
+  t.device = device.backend() == Backend::kCuda
+                 ? DLDevice{kDLCUDA, device.ordinal()}
+                 : DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  switch (view.dtype) {
+    case DType::kF32: t.dtype = DLDataType{kDLFloat, 32, 1}; break;
+    case DType::kF16: t.dtype = DLDataType{kDLFloat, 16, 1}; break;
+    case DType::kBF16: t.dtype = DLDataType{kDLBfloat, 16, 1}; break;
+  }
+  owned->shape[0] = view.numel;
+  t.shape = owned->shape;
+  t.strides = nullptr;  // compact
+  t.byte_offset = 0;
+  owned->managed.manager_ctx = owned;
+  owned->managed.deleter = [](DLManagedTensor* self) {
+    delete static_cast<Owned*>(self->manager_ctx);
+  };
+  // The capsule's destructor frees the description only when no consumer
+  // took it (a consumer renames the capsule "used_dltensor" and calls the
+  // deleter itself).
+  PyObject* capsule = PyCapsule_New(&owned->managed, "dltensor", [](PyObject* self) {
+    if (PyCapsule_IsValid(self, "dltensor")) {
+      auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(self, "dltensor"));
+      managed->deleter(managed);
+    }
+  });
+  if (capsule == nullptr) {
+    delete owned;
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(capsule);
 }
 
 // What the engine reads from a config that a torch front end needs before
@@ -236,7 +280,7 @@ class PyEngine {
            const std::vector<std::pair<std::string, std::vector<ParameterArg>>>& groups,
            const std::string& backend, const std::string& device_memory,
            const std::string& pinned_memory, int simulate_ranks, uint64_t seed,
-           double collective_timeout) {
+           double collective_timeout, int device_ordinal, std::optional<uintptr_t> stream) {
     Config config = Value(ParseConfig(config_json));
     EngineOptions options;
     options.backend = Value(ParseBackend(backend));
@@ -250,6 +294,8 @@ class PyEngine {
     }
     options.collective_timeout = collective_timeout == 0 ? absl::InfiniteDuration()
                                                          : absl::Seconds(collective_timeout);
+    options.device_ordinal = device_ordinal;
+    if (stream.has_value()) options.caller_stream = reinterpret_cast<void*>(*stream);
     options.oom_advice = false;  // the auto strategy needs memwall's own layers
     options.save_names = {"save_checkpoint", "load_checkpoint"};
     std::vector<ParameterGroup> parameter_groups;
@@ -271,8 +317,12 @@ class PyEngine {
   Engine& engine() { return *engine_; }
   ModelStates& states() { return engine_->states(); }
 
-  py::memoryview Parameter(const std::string& name) { return ViewOf(Value(states().Parameter(name))); }
-  py::memoryview Gradient(const std::string& name) { return ViewOf(Value(states().Gradient(name))); }
+  py::capsule Parameter(const std::string& name) {
+    return DLPackOf(Value(states().Parameter(name)), engine_->device());
+  }
+  py::capsule Gradient(const std::string& name) {
+    return DLPackOf(Value(states().Gradient(name)), engine_->device());
+  }
 
   void AddGradient(const std::string& name, uintptr_t data, int64_t numel) {
     const auto* values = reinterpret_cast<const float*>(data);
@@ -480,11 +530,18 @@ PYBIND11_MODULE(_memwall, m) {
       .def(py::init<const std::string&,
                     const std::vector<std::pair<std::string, std::vector<memwall::ParameterArg>>>&,
                     const std::string&, const std::string&, const std::string&, int, uint64_t,
-                    double>(),
+                    double, int, std::optional<uintptr_t>>(),
            py::arg("config_json"), py::arg("groups"), py::arg("backend") = "host",
            py::arg("device_memory") = "1GiB", py::arg("pinned_memory") = "0",
            py::arg("simulate_ranks") = 1, py::arg("seed") = 1,
-           py::arg("collective_timeout") = 600.0)
+           py::arg("collective_timeout") = 600.0, py::arg("device_ordinal") = -1,
+           py::arg("stream") = py::none(),
+           "device_ordinal: the GPU on cuda (-1: by rank); stream: on cuda, the handle of the "
+           "stream the caller computes on (torch.cuda.current_stream().cuda_stream; 0 is the "
+           "legacy default stream), whose order the views are read and written in; None: "
+           "the engine's own.")
+      .def_property_readonly("device", [](PyEngine& e) { return e.engine().device().name(); },
+                             "The engine's device: \"host:0\", \"cuda:1\", ...")
       .def_property_readonly("rank", [](PyEngine& e) { return e.engine().communicator().rank(); })
       .def_property_readonly("world_size",
                              [](PyEngine& e) { return e.engine().communicator().world_size(); })

@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   bazel-bootstrap bazel-platforms g++ catch2 libabsl-dev libopenmpi-dev
   openmpi-bin libopenblas-dev nlohmann-json3-dev zlib1g-dev pybind11-dev python3-dev
-  python3-venv libaio-dev
+  python3-venv libaio-dev libdlpack-dev
 )
 if [ "${1:-}" = "--tests" ]; then
   packages+=(chromium)

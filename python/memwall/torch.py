@@ -138,6 +138,83 @@ def _check_group_options(param_groups):
                     "is)" % (i, key, value, _UNIMPLEMENTED[key]))
 
 
+def _model_device(model, backend):
+    """The device `model`'s parameters are on, as `backend` takes them:
+    the CPU for "host", one GPU for "cuda" (ValueError otherwise)."""
+    devices = sorted({str(p.device) for p in model.parameters()})
+    if backend == "host":
+        if devices and devices != ["cpu"]:
+            raise ValueError(
+                "backend \"host\" trains a model on the CPU; got parameters on %s "
+                "(backend=\"cuda\" trains a model on one GPU)" % ", ".join(devices))
+        return torch.device("cpu")
+    if backend == "cuda":
+        if len(devices) != 1 or not devices[0].startswith("cuda:"):
+            raise ValueError(
+                "backend \"cuda\" trains a model whose parameters are all on one GPU "
+                "(model.to(memwall.torch.device())); got parameters on %s"
+                % (", ".join(devices) or "no device (the model has none)"))
+        return torch.device(devices[0])
+    raise ValueError("backend: expected \"host\" (a model on the CPU) or \"cuda\" (a model "
+                     "on one GPU), got %r" % (backend,))
+
+
+def device():
+    """The device this rank trains on: the GPU memwall's cuda backend gives
+    the rank (its MPI rank modulo the GPUs this process sees: the ranks of a
+    node share its GPUs round-robin, one each when there are as many), or
+    the CPU where torch sees no GPU. model.to(memwall.torch.device())."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", memwall.rank() % torch.cuda.device_count())
+
+
+def _check_launcher():
+    """memwall's collectives run among MPI's ranks: where torch.distributed
+    is initialised too, it must be the same job (ValueError naming both)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    theirs = (dist.get_rank(), dist.get_world_size())
+    ours = (memwall.rank(), memwall.world_size())
+    if theirs != ours:
+        raise ValueError(
+            "torch.distributed is rank %d of %d and MPI, which memwall's collectives run "
+            "among, rank %d of %d: launch the job with mpirun (or memwall launch) and "
+            "initialise torch.distributed from MPI's ranks (README: \"Launchers\"); torchrun "
+            "alone starts no MPI job" % (theirs + ours))
+
+
+class _OrderedEngine:
+    """The engine on cuda, every call in order with torch's current stream:
+    the engine computes on the stream current when the ZeroOptimizer was
+    made, and a call made while another is current (inside `with
+    torch.cuda.stream(s):`) has the engine's stream wait for that one's
+    work so far, and that one wait for the engine's after the call (events:
+    no host wait)."""
+
+    def __init__(self, engine, stream):
+        self._inner = engine
+        self._stream = stream
+
+    def __getattr__(self, name):
+        value = getattr(self._inner, name)
+        if not callable(value):
+            return value
+        stream = self._stream
+
+        def ordered(*args, **kwargs):
+            current = torch.cuda.current_stream(stream.device)
+            if current == stream:
+                return value(*args, **kwargs)
+            stream.wait_stream(current)
+            try:
+                return value(*args, **kwargs)
+            finally:
+                current.wait_stream(stream)
+        return ordered
+
+
 @contextlib.contextmanager
 def _collective(call):
     """A collective call of the glue's: a rank that waited past the
@@ -436,8 +513,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
         cpu_checkpointing) is refused: memwall.torch's tensors are on the
         CPU already; so is the "selective" planner (whole blocks are
         recomputed, a traced block offers no selective mode).
-    backend: "host" (CPU tensors, MPI ranks; the only one the glue drives
-        so far).
+    backend: "host" (a model on the CPU, MPI ranks) or "cuda" (a model on
+        one GPU, memwall.torch.device(), one GPU per rank, NCCL among the
+        ranks): the engine keeps the model states in its own memory on
+        that device, and the parameters torch computes with (and the
+        gradient buffers backward adds into) are views of it (DLPack, no
+        copies). On cuda the engine computes on torch's current stream
+        when the optimizer is made, ordering its communication and offload
+        streams against it with events; calls made while another stream is
+        current are ordered with that one the same way.
     device_memory / pinned_memory: the engine device's capacity and pinned
         pool ("8GiB"; pinned "0": derived from the config).
     example_inputs: one batch as the model's forward takes it (a dict of
@@ -464,12 +548,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
                  example_inputs=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("model: expected a torch.nn.Module, got %s" % type(model).__name__)
-        devices = {p.device.type for p in model.parameters()}
-        if devices - {"cpu"} or backend != "host":
-            raise ValueError(
-                "memwall.torch runs CPU tensors on the host backend; got parameters on %s and "
-                "backend %r (CUDA tensors on the cuda backend are not supported yet)"
-                % (", ".join(sorted(devices)), backend))
+        self._device = _model_device(model, backend)
+        _check_launcher()
         for name, p in model.named_parameters():
             if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
                 raise ValueError(
@@ -506,6 +586,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "activation_checkpointing.planner \"selective\": memwall.torch recomputes whole "
                 "blocks, and a traced block offers no selective mode (its attention alone); "
                 "use full, uniform:K, sqrt or optimal")
+        if read["recomputes"] and read["offloads_activations"] and self._device.type != "cpu":
+            raise ValueError(
+                "activation_checkpointing.offload (or cpu_checkpointing): memwall.torch does "
+                "not move a GPU model's activations (torch's allocator holds them); set it "
+                "false (recomputation alone is planned and applied)")
         if read["recomputes"] and read["offloads_activations"]:
             raise ValueError(
                 "activation_checkpointing.offload (or cpu_checkpointing): memwall.torch's "
@@ -543,10 +628,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     "optimizer; pass it in a param_group, or freeze it (requires_grad=False)"
                     % name)
         self._groups, specs, values = self._plan_groups(model, hyper_of)
-        self._engine = memwall.Engine(engine_text, specs, backend=backend,
-                                      device_memory=device_memory,
-                                      pinned_memory=pinned_memory,
-                                      collective_timeout=collective_timeout)
+        # On cuda the engine computes for torch on torch's current stream
+        # (its views are read and written in that stream's order) and
+        # orders its own streams against it with events; _OrderedEngine
+        # orders it against another stream current at a later call.
+        self._stream = (torch.cuda.current_stream(self._device)
+                        if self._device.type == "cuda" else None)
+        engine = memwall.Engine(
+            engine_text, specs, backend=backend, device_memory=device_memory,
+            pinned_memory=pinned_memory, collective_timeout=collective_timeout,
+            device_ordinal=-1 if self._stream is None else self._device.index,
+            stream=None if self._stream is None else self._stream.cuda_stream)
+        self._engine = engine if self._stream is None else _OrderedEngine(engine, self._stream)
         del values  # the engine has its copy
         self._send_hyperparameters()  # refused values leave the model untouched
         self._stage = self._engine.stage
@@ -580,7 +673,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._modifying = False
         # Stage 3: each released parameter's one element, and by its address
         # the parameter's name. Stages 0-2: each parameter's address.
-        self._holders = {id(p): torch.zeros(1, dtype=self._dtype)
+        self._holders = {id(p): torch.zeros(1, dtype=self._dtype, device=self._device)
                          for _, p in self._named()} if self._stage == 3 else {}
         self._released = {self._holders[id(p)].data_ptr(): name
                           for name, p in self._named() if id(p) in self._holders}
@@ -603,7 +696,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         # What .grad shows between a backward and the step (_EngineGradient).
         self._placeholders = {
             id(p): torch.Tensor._make_subclass(
-                _EngineGradient, torch.zeros(1, dtype=self._dtype).expand(self._shape[id(p)]))
+                _EngineGradient,
+                torch.zeros(1, dtype=self._dtype, device=self._device).expand(self._shape[id(p)]))
             for _, p in self._named() if p.requires_grad}
         self._install_hooks(model)
         if self._plan_text is not None and traced is not None:
@@ -627,7 +721,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             groups.append(_Group(len(groups), label, members, trainable))
             parameters = []
             for n, p in members:
-                values.append(p.detach().to(torch.float32).contiguous())
+                # The engine copies initial values from host memory.
+                values.append(p.detach().to(device="cpu", dtype=torch.float32).contiguous())
                 parameters.append(memwall.Parameter(
                     n, list(p.shape), values[-1].data_ptr(), trainable,
                     hyper_of.get(id(p), 0)))
@@ -635,7 +730,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return groups, specs, values
 
     def _view(self, memory, p):
-        return torch.frombuffer(memory, dtype=self._dtype).view(self._shape[id(p)])
+        # memory: a DLPack capsule of the engine's memory, on the engine's
+        # device, in param_dtype.
+        return torch.from_dlpack(memory).view(self._shape[id(p)])
 
     def _point_at_engine(self, g):
         # Stages 0-2: the parameters stay where they are for the engine's
@@ -1402,6 +1499,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 index += 1
         return out
 
+    def _copy_out(self, values, shape):
+        """A copy of host `values` on the model's device, shaped."""
+        return values.view(shape).to(self._device, copy=True)
+
     def state_dict(self):
         """torch.optim.AdamW's (or SGD's) state_dict format, gathered from
         every rank (collective): per trainable parameter "step",
@@ -1419,11 +1520,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for index, p, g, offset, numel in self._slices():
             states = gathered[g.index]
             shape = self._shape[id(p)]
+            # On the parameter's device, as torch's optimizers keep them.
             entry = {"step": step.clone(),
-                     "master_weight": states[0][offset:offset + numel].clone().view(shape),
+                     "master_weight": self._copy_out(states[0][offset:offset + numel], shape),
                      "master_weight_step": int(step)}
             for which, key in enumerate(self._state_names(), start=1):
-                entry[key] = states[which][offset:offset + numel].clone().view(shape)
+                entry[key] = self._copy_out(states[which][offset:offset + numel], shape)
             state[index] = entry
         param_groups, index = [], 0
         for group in self.param_groups:
@@ -1545,7 +1647,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         with _collective("master_weights()"):
             values = self._engine.master_weights(name)
         shape = next(self._shape[id(p)] for n, p in self._named() if n == name)
-        return torch.tensor(values).view(shape)
+        return torch.tensor(values).view(shape).to(self._device)
 
     def memory(self):
         """The engine allocator's bytes by category ({"parameter":

@@ -121,13 +121,29 @@ def test_a_hyperparameter_the_update_refuses():
     assert str(error.value) == "param_groups[0]: adam lr: expected a finite value >= 0, got -1"
 
 
-def test_a_backend_the_torch_glue_does_not_drive_yet():
+def test_a_backend_that_does_not_take_the_models_device():
     model = mlp()
     with pytest.raises(ValueError) as error:
         mt.ZeroOptimizer(model, None, {}, backend="cuda")
     assert str(error.value) == (
-        "memwall.torch runs CPU tensors on the host backend; got parameters on cpu and backend "
-        "'cuda' (CUDA tensors on the cuda backend are not supported yet)")
+        'backend "cuda" trains a model whose parameters are all on one GPU '
+        "(model.to(memwall.torch.device())); got parameters on cpu")
+    with pytest.raises(ValueError) as error:
+        mt.ZeroOptimizer(model, None, {}, backend="meta")
+    assert str(error.value) == (
+        'backend: expected "host" (a model on the CPU) or "cuda" (a model on one GPU), '
+        "got 'meta'")
+    # A model on torch's meta device is on no device the host backend has.
+    with pytest.raises(ValueError) as error:
+        mt.ZeroOptimizer(mlp().to("meta"), None, {})
+    assert str(error.value) == (
+        'backend "host" trains a model on the CPU; got parameters on meta '
+        '(backend="cuda" trains a model on one GPU)')
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_device_without_a_gpu_is_the_cpu():
+    assert mt.device() == torch.device("cpu")
 
 
 def test_a_stage3_parameter_read_outside_its_module():

@@ -56,3 +56,40 @@ def test_the_command_and_the_package_carry_one_version():
     with open(os.path.join(ROOT, "python", "pyproject.toml")) as f:
         package = re.search(r'^version = "([^"]+)"$', f.read(), re.M).group(1)
     assert done.stdout.startswith("memwall %s, " % package)
+
+
+def test_torch_distributed_initialised_from_mpis_ranks(tmp_path):
+    """The README's combination: mpirun starts the job, the script
+    initialises torch.distributed from MPI's rank and size; the engine's
+    ranks are torch's, and data-parallel training leaves the two ranks'
+    weights bit-identical (each trained on its own data)."""
+    from conftest import run_ranks
+    results = run_ranks(2, "torch_distributed.py", tmp_path / "out", tmp_path / "rendezvous")
+    assert [r["torch"] for r in results] == [[0, 2], [1, 2]]
+    assert [r["memwall"] for r in results] == [[0, 2], [1, 2]]
+    assert results[0]["weights"] == results[1]["weights"]
+    assert len(results[0]["weights"]) == 8 * 16
+
+
+def test_torch_distributed_without_an_mpi_job_is_refused(tmp_path):
+    """Two processes started as torchrun starts them (no MPI job: each is
+    MPI's only rank) and joined by torch.distributed: the ZeroOptimizer
+    refuses at construction on both, naming both worlds, rather than
+    training two unrelated single-rank copies."""
+    worker = os.path.join(WORKERS, "torch_distributed.py")
+    out, rendezvous = tmp_path / "out", tmp_path / "rendezvous"
+    procs = [subprocess.Popen([sys.executable, worker, str(out), str(rendezvous), str(r), "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env()) for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    import json
+    for r in range(2):
+        with open("%s.rank%d" % (out, r)) as f:
+            result = json.load(f)
+        assert result["error"] == (
+            "torch.distributed is rank %d of 2 and MPI, which memwall's collectives run "
+            "among, rank 0 of 1: launch the job with mpirun (or memwall launch) and initialise "
+            "torch.distributed from MPI's ranks (README: \"Launchers\"); torchrun alone starts "
+            "no MPI job" % r)
