@@ -9,16 +9,28 @@
 #                     memwall-tests line, then times `memwall train` on
 #                     cuda with and without optimizer offload
 # tools/gpu_check.sh does the same on a machine that can build memwall.
+#
+# With the Python front end: the extension is linked there for that
+# machine's Python (pybind11 modules are built per Python version, and this
+# machine's is not the GPU image's): the archive carries the objects
+# Bazel compiled for //python:_memwall.so and its link line, the headers
+# memwall_module.cc includes (memwall's, Abseil's, nlohmann's, DLPack's,
+# Open MPI's), the memwall package and the CUDA tests and benchmark;
+# gpu_bundle_run.sh compiles memwall_module.cc with that Python's headers
+# and pybind11 and links it as Bazel did (tools/gpu_python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-.devbin}
 # The MPI tests' binaries are <name>_bin (tests/defs.bzl's mpi_test).
 tests=(cuda_backend_test nn_cuda_test nccl_test_bin sharded_optimizer_cuda_test_bin
   trainer_cuda_test_bin)
-bazel build "${tests[@]/#///tests/cuda:}" //cli:memwall
+. tools/bazel_config.sh
+bazel build "${memwall_bazel_flags[@]}" "${tests[@]/#///tests/cuda:}" //cli:memwall \
+  //python:_memwall.so
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$stage/root"
+tools/gpu_python_pack.sh "$stage/py"
 # Debian's libraries a file loads (not the C/C++ runtime, nor CUDA's or
 # NCCL's, which the GPU machine has in its own versions).
 libs_of() {
@@ -38,11 +50,14 @@ for path in /usr/bin/orterun /usr/bin/orted "$ompi/lib/openmpi3" "$pmix" /usr/sh
   cp -rL "$path" "$stage/root$(dirname "$path")/"
 done
 {
-  for f in "$stage"/bin/* "$stage"/root/usr/bin/*; do libs_of "$f"; done
+  for f in "$stage"/bin/* "$stage"/root/usr/bin/* bazel-bin/python/_memwall.so; do
+    libs_of "$f"
+  done
   find "$stage/root" -name '*.so*' -type f | while read -r f; do libs_of "$f"; done
 } | sort -u | xargs -r -I{} cp -L {} "$stage/lib/"
 for lib in "$stage"/lib/*; do libs_of "$lib"; done | sort -u | xargs -r -I{} cp -Ln {} "$stage/lib/"
 cp tools/gpu_bundle_run.sh "$stage/run-inside.sh"
+cp tools/gpu_python.sh "$stage/"
 rm -rf "$dir" && mkdir -p "$dir"
 tar -C "$stage" -cf - . | xz -T0 -6 > "$dir/bundle.tar.xz"
 cat > "$dir/run.sh" <<'RUN'

@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine from the archive tools/gpu_bundle.sh packs (its
-# run.sh unpacks it and calls this): every GPU test, then `memwall train` on
-# cuda timed with the optimizer on the GPU and offloaded to the CPU, with
-# and without the update overlapping backward. Settings from the
-# environment: MODEL, STEPS, CPU_THREADS, BUCKET (reduce_bucket_size),
-# DEVICE_MEMORY (default: the engine's, the GPU's free memory less 1 GiB),
-# OFFLOAD_ONLY. Exit status 1 if a test failed or saw no GPU.
+# run.sh unpacks it and calls this): first memwall.torch on the GPU (the
+# extension built for this machine's python3 by gpu_python.sh, then
+# tests/python/test_cuda.py and benchmarks/torch_cuda.py, their output
+# under $OUT), then every GPU test, then `memwall train` on cuda timed
+# with the optimizer on the GPU and offloaded to the CPU, with and without
+# the update overlapping backward. Settings from the environment: MODEL,
+# STEPS, CPU_THREADS, BUCKET (reduce_bucket_size), DEVICE_MEMORY (default:
+# the engine's, the GPU's free memory less 1 GiB), OFFLOAD_ONLY, PYTHON
+# (default python3), OUT (default /tmp/memwall-gpu-out). Exit status 1 if a
+# test failed or saw no GPU.
+#   --python-only   memwall.torch's part only
+#   --cpu           the same, rehearsed on a machine without a GPU: the
+#                   tests and the benchmark on the host backend (CPU mode)
+#   --mpi-only      skips memwall.torch and the tests that need no MPI
+#   --train-only    `memwall train` only
 b=$(cd "$(dirname "$0")" && pwd)
+mode=${1:-}
 # Open MPI's trees go where Debian's build looks for them, replacing any
 # other build's there (their components must match the bundle's libraries,
-# which stay in the bundle). --mpi-only skips the tests that need no MPI,
-# --train-only every test.
-cp -rf "$b/root/." /
+# which stay in the bundle); a rehearsal has Debian's own there.
+[ "$mode" = --cpu ] || cp -rf "$b/root/." /
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' \
   2>/dev/null)
 export LD_LIBRARY_PATH=$b/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${nccl:+$nccl:}${LD_LIBRARY_PATH:-}
@@ -19,9 +28,41 @@ export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_hwloc_base_binding_policy=none OMPI_MCA_rmaps_base_oversubscribe=1
 export OPENBLAS_NUM_THREADS=1
 mpirun=(/usr/bin/orterun --allow-run-as-root --oversubscribe)
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+# A Python process that initialises MPI as root (its singleton rank).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+[ "$mode" = --cpu ] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "host: $(nproc) CPUs, $(awk '/MemTotal/ {print $2 / 1048576 " GiB"}' /proc/meminfo)"
 rc=0
+out=${OUT:-/tmp/memwall-gpu-out}
+mkdir -p "$out"
+py=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
+# memwall.torch: the extension for this python, the CUDA tests (-s: their
+# figures), the benchmark.
+torch_part() {
+  local device=cuda cpu=()
+  [ "$mode" = --cpu ] && device=cpu cpu=(--cpu)
+  echo "== memwall.torch: the extension for $("$py" -V 2>&1)"
+  if ! PYTHON=$py bash "$b/gpu_python.sh" "$b/py" "$b/lib" > "$out/extension.txt" 2>&1; then
+    tail -n 20 "$out/extension.txt"
+    rc=1
+    return
+  fi
+  tail -n 1 "$out/extension.txt"
+  echo "== memwall.torch: tests/python/test_cuda.py on $device"
+  (cd "$b/py" && MEMWALL_TEST_DEVICE=$device PYTHONPATH="$b/py/package" timeout 240 \
+     "$py" -m pytest -q -s -rs -p no:cacheprovider tests/python/test_cuda.py) \
+    > "$out/test_cuda.txt" 2>&1 || rc=1
+  grep -E "passed|failed|^FAILED|^ERROR|profile peak|planned|SKIPPED" "$out/test_cuda.txt" | tail -n 25
+  echo "== memwall.torch: benchmarks/torch_cuda.py on $device"
+  PYTHONPATH="$b/py/package" timeout 180 "$py" "$b/py/benchmarks/torch_cuda.py" "${cpu[@]}" \
+    --json "$out/torch_cuda.json" 2>&1 | grep -v '^\[transformers\]' | tee "$out/torch_cuda.txt" |
+    tail -n 12
+  [ -s "$out/torch_cuda.json" ] || rc=1
+}
+case $mode in
+  "" | --python-only | --cpu) torch_part ;;
+esac
+[ "$mode" = --python-only ] || [ "$mode" = --cpu ] && exit $rc
 check() {  # check NAME COMMAND...: runs a test binary, keeps its summary
   local name=$1 out
   shift

@@ -207,7 +207,8 @@ def test_profile_peak_against_torchs_own_count(tmp_path):
     import transformers
     cfg = transformers.GPT2Config(n_embd=256, n_layer=4, n_head=4, vocab_size=4096,
                                   n_positions=256)
-    model = transformers.GPT2LMHeadModel(cfg).to(device())
+    with device():
+        model = transformers.GPT2LMHeadModel(cfg)
     opt = mt.ZeroOptimizer(model, None, config(2, "bf16"), backend=BACKEND)
     ids = torch.randint(0, 4096, (8, 256), device=device())
     torch.cuda.synchronize()
@@ -263,7 +264,8 @@ def test_plan_against_a_measured_step(name):
     zero = config(2, "bf16")
     planned = mt.plan(cfg, seq=seq, batch=batch, config=zero, device_memory="80GiB")
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).to(device())
+    with device():  # initialised on the GPU: a 1.1B model is slow to draw on the CPU
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
     opt = mt.ZeroOptimizer(model, None, zero, backend=BACKEND, device_memory="60GiB")
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device())
     torch.cuda.synchronize()
