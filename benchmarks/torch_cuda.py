@@ -22,6 +22,16 @@ transfers) after forward: the bound is computed from the on-device stage
 2 run's forward and backward and the non-overlapped offload run's step,
 and the overlapped run's step time is reported against it.
 
+--largest instead: the largest GPT-2-shaped model (width --d, heads of
+64, sequence --seq, micro-batch 1, bf16, stage 2, one GPU) that trains
+through memwall.torch on this GPU: memwall.torch.plan's prediction (the
+deepest model whose plan fits the GPU's free memory; with optimizer
+offload, also the host's), then real steps from that depth up and down
+(the model built on the CPU and handed over, an out-of-memory error a
+miss). With offload, one step at the first depth the GPU could not train
+without it, and the predicted deepest, not tried (its host copy alone
+would take minutes).
+
 --device_memory caps the engine's allocator (the offloaded runs take the
 cap: a model whose states do not fit it on the device trains offloaded).
 CPU mode (--cpu, or no GPU): the same code on the host backend with a
@@ -30,6 +40,7 @@ tiny model, to rehearse the script; its figures are not GPU figures.
 Usage: python benchmarks/torch_cuda.py [--layers 12] [--d 768] [--seq 1024]
     [--batch 8] [--steps 12] [--warmup 3] [--device_memory 60GiB]
     [--runs "torch fused,memwall stage 0,..."] [--cpu] [--json OUT]
+  python benchmarks/torch_cuda.py --largest [--d 1600] [--seq 1024] [--json OUT]
 """
 import argparse
 import json
@@ -135,6 +146,117 @@ def run_once(run, args, device, ids):
     return medians
 
 
+def largest_config(offload):
+    zero = {"stage": 2}
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    return {"zero_optimization": zero, "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+
+
+def host_bytes():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def largest(args):
+    """--largest: predicted and measured depths, printed and returned."""
+    cuda = not args.cpu
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    free = torch.cuda.mem_get_info(0)[0] if cuda else (1 << 30) + (8 << 20)  # CPU mode: a rehearsal (plan keeps 1 GiB for the runtime)
+    host = host_bytes()
+
+    def shape(layers):
+        return transformers.GPT2Config(n_embd=args.d, n_head=max(1, args.d // 64),
+                                       n_layer=layers, n_positions=args.seq,
+                                       vocab_size=50257 if cuda else 512)
+
+    def predicted(offload):
+        def fits(layers):
+            return mt.plan(shape(layers), seq=args.seq, batch=1, config=largest_config(offload),
+                           device_memory="%dB" % free, host_memory="%dB" % host)["fits"]
+        lo, hi = 0, 1
+        while fits(hi):
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    def trains(layers, offload):
+        """One training step at this depth; the seconds it took, or None."""
+        torch.manual_seed(0)
+        model = opt = None
+        try:
+            default = torch.get_default_dtype()
+            torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the CPU
+            try:
+                model = transformers.GPT2LMHeadModel(shape(layers))
+            finally:
+                torch.set_default_dtype(default)
+            opt = mt.ZeroOptimizer(model, None, largest_config(offload),
+                                   backend="cuda" if cuda else "host",
+                                   device_memory="%dB" % free)
+            ids = torch.randint(0, shape(layers).vocab_size, (1, args.seq)).to(device)
+            begin = time.perf_counter()
+            opt.backward(model(ids, labels=ids).loss)
+            opt.step()
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter() - begin
+        except (torch.OutOfMemoryError, MemoryError) as error:
+            print("  %d layers%s: out of memory (%s)" % (
+                layers, " offloaded" if offload else "", str(error).split("\n")[0][:160]))
+            return None
+        finally:
+            del model, opt
+            if cuda:
+                torch.cuda.empty_cache()
+
+    def params(layers):
+        d, v = args.d, shape(layers).vocab_size
+        return layers * (12 * d * d + 13 * d) + v * d + args.seq * d + 2 * d
+
+    out = {"free_bytes": free, "host_bytes": host}
+    on = predicted(False)
+    print("largest: GPU free %.1f GiB, host available %.1f GiB; GPT-2 d %d, seq %d, micro-batch 1, "
+          "bf16, stage 2" % (free / 2**30, host / 2**30, args.d, args.seq))
+    print("predicted on the GPU: %d layers (%.2fB parameters)" % (on, params(on) / 1e9))
+    step = max(1, on // 16)
+    tried = {}
+    layers = on
+    while True:
+        tried[layers] = trains(layers, False)
+        print("  %d layers: %s" % (layers, "%.2f s a step" % tried[layers]
+                                   if tried[layers] is not None else "does not train"))
+        if tried[layers] is not None:
+            if layers + step in tried or len(tried) >= 4:
+                break
+            layers += step
+        else:
+            if layers - step in tried or layers - step < 1 or len(tried) >= 4:
+                break
+            layers -= step
+    good = [layer for layer, t in tried.items() if t is not None]
+    measured = max(good) if good else 0
+    print("measured on the GPU: %d layers (%.2fB parameters) train; predicted %d" % (
+        measured, params(measured) / 1e9, on))
+    out.update(predicted=on, measured=measured, tried=tried)
+    off = predicted(True)
+    print("predicted with optimizer offload: %d layers (%.2fB parameters; not tried)" % (
+        off, params(off) / 1e9))
+    beyond = min(tried) if not good else max(good) + step
+    took = trains(beyond, True) if beyond <= off else None
+    print("with optimizer offload, %d layers (%.2fB parameters, beyond the GPU alone): %s" % (
+        beyond, params(beyond) / 1e9, "%.2f s a step" % took if took is not None else
+        "does not train" if beyond <= off else "not tried (beyond the offload prediction)"))
+    out.update(offload_predicted=off, offload_tried=beyond, offload_step_s=took)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=12)
@@ -149,8 +271,17 @@ def main():
     parser.add_argument("--runs", default=",".join(RUNS))
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--json", default="")
+    parser.add_argument("--largest", action="store_true")
     args = parser.parse_args()
     args.cpu = args.cpu or not torch.cuda.is_available()
+    if args.largest:
+        if args.cpu:
+            args.d, args.seq = min(args.d, 64), min(args.seq, 64)
+        result = largest(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "largest": result}, f, indent=1)
+        return
     if args.cpu:
         args.layers, args.d, args.seq, args.batch = min(args.layers, 2), min(args.d, 64), \
             min(args.seq, 64), min(args.batch, 2)
@@ -176,15 +307,17 @@ def main():
     for r in runs:
         summary[r] = {k: statistics.median(x[k] for x in results[r]) for k in results[r][0]}
     base = summary.get("torch fused")
-    print("%-16s %9s %9s %9s %9s %8s %8s %10s %8s" % (
-        "run", "step ms", "fwd ms", "bwd ms", "opt ms", "x step", "x opt", "device GiB", "loss"))
+    print("%-16s %9s %9s %9s %9s %8s %8s %10s %9s %8s" % (
+        "run", "step ms", "fwd ms", "bwd ms", "opt ms", "x step", "x opt", "device GiB",
+        "tokens/s", "loss"))
     for r in runs:
         s = summary[r]
         ratio = ("%8.3f" % (s["total"] / base["total"])) if base else "%8s" % "-"
         opt_ratio = ("%8.3f" % (s["step"] / base["step"])) if base else "%8s" % "-"
-        print("%-16s %9.2f %9.2f %9.2f %9.2f %s %s %10.2f %8.4f" % (
+        s["tokens_per_s"] = args.batch * args.seq / s["total"]
+        print("%-16s %9.2f %9.2f %9.2f %9.2f %s %s %10.2f %9.0f %8.4f" % (
             r, 1e3 * s["total"], 1e3 * s["forward"], 1e3 * s["backward"], 1e3 * s["step"],
-            ratio, opt_ratio, s["device_bytes"] / 2**30, s["loss"]))
+            ratio, opt_ratio, s["device_bytes"] / 2**30, s["tokens_per_s"], s["loss"]))
     if "memwall stage 2" in summary and "offload" in summary and "offload+overlap" in summary:
         on, off, over = summary["memwall stage 2"], summary["offload"], summary["offload+overlap"]
         bound = on["forward"] + max(on["backward"], off["step"])

@@ -11,12 +11,18 @@
 # (default python3), OUT (default /tmp/memwall-gpu-out). Exit status 1 if a
 # test failed or saw no GPU.
 #   --python-only   memwall.torch's part only
-#   --cpu           the same, rehearsed on a machine without a GPU: the
-#                   tests and the benchmark on the host backend (CPU mode)
+#   --largest       the extension, then benchmarks/torch_cuda.py --largest
+#                   (the largest GPT-2-shaped model, predicted and tried)
+#   --cpu           memwall.torch's part rehearsed on a machine without a
+#                   GPU: the tests and the benchmark on the host backend
+#                   (CPU mode); --cpu --largest the same for --largest
 #   --mpi-only      skips memwall.torch and the tests that need no MPI
 #   --train-only    `memwall train` only
 b=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-}
+largest=""
+[ "${2:-}" = --largest ] || [ "$mode" = --largest ] && largest=yes
+[ "$mode" = --largest ] && mode=--python-only
 # Open MPI's trees go where Debian's build looks for them, replacing any
 # other build's there (their components must match the bundle's libraries,
 # which stay in the bundle); a rehearsal has Debian's own there.
@@ -48,6 +54,14 @@ torch_part() {
     return
   fi
   tail -n 1 "$out/extension.txt"
+  if [ -n "$largest" ]; then
+    echo "== memwall.torch: benchmarks/torch_cuda.py --largest on $device"
+    PYTHONPATH="$b/py/package" timeout 420 "$py" "$b/py/benchmarks/torch_cuda.py" --largest \
+      "${cpu[@]}" --json "$out/largest.json" 2>&1 | grep -v '^\[transformers\]' |
+      tee "$out/largest.txt" | tail -n 14
+    [ -s "$out/largest.json" ] || rc=1
+    return
+  fi
   echo "== memwall.torch: tests/python/test_cuda.py on $device"
   (cd "$b/py" && MEMWALL_TEST_DEVICE=$device PYTHONPATH="$b/py/package" timeout 240 \
      "$py" -m pytest -q -s -rs -p no:cacheprovider tests/python/test_cuda.py) \

@@ -149,11 +149,16 @@ def _model_device(model, backend):
                 "(backend=\"cuda\" trains a model on one GPU)" % ", ".join(devices))
         return torch.device("cpu")
     if backend == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("backend \"cuda\" trains on a GPU, and torch sees none "
+                             "(torch.cuda.is_available() is False)")
+        if devices == ["cpu"]:
+            return device()  # the engine puts it there
         if len(devices) != 1 or not devices[0].startswith("cuda:"):
             raise ValueError(
-                "backend \"cuda\" trains a model whose parameters are all on one GPU "
-                "(model.to(memwall.torch.device())); got parameters on %s"
-                % (", ".join(devices) or "no device (the model has none)"))
+                "backend \"cuda\" trains a model whose parameters are all on one GPU, or all "
+                "on the CPU (memwall then puts them on memwall.torch.device()); got "
+                "parameters on %s" % (", ".join(devices) or "no device (the model has none)"))
         return torch.device(devices[0])
     raise ValueError("backend: expected \"host\" (a model on the CPU) or \"cuda\" (a model "
                      "on one GPU), got %r" % (backend,))
@@ -514,8 +519,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         CPU already; so is the "selective" planner (whole blocks are
         recomputed, a traced block offers no selective mode).
     backend: "host" (a model on the CPU, MPI ranks) or "cuda" (a model on
-        one GPU, memwall.torch.device(), one GPU per rank, NCCL among the
-        ranks): the engine keeps the model states in its own memory on
+        one GPU, one GPU per rank, NCCL among the ranks; a model on the CPU
+        is put on memwall.torch.device(), parameter by parameter into the
+        engine's memory, so a model too large to sit on the GPU twice
+        is best handed over on the CPU): the engine keeps the model states in its own memory on
         that device, and the parameters torch computes with (and the
         gradient buffers backward adds into) are views of it (DLPack, no
         copies). On cuda the engine computes on torch's current stream
@@ -685,6 +692,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._release_views(g)
             else:
                 self._point_at_engine(g)
+        # A model handed over on the CPU: its parameters are the engine's
+        # memory on the GPU now (never copied there whole: the engine took
+        # them from host memory); its buffers follow.
+        for module in model.modules():
+            for key, b in module._buffers.items():
+                if b is not None and b.device != self._device:
+                    module._buffers[key] = b.to(self._device)
         # Each parameter's version counter when its values were last the
         # engine's: torch counts every in-place write (and not the .data
         # swaps of stage 3's gathers), so a moved counter finds a write.

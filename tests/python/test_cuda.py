@@ -97,6 +97,115 @@ def test_matches_torch_adamw(stage, dtype):
                                                         else torch.float32)
 
 
+def tiny_gpt2():
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  bos_token_id=0, eos_token_id=0)
+    with device():
+        return transformers.GPT2LMHeadModel(cfg)
+
+
+def param_groups(m):
+    decay = [p for p in m.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in m.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_gpt2_loop_with_everything_a_loop_uses(stage, tmp_path):
+    """The host tests' loop on this device: a transformers GPT-2 (the tied
+    wte / lm_head), its position embedding frozen, two param_groups (no
+    decay for biases and norms), a LambdaLR warmup, 2 micro-batches of
+    accumulation and clipping at 1.0, against torch's AdamW on a copy (f32;
+    weights within 2e-5, as the host test allows); a checkpoint after 2 of 4
+    steps, loaded by a fresh optimizer that trains the last 2, ends on the
+    uninterrupted run's weights bit for bit."""
+    def warmup(step):
+        return min(1.0, (step + 1) / 3)
+
+    zero = {"zero_optimization": {"stage": stage, "reduce_bucket_size": 2048},
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95]}},
+            "gradient_accumulation_steps": 2, "gradient_clipping": 1.0}
+    g = torch.Generator().manual_seed(1)
+    data = [[torch.randint(0, 96, (8, 16), generator=g).to(device()) for _ in range(2)]
+            for _ in range(4)]
+
+    def run(steps, resume=None, save=None):
+        model = tiny_gpt2()
+        model.transformer.wpe.weight.requires_grad_(False)
+        opt = mt.ZeroOptimizer(model, param_groups(model), zero, backend=BACKEND)
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+        start = opt.load_checkpoint(resume)["steps"] if resume else 0
+        for _ in range(start):
+            schedule.step()
+        for step in steps:
+            for tokens in data[step]:
+                opt.backward(model(tokens, labels=tokens).loss)
+            opt.step()
+            schedule.step()
+            if save is not None and step == 1:
+                opt.save_checkpoint(save)
+        return opt, {n: opt.master_weights(n) for n, _ in model.named_parameters()}
+
+    opt, weights = run(range(4), save=tmp_path / "ckpt")
+    reference = tiny_gpt2()
+    reference.transformer.wpe.weight.requires_grad_(False)
+    ref_opt = torch.optim.AdamW(param_groups(reference), lr=3e-3, betas=(0.9, 0.95))
+    ref_schedule = torch.optim.lr_scheduler.LambdaLR(ref_opt, warmup)
+    for step in range(4):
+        for tokens in data[step]:
+            (reference(tokens, labels=tokens).loss / 2).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_schedule.step()
+    names = [n for g in opt.engine.groups() for n in g["parameters"]]
+    assert "lm_head.weight" not in names and "transformer.wte.weight" in names  # tied
+    for name, p in reference.named_parameters():
+        worst = (weights[name] - p.detach()).abs().max().item()
+        assert worst <= 2e-5, (name, worst)
+    del opt
+    _, resumed = run(range(2, 4), resume=tmp_path / "ckpt")
+    for name in weights:
+        assert torch.equal(resumed[name], weights[name]), name
+
+
+def test_fp16_scales_the_loss_and_skips_an_overflowing_step():
+    """fp16 parameters with the dynamic loss scale: opt.backward(loss)
+    scales by opt.loss_scale, the step unscales; the master weights stay
+    within 2 x lr x steps of torch's AdamW in f32 (Adam's normalised step
+    where fp16 gradients are tiny), and a step with inf gradients is
+    skipped with the scale halved and the weights untouched."""
+    model = mlp()
+    reference = copy.deepcopy(model)
+    c = config(2)
+    c["fp16"] = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}
+    opt = mt.ZeroOptimizer(model, None, c, backend=BACKEND)
+    assert opt.loss_scale == 256.0
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+    data = batches(3)
+    for x, y in data:
+        opt.backward(torch.nn.functional.mse_loss(model(x.half()).float(), y))
+        opt.step()
+        assert opt.last_step["applied"]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    for name, p in reference.named_parameters():
+        assert (opt.master_weights(name) - p.detach()).abs().max().item() <= 2 * 1e-2 * 3, name
+    before = {n: opt.master_weights(n) for n, _ in model.named_parameters()}
+    x, y = data[0]
+    opt.backward(torch.nn.functional.mse_loss(model(x.half()).float(), y) * float("inf"))
+    opt.step()
+    assert not opt.last_step["applied"]
+    assert opt.loss_scale == 128.0
+    for n, _ in model.named_parameters():
+        assert torch.equal(opt.master_weights(n), before[n]), n
+
+
 OFFLOADS = {
     "pinned": {"offload_optimizer": {"device": "cpu"}},
     "pinned, overlapped": {"offload_optimizer": {"device": "cpu", "overlap_step": True},
@@ -282,3 +391,41 @@ def test_plan_against_a_measured_step(name):
     print("%s: planned %d B, measured %d B (engine + torch), ratio %.3f" % (
         name, predicted, measured, predicted / measured))
     assert abs(predicted / measured - 1) <= 0.25
+
+
+@ON_GPU
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_model_handed_over_on_the_cpu_trains_on_the_gpu(stage):
+    """backend "cuda" with a model built on the CPU (as a model too large to
+    sit on the GPU beside its states is built): memwall puts its
+    parameters into the engine's memory on memwall.torch.device() and its
+    buffers there too; it trains to the same bits as the same model built
+    on the GPU."""
+    import transformers
+    results = []
+    for on_gpu in (True, False):
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2,
+                                      n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+                                      attn_pdrop=0.0)
+        model = transformers.GPT2LMHeadModel(cfg)
+        if on_gpu:
+            model = model.to(mt.device())
+        opt = mt.ZeroOptimizer(model, None, config(stage), backend=BACKEND)
+        assert opt.engine.device == str(mt.device())
+        assert all(b.device == mt.device() for b in model.buffers())
+        if stage != 3:
+            assert all(p.device == mt.device() for p in model.parameters())
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(3):
+            tokens = torch.randint(0, 96, (4, 16), generator=g).to(mt.device())
+            loss = model(tokens, labels=tokens).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        results.append((losses, {n: opt.master_weights(n) for n, _ in model.named_parameters()}))
+    assert results[1][0] == results[0][0]
+    for name in results[0][1]:
+        assert torch.equal(results[1][1][name], results[0][1][name]), name
