@@ -41,6 +41,7 @@
 #include "profiler/report.h"
 #include "pybind11/pybind11.h"
 #include "pybind11/stl.h"
+#include "runtime/device.h"
 #include "runtime/memory.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/units.h"
@@ -468,6 +469,10 @@ PYBIND11_MODULE(_memwall, m) {
         "MPI, no collective.");
   m.def("rank", [] { return memwall::Value(memwall::MpiWorld()).rank; },
         "This process's MPI rank (0 without mpirun); initialises MPI, no collective.");
+  m.def("cuda_ordinal", [](int rank) { return memwall::Value(memwall::CudaOrdinalForRank(rank)); },
+        py::arg("rank"),
+        "The GPU the cuda backend gives rank `rank` (rank modulo the GPUs this process sees; "
+        "runtime/device.h CudaOrdinalForRank); memwall.Error without a GPU.");
   m.def("abort_ranks", &memwall::AbortRanks, py::arg("code") = 1,
         "Ends every rank of a multi-rank MPI job (no-op on one rank).");
   m.def("config_values", &memwall::ConfigValues, py::arg("config"),

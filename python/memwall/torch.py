@@ -171,7 +171,7 @@ def device():
     the CPU where torch sees no GPU. model.to(memwall.torch.device())."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    return torch.device("cuda", memwall.rank() % torch.cuda.device_count())
+    return torch.device("cuda", memwall._memwall.cuda_ordinal(memwall.rank()))
 
 
 def _check_launcher():
@@ -509,21 +509,23 @@ class ZeroOptimizer(torch.optim.Optimizer):
         budget) is planned at the model's first forward with grad
         enabled: a copy of the model on torch's meta device
         is traced at that forward's batch size (memwall.trace, attention as
-        torch runs it on the CPU), dry-run under the config as `memwall
+        torch runs it on the model's device), dry-run under the config as `memwall
         plan` does, and the plan's recomputed segments of blocks are
         executed from then on (memwall.recompute; the `recomputation`
         property says what was chosen; a forward under torch.no_grad()
         plans nothing). The forward's tensors' first dimension is taken for
         the batch. Activation offload (offload,
-        cpu_checkpointing) is refused: memwall.torch's tensors are on the
-        CPU already; so is the "selective" planner (whole blocks are
-        recomputed, a traced block offers no selective mode).
+        cpu_checkpointing) is refused: on the CPU the activations are in
+        host memory already, and on a GPU torch's allocator holds them; so
+        is the "selective" planner (whole blocks are recomputed, a traced
+        block offers no selective mode).
     backend: "host" (a model on the CPU, MPI ranks) or "cuda" (a model on
         one GPU, one GPU per rank, NCCL among the ranks; a model on the CPU
         is put on memwall.torch.device(), parameter by parameter into the
-        engine's memory, so a model too large to sit on the GPU twice
-        is best handed over on the CPU): the engine keeps the model states in its own memory on
-        that device, and the parameters torch computes with (and the
+        engine's memory, so a model too large to sit on the GPU twice is
+        best handed over on the CPU): the engine keeps the model states in
+        its own memory on that device, and the parameters torch computes
+        with (and the
         gradient buffers backward adds into) are views of it (DLPack, no
         copies). On cuda the engine computes on torch's current stream
         when the optimizer is made, ordering its communication and offload
@@ -576,7 +578,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         auto = (parsed.get("zero_optimization") or {}).get("stage") == "auto"
         traced = None  # (description, batch) of example_inputs, when there is a plan to make
         if example_inputs is not None and (auto or read["recomputes"]):
-            traced = _describe(model, *_example_call(example_inputs),
+            traced = _describe(model, *_example_call(example_inputs), device=self._device,
                                dtype=_DTYPES[read["param_dtype"]])
         if auto:
             if traced is None:
@@ -855,7 +857,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for this model at this batch size, applied (see __init__)."""
         if not torch.is_grad_enabled():
             return
-        self._apply_recomputation(model, *_describe(model, args, kwargs, self._shape))
+        self._apply_recomputation(
+            model, *_describe(model, args, kwargs, self._shape, device=self._device))
         self._planning.remove()
         self._planning = None
 
@@ -1679,15 +1682,17 @@ def _example_call(example):
     return tuple(example), {}
 
 
-def _describe(model, args, kwargs, shapes=None, dtype=None):
+def _describe(model, args, kwargs, shapes=None, dtype=None, device=None):
     """memwall.trace.describe of a meta copy of `model` called with `args`
     and `kwargs`, at their batch size and the next, attention as torch's
-    CPU kernels save it, floating tensors in `dtype` (None: as they are);
+    kernels on `device` save it (a GPU's: what torch picks there, "auto";
+    else the CPU's), floating tensors in `dtype` (None: as they are);
     (description, batch)."""
     inputs, batch = _inputs_of(model, args, kwargs)
     shadow = _meta_shadow(model, shapes or {}, dtype)
+    attention = "auto" if device is not None and device.type == "cuda" else "cpu"
     description = tracing.describe(shadow, lambda b: _meta_inputs(inputs, batch, b),
-                                   attention="cpu", batches=(batch, batch + 1))
+                                   attention=attention, batches=(batch, batch + 1))
     return description, batch
 
 

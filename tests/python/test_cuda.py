@@ -411,6 +411,7 @@ def test_a_model_handed_over_on_the_cpu_trains_on_the_gpu(stage):
         model = transformers.GPT2LMHeadModel(cfg)
         if on_gpu:
             model = model.to(mt.device())
+        assert mt.device() == torch.device("cuda", 0)  # rank 0 of 1
         opt = mt.ZeroOptimizer(model, None, config(stage), backend=BACKEND)
         assert opt.engine.device == str(mt.device())
         assert all(b.device == mt.device() for b in model.buffers())

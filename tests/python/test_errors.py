@@ -145,6 +145,10 @@ def test_a_backend_that_does_not_take_the_models_device():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_device_without_a_gpu_is_the_cpu():
     assert mt.device() == torch.device("cpu")
+    # The engine's rule, which device() takes on a GPU, says why it has none.
+    with pytest.raises(memwall.Error) as error:
+        memwall._memwall.cuda_ordinal(0)
+    assert str(error.value) == "UNAVAILABLE: --backend cuda: no usable GPU on this machine"
 
 
 def test_a_stage3_parameter_read_outside_its_module():

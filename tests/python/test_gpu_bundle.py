@@ -7,6 +7,7 @@ GPU image's Python 3.12; here: this suite's). The extension it built is the
 one a fresh process imports from the packed package, and the packed
 test_cuda.py passes with it (CPU mode: the host backend)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -38,4 +39,4 @@ def test_the_packed_extension_builds_imports_and_trains(tmp_path):
          "tests/python/test_cuda.py", "-k", "test_matches_torch_adamw and f32"],
         capture_output=True, text=True, timeout=600, env=env, cwd=str(pack))
     assert tests.returncode == 0, tests.stdout[-3000:]
-    assert "4 passed, 19 deselected" in tests.stdout
+    assert re.search(r"^4 passed, \d+ deselected", tests.stdout, re.M), tests.stdout
