@@ -21,7 +21,10 @@ pybind=$("$py" -c 'import pybind11; print(pybind11.get_include())' 2>/dev/null |
 pybind_flag=()
 [ "$pybind" = /usr/include ] || pybind_flag=(-isystem "$pybind")
 cd "$dir/link"
-g++ -std=c++17 -O2 -DNDEBUG -fPIC -fexceptions -fvisibility=hidden -ffunction-sections \
+# -include cstdint: GCC 13 (the GPU image's) no longer brings <cstdint> in
+# through other standard headers, which headers written against Debian's
+# GCC 12 may rely on.
+g++ -std=c++17 -include cstdint -O2 -DNDEBUG -fPIC -fexceptions -fvisibility=hidden -ffunction-sections \
   -fdata-sections $(cat defines) -DOMPI_SKIP_MPICXX -I"$dir/src" -isystem "$dir/include" \
   "${pybind_flag[@]}" -isystem "$include" -c "$dir/src/python/memwall_module.cc" \
   -o memwall_module.pic.o
