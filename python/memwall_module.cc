@@ -11,9 +11,9 @@
 // views are read and written in the order of the stream the engine was
 // given (the `stream` argument: PyTorch's current stream's handle), which
 // the engine's own streams order themselves against with events. Values
-// going in (initial parameters, states) come as the address and element
-// count of a contiguous f32 buffer in host memory, as torch's data_ptr()
-// gives them for a CPU tensor.
+// going in come as the address of a contiguous buffer in host memory, as
+// torch's data_ptr() gives it for a CPU tensor: initial parameters in the
+// model's dtype (f32, bf16 or f16), states as f32 with their element count.
 //
 // Errors: an absl::Status becomes a memwall.Error (a RuntimeError) whose
 // message is "<CODE>: <message>", so Python callers see the same text the
@@ -22,6 +22,7 @@
 // kNotFound memwall.NotFoundError (a FileNotFoundError), kResourceExhausted
 // memwall.OutOfMemoryError (a MemoryError); every other code memwall.Error
 // itself (kDataLoss's message names the file).
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <memory>
@@ -42,6 +43,7 @@
 #include "pybind11/pybind11.h"
 #include "pybind11/stl.h"
 #include "runtime/device.h"
+#include "runtime/dtype.h"
 #include "runtime/memory.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/units.h"
@@ -99,10 +101,31 @@ T Value(absl::StatusOr<T> value) {
 struct ParameterArg {
   std::string name;
   std::vector<int64_t> shape;
-  uintptr_t values = 0;  // address of NumElements(shape) f32 values; 0: none (meta)
+  uintptr_t values = 0;  // address of NumElements(shape) values in host memory; 0: none (meta)
+  std::string dtype = "f32";  // of the values: "f32", "bf16" or "f16" (widened exactly)
   bool trainable = true;
   int hyper_group = 0;
 };
+
+// A parameter's initial values as the engine keeps them, f32, read in
+// `arg`'s own dtype: the glue passes a bf16 or f16 model's memory as it
+// is, rather than an f32 copy of every parameter beside the model.
+std::vector<float> InitialValues(const ParameterArg& arg) {
+  const int64_t n = NumElements(arg.shape);
+  std::vector<float> out(static_cast<size_t>(n));
+  if (arg.dtype == "f32") {
+    const auto* in = reinterpret_cast<const float*>(arg.values);
+    std::copy(in, in + n, out.begin());
+  } else if (arg.dtype == "bf16" || arg.dtype == "f16") {
+    const auto* in = reinterpret_cast<const uint16_t*>(arg.values);
+    const bool bf16 = arg.dtype == "bf16";
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? Bf16ToF32(in[i]) : F16ToF32(in[i]);
+  } else {
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        "parameter '", arg.name, "': values dtype '", arg.dtype, "'; expected f32, bf16 or f16")));
+  }
+  return out;
+}
 
 py::str CategoryName(MemoryCategory category) {
   return py::str(std::string(MemoryCategoryName(category)));
@@ -304,10 +327,7 @@ class PyEngine {
       ParameterGroup group{name, {}};
       for (const ParameterArg& p : parameters) {
         ParameterInit init{p.name, p.shape, {}, p.trainable, p.hyper_group};
-        if (p.values != 0) {
-          const auto* values = reinterpret_cast<const float*>(p.values);
-          init.values.assign(values, values + NumElements(p.shape));
-        }
+        if (p.values != 0) init.values = InitialValues(p);
         group.parameters.push_back(std::move(init));
       }
       parameter_groups.push_back(std::move(group));
@@ -494,12 +514,15 @@ PYBIND11_MODULE(_memwall, m) {
 
   py::class_<memwall::ParameterArg>(m, "Parameter")
       .def(py::init([](std::string name, std::vector<int64_t> shape, uintptr_t values,
-                       bool trainable, int hyper_group) {
-             return memwall::ParameterArg{std::move(name), std::move(shape), values, trainable,
-                                          hyper_group};
+                       bool trainable, int hyper_group, std::string dtype) {
+             return memwall::ParameterArg{std::move(name), std::move(shape), values,
+                                          std::move(dtype), trainable, hyper_group};
            }),
            py::arg("name"), py::arg("shape"), py::arg("values") = 0, py::arg("trainable") = true,
-           py::arg("hyper_group") = 0);
+           py::arg("hyper_group") = 0, py::arg("dtype") = "f32",
+           "values: the address of the parameter's contiguous initial values in host memory "
+           "(0: none, meta), in `dtype` (\"f32\", \"bf16\" or \"f16\"; the engine keeps "
+           "them in f32, widened exactly).");
 
   py::class_<memwall::PyProfiler>(m, "Profiler",
                          "The memory profiler over a framework's own memory, declared record by "

@@ -107,8 +107,9 @@ ShardedOptimizer::~ShardedOptimizer() {
 
 absl::Status ShardedOptimizer::AddParameter(std::string name, std::vector<int64_t> shape,
                                             absl::Span<const float> initial_values) {
-  return Register(std::move(name), std::move(shape), initial_values, "", /*trainable=*/true,
-                  /*hyper_group=*/0);
+  return Register(std::move(name), std::move(shape),
+                  std::vector<float>(initial_values.begin(), initial_values.end()), "",
+                  /*trainable=*/true, /*hyper_group=*/0);
 }
 
 absl::Status ShardedOptimizer::AddParameterGroup(std::string group,
@@ -127,7 +128,8 @@ absl::Status ShardedOptimizer::AddParameterGroup(std::string group,
   const size_t before = specs_.size();
   for (ParameterInit& p : parameters) {
     absl::Status added =
-        Register(std::move(p.name), std::move(p.shape), p.values, group, p.trainable, p.hyper_group);
+        Register(std::move(p.name), std::move(p.shape), std::move(p.values), group, p.trainable,
+                 p.hyper_group);
     if (!added.ok()) {
       while (specs_.size() > before) {
         index_.erase(specs_.back().name);
@@ -142,7 +144,7 @@ absl::Status ShardedOptimizer::AddParameterGroup(std::string group,
 }
 
 absl::Status ShardedOptimizer::Register(std::string name, std::vector<int64_t> shape,
-                                        absl::Span<const float> initial_values,
+                                        std::vector<float> initial_values,
                                         std::string group, bool trainable, int hyper_group) {
   if (finalized_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -170,7 +172,7 @@ absl::Status ShardedOptimizer::Register(std::string name, std::vector<int64_t> s
   }
   index_[name] = static_cast<int>(specs_.size());
   specs_.push_back({std::move(name), std::move(shape), std::move(group), trainable});
-  initial_.emplace_back(initial_values.begin(), initial_values.end());
+  initial_.push_back(std::move(initial_values));
   hyper_of_.push_back(hyper_group);
   return absl::OkStatus();
 }

@@ -488,8 +488,10 @@ class ShardedOptimizer {
   // Elements this rank updates in group g, and where they start.
   int64_t update_numel(const FlatGroup& g) const;
   int64_t update_begin(const FlatGroup& g) const;
+  // Takes `initial_values` over (no copy: a caller's model may be most of
+  // the host's memory).
   absl::Status Register(std::string name, std::vector<int64_t> shape,
-                        absl::Span<const float> initial_values, std::string group,
+                        std::vector<float> initial_values, std::string group,
                         bool trainable, int hyper_group);
   // GatherState of a frozen group: its parameters in f32 (gathered at
   // stage 3) for the master weights, zeros for the moments it never had.

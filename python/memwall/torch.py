@@ -69,6 +69,7 @@ from memwall import trace as tracing
 from memwall.trace import _map, _tensors, watch_modules
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 # What stage "auto" and the recomputation plan chose, at INFO on rank 0
 # (also the auto_choice and recomputation properties).
 _log = logging.getLogger("memwall")
@@ -729,7 +730,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def _plan_groups(self, model, hyper_of):
         """Groups in module order: each module's own parameters, trainable
-        ones and frozen ones apart. Also returns the f32 tensors whose
+        ones and frozen ones apart. Also returns the host tensors whose
         addresses the specs hold, to keep alive until the engine copies
         them."""
         groups, specs, values = [], [], []
@@ -737,11 +738,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
             groups.append(_Group(len(groups), label, members, trainable))
             parameters = []
             for n, p in members:
-                # The engine copies initial values from host memory.
-                values.append(p.detach().to(device="cpu", dtype=torch.float32).contiguous())
+                # The engine reads initial values from host memory, in the
+                # parameter's own dtype (a CPU model's memory as it is, no
+                # f32 copy beside it).
+                values.append(p.detach().to(device="cpu").contiguous())
                 parameters.append(memwall.Parameter(
                     n, list(p.shape), values[-1].data_ptr(), trainable,
-                    hyper_of.get(id(p), 0)))
+                    hyper_of.get(id(p), 0), _DTYPE_NAMES[p.dtype]))
             specs.append((label, parameters))
         return groups, specs, values
 

@@ -206,6 +206,25 @@ def test_fp16_scales_the_loss_and_skips_an_overflowing_step():
         assert torch.equal(opt.master_weights(n), before[n]), n
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_a_half_precision_model_is_taken_as_it_is(dtype):
+    """A model already in bf16 (or f16) under the matching config: the
+    engine reads its initial values in that dtype and widens them exactly,
+    so its master weights are torch's .float() of the values, bit for bit,
+    and training starts from them."""
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
+    model = mlp().to(torch_dtype)
+    want = {n: p.detach().float().cpu() for n, p in model.named_parameters()}
+    c = config(2, "bf16" if dtype == "bf16" else "f32")
+    if dtype == "f16":
+        c["fp16"] = {"enabled": True}
+    opt = mt.ZeroOptimizer(model, None, c, backend=BACKEND)
+    for name, values in want.items():
+        assert torch.equal(opt.master_weights(name).cpu(), values), name
+    for name, p in model.named_parameters():
+        assert p.dtype == torch_dtype and torch.equal(p.detach().float().cpu(), want[name]), name
+
+
 OFFLOADS = {
     "pinned": {"offload_optimizer": {"device": "cpu"}},
     "pinned, overlapped": {"offload_optimizer": {"device": "cpu", "overlap_step": True},
