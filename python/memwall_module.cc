@@ -22,7 +22,6 @@
 // kNotFound memwall.NotFoundError (a FileNotFoundError), kResourceExhausted
 // memwall.OutOfMemoryError (a MemoryError); every other code memwall.Error
 // itself (kDataLoss's message names the file).
-#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <memory>
@@ -37,6 +36,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "kernels/cpu/blas_core.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "models/traced.h"
 #include "planning/plan.h"
 #include "profiler/report.h"
@@ -108,23 +108,19 @@ struct ParameterArg {
 };
 
 // A parameter's initial values as the engine keeps them, f32, read in
-// `arg`'s own dtype: the glue passes a bf16 or f16 model's memory as it
-// is, rather than an f32 copy of every parameter beside the model.
+// `arg`'s own dtype (widened by the CPU cast kernel, exactly): the glue
+// passes a bf16 or f16 model's memory as it is, rather than an f32 copy of
+// every parameter beside the model.
 std::vector<float> InitialValues(const ParameterArg& arg) {
-  const int64_t n = NumElements(arg.shape);
-  std::vector<float> out(static_cast<size_t>(n));
-  if (arg.dtype == "f32") {
-    const auto* in = reinterpret_cast<const float*>(arg.values);
-    std::copy(in, in + n, out.begin());
-  } else if (arg.dtype == "bf16" || arg.dtype == "f16") {
-    const auto* in = reinterpret_cast<const uint16_t*>(arg.values);
-    const bool bf16 = arg.dtype == "bf16";
-    for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? Bf16ToF32(in[i]) : F16ToF32(in[i]);
-  } else {
-    Raise(absl::InvalidArgumentError(absl::StrCat(
-        "parameter '", arg.name, "': values dtype '", arg.dtype, "'; expected f32, bf16 or f16")));
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    if (arg.dtype != DTypeName(dtype)) continue;
+    std::vector<float> out(static_cast<size_t>(NumElements(arg.shape)));
+    kernels::cpu::Kernels().cast(reinterpret_cast<const void*>(arg.values), dtype, out.data(),
+                                 DType::kF32, out.size());
+    return out;
   }
-  return out;
+  Raise(absl::InvalidArgumentError(absl::StrCat(
+      "parameter '", arg.name, "': values dtype '", arg.dtype, "'; expected f32, bf16 or f16")));
 }
 
 py::str CategoryName(MemoryCategory category) {
@@ -570,6 +566,11 @@ PYBIND11_MODULE(_memwall, m) {
            "the engine's own.")
       .def_property_readonly("device", [](PyEngine& e) { return e.engine().device().name(); },
                              "The engine's device: \"host:0\", \"cuda:1\", ...")
+      .def_property_readonly(
+          "requested_peak",
+          [](PyEngine& e) { return e.engine().device().allocator().stats().requested.peak; },
+          "The most bytes the engine's device allocator held at once, all categories together "
+          "(the peak of the sum, not memory()'s per-category peaks added up).")
       .def_property_readonly("rank", [](PyEngine& e) { return e.engine().communicator().rank(); })
       .def_property_readonly("world_size",
                              [](PyEngine& e) { return e.engine().communicator().world_size(); })

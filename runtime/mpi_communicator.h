@@ -14,9 +14,10 @@
 // waiting: plain local stores (the unified memory model), read by the
 // others only when they time out (MPI_Rget, no answer needed from the rank
 // read: a stopped or busy rank's counts are read through shared memory or
-// RDMA; where the MPI library cannot read them, the error says so). Where MPI offers no such window
-// (e.g. Open MPI's pt2pt component under MPI_THREAD_MULTIPLE, or a window
-// of the separate model), the error says the ranks are unknown.
+// RDMA; where the MPI library cannot read them, the error says so). Where
+// MPI offers no such window (e.g. Open MPI's pt2pt component under
+// MPI_THREAD_MULTIPLE, or a window of the separate model), the error says
+// the ranks are unknown.
 #ifndef MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
 #define MEMWALL_RUNTIME_MPI_COMMUNICATOR_H_
 

@@ -204,9 +204,11 @@ class _OrderedEngine:
         self._stream = stream
 
     def __getattr__(self, name):
+        # Only for names not set yet: each method is wrapped once, then found
+        # as an attribute (the glue calls some per parameter per step).
         value = getattr(self._inner, name)
         if not callable(value):
-            return value
+            return value  # a property: read anew each time
         stream = self._stream
 
         def ordered(*args, **kwargs):
@@ -218,6 +220,7 @@ class _OrderedEngine:
                 return value(*args, **kwargs)
             finally:
                 current.wait_stream(stream)
+        setattr(self, name, ordered)
         return ordered
 
 
@@ -1662,8 +1665,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                  % (i, str(error).split("): ", 1)[-1])) from None
 
     def master_weights(self, name):
-        """The f32 master weights of parameter `name` (collective;
-        memwall.NotFoundError for a name the model does not have)."""
+        """The f32 master weights of parameter `name`, on the model's device
+        (collective; memwall.NotFoundError for a name the model does not
+        have)."""
         with _collective("master_weights()"):
             values = self._engine.master_weights(name)
         shape = next(self._shape[id(p)] for n, p in self._named() if n == name)
