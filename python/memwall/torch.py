@@ -532,9 +532,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         with (and the
         gradient buffers backward adds into) are views of it (DLPack, no
         copies). On cuda the engine computes on torch's current stream
-        when the optimizer is made, ordering its communication and offload
-        streams against it with events; calls made while another stream is
-        current are ordered with that one the same way.
+        when the optimizer is made (keep that stream alive as long as the
+        optimizer), ordering its communication and offload streams against
+        it with events; calls made while another stream is current are
+        ordered with that one the same way.
     device_memory / pinned_memory: the engine device's capacity and pinned
         pool ("8GiB"; pinned "0": derived from the config).
     example_inputs: one batch as the model's forward takes it (a dict of
