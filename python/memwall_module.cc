@@ -197,7 +197,7 @@ py::dict ConfigValues(const std::string& config_json) {
   return d;
 }
 
-// Rank 0's `text` on every rank of MPI_COMM_WORLD: what one rank decided
+// Rank 0's `text` on every rank of the world: what one rank decided
 // (a choice made from rates measured on it) taken by all. Collective; a
 // rank waits at most `timeout` seconds (0: forever) for the others.
 std::string ShareFromRank0(const std::string& text, double timeout) {
@@ -485,6 +485,24 @@ PYBIND11_MODULE(_memwall, m) {
         "MPI, no collective.");
   m.def("rank", [] { return memwall::Value(memwall::MpiWorld()).rank; },
         "This process's MPI rank (0 without mpirun); initialises MPI, no collective.");
+  m.def("open_join_ports", [](int size) { return memwall::Value(memwall::OpenJoinPorts(size)); },
+        py::arg("size"),
+        "On rank 0 of a job started without mpirun (torchrun: each process an MPI singleton): "
+        "size - 1 MPI port names, one per other rank, to hand to them for join_world. MPI must "
+        "start with OMPI_MCA_pmix_server_uri naming an ompi-server all the processes reach.");
+  m.def("join_world",
+        [](int rank, int size, const std::vector<std::string>& ports) {
+          absl::Status joined;
+          {
+            py::gil_scoped_release release;  // connect and accept wait for the other ranks
+            joined = memwall::JoinWorld(rank, size, ports);
+          }
+          memwall::Check(joined);
+        },
+        py::arg("rank"), py::arg("size"), py::arg("ports"),
+        "Collective over the `size` processes: joins them into one MPI world (ranks as "
+        "given), which rank(), world_size() and every engine use from then on. The same "
+        "ports on every rank (open_join_ports'); OMPI_MCA_pmix_server_uri as for it.");
   m.def("cuda_ordinal", [](int rank) { return memwall::Value(memwall::CudaOrdinalForRank(rank)); },
         py::arg("rank"),
         "The GPU the cuda backend gives rank `rank` (rank modulo the GPUs this process sees; "

@@ -133,6 +133,57 @@ absl::Status StartMpi() {
   return absl::OkStatus();
 }
 
+// The world JoinWorld made; MPI_COMM_NULL: MPI_COMM_WORLD is the world. Set
+// once, by JoinWorld, before any communicator is made from the world.
+MPI_Comm joined_world = MPI_COMM_NULL;
+
+MPI_Comm World() { return joined_world != MPI_COMM_NULL ? joined_world : MPI_COMM_WORLD; }
+
+// kFailedPrecondition naming `call` if this process already runs among
+// other ranks (launched by mpirun, or joined).
+absl::Status CheckAlone(absl::string_view call) {
+  MW_RETURN_IF_ERROR(StartMpi());
+  int size = 1;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(World(), &size), "MPI_Comm_size"));
+  if (size > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        call, ": this process already runs among ", size, " MPI ranks (",
+        joined_world != MPI_COMM_NULL ? "joined before" : "launched by mpirun", ")"));
+  }
+  // A singleton's calls outside any communicator (MPI_Open_port) report to
+  // MPI_COMM_WORLD's handler, its connect and accept to MPI_COMM_SELF's:
+  // errors returned, not the process ended.
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN),
+                               "MPI_Comm_set_errhandler"));
+  return MpiStatus(MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN),
+                   "MPI_Comm_set_errhandler");
+}
+
+// Each rank's node, named by its lowest rank: the ranks whose host names
+// (MPI_Get_processor_name) are equal. Collective over `comm`.
+absl::StatusOr<std::vector<int>> NodesByHostName(MPI_Comm comm, int size) {
+  std::vector<char> names(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Get_processor_name(mine, &length), "MPI_Get_processor_name"));
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
+                                             MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm),
+                               "MPI_Allgather (each rank's host name)"));
+  std::vector<int> node_ids(size);
+  for (int r = 0; r < size; ++r) {
+    const char* name = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    node_ids[r] = r;
+    for (int lower = 0; lower < r; ++lower) {
+      if (std::strncmp(name, names.data() + static_cast<size_t>(lower) * MPI_MAX_PROCESSOR_NAME,
+                       MPI_MAX_PROCESSOR_NAME) == 0) {
+        node_ids[r] = lower;
+        break;
+      }
+    }
+  }
+  return node_ids;
+}
+
 absl::Status CheckHostStream(const Stream& stream, absl::string_view call) {
   if (stream.native_handle() != nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -159,10 +210,10 @@ void AbortRanks(int code) {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized) return;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_size(World(), &size);
   if (size > 1) {
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, code);
+    MPI_Abort(World(), code);
   }
 }
 
@@ -177,9 +228,77 @@ absl::Status MpiStatus(int code, absl::string_view call) {
 absl::StatusOr<MpiPlace> MpiWorld() {
   MW_RETURN_IF_ERROR(StartMpi());
   MpiPlace place;
-  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(MPI_COMM_WORLD, &place.rank), "MPI_Comm_rank"));
-  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(MPI_COMM_WORLD, &place.size), "MPI_Comm_size"));
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(World(), &place.rank), "MPI_Comm_rank"));
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(World(), &place.size), "MPI_Comm_size"));
   return place;
+}
+
+absl::StatusOr<std::vector<std::string>> OpenJoinPorts(int size) {
+  if (size < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("OpenJoinPorts: size: expected at least 2 ranks, got ", size));
+  }
+  MW_RETURN_IF_ERROR(CheckAlone("OpenJoinPorts"));
+  std::vector<std::string> ports;
+  for (int k = 1; k < size; ++k) {
+    char port[MPI_MAX_PORT_NAME] = {};
+    MW_RETURN_IF_ERROR(MpiStatus(MPI_Open_port(MPI_INFO_NULL, port), "OpenJoinPorts: MPI_Open_port"));
+    ports.emplace_back(port);
+  }
+  return ports;
+}
+
+absl::Status JoinWorld(int rank, int size, const std::vector<std::string>& ports) {
+  if (rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JoinWorld: rank: expected 0 to ", size - 1, ", got ", rank));
+  }
+  if (ports.size() + 1 != static_cast<size_t>(size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "JoinWorld: ports: expected ", size - 1, " (one per rank after the first), got ",
+        ports.size()));
+  }
+  MW_RETURN_IF_ERROR(CheckAlone("JoinWorld"));
+  constexpr absl::string_view kServer =
+      " (processes started without mpirun join through a common ompi-server: "
+      "OMPI_MCA_pmix_server_uri must name it in every process's environment when MPI starts)";
+  MPI_Comm current = MPI_COMM_NULL;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_dup(MPI_COMM_SELF, &current), "MPI_Comm_dup"));
+  // Joins the rank connecting on `port` to `current` (this rank's side:
+  // `accepting` or connecting), it ordered after current's ranks.
+  auto grow = [&](const std::string& port, bool accepting) -> absl::Status {
+    MPI_Comm inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
+    const int rc = accepting
+        ? MPI_Comm_accept(port.c_str(), MPI_INFO_NULL, 0, current, &inter)
+        : MPI_Comm_connect(port.c_str(), MPI_INFO_NULL, 0, current, &inter);
+    if (rc != MPI_SUCCESS) {
+      return absl::InternalError(absl::StrCat(
+          "JoinWorld: rank ", rank, ": ", MpiStatus(rc, accepting ? "MPI_Comm_accept"
+                                                                  : "MPI_Comm_connect").message(),
+          kServer));
+    }
+    const int merge = MPI_Intercomm_merge(inter, accepting ? 0 : 1, &merged);
+    MPI_Comm_free(&inter);
+    MW_RETURN_IF_ERROR(MpiStatus(merge, "JoinWorld: MPI_Intercomm_merge"));
+    MPI_Comm_free(&current);
+    current = merged;
+    return MpiStatus(MPI_Comm_set_errhandler(current, MPI_ERRORS_RETURN),
+                     "MPI_Comm_set_errhandler");
+  };
+  if (rank > 0) MW_RETURN_IF_ERROR(grow(ports[rank - 1], /*accepting=*/false));
+  for (int k = rank + 1; k < size; ++k) MW_RETURN_IF_ERROR(grow(ports[k - 1], /*accepting=*/true));
+  int joined_rank = -1, joined_size = 0;
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(current, &joined_rank), "MPI_Comm_rank"));
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(current, &joined_size), "MPI_Comm_size"));
+  if (joined_rank != rank || joined_size != size) {
+    return absl::InternalError(absl::StrCat("JoinWorld: joined as rank ", joined_rank, " of ",
+                                            joined_size, ", expected ", rank, " of ", size));
+  }
+  if (rank == 0) {
+    for (const std::string& port : ports) MPI_Close_port(port.c_str());
+  }
+  joined_world = current;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> RanksPerNodeFromEnvironment() {
@@ -198,7 +317,7 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
   MW_RETURN_IF_ERROR(StartMpi());
   MW_RETURN_IF_ERROR(InitTypes());
   MPI_Comm comm = MPI_COMM_NULL;
-  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup"));
+  MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_dup(World(), &comm), "MPI_Comm_dup"));
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
                                "MPI_Comm_set_errhandler"));
   int rank = 0, size = 1, level = MPI_THREAD_SINGLE;
@@ -210,6 +329,11 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
   MW_ASSIGN_OR_RETURN(const int posed, RanksPerNodeFromEnvironment());
   if (posed > 0) {
     MW_RETURN_IF_ERROR(created->SetRanksPerNode(posed));
+    return created;
+  }
+  if (joined_world != MPI_COMM_NULL) {
+    MW_ASSIGN_OR_RETURN(const std::vector<int> node_ids, NodesByHostName(comm, size));
+    created->set_node_of(node_ids);
     return created;
   }
   // The nodes: ranks that share memory are one, named by its lowest rank.
@@ -415,7 +539,7 @@ std::string MpiCommunicator::NameRanks(const std::vector<int>& ranks) const {
   std::vector<int> world(ranks.size(), MPI_UNDEFINED);
   MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
   if (MPI_Comm_group(comm_, &group) == MPI_SUCCESS &&
-      MPI_Comm_group(MPI_COMM_WORLD, &world_group) == MPI_SUCCESS &&
+      MPI_Comm_group(World(), &world_group) == MPI_SUCCESS &&
       MPI_Group_translate_ranks(group, static_cast<int>(ranks.size()), ranks.data(),
                                 world_group, world.data()) == MPI_SUCCESS &&
       world != ranks) {

@@ -46,14 +46,38 @@ absl::Status MpiStatus(int code, absl::string_view call);
 // running or the job has one rank.
 void AbortRanks(int code);
 
-// This process's rank in MPI_COMM_WORLD and the number of processes in it
-// (0 of 1 without mpirun), MPI initialised as MpiCommunicator::Create does;
-// no collective.
+// This process's rank in the world (MPI_COMM_WORLD, or the world JoinWorld
+// made) and the number of processes in it (0 of 1 without mpirun), MPI
+// initialised as MpiCommunicator::Create does; no collective.
 struct MpiPlace {
   int rank = 0;
   int size = 1;
 };
 absl::StatusOr<MpiPlace> MpiWorld();
+
+// Joining processes started without mpirun into one MPI world: under
+// torchrun each process is an MPI singleton (rank 0 of 1). Rank 0 of the job
+// to be opens one MPI port per other rank (OpenJoinPorts), hands the names to
+// them by another channel (torch.distributed's), and every process calls
+// JoinWorld: rank k connects on its port once ranks 0..k-1 accept there
+// together, and the intercommunicators are merged in rank order. After it,
+// memwall's world (MpiWorld, AbortRanks, every MpiCommunicator::Create) is
+// the joined one, ranks as given; its nodes are the ranks that share a host
+// name (MPI_COMM_TYPE_SHARED does not span separately started processes).
+// Open MPI connects singletons only through a common ompi-server, named by
+// OMPI_MCA_pmix_server_uri in each process's environment when MPI starts;
+// without one the connect fails (kInternal, naming the variable). MPI's
+// connect and accept have no timeout: a rank that never calls JoinWorld
+// leaves the others waiting in it.
+//
+// OpenJoinPorts: kFailedPrecondition if this process already runs among
+// other MPI ranks; kInvalidArgument for size < 2.
+absl::StatusOr<std::vector<std::string>> OpenJoinPorts(int size);
+// Collective over the `size` processes (ports: OpenJoinPorts' names, the
+// same on every rank). kFailedPrecondition if this process already runs
+// among other MPI ranks (mpirun, or an earlier JoinWorld); kInvalidArgument
+// for a rank outside [0, size) or ports.size() != size - 1.
+absl::Status JoinWorld(int rank, int size, const std::vector<std::string>& ports);
 
 // MEMWALL_RANKS_PER_NODE: 0 when unset; kInvalidArgument naming it unless
 // an integer >= 1.
@@ -63,9 +87,10 @@ class MpiCommunicator final : public Communicator {
  public:
   // Initialises MPI if no one has (asking for MPI_THREAD_MULTIPLE and taking
   // what the library offers; MPI is finalised at exit), then works on a
-  // duplicate of MPI_COMM_WORLD with errors returned, not fatal. A process
-  // started without mpirun is rank 0 of a world of 1. Its nodes() are
-  // the machines its ranks share memory on (MPI_COMM_TYPE_SHARED), or, with
+  // duplicate of the world (MPI_COMM_WORLD, or JoinWorld's) with errors
+  // returned, not fatal. A process started without mpirun (and not joined)
+  // is rank 0 of a world of 1. Its nodes() are the machines its ranks share
+  // memory on (MPI_COMM_TYPE_SHARED; a joined world: host names), or, with
   // MEMWALL_RANKS_PER_NODE=n set, consecutive blocks of n ranks (one machine
   // posing as several nodes); errors name the variable.
   static absl::StatusOr<std::unique_ptr<MpiCommunicator>> Create(
@@ -133,8 +158,8 @@ class MpiCommunicator final : public Communicator {
   // timeout if shorter); ranks that could not be read, and a transfer that
   // outlasted the timeout with every rank present, are said as such.
   std::string Absentees(int64_t posted);
-  // "rank 3", "ranks 1 and 3", with their MPI_COMM_WORLD ranks where these
-  // differ (a split).
+  // "rank 3", "ranks 1 and 3", with their world ranks where these differ
+  // (a split).
   std::string NameRanks(const std::vector<int>& ranks) const;
 
   MPI_Comm comm_;

@@ -22,7 +22,9 @@ except ImportError:
     pass
 
 from memwall._memwall import (  # noqa: E402,F401
-    Engine, Error, Parameter, Profiler, abort_ranks, blas_description, rank, world_size)
+    Engine, Error, Parameter, Profiler, abort_ranks, blas_description)
+from memwall import _memwall  # noqa: E402
+from memwall._join import join_torch_ranks as _join_torch_ranks  # noqa: E402
 # Error's subclasses by the engine's status code, each also the Python
 # exception it means: InvalidArgumentError is a ValueError, NotFoundError a
 # FileNotFoundError, OutOfMemoryError a MemoryError, DeadlineExceededError
@@ -46,6 +48,23 @@ if _core and "OPENBLAS_CORETYPE" not in _os.environ:
         "memwall: OpenBLAS does not know this CPU and runs its generic kernels (host "
         "backend GEMMs several times slower); start Python with OPENBLAS_CORETYPE=%s"
         % _core, RuntimeWarning, stacklevel=2)
+
+
+
+def rank():
+    """This process's rank among memwall's ranks: MPI's (0 of 1 without a
+    launcher). Under torchrun (torch.distributed initialised with several
+    ranks, no MPI job) the processes first join one MPI world, ranks as
+    torch.distributed's (collective the first time; memwall._join)."""
+    _join_torch_ranks()
+    return _memwall.rank()
+
+
+def world_size():
+    """The number of memwall's ranks (as rank() says)."""
+    _join_torch_ranks()
+    return _memwall.world_size()
+
 
 _previous_hook = _sys.excepthook
 

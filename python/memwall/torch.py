@@ -177,7 +177,9 @@ def device():
 
 def _check_launcher():
     """memwall's collectives run among MPI's ranks: where torch.distributed
-    is initialised too, it must be the same job (ValueError naming both)."""
+    is initialised too, it must be the same job (ValueError naming both).
+    Under torchrun alone memwall.rank() has joined its ranks into one MPI
+    world first (memwall._join)."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return
@@ -186,9 +188,9 @@ def _check_launcher():
     if theirs != ours:
         raise ValueError(
             "torch.distributed is rank %d of %d and MPI, which memwall's collectives run "
-            "among, rank %d of %d: launch the job with mpirun (or memwall launch) and "
-            "initialise torch.distributed from MPI's ranks (README: \"Launchers\"); torchrun "
-            "alone starts no MPI job" % (theirs + ours))
+            "among, rank %d of %d: under mpirun (or memwall launch) initialise "
+            "torch.distributed from MPI's ranks, or launch with torchrun alone (README: "
+            "\"Launchers\")" % (theirs + ours))
 
 
 class _OrderedEngine:
@@ -552,9 +554,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         TimeoutError) names the collective: what a call only some ranks
         make, such as state_dict() under `if rank == 0`, ends in.
 
-    Launch one process per rank (mpirun -np K python train.py, or
-    memwall launch --ranks K -- python train.py); every rank builds the same
-    model with the same initial values.
+    Launch one process per rank (mpirun -np K python train.py,
+    memwall launch --ranks K -- python train.py, or torchrun
+    --nproc_per_node K train.py with init_process_group() called first);
+    every rank builds the same model with the same initial values.
     """
 
     def __init__(self, model, params=None, config=None, *, backend="host",

@@ -1,9 +1,12 @@
 """Launching Python training like every memwall job: the README's example
 under `memwall launch --ranks 2`, and a failure on one rank ending them all."""
+import json
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT, WORKERS, clean_env
 
@@ -58,38 +61,97 @@ def test_the_command_and_the_package_carry_one_version():
     assert done.stdout.startswith("memwall %s, " % package)
 
 
+def _trained_by_torch(world):
+    """The worker's model after its 3 steps as torch trains it on one
+    process: AdamW on the mean loss over all ranks' batches (what
+    data-parallel averaging computes)."""
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    data = [torch.Generator().manual_seed(1 + r) for r in range(world)]
+    for _ in range(3):
+        x = torch.cat([torch.randn(4, 8, generator=g) for g in data])
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().reshape(-1).tolist() for p in model.parameters()]
+
+
+def _largest_difference(a, b):
+    return max(abs(x - y) for pa, pb in zip(a, b) for x, y in zip(pa, pb))
+
+
 def test_torch_distributed_initialised_from_mpis_ranks(tmp_path):
     """The README's combination: mpirun starts the job, the script
     initialises torch.distributed from MPI's rank and size; the engine's
     ranks are torch's, and data-parallel training leaves the two ranks'
-    weights bit-identical (each trained on its own data)."""
+    weights bit-identical and equal to torch's AdamW on the whole batch."""
     from conftest import run_ranks
     results = run_ranks(2, "torch_distributed.py", tmp_path / "out", tmp_path / "rendezvous")
     assert [r["torch"] for r in results] == [[0, 2], [1, 2]]
     assert [r["memwall"] for r in results] == [[0, 2], [1, 2]]
     assert results[0]["weights"] == results[1]["weights"]
-    assert len(results[0]["weights"]) == 8 * 16
+    assert [len(w) for w in results[0]["weights"]] == [8 * 16, 16, 16, 1]
+    assert _largest_difference(results[0]["weights"], _trained_by_torch(2)) < 1e-6
 
 
-def test_torch_distributed_without_an_mpi_job_is_refused(tmp_path):
-    """Two processes started as torchrun starts them (no MPI job: each is
-    MPI's only rank) and joined by torch.distributed: the ZeroOptimizer
-    refuses at construction on both, naming both worlds, rather than
-    training two unrelated single-rank copies."""
-    worker = os.path.join(WORKERS, "torch_distributed.py")
-    out, rendezvous = tmp_path / "out", tmp_path / "rendezvous"
-    procs = [subprocess.Popen([sys.executable, worker, str(out), str(rendezvous), str(r), "2"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=clean_env()) for r in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-    import json
+def _torchrun(ranks, out, *args, env=None):
+    """The worker under torch's own launcher (torchrun: no MPI job)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(ranks), os.path.join(WORKERS, "torch_distributed.py"),
+               str(out), str(out) + ".rendezvous"] + list(args)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env=env or clean_env())
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_torchrun_alone_joins_its_ranks_into_memwalls_world(tmp_path, ranks):
+    """torchrun starts each process as its own MPI singleton; memwall joins
+    them into one MPI world, ranks as torch.distributed's, on one node
+    (same host name): stage 3 trains every rank to the same weights, those
+    of torch's AdamW on the whole batch, and on 2 ranks to the bits of
+    the same job under mpirun."""
+    done = _torchrun(ranks, tmp_path / "out", "--stage", "3")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = []
+    for r in range(ranks):
+        with open("%s.rank%d" % (tmp_path / "out", r)) as f:
+            results.append(json.load(f))
+    assert [r["torch"] for r in results] == [[r, ranks] for r in range(ranks)]
+    assert [r["memwall"] for r in results] == [[r, ranks] for r in range(ranks)]
+    assert [r["nodes"] for r in results] == [1] * ranks
+    assert all(r["weights"] == results[0]["weights"] for r in results)
+    assert _largest_difference(results[0]["weights"], _trained_by_torch(ranks)) < 1e-6
+    if ranks == 2:
+        from conftest import run_ranks
+        under_mpirun = run_ranks(2, "torch_distributed.py", tmp_path / "mpi",
+                                 tmp_path / "rendezvous", "--stage", "3")
+        assert under_mpirun[0]["weights"] == results[0]["weights"]
+
+
+def test_torchrun_without_ompi_server_says_what_is_missing(tmp_path):
+    """The join needs Open MPI's ompi-server on rank 0: without it every
+    rank fails with rank 0's reason, none waits forever."""
+    env = dict(clean_env(), PATH=str(tmp_path))  # a directory without ompi-server
+    done = _torchrun(2, tmp_path / "out", env=env)
+    assert done.returncode != 0
+    said = ("RuntimeError: memwall's MPI world under torch.distributed: rank 0: RuntimeError: "
+            "ompi-server: not found on PATH; processes started without mpirun (torchrun) join "
+            "memwall's MPI world through Open MPI's ompi-server (Debian: openmpi-bin)")
+    assert (done.stdout + done.stderr).count(said) == 2, done.stderr[-3000:]
+
+
+def test_a_torch_distributed_world_other_than_mpis_is_refused(tmp_path):
+    """Under mpirun, each process initialising torch.distributed as a world
+    of its own (rank 0 of 1): the ZeroOptimizer refuses at construction on
+    both, naming both worlds, rather than training with ranks torch and
+    memwall disagree on."""
+    from conftest import run_ranks
+    results = run_ranks(2, "torch_distributed.py", tmp_path / "out", tmp_path / "rendezvous",
+                        "--as", "0", "1")
     for r in range(2):
-        with open("%s.rank%d" % (out, r)) as f:
-            result = json.load(f)
-        assert result["error"] == (
-            "torch.distributed is rank %d of 2 and MPI, which memwall's collectives run "
-            "among, rank 0 of 1: launch the job with mpirun (or memwall launch) and initialise "
-            "torch.distributed from MPI's ranks (README: \"Launchers\"); torchrun alone starts "
-            "no MPI job" % r)
+        assert results[r]["error"] == (
+            "torch.distributed is rank 0 of 1 and MPI, which memwall's collectives run among, "
+            "rank %d of 2: under mpirun (or memwall launch) initialise torch.distributed from "
+            "MPI's ranks, or launch with torchrun alone (README: \"Launchers\")" % r)

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -45,6 +46,31 @@ TEST_CASE("MpiWorld is this process's place in MPI_COMM_WORLD, as the communicat
   const char* started = std::getenv("OMPI_COMM_WORLD_SIZE");  // what mpirun started
   REQUIRE(started != nullptr);
   CHECK(place.size == std::stoi(started));
+}
+
+// The join itself runs under torchrun (tests/python/test_launch.py): here
+// its refusals, which leave MPI's world as it is.
+TEST_CASE("joining a world checks its arguments and refuses inside an MPI job", "[mpi]") {
+  const absl::Status one = OpenJoinPorts(1).status();
+  CHECK(one.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(one.message() == "OpenJoinPorts: size: expected at least 2 ranks, got 1");
+  const absl::Status outside = JoinWorld(2, 2, {"port"});
+  CHECK(outside.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(outside.message() == "JoinWorld: rank: expected 0 to 1, got 2");
+  const absl::Status ports = JoinWorld(0, 3, {"port"});
+  CHECK(ports.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(ports.message() == "JoinWorld: ports: expected 2 (one per rank after the first), got 1");
+  if (World().world_size() > 1) {
+    const std::string in_job = absl::StrCat("this process already runs among ",
+                                            World().world_size(), " MPI ranks (launched by mpirun)");
+    const absl::Status opened = OpenJoinPorts(2).status();
+    CHECK(opened.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(opened.message() == "OpenJoinPorts: " + in_job);
+    const absl::Status joined = JoinWorld(World().rank() % 2, 2, {"port"});
+    CHECK(joined.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(joined.message() == "JoinWorld: " + in_job);
+  }
+  CHECK(MpiWorld().value().size == World().world_size());
 }
 
 TEST_CASE("AllReduce sums, maxes and mins f32 exactly", "[mpi]") {
