@@ -36,7 +36,10 @@ training does; --batch sets the sequences per rank per step.
 Usage (after tools/python_env.sh):
   .venv/bin/python benchmarks/zeropp_quality.py [--steps 300] [--seeds N]
       [--runs "stage 3,ZeRO++"] [--block B] [--batch 2] [--heldout 0.1]
-      [--schedule constant|cosine] [--first_seed F]
+      [--schedule constant|cosine] [--first_seed F] [--corpus_commit REV]
+
+The corpus is this repository's README and RESULTS as the working tree
+holds them when the command starts, or as git commit REV holds them.
 """
 import argparse
 import json
@@ -60,13 +63,19 @@ RANKS, PER_NODE = 4, 2
 SEQ = 128
 
 
-def corpus():
+def corpus(commit):
     """The documentation's bytes, read once by the parent (the workers of
-    every run read its copy: an edit mid-run changes no run's data)."""
+    every run read its copy: an edit mid-run changes no run's data); with a
+    commit, the two files as that commit holds them, so that runs made
+    sessions apart train and evaluate on the same bytes."""
     text = b""
-    for name in ("README.md", os.path.join("benchmarks", "RESULTS.md")):
-        with open(os.path.join(ROOT, name), "rb") as f:
-            text += f.read()
+    for name in ("README.md", "benchmarks/RESULTS.md"):
+        if commit:
+            text += subprocess.run(["git", "-C", ROOT, "show", "%s:%s" % (commit, name)],
+                                   check=True, stdout=subprocess.PIPE).stdout
+        else:
+            with open(os.path.join(ROOT, name), "rb") as f:
+                text += f.read()
     return text
 
 
@@ -143,6 +152,9 @@ def main():
                         help="the corpus' last fraction kept out of training; the final loss "
                              "is the loss on it (0: the last 10 steps' training loss)")
     parser.add_argument("--schedule", choices=("constant", "cosine"), default="constant")
+    parser.add_argument("--corpus_commit", default="",
+                        help="read README.md and benchmarks/RESULTS.md as this git commit holds "
+                             "them (default: the working tree's)")
     parser.add_argument("--worker", nargs=4)
     args = parser.parse_args()
     if not 0 <= args.heldout < 1:
@@ -155,7 +167,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         corpus_path = os.path.join(tmp, "corpus.bin")
         with open(corpus_path, "wb") as f:
-            f.write(corpus())
+            f.write(corpus(args.corpus_commit))
         runs = [(name, dict(zero)) for name, zero in RUNS
                 if not args.runs or name in args.runs.split(",")]
         for name, zero in runs:
