@@ -96,11 +96,12 @@ def test_torch_distributed_initialised_from_mpis_ranks(tmp_path):
     assert _largest_difference(results[0]["weights"], _trained_by_torch(2)) < 1e-6
 
 
-def _torchrun(ranks, out, *args, env=None):
-    """The worker under torch's own launcher (torchrun: no MPI job)."""
+def _torchrun(ranks, out, *args, env=None, worker="torch_distributed.py"):
+    """A worker under torch's own launcher (torchrun: no MPI job)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(ranks), os.path.join(WORKERS, "torch_distributed.py"),
-               str(out), str(out) + ".rendezvous"] + list(args)
+               "--nproc_per_node", str(ranks), os.path.join(WORKERS, worker),
+               str(out)] + ([str(out) + ".rendezvous"] if worker == "torch_distributed.py" else
+                            []) + list(args)
     return subprocess.run(command, capture_output=True, text=True, timeout=300,
                           env=env or clean_env())
 
@@ -140,6 +141,23 @@ def test_torchrun_without_ompi_server_says_what_is_missing(tmp_path):
             "ompi-server: not found on PATH; processes started without mpirun (torchrun) join "
             "memwall's MPI world through Open MPI's ompi-server (Debian: openmpi-bin)")
     assert (done.stdout + done.stderr).count(said) == 2, done.stderr[-3000:]
+
+
+def test_a_collective_only_rank_0_makes_under_torchrun_times_out(tmp_path):
+    """The joined world's collectives keep their timeout: rank 0 alone in
+    state_dict() fails after 3 s rather than waiting for rank 1. Which rank
+    is missing is not known there: MPI offers no one-sided window across
+    separately started processes (the board, runtime/mpi_communicator.h)."""
+    done = _torchrun(2, tmp_path / "out", worker="torchrun_timeout.py")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open("%s.rank0" % (tmp_path / "out")) as f:
+        result = json.load(f)
+    assert result["error"] == (
+        "DEADLINE_EXCEEDED: state_dict() is collective: every rank calls it, in the same "
+        "order, and not every rank did (MPI_Iallreduce (agreement check) on rank 0 of 2: not "
+        "every rank joined within 3s (a rank failed, is stuck or stopped calling collectives); "
+        "which ranks never arrived is unknown (MPI offered no one-sided window to read them); "
+        "the communicator is unusable now: end the job and resume from the last checkpoint)")
 
 
 def test_a_torch_distributed_world_other_than_mpis_is_refused(tmp_path):
