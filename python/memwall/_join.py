@@ -1,18 +1,21 @@
 """memwall's ranks under torchrun: a job started without mpirun.
 
 memwall's collectives run among MPI's ranks. torchrun starts each process
-on its own, an MPI singleton (rank 0 of 1), and initialises
-torch.distributed among them. Where torch.distributed is initialised with
-several ranks and this process is not part of an MPI job, the processes
-join one MPI world, ranks as torch.distributed's, before memwall's first
-use of MPI (memwall.rank(), memwall.world_size(), ZeroOptimizer): rank 0
-starts Open MPI's ompi-server (singletons connect only through a server
-they all reach; it ends with rank 0's process), hands its address and one
-MPI port per rank over torch.distributed, and every rank joins
-(`_memwall.join_world`). Under mpirun (or srun with PMIx) MPI's job is
-taken as it is.
+on its own, an MPI singleton (rank 0 of 1). Where this process is not part
+of an MPI job and torch.distributed is initialised with several ranks, or
+torchrun started it as one of several (RANK, WORLD_SIZE) without
+torch.distributed initialised (memwall.trainer and memwall.accelerator hide
+the ranks from accelerate), the processes join one MPI world, ranks as
+torch's, before memwall's first use of MPI (memwall.rank(),
+memwall.world_size(), ZeroOptimizer): rank 0 starts Open MPI's ompi-server
+(singletons connect only through a server they all reach; it ends with
+rank 0's process), hands its address and one MPI port per rank to the
+others (over torch.distributed, or else through torchrun's own key-value
+store), and every rank joins (`_memwall.join_world`). Under mpirun (or
+srun with PMIx) MPI's job is taken as it is.
 """
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -62,39 +65,92 @@ def _start_server():
         exe, ": " + said if said else ""))
 
 
-def _from_rank0(dist, make):
+class _Broadcast:
+    """Rank 0's values to every rank over the initialised torch.distributed."""
+
+    def __init__(self, dist):
+        self._dist = dist
+
+    def share(self, key, value):
+        box = [value]
+        self._dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+class _AgentStore:
+    """Rank 0's values to every rank through torchrun's key-value store (its
+    agent's TCPStore at MASTER_ADDR:MASTER_PORT, which the workers reach as
+    clients), under keys of memwall's own."""
+
+    def __init__(self, torch):
+        import datetime
+        store = torch.distributed.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=datetime.timedelta(seconds=600))
+        self._store = torch.distributed.PrefixStore(
+            "memwall_join/%s/" % os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), store)
+
+    def share(self, key, value):
+        if value is not None:
+            self._store.set(key, json.dumps(value))
+        return json.loads(self._store.get(key))
+
+
+def _from_rank0(channel, rank, key, make):
     """make() on rank 0, its value (or its error, raised) on every rank."""
-    box = [None]
-    if dist.get_rank() == 0:
+    said = None
+    if rank == 0:
         try:
-            box[0] = ("value", make())
-        except Exception as e:  # every rank must leave the broadcast
-            box[0] = ("error", "%s: %s" % (type(e).__name__, e))
-    dist.broadcast_object_list(box, src=0)
-    kind, value = box[0]
+            said = ["value", make()]
+        except Exception as e:  # every rank must get an answer
+            said = ["error", "%s: %s" % (type(e).__name__, e)]
+    kind, value = channel.share(key, said)
     if kind == "error":
         raise RuntimeError("memwall's MPI world under torch.distributed: rank 0: " + value)
     return value
 
 
+def _torch_world(torch):
+    """(rank, size, the channel to share rank 0's values over) of a
+    torch-launched job this process is one of several ranks of, or None."""
+    dist = torch.distributed
+    if not dist.is_available():
+        return None
+    if dist.is_initialized():
+        if dist.get_world_size() == 1:
+            return None
+        return dist.get_rank(), dist.get_world_size(), _Broadcast(dist)
+    if "TORCHELASTIC_RUN_ID" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return None
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise RuntimeError(
+            "torchrun started this process as rank %d of %d, and torch.distributed is not "
+            "initialised: memwall joins torchrun's ranks over torch.distributed, or over "
+            "torchrun's own store where the rendezvous gives one (TORCHELASTIC_USE_AGENT_STORE "
+            "is %r here); call torch.distributed.init_process_group() before memwall"
+            % (rank, size, os.environ.get("TORCHELASTIC_USE_AGENT_STORE")))
+    return rank, size, _AgentStore(torch)
+
+
 def join_torch_ranks():
-    """Joins torch.distributed's ranks into memwall's MPI world if they are
-    not one MPI job already (see the module's text); collective over
-    torch.distributed's ranks the first time."""
+    """Joins a torch-launched job's ranks into memwall's MPI world if they
+    are not one MPI job already (see the module's text); collective over
+    those ranks the first time."""
     global _joined
     if _joined:
         return
     torch = sys.modules.get("torch")
-    if torch is None or not torch.distributed.is_available():
-        return
-    dist = torch.distributed
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if torch is None:
         return
     if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMIX_RANK" in os.environ:
-        return  # an MPI job: ZeroOptimizer checks the two agree
+        return  # an MPI job: ZeroOptimizer checks that torch.distributed agrees
+    world = _torch_world(torch)
+    if world is None:
+        return
     from memwall import _memwall
-    rank, size = dist.get_rank(), dist.get_world_size()
-    os.environ["OMPI_MCA_pmix_server_uri"] = _from_rank0(dist, _start_server)
-    ports = _from_rank0(dist, lambda: _memwall.open_join_ports(size))
+    rank, size, channel = world
+    os.environ["OMPI_MCA_pmix_server_uri"] = _from_rank0(channel, rank, "server", _start_server)
+    ports = _from_rank0(channel, rank, "ports", lambda: _memwall.open_join_ports(size))
     _memwall.join_world(rank, size, ports)
     _joined = True

@@ -179,7 +179,9 @@ def _check_launcher():
     """memwall's collectives run among MPI's ranks: where torch.distributed
     is initialised too, it must be the same job (ValueError naming both).
     Under torchrun alone memwall.rank() has joined its ranks into one MPI
-    world first (memwall._join)."""
+    world first (memwall._join), as it does here for a job torchrun started
+    without initialising torch.distributed (before the engine starts MPI)."""
+    memwall._join_torch_ranks()
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return

@@ -35,6 +35,29 @@ def run_ranks(ranks, worker, out, *args, timeout=600):
     return results
 
 
+def torchrun(ranks, worker, out, *args, env=None, timeout=600):
+    """Runs WORKER under torch's own launcher (torchrun --standalone: no MPI
+    job; memwall joins the ranks) with OUT and ARGS; returns the finished
+    process."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(ranks), os.path.join(WORKERS, worker),
+               str(out)] + [str(a) for a in args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env=env or clean_env())
+
+
+def torchrun_ranks(ranks, worker, out, *args, timeout=600):
+    """As run_ranks, under torchrun."""
+    done = torchrun(ranks, worker, out, *args, timeout=timeout)
+    assert done.returncode == 0, "torchrun %s failed (%d):\n%s\n%s" % (
+        worker, done.returncode, done.stdout[-4000:], done.stderr[-4000:])
+    results = []
+    for r in range(ranks):
+        with open("%s.rank%d" % (out, r)) as f:
+            results.append(json.load(f))
+    return results
+
+
 @pytest.fixture
 def ranks_runner(tmp_path):
     def run(ranks, worker, *args, name="result"):

@@ -12,10 +12,18 @@ import memwall.accelerator
 import memwall.torch as mt
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("ranks, launcher", [(1, "mpirun"), (2, "mpirun"), (2, "torchrun")])
 @pytest.mark.parametrize("stage", [0, 3])
-def test_an_accelerate_loop_trains_as_torch_adamw_on_one_process(ranks_runner, stage, ranks):
-    results = ranks_runner(ranks, "accelerate_loop.py", stage)
+def test_an_accelerate_loop_trains_as_torch_adamw_on_one_process(ranks_runner, tmp_path, stage,
+                                                                 ranks, launcher):
+    """torchrun: no MPI job and torch.distributed not initialised (the
+    adapter hides the ranks from accelerate): memwall joins the ranks
+    through torchrun's store."""
+    if launcher == "torchrun":
+        from conftest import torchrun_ranks
+        results = torchrun_ranks(ranks, "accelerate_loop.py", tmp_path / "out", stage)
+    else:
+        results = ranks_runner(ranks, "accelerate_loop.py", stage)
     reference = results[0]["reference_losses"]
     assert len(reference) == 8
     for r, result in enumerate(results):

@@ -330,3 +330,21 @@ def test_a_collective_timeout_below_zero_is_refused():
         mt.ZeroOptimizer(model, None, {}, collective_timeout=-1)
     assert str(error.value) == (
         "INVALID_ARGUMENT: collective_timeout: expected seconds >= 0 (0: wait forever), got -1")
+
+
+def test_torchrun_without_torch_distributed_or_its_store_is_refused(monkeypatch):
+    """A process torchrun started as rank 1 of 2 (its environment), with
+    torch.distributed not initialised and no agent store to join the ranks
+    through (older torchrun rendezvous): refused before MPI starts, naming
+    what to do, rather than training as a rank of 1."""
+    from memwall import _join
+    for name, value in (("TORCHELASTIC_RUN_ID", "test"), ("RANK", "1"), ("WORLD_SIZE", "2"),
+                        ("TORCHELASTIC_USE_AGENT_STORE", "False")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeError) as error:
+        _join.join_torch_ranks()
+    assert str(error.value) == (
+        "torchrun started this process as rank 1 of 2, and torch.distributed is not "
+        "initialised: memwall joins torchrun's ranks over torch.distributed, or over torchrun's "
+        "own store where the rendezvous gives one (TORCHELASTIC_USE_AGENT_STORE is 'False' "
+        "here); call torch.distributed.init_process_group() before memwall")

@@ -44,6 +44,16 @@ def test_the_trainer_on_two_ranks_trains_as_one_process_with_torch_adamw(ranks_r
     check(ranks_runner(2, "hf_trainer.py", stage, tmp_path / "saved"))
 
 
+def test_the_trainer_under_torchrun_alone_trains_as_one_process_with_torch_adamw(tmp_path):
+    """torchrun starts the 2 ranks (no MPI job, torch.distributed not
+    initialised: memwall.trainer hides the ranks from accelerate): memwall
+    joins them through torchrun's store, and the Trainer trains as under
+    mpirun, not as two single-rank copies (which would each take the whole
+    batch: losses and weights off the reference)."""
+    from conftest import torchrun_ranks
+    check(torchrun_ranks(2, "hf_trainer.py", tmp_path / "out", 3, tmp_path / "saved"))
+
+
 def test_the_trainer_on_one_rank(ranks_runner, tmp_path):
     check(ranks_runner(1, "hf_trainer.py", 3, tmp_path / "saved"))
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, WORKERS, clean_env
+from conftest import ROOT, WORKERS, clean_env, torchrun, torchrun_ranks
 
 MEMWALL = os.path.join(ROOT, "bazel-bin", "cli", "memwall")
 
@@ -96,16 +96,6 @@ def test_torch_distributed_initialised_from_mpis_ranks(tmp_path):
     assert _largest_difference(results[0]["weights"], _trained_by_torch(2)) < 1e-6
 
 
-def _torchrun(ranks, out, *args, env=None, worker="torch_distributed.py"):
-    """A worker under torch's own launcher (torchrun: no MPI job)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(ranks), os.path.join(WORKERS, worker),
-               str(out)] + ([str(out) + ".rendezvous"] if worker == "torch_distributed.py" else
-                            []) + list(args)
-    return subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          env=env or clean_env())
-
-
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_torchrun_alone_joins_its_ranks_into_memwalls_world(tmp_path, ranks):
     """torchrun starts each process as its own MPI singleton; memwall joins
@@ -113,12 +103,8 @@ def test_torchrun_alone_joins_its_ranks_into_memwalls_world(tmp_path, ranks):
     (same host name): stage 3 trains every rank to the same weights, those
     of torch's AdamW on the whole batch, and on 2 ranks to the bits of
     the same job under mpirun."""
-    done = _torchrun(ranks, tmp_path / "out", "--stage", "3")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    results = []
-    for r in range(ranks):
-        with open("%s.rank%d" % (tmp_path / "out", r)) as f:
-            results.append(json.load(f))
+    results = torchrun_ranks(ranks, "torch_distributed.py", tmp_path / "out",
+                             tmp_path / "rendezvous", "--stage", "3")
     assert [r["torch"] for r in results] == [[r, ranks] for r in range(ranks)]
     assert [r["memwall"] for r in results] == [[r, ranks] for r in range(ranks)]
     assert [r["nodes"] for r in results] == [1] * ranks
@@ -135,7 +121,8 @@ def test_torchrun_without_ompi_server_says_what_is_missing(tmp_path):
     """The join needs Open MPI's ompi-server on rank 0: without it every
     rank fails with rank 0's reason, none waits forever."""
     env = dict(clean_env(), PATH=str(tmp_path))  # a directory without ompi-server
-    done = _torchrun(2, tmp_path / "out", env=env)
+    done = torchrun(2, "torch_distributed.py", tmp_path / "out", tmp_path / "rendezvous",
+                    env=env)
     assert done.returncode != 0
     said = ("RuntimeError: memwall's MPI world under torch.distributed: rank 0: RuntimeError: "
             "ompi-server: not found on PATH; processes started without mpirun (torchrun) join "
@@ -148,7 +135,7 @@ def test_a_collective_only_rank_0_makes_under_torchrun_times_out(tmp_path):
     state_dict() fails after 3 s rather than waiting for rank 1. Which rank
     is missing is not known there: MPI offers no one-sided window across
     separately started processes (the board, runtime/mpi_communicator.h)."""
-    done = _torchrun(2, tmp_path / "out", worker="torchrun_timeout.py")
+    done = torchrun(2, "torchrun_timeout.py", tmp_path / "out")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open("%s.rank0" % (tmp_path / "out")) as f:
         result = json.load(f)
