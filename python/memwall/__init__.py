@@ -50,12 +50,12 @@ if _core and "OPENBLAS_CORETYPE" not in _os.environ:
         % _core, RuntimeWarning, stacklevel=2)
 
 
-
 def rank():
     """This process's rank among memwall's ranks: MPI's (0 of 1 without a
-    launcher). Under torchrun (torch.distributed initialised with several
-    ranks, no MPI job) the processes first join one MPI world, ranks as
-    torch.distributed's (collective the first time; memwall._join)."""
+    launcher). Under torchrun (no MPI job; torch.distributed initialised
+    with several ranks, or torchrun's RANK and WORLD_SIZE) the processes
+    first join one MPI world, ranks as torch's (collective the first time;
+    memwall._join)."""
     _join_torch_ranks()
     return _memwall.rank()
 

@@ -10,10 +10,11 @@ writes, with a memwall.torch.ZeroOptimizer as its optimizer.
             opt.step()
             opt.zero_grad()
 
-Launched as K ranks (memwall launch --ranks K -- python train.py). What
+Launched as K ranks (memwall launch --ranks K -- python train.py, or
+torchrun --nproc_per_node K train.py). What
 differs from accelerate's own Accelerator, and why:
 
-- the ranks: under mpirun accelerate would take the MPI ranks for a
+- the ranks: under mpirun or torchrun accelerate would take the ranks for a
   torch.distributed world and wrap the model in DDP; memwall's engine is
   what the ranks communicate through, so each rank is set up as one
   process (the model is not wrapped) ...

@@ -26,8 +26,8 @@ settings memwall has no counterpart for are named in a warning (the
 engine's config reader lists them), or refused where memwall cannot do
 what they ask.
 
-Launched as K ranks (memwall launch --ranks K -- python train.py), each rank
-runs the Trainer; what the adapter changes, and why:
+Launched as K ranks (memwall launch --ranks K -- python train.py, or
+torchrun --nproc_per_node K train.py), each rank runs the Trainer; what the adapter changes, and why:
 
 - data: each global batch of args.per_device_train_batch_size x K samples
   is split into K equal parts, rank r taking part r (a last partial batch
@@ -50,9 +50,9 @@ runs the Trainer; what the adapter changes, and why:
   clipping or fp16 made the engine take it);
 - saving: the model's state dict is taken inside
   ZeroOptimizer.gathered_parameters() on every rank and written by rank 0;
-- the ranks: under mpirun, accelerate (which the Trainer runs on) would
-  take the MPI ranks for a torch.distributed world and wrap the model in
-  DDP; memwall's engine is what the ranks communicate through, so
+- the ranks: under mpirun or torchrun, accelerate (which the Trainer runs
+  on) would take the ranks for a torch.distributed world and wrap the
+  model in DDP; memwall's engine is what the ranks communicate through, so
   memwall.trainer.TrainingArguments sets the Trainer up as one process on
   each rank.
 
