@@ -12,6 +12,11 @@
            at 1 and 2 threads (torch.set_num_threads, MEMWALL_CPU_THREADS);
   memory   model-state bytes per rank from memwall's allocator, stages 0
            and 3 on 1, 2 and 4 ranks, next to the ZeRO formula;
+  launchers  ZeroOptimizer stages 0 and 3 on 2 ranks started by mpirun vs by
+           torchrun alone (memwall joins the MPI singletons: its MPI traffic
+           goes over TCP, not shared memory), the launchers alternated over
+           --rounds rounds: step time, and the ZeroOptimizer's construction
+           (under torchrun, the join included);
   rss      each process's resident memory (VmRSS, and its peak VmHWM) on 2
            MPI ranks: after the imports, after building the optimizer, after
            3 training steps of the GPT-2 above, torch.optim.AdamW alone (a
@@ -19,7 +24,8 @@
            and 3: what the front end costs beyond the model states.
 
 Usage (after tools/python_env.sh):
-  .venv/bin/python benchmarks/torch_frontend.py [--steps N] [--parts step,ranks,adam,memory,rss]
+  .venv/bin/python benchmarks/torch_frontend.py [--steps N] [--rounds R]
+      [--parts step,ranks,adam,memory,rss,launchers]
 Times are medians over --steps steps after 2 warm-up steps.
 """
 import argparse
@@ -115,12 +121,16 @@ def part_step(steps):
 
 
 def rank_worker(kind, steps, out):
-    """One rank of the `ranks` part (under mpirun)."""
+    """One rank of the `ranks` and `launchers` parts (under mpirun or
+    torchrun); rank 0 writes [step, opt.step, construction] seconds."""
     import torch
     import memwall.torch as mt
     torch.set_num_threads(1)
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    if "OMPI_COMM_WORLD_RANK" in os.environ:
+        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    else:  # torchrun
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     share = slice(rank * 8 // world, (rank + 1) * 8 // world)
     data = batches(steps + 2)
     model = gpt2()
@@ -131,8 +141,10 @@ def rank_worker(kind, steps, out):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
         result = time_steps(ddp, opt, data, lambda l: l.backward(), share)
     else:
+        start = time.perf_counter()
         opt = mt.ZeroOptimizer(model, None, zero_config(int(kind)))
-        result = time_steps(model, opt, data, opt.backward, share)
+        made = time.perf_counter() - start
+        result = time_steps(model, opt, data, opt.backward, share) + (made,)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(result, f)
@@ -163,7 +175,7 @@ def part_ranks(steps):
             out = os.path.join(tmp, kind + ".json")
             spawn(2, "--worker", kind, "--steps", steps, "--out", out)
             with open(out) as f:
-                rows.append((name,) + tuple(json.load(f)))
+                rows.append((name,) + tuple(json.load(f))[:2])
     print("ranks: the same GPT-2 on 2 MPI ranks (4 sequences each), 1 thread per rank, "
           "median of %d steps, rank 0's times" % steps)
     base = rows[0][1]
@@ -328,10 +340,42 @@ def part_rss():
         print("  %s after 3 steps vs torch AdamW: %+.0f / %+.0f MiB" % ((name,) + tuple(extra)))
 
 
+def spawn_torchrun(ranks, *args):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               str(ranks), os.path.abspath(__file__)] + [str(a) for a in args]
+    done = subprocess.run(command, capture_output=True, text=True, env=clean_env())
+    if done.returncode != 0:
+        sys.exit("%s failed:\n%s" % (" ".join(command), done.stderr[-3000:]))
+
+
+def part_launchers(steps, rounds):
+    runs = [(launcher, stage) for stage in ("0", "3") for launcher in ("mpirun", "torchrun")]
+    figures = {run: [] for run in runs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(rounds):
+            for launcher, stage in runs:
+                out = os.path.join(tmp, "%s%s.json" % (launcher, stage))
+                (spawn if launcher == "mpirun" else spawn_torchrun)(
+                    2, "--worker", stage, "--steps", steps, "--out", out)
+                with open(out) as f:
+                    figures[(launcher, stage)].append(json.load(f))
+    print("launchers: the GPT-2 above on 2 ranks (4 sequences each), 1 thread per rank, rank 0's "
+          "median step of %d, medians over %d rounds (launchers alternated)" % (steps, rounds))
+    print("  %-8s %-9s %10s %12s %14s %10s" % ("stage", "launcher", "step ms", "opt.step ms",
+                                               "construct s", "vs mpirun"))
+    for launcher, stage in runs:
+        step, opt_step, made = (statistics.median(f[i] for f in figures[(launcher, stage)])
+                                for i in range(3))
+        base = statistics.median(f[0] for f in figures[("mpirun", stage)])
+        print("  %-8s %-9s %10.1f %12.1f %14.2f %+9.1f%%" % (
+            stage, launcher, step * 1e3, opt_step * 1e3, made, (step / base - 1) * 100))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--parts", default="step,ranks,adam,memory,rss")
+    parser.add_argument("--parts", default="step,ranks,adam,memory,rss,launchers")
+    parser.add_argument("--rounds", type=int, default=3, help="launchers: alternations")
     parser.add_argument("--worker")
     parser.add_argument("--adam-worker")
     parser.add_argument("--memory-worker", type=int)
@@ -358,6 +402,8 @@ def main():
         part_memory()
     if "rss" in parts:
         part_rss()
+    if "launchers" in parts:
+        part_launchers(args.steps, args.rounds)
 
 
 if __name__ == "__main__":
