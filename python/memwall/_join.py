@@ -27,7 +27,9 @@ _joined = False
 
 
 def _die_with_parent():
-    # PR_SET_PDEATHSIG: the server ends with the process that started it.
+    # PR_SET_PDEATHSIG: the server ends (SIGTERM) when the thread that
+    # started it does: the thread of memwall's first MPI use, the main one
+    # in a training script.
     ctypes.CDLL(None, use_errno=True).prctl(1, 15)
 
 
@@ -54,6 +56,7 @@ def _start_server():
             with open(uri_path) as f:
                 uri = f.read()
             if uri.endswith("\n"):
+                shutil.rmtree(where)  # the server keeps its log open, unlinked
                 return uri.strip()
         if server.poll() is not None:
             break
