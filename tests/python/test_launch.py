@@ -41,10 +41,14 @@ def test_the_readme_example_trains_under_memwall_launch(tmp_path):
     assert after < 0.5 * before, (before, after)
 
 
-def test_an_uncaught_exception_on_one_rank_ends_every_rank():
-    done = subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), "2", sys.executable,
-                           os.path.join(WORKERS, "fail_on_rank1.py")],
-                          capture_output=True, text=True, timeout=120, env=clean_env())
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_an_uncaught_exception_on_one_rank_ends_every_rank(launcher):
+    if launcher == "mpirun":
+        done = subprocess.run([os.path.join(ROOT, "tools", "mpirun.sh"), "2", sys.executable,
+                               os.path.join(WORKERS, "fail_on_rank1.py")],
+                              capture_output=True, text=True, timeout=120, env=clean_env())
+    else:  # the joined world's MPI_Abort, or torchrun ending the other worker
+        done = torchrun(2, "fail_on_rank1.py", "unused", timeout=120)
     # Rank 0 waits in the step's collectives for rank 1, which never comes:
     # without the abort this run would hang until the timeout fails the
     # test. (Open MPI's own "MPI_ABORT was invoked" notice is not checked:
