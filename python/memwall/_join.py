@@ -74,6 +74,9 @@ class _Broadcast:
     def __init__(self, dist):
         self._dist = dist
 
+    def arrive(self, rank, size, timeout):
+        """Nothing: the broadcast waits for every rank (torch's timeout)."""
+
     def share(self, key, value):
         box = [value]
         self._dist.broadcast_object_list(box, src=0)
@@ -93,6 +96,27 @@ class _AgentStore:
         self._store = torch.distributed.PrefixStore(
             "memwall_join/%s/" % os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), store)
 
+    def arrive(self, rank, size, timeout):
+        """This rank's arrival recorded; on rank 0, every rank's awaited for
+        `timeout` seconds (TimeoutError naming those that never came: rank 0
+        would otherwise wait in MPI's accept, which has no timeout)."""
+        import datetime
+        self._store.set("arrived/%d" % rank, "")
+        if rank != 0:
+            return
+        keys = ["arrived/%d" % r for r in range(1, size)]
+        try:
+            self._store.wait(keys, datetime.timedelta(seconds=timeout or 10**9))
+        except Exception:  # torch's DistStoreError, whose text varies by version
+            missing = [r for r in range(1, size) if not self._store.check([keys[r - 1]])]
+            if not missing:
+                raise
+            raise TimeoutError(
+                "%s %s of %d did not reach memwall within %g s: the first memwall call "
+                "(memwall.rank(), ZeroOptimizer) joins torchrun's ranks, and every rank makes it"
+                % ("rank" if len(missing) == 1 else "ranks",
+                   ", ".join(str(r) for r in missing), size, timeout)) from None
+
     def share(self, key, value):
         if value is not None:
             self._store.set(key, json.dumps(value))
@@ -109,7 +133,8 @@ def _from_rank0(channel, rank, key, make):
             said = ["error", "%s: %s" % (type(e).__name__, e)]
     kind, value = channel.share(key, said)
     if kind == "error":
-        raise RuntimeError("memwall's MPI world under torch.distributed: rank 0: " + value)
+        text = "memwall's MPI world under torch.distributed: rank 0: " + value
+        raise TimeoutError(text) if value.startswith("TimeoutError: ") else RuntimeError(text)
     return value
 
 
@@ -136,10 +161,11 @@ def _torch_world(torch):
     return rank, size, _AgentStore(torch)
 
 
-def join_torch_ranks():
+def join_torch_ranks(timeout=600.0):
     """Joins a torch-launched job's ranks into memwall's MPI world if they
     are not one MPI job already (see the module's text); collective over
-    those ranks the first time."""
+    those ranks the first time, waiting for them at most `timeout` seconds
+    (None: forever) where torchrun's store is the channel."""
     global _joined
     if _joined:
         return
@@ -153,7 +179,13 @@ def join_torch_ranks():
         return
     from memwall import _memwall
     rank, size, channel = world
-    os.environ["OMPI_MCA_pmix_server_uri"] = _from_rank0(channel, rank, "server", _start_server)
+
+    def start():
+        channel.arrive(rank, size, timeout)
+        return _start_server()
+    if rank != 0:
+        channel.arrive(rank, size, timeout)
+    os.environ["OMPI_MCA_pmix_server_uri"] = _from_rank0(channel, rank, "server", start)
     ports = _from_rank0(channel, rank, "ports", lambda: _memwall.open_join_ports(size))
     _memwall.join_world(rank, size, ports)
     _joined = True

@@ -175,13 +175,14 @@ def device():
     return torch.device("cuda", memwall._memwall.cuda_ordinal(memwall.rank()))
 
 
-def _check_launcher():
+def _check_launcher(timeout):
     """memwall's collectives run among MPI's ranks: where torch.distributed
     is initialised too, it must be the same job (ValueError naming both).
     Under torchrun alone memwall.rank() has joined its ranks into one MPI
     world first (memwall._join), as it does here for a job torchrun started
-    without initialising torch.distributed (before the engine starts MPI)."""
-    memwall._join_torch_ranks()
+    without initialising torch.distributed (before the engine starts MPI),
+    waiting for the other ranks at most `timeout` seconds (0: forever)."""
+    memwall._join_torch_ranks(timeout if timeout > 0 else None)
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return
@@ -568,7 +569,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("model: expected a torch.nn.Module, got %s" % type(model).__name__)
         self._device = _model_device(model, backend)
-        _check_launcher()
+        _check_launcher(collective_timeout)
         for name, p in model.named_parameters():
             if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
                 raise ValueError(

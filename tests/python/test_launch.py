@@ -151,6 +151,20 @@ def test_a_collective_only_rank_0_makes_under_torchrun_times_out(tmp_path):
         "the communicator is unusable now: end the job and resume from the last checkpoint)")
 
 
+def test_a_rank_that_never_reaches_memwall_under_torchrun_is_named(tmp_path):
+    """torchrun's store as the join's channel: rank 0 waits for the other
+    ranks' arrival at most the ZeroOptimizer's collective_timeout (3 s),
+    then fails naming rank 1, rather than waiting forever in MPI's accept."""
+    done = torchrun(2, "torchrun_absent_rank.py", tmp_path / "out")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open("%s.rank0" % (tmp_path / "out")) as f:
+        result = json.load(f)
+    assert result["error"] == (
+        "TimeoutError: memwall's MPI world under torch.distributed: rank 0: TimeoutError: rank 1 "
+        "of 2 did not reach memwall within 3 s: the first memwall call (memwall.rank(), "
+        "ZeroOptimizer) joins torchrun's ranks, and every rank makes it")
+
+
 def test_a_torch_distributed_world_other_than_mpis_is_refused(tmp_path):
     """Under mpirun, each process initialising torch.distributed as a world
     of its own (rank 0 of 1): the ZeroOptimizer refuses at construction on
