@@ -64,6 +64,7 @@ def _start_server():
     server.kill()
     with open(log_path, errors="replace") as f:
         said = f.read().strip()
+    shutil.rmtree(where)
     raise RuntimeError("ompi-server (%s) gave no address within 60 s%s" % (
         exe, ": " + said if said else ""))
 
