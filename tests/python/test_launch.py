@@ -134,6 +134,22 @@ def test_torchrun_without_ompi_server_says_what_is_missing(tmp_path):
     assert (done.stdout + done.stderr).count(said) == 2, done.stderr[-3000:]
 
 
+def test_an_ompi_server_that_gives_no_address_is_named_with_what_it_said(tmp_path):
+    """An ompi-server that exits at once (here a stand-in that prints a
+    line and fails): every rank fails with rank 0's reason, the server's
+    own words included, without waiting out the 60 s."""
+    fake = tmp_path / "ompi-server"
+    fake.write_text("#!/bin/sh\necho 'cannot open a listening socket' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = dict(clean_env(), PATH="%s:%s" % (tmp_path, os.environ["PATH"]))
+    done = torchrun(2, "torch_distributed.py", tmp_path / "out", tmp_path / "rendezvous",
+                    env=env, timeout=50)
+    assert done.returncode != 0
+    said = ("RuntimeError: memwall's MPI world under torch.distributed: rank 0: RuntimeError: "
+            "ompi-server (%s) gave no address within 60 s: cannot open a listening socket" % fake)
+    assert (done.stdout + done.stderr).count(said) == 2, done.stderr[-3000:]
+
+
 def test_a_collective_only_rank_0_makes_under_torchrun_times_out(tmp_path):
     """The joined world's collectives keep their timeout: rank 0 alone in
     state_dict() fails after 3 s rather than waiting for rank 1. Which rank
