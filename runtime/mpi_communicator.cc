@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/base/call_once.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -139,9 +140,10 @@ MPI_Comm joined_world = MPI_COMM_NULL;
 
 MPI_Comm World() { return joined_world != MPI_COMM_NULL ? joined_world : MPI_COMM_WORLD; }
 
-// kFailedPrecondition naming `call` if this process already runs among
-// other ranks (launched by mpirun, or joined).
-absl::Status CheckAlone(absl::string_view call) {
+// Before OpenJoinPorts and JoinWorld: MPI started, kFailedPrecondition
+// naming `call` if this process already runs among other ranks (launched
+// by mpirun, or joined), and the singleton's errors returned.
+absl::Status StartJoining(absl::string_view call) {
   MW_RETURN_IF_ERROR(StartMpi());
   int size = 1;
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Comm_size(World(), &size), "MPI_Comm_size"));
@@ -169,17 +171,12 @@ absl::StatusOr<std::vector<int>> NodesByHostName(MPI_Comm comm, int size) {
   MW_RETURN_IF_ERROR(MpiStatus(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
                                              MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm),
                                "MPI_Allgather (each rank's host name)"));
+  absl::flat_hash_map<std::string, int> lowest;  // host name -> its lowest rank
   std::vector<int> node_ids(size);
   for (int r = 0; r < size; ++r) {
     const char* name = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
-    node_ids[r] = r;
-    for (int lower = 0; lower < r; ++lower) {
-      if (std::strncmp(name, names.data() + static_cast<size_t>(lower) * MPI_MAX_PROCESSOR_NAME,
-                       MPI_MAX_PROCESSOR_NAME) == 0) {
-        node_ids[r] = lower;
-        break;
-      }
-    }
+    node_ids[r] = lowest.emplace(std::string(name, strnlen(name, MPI_MAX_PROCESSOR_NAME)), r)
+                      .first->second;
   }
   return node_ids;
 }
@@ -238,7 +235,7 @@ absl::StatusOr<std::vector<std::string>> OpenJoinPorts(int size) {
     return absl::InvalidArgumentError(
         absl::StrCat("OpenJoinPorts: size: expected at least 2 ranks, got ", size));
   }
-  MW_RETURN_IF_ERROR(CheckAlone("OpenJoinPorts"));
+  MW_RETURN_IF_ERROR(StartJoining("OpenJoinPorts"));
   std::vector<std::string> ports;
   for (int k = 1; k < size; ++k) {
     char port[MPI_MAX_PORT_NAME] = {};
@@ -258,7 +255,7 @@ absl::Status JoinWorld(int rank, int size, const std::vector<std::string>& ports
         "JoinWorld: ports: expected ", size - 1, " (one per rank after the first), got ",
         ports.size()));
   }
-  MW_RETURN_IF_ERROR(CheckAlone("JoinWorld"));
+  MW_RETURN_IF_ERROR(StartJoining("JoinWorld"));
   constexpr absl::string_view kServer =
       " (processes started without mpirun join through a common ompi-server: "
       "OMPI_MCA_pmix_server_uri must name it in every process's environment when MPI starts)";
