@@ -129,44 +129,51 @@ def _from_rank0(channel, rank, key, make):
     said = None
     if rank == 0:
         try:
-            said = ["value", make()]
+            said = [None, make()]
         except Exception as e:  # every rank must get an answer
-            said = ["error", "%s: %s" % (type(e).__name__, e)]
-    kind, value = channel.share(key, said)
-    if kind == "error":
-        text = "memwall's MPI world under torch.distributed: rank 0: " + value
-        raise TimeoutError(text) if value.startswith("TimeoutError: ") else RuntimeError(text)
+            said = [type(e).__name__, str(e)]
+    error, value = channel.share(key, said)
+    if error is not None:
+        text = "memwall's MPI world under torch.distributed: rank 0: %s: %s" % (error, value)
+        raise TimeoutError(text) if error == "TimeoutError" else RuntimeError(text)
     return value
 
 
 def _torch_world(torch):
     """(rank, size, the channel to share rank 0's values over) of a
-    torch-launched job this process is one of several ranks of, or None."""
+    torch-launched job this process is one of several ranks of, or None.
+    Under torchrun the channel is its store, where the join's timeout
+    holds, whether or not torch.distributed is initialised; elsewhere
+    torch.distributed's broadcast (its process group's timeout)."""
     dist = torch.distributed
     if not dist.is_available():
         return None
-    if dist.is_initialized():
-        if dist.get_world_size() == 1:
-            return None
-        return dist.get_rank(), dist.get_world_size(), _Broadcast(dist)
-    if "TORCHELASTIC_RUN_ID" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    initialised = dist.is_initialized()
+    if initialised:
+        rank, size = dist.get_rank(), dist.get_world_size()
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    else:
         return None
-    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        raise RuntimeError(
-            "torchrun started this process as rank %d of %d, and torch.distributed is not "
-            "initialised: memwall joins torchrun's ranks over torch.distributed, or over "
-            "torchrun's own store where the rendezvous gives one (TORCHELASTIC_USE_AGENT_STORE "
-            "is %r here); call torch.distributed.init_process_group() before memwall"
-            % (rank, size, os.environ.get("TORCHELASTIC_USE_AGENT_STORE")))
-    return rank, size, _AgentStore(torch)
+    if size == 1:
+        return None
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return rank, size, _AgentStore(torch)
+    if initialised:
+        return rank, size, _Broadcast(dist)
+    raise RuntimeError(
+        "torchrun started this process as rank %d of %d, and torch.distributed is not "
+        "initialised: memwall joins torchrun's ranks over torch.distributed, or over "
+        "torchrun's own store where the rendezvous gives one (TORCHELASTIC_USE_AGENT_STORE "
+        "is %r here); call torch.distributed.init_process_group() before memwall"
+        % (rank, size, os.environ.get("TORCHELASTIC_USE_AGENT_STORE")))
 
 
 def join_torch_ranks(timeout=600.0):
     """Joins a torch-launched job's ranks into memwall's MPI world if they
     are not one MPI job already (see the module's text); collective over
     those ranks the first time, waiting for them at most `timeout` seconds
-    (None: forever) where torchrun's store is the channel."""
+    (None: forever) under torchrun (_torch_world)."""
     global _joined
     if _joined:
         return

@@ -121,6 +121,32 @@ def test_torchrun_alone_joins_its_ranks_into_memwalls_world(tmp_path, ranks):
         assert under_mpirun[0]["weights"] == results[0]["weights"]
 
 
+def test_a_torch_distributed_world_without_mpi_or_torchrun_joins_over_its_broadcast(tmp_path):
+    """Two plain processes (neither mpirun nor torchrun) that initialise
+    torch.distributed themselves (a file rendezvous): memwall joins them
+    over torch.distributed's broadcast, and stage 3 trains as torch's AdamW
+    on the whole batch, to the bits of the torchrun-launched job."""
+    worker = os.path.join(WORKERS, "torch_distributed.py")
+    out, rendezvous = tmp_path / "out", tmp_path / "rendezvous"
+    procs = [subprocess.Popen([sys.executable, worker, str(out), str(rendezvous), "--stage", "3",
+                               "--as", str(r), "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env()) for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    results = []
+    for r in range(2):
+        with open("%s.rank%d" % (out, r)) as f:
+            results.append(json.load(f))
+    assert [r["memwall"] for r in results] == [[0, 2], [1, 2]]
+    assert results[0]["weights"] == results[1]["weights"]
+    assert _largest_difference(results[0]["weights"], _trained_by_torch(2)) < 1e-6
+    under_torchrun = torchrun_ranks(2, "torch_distributed.py", tmp_path / "torchrun",
+                                    tmp_path / "rendezvous2", "--stage", "3")
+    assert under_torchrun[0]["weights"] == results[0]["weights"]
+
+
 def test_torchrun_without_ompi_server_says_what_is_missing(tmp_path):
     """The join needs Open MPI's ompi-server on rank 0: without it every
     rank fails with rank 0's reason, none waits forever."""
@@ -150,16 +176,21 @@ def test_an_ompi_server_that_gives_no_address_is_named_with_what_it_said(tmp_pat
     assert (done.stdout + done.stderr).count(said) == 2, done.stderr[-3000:]
 
 
+def _rank0_error(worker, tmp_path):
+    """The error WORKER's rank 0 wrote (OUT.rank0) under torchrun on 2
+    ranks, every rank having exited 0."""
+    done = torchrun(2, worker, tmp_path / "out")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open("%s.rank0" % (tmp_path / "out")) as f:
+        return json.load(f)["error"]
+
+
 def test_a_collective_only_rank_0_makes_under_torchrun_times_out(tmp_path):
     """The joined world's collectives keep their timeout: rank 0 alone in
     state_dict() fails after 3 s rather than waiting for rank 1. Which rank
     is missing is not known there: MPI offers no one-sided window across
     separately started processes (the board, runtime/mpi_communicator.h)."""
-    done = torchrun(2, "torchrun_timeout.py", tmp_path / "out")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    with open("%s.rank0" % (tmp_path / "out")) as f:
-        result = json.load(f)
-    assert result["error"] == (
+    assert _rank0_error("torchrun_timeout.py", tmp_path) == (
         "DEADLINE_EXCEEDED: state_dict() is collective: every rank calls it, in the same "
         "order, and not every rank did (MPI_Iallreduce (agreement check) on rank 0 of 2: not "
         "every rank joined within 3s (a rank failed, is stuck or stopped calling collectives); "
@@ -171,11 +202,7 @@ def test_a_rank_that_never_reaches_memwall_under_torchrun_is_named(tmp_path):
     """torchrun's store as the join's channel: rank 0 waits for the other
     ranks' arrival at most the ZeroOptimizer's collective_timeout (3 s),
     then fails naming rank 1, rather than waiting forever in MPI's accept."""
-    done = torchrun(2, "torchrun_absent_rank.py", tmp_path / "out")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    with open("%s.rank0" % (tmp_path / "out")) as f:
-        result = json.load(f)
-    assert result["error"] == (
+    assert _rank0_error("torchrun_absent_rank.py", tmp_path) == (
         "TimeoutError: memwall's MPI world under torch.distributed: rank 0: TimeoutError: rank 1 "
         "of 2 did not reach memwall within 3 s: the first memwall call (memwall.rank(), "
         "ZeroOptimizer) joins torchrun's ranks, and every rank makes it")
