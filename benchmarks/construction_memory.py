@@ -20,16 +20,7 @@ import json
 import subprocess
 import sys
 
-
-def status():
-    """(VmRSS, VmHWM) in bytes."""
-    values = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                values[key] = int(rest.split()[0]) * 1024
-    return values["VmRSS"], values["VmHWM"]
+from torch_frontend import resident_mib  # (VmRSS, VmHWM) in MiB
 
 
 def measure(params, dtype_name):
@@ -43,12 +34,12 @@ def measure(params, dtype_name):
                                   for _ in range(layers)])
     torch.set_default_dtype(torch.float32)
     numel = sum(p.numel() for p in model.parameters())
-    rss_before, _ = status()
+    rss_before, _ = resident_mib()
     config = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": dtype_name == "bf16"}}
     opt = mt.ZeroOptimizer(model, None, config, device_memory="64GiB")
-    rss_after, peak = status()
+    rss_after, peak = resident_mib()
     return {"numel": numel, "dtype": dtype_name,
-            "held": rss_after - rss_before, "peak": peak - rss_before,
+            "held": (rss_after - rss_before) * 2**20, "peak": (peak - rss_before) * 2**20,
             "engine_requested": opt.engine.requested_peak}
 
 

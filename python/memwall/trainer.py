@@ -27,7 +27,8 @@ engine's config reader lists them), or refused where memwall cannot do
 what they ask.
 
 Launched as K ranks (memwall launch --ranks K -- python train.py, or
-torchrun --nproc_per_node K train.py), each rank runs the Trainer; what the adapter changes, and why:
+torchrun --nproc_per_node K train.py), each rank runs the Trainer; what
+the adapter changes, and why:
 
 - data: each global batch of args.per_device_train_batch_size x K samples
   is split into K equal parts, rank r taking part r (a last partial batch
