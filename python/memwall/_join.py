@@ -10,8 +10,9 @@ torch's, before memwall's first use of MPI (memwall.rank(),
 memwall.world_size(), ZeroOptimizer): rank 0 starts Open MPI's ompi-server
 (singletons connect only through a server they all reach; it ends with
 rank 0's process), hands its address and one MPI port per rank to the
-others (over torch.distributed, or else through torchrun's own key-value
-store), and every rank joins (`_memwall.join_world`). Under mpirun (or
+others (through torchrun's own key-value store, or over torch.distributed
+for a job torchrun did not start), and every rank joins
+(`_memwall.join_world`). Under mpirun (or
 srun with PMIx) MPI's job is taken as it is.
 """
 import ctypes
